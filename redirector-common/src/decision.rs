@@ -1,0 +1,146 @@
+//! The outbound capture decision, in istio-iptables' rule order (nat OUTPUT → ISTIO_OUTPUT).
+//!
+//! The eBPF `connect4`/`connect6` programs and user space (`explain`, tests) run this same
+//! function; only the way sets are looked up differs ([`PodLookups`]).
+
+use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use crate::maps::{owner_group_mode, pod_flags, CidrList, PodConfig, PortSet, MAX_OWNERS};
+use crate::Reason;
+
+/// 127.0.0.6 / ::6: the source the proxy binds for inbound passthrough connections.
+pub const INBOUND_PASSTHROUGH_V4: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 6);
+pub const INBOUND_PASSTHROUGH_V6: Ipv6Addr = Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6);
+
+/// A TCP `connect()` as the kernel sees it before it happens.
+#[derive(Clone, Copy, Debug)]
+pub struct OutboundAttempt {
+    pub dst: IpAddr,
+    pub dst_port: u16,
+    /// The address the socket is bound to (unspecified if none).
+    pub src: IpAddr,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Set membership for one pod.
+pub trait PodLookups {
+    fn port_in(&self, set: PortSet, port: u16) -> bool;
+    fn cidr_in(&self, list: CidrList, addr: IpAddr) -> bool;
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// To the outbound capture port (`-p`).
+    Capture,
+    /// To the inbound capture port (`-z`): the proxy calling its own pod.
+    CaptureInbound,
+    /// Left alone, for this reason.
+    Pass(Reason),
+}
+
+impl Verdict {
+    pub const fn reason(self) -> Reason {
+        match self {
+            Verdict::Capture => Reason::Redirected,
+            Verdict::CaptureInbound => Reason::RedirectedInbound,
+            Verdict::Pass(reason) => reason,
+        }
+    }
+}
+
+#[inline(always)]
+fn owners(list: &[u32; MAX_OWNERS], count: u32) -> &[u32] {
+    let n = if (count as usize) < MAX_OWNERS { count as usize } else { MAX_OWNERS };
+    &list[..n]
+}
+
+/// Whether a connection to `dst` leaves through `lo` (a local address of the pod).
+#[inline(always)]
+fn is_local<L: PodLookups>(dst: IpAddr, lookups: &L) -> bool {
+    match dst {
+        IpAddr::V4(v4) => v4.is_loopback() || lookups.cidr_in(CidrList::Local, dst),
+        IpAddr::V6(v6) => v6.is_loopback() || lookups.cidr_in(CidrList::Local, dst),
+    }
+}
+
+#[inline(always)]
+fn is_loopback_host(dst: IpAddr) -> bool {
+    match dst {
+        IpAddr::V4(v4) => v4 == Ipv4Addr::LOCALHOST,
+        IpAddr::V6(v6) => v6 == Ipv6Addr::LOCALHOST,
+    }
+}
+
+/// Decide what happens to a TCP connection from a pod, first matching rule wins.
+#[inline(always)]
+pub fn decide_outbound<L: PodLookups>(cfg: &PodConfig, conn: &OutboundAttempt, lookups: &L) -> Verdict {
+    // 1. -o
+    if lookups.port_in(PortSet::OutboundExclude, conn.dst_port) {
+        return Verdict::Pass(Reason::PassedExcludedPort);
+    }
+    // 2. -o lo -s 127.0.0.6 / ::6
+    let passthrough = match conn.src {
+        IpAddr::V4(v4) => v4 == INBOUND_PASSTHROUGH_V4,
+        IpAddr::V6(v6) => v6 == INBOUND_PASSTHROUGH_V6,
+    };
+    if passthrough {
+        return Verdict::Pass(Reason::PassedInboundPassthrough);
+    }
+    // 3. Proxy owners, each uid then each gid, three rules apiece.
+    let local = is_local(conn.dst, lookups);
+    let dns_port_excluded = cfg.flags & pod_flags::DNS_CAPTURE != 0 && conn.dst_port == 53;
+    let own_pod_inbound = local
+        && !is_loopback_host(conn.dst)
+        && conn.dst_port != cfg.tunnel_port
+        && !dns_port_excluded;
+    for (ids, caller) in [
+        (owners(&cfg.proxy_uids, cfg.proxy_uid_count), conn.uid),
+        (owners(&cfg.proxy_gids, cfg.proxy_gid_count), conn.gid),
+    ] {
+        for &id in ids {
+            if own_pod_inbound && id == caller {
+                return Verdict::CaptureInbound;
+            }
+            // With DNS capture istio exempts lo traffic to port 53 from this RETURN.
+            if local && id != caller && !dns_port_excluded {
+                return Verdict::Pass(Reason::PassedLocalNotProxy);
+            }
+            if id == caller {
+                return Verdict::Pass(Reason::PassedProxyOwner);
+            }
+        }
+    }
+    // 4. Owner groups.
+    let groups = owners(&cfg.owner_groups, cfg.owner_group_count);
+    let in_groups = groups.contains(&conn.gid);
+    match cfg.owner_group_mode {
+        owner_group_mode::INCLUDE if !in_groups => return Verdict::Pass(Reason::PassedOwnerGroup),
+        owner_group_mode::EXCLUDE if in_groups => return Verdict::Pass(Reason::PassedOwnerGroup),
+        _ => {}
+    }
+    // 5. DNS capture is decided by the DNS path (UDP hooks, TCP port 53), not here.
+    // 6. The loopback CIDR (IPv4, from the env) and ::1.
+    let loopback = match conn.dst {
+        IpAddr::V4(v4) => {
+            u32::from_ne_bytes(v4.octets()) & cfg.loopback_v4_mask == cfg.loopback_v4_addr
+        }
+        IpAddr::V6(v6) => v6 == Ipv6Addr::LOCALHOST,
+    };
+    if loopback {
+        return Verdict::Pass(Reason::PassedLoopback);
+    }
+    // 7. -x
+    if lookups.cidr_in(CidrList::Exclude, conn.dst) {
+        return Verdict::Pass(Reason::PassedExcludedCidr);
+    }
+    // 8. -q
+    if lookups.port_in(PortSet::OutboundInclude, conn.dst_port) {
+        return Verdict::Capture;
+    }
+    // 9. -i
+    if cfg.flags & pod_flags::CAPTURE_ALL_OUTBOUND != 0 || lookups.cidr_in(CidrList::Include, conn.dst) {
+        return Verdict::Capture;
+    }
+    Verdict::Pass(Reason::PassedNotIncluded)
+}

@@ -1,0 +1,14 @@
+//! Types and decision logic shared by the redirector eBPF programs and user space.
+//!
+//! Everything that crosses the kernel/user boundary is defined here once: map keys and
+//! values are `#[repr(C)]` with explicit padding, and the outbound decision that the
+//! kernel executes is the same function that `redirector` uses to plan and explain.
+#![no_std]
+
+pub mod decision;
+pub mod maps;
+pub mod reason;
+
+pub use decision::{decide_outbound, OutboundAttempt, PodLookups, Verdict};
+pub use maps::*;
+pub use reason::Reason;

@@ -1,0 +1,280 @@
+//! Keys and values of the maps shared by every pod on a node.
+//!
+//! Per-pod entries are keyed by the pod's network-namespace cookie, so one loaded object
+//! serves any number of pods without them sharing configuration or connection state.
+
+use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// Names of the maps in the eBPF object; user space opens them by these names.
+pub mod names {
+    pub const POD_CONFIG: &str = "POD_CONFIG";
+    pub const PORT_SETS: &str = "PORT_SETS";
+    pub const CIDRS_V4: &str = "CIDRS_V4";
+    pub const CIDRS_V6: &str = "CIDRS_V6";
+    pub const ORIG_DST_BY_COOKIE: &str = "ORIG_DST_BY_COOKIE";
+    pub const ORIG_DST_BY_CONN: &str = "ORIG_DST_BY_CONN";
+    pub const COUNTERS: &str = "COUNTERS";
+    /// Every map, for pinning and status.
+    pub const ALL: [&str; 7] = [
+        POD_CONFIG,
+        PORT_SETS,
+        CIDRS_V4,
+        CIDRS_V6,
+        ORIG_DST_BY_COOKIE,
+        ORIG_DST_BY_CONN,
+        COUNTERS,
+    ];
+}
+
+/// Capacity of the maps. Hash maps are preallocated once per node; the LPM tries are
+/// allocated per entry, so an additional pod costs only its own entries.
+pub mod capacity {
+    /// Pods per node.
+    pub const PODS: u32 = 4096;
+    /// Port-set entries over all pods (`-o`, `-q`, `-b`, `-d` ports).
+    pub const PORT_ENTRIES: u32 = 65536;
+    /// CIDR entries per family over all pods.
+    pub const CIDR_ENTRIES: u32 = 65536;
+    /// Connections between `connect()` and the handshake completing.
+    pub const PENDING_CONNECTIONS: u32 = 65536;
+    /// Redirected connections whose original destination the proxy may still ask for.
+    pub const REDIRECTED_CONNECTIONS: u32 = 262144;
+}
+
+/// Most proxy uids, gids or owner groups one pod may list.
+pub const MAX_OWNERS: usize = 8;
+
+pub const AF_INET: u16 = 2;
+pub const AF_INET6: u16 = 10;
+
+/// An IP address as the kernel hands it to BPF programs: network byte order, IPv4 in
+/// the first word and the rest zero.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RawIp(pub [u32; 4]);
+
+impl RawIp {
+    pub const fn from_v4_be(addr: u32) -> Self {
+        RawIp([addr, 0, 0, 0])
+    }
+
+    pub fn from_ip(ip: IpAddr) -> Self {
+        match ip {
+            IpAddr::V4(v4) => RawIp::from_v4_be(u32::from_ne_bytes(v4.octets())),
+            IpAddr::V6(v6) => {
+                let o = v6.octets();
+                let w = |i: usize| u32::from_ne_bytes([o[i], o[i + 1], o[i + 2], o[i + 3]]);
+                RawIp([w(0), w(4), w(8), w(12)])
+            }
+        }
+    }
+
+    pub fn v4(self) -> Ipv4Addr {
+        Ipv4Addr::from(self.0[0].to_ne_bytes())
+    }
+
+    pub fn v6(self) -> Ipv6Addr {
+        let [a, b, c, d] = self.0.map(u32::to_ne_bytes);
+        Ipv6Addr::from([
+            a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3], c[0], c[1], c[2], c[3], d[0], d[1],
+            d[2], d[3],
+        ])
+    }
+
+    pub fn ip(self, family: u16) -> IpAddr {
+        if family == AF_INET6 {
+            IpAddr::V6(self.v6())
+        } else {
+            IpAddr::V4(self.v4())
+        }
+    }
+}
+
+/// Per-pod configuration: the istio-iptables flags reduced to what the programs need.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PodConfig {
+    /// `-p`: where captured outbound connections go.
+    pub outbound_port: u16,
+    /// `-z`: where captured inbound connections go.
+    pub inbound_port: u16,
+    /// `-e`: never captured.
+    pub tunnel_port: u16,
+    pub _pad0: u16,
+    /// [`pod_flags`] bits.
+    pub flags: u32,
+    /// `ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR`, network byte order address and mask.
+    pub loopback_v4_addr: u32,
+    pub loopback_v4_mask: u32,
+    pub proxy_uid_count: u32,
+    pub proxy_uids: [u32; MAX_OWNERS],
+    pub proxy_gid_count: u32,
+    pub proxy_gids: [u32; MAX_OWNERS],
+    /// [`owner_group_mode`] of `owner_groups`.
+    pub owner_group_mode: u32,
+    pub owner_group_count: u32,
+    pub owner_groups: [u32; MAX_OWNERS],
+}
+
+pub mod pod_flags {
+    /// `-i '*'`: every destination not otherwise excluded is captured.
+    pub const CAPTURE_ALL_OUTBOUND: u32 = 1 << 0;
+    /// IPv6 connections are handled (istio writes ip6tables rules only when IPv6 is on).
+    pub const IPV6: u32 = 1 << 1;
+    /// `--redirect-dns`.
+    pub const DNS_CAPTURE: u32 = 1 << 2;
+    /// Let a connection through uncaptured when its state cannot be recorded.
+    pub const FAIL_OPEN: u32 = 1 << 3;
+}
+
+pub mod owner_group_mode {
+    /// `ISTIO_OUTBOUND_OWNER_GROUPS='*'` and no exclusions: every group is captured.
+    pub const ALL: u32 = 0;
+    /// Only the listed groups are captured.
+    pub const INCLUDE: u32 = 1;
+    /// The listed groups are never captured.
+    pub const EXCLUDE: u32 = 2;
+}
+
+/// Which port list of a pod a [`PortKey`] belongs to.
+#[repr(u16)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PortSet {
+    /// `-o`: outbound ports never captured.
+    OutboundExclude = 1,
+    /// `-q`: outbound ports always captured.
+    OutboundInclude = 2,
+    /// `-b`: inbound ports captured (when not `*`).
+    InboundInclude = 3,
+    /// `-d`: inbound ports never captured (with `-b '*'`).
+    InboundExclude = 4,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortKey {
+    pub netns_cookie: u64,
+    pub port: u16,
+    pub set: u16,
+    pub _pad: u32,
+}
+
+impl PortKey {
+    pub const fn new(netns_cookie: u64, set: PortSet, port: u16) -> Self {
+        PortKey { netns_cookie, port, set: set as u16, _pad: 0 }
+    }
+}
+
+/// Which address list of a pod a CIDR key belongs to.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CidrList {
+    /// `-i`
+    Include = 1,
+    /// `-x`
+    Exclude = 2,
+    /// The pod's own addresses: a connection to one of them leaves through `lo`.
+    Local = 3,
+}
+
+/// Bits of a CIDR key that precede the address (the cookie and the list): always matched.
+pub const CIDR_KEY_FIXED_BITS: u32 = 96;
+
+/// Data of an IPv4 LPM-trie key; the prefix length is `CIDR_KEY_FIXED_BITS + cidr prefix`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cidr4Key {
+    pub netns_cookie: u64,
+    pub list: u32,
+    /// Network byte order.
+    pub addr: [u8; 4],
+}
+
+/// Data of an IPv6 LPM-trie key.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cidr6Key {
+    pub netns_cookie: u64,
+    pub list: u32,
+    pub addr: [u8; 16],
+    /// Never part of a prefix.
+    pub _pad: u32,
+}
+
+/// Where a redirected connection was going, as `SO_ORIGINAL_DST` reports it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OrigDst {
+    pub addr: RawIp,
+    /// Host byte order.
+    pub port: u16,
+    pub family: u16,
+}
+
+/// A redirected connection as both ends see it: the app's local address is the proxy's
+/// peer, the proxy's listener address is the app's peer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnKey {
+    pub netns_cookie: u64,
+    pub client: RawIp,
+    pub proxy: RawIp,
+    /// Host byte order.
+    pub client_port: u16,
+    pub proxy_port: u16,
+    pub family: u32,
+}
+
+/// Number of counter slots per pod (room for reasons added later).
+pub const COUNTER_SLOTS: usize = 16;
+
+/// Per-pod, per-CPU decision counters, indexed by [`crate::Reason`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Counters {
+    pub by_reason: [u64; COUNTER_SLOTS],
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters { by_reason: [0; COUNTER_SLOTS] }
+    }
+}
+
+#[cfg(feature = "user")]
+mod pod_impls {
+    use super::*;
+    // SAFETY: all are `#[repr(C)]`, `Copy`, made only of integers, with explicit padding.
+    unsafe impl aya::Pod for RawIp {}
+    unsafe impl aya::Pod for PodConfig {}
+    unsafe impl aya::Pod for PortKey {}
+    unsafe impl aya::Pod for Cidr4Key {}
+    unsafe impl aya::Pod for Cidr6Key {}
+    unsafe impl aya::Pod for OrigDst {}
+    unsafe impl aya::Pod for ConnKey {}
+    unsafe impl aya::Pod for Counters {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::size_of;
+
+    #[test]
+    fn layouts_have_no_implicit_padding() {
+        assert_eq!(size_of::<PodConfig>(), 8 + 4 * 3 + 4 + 32 + 4 + 32 + 8 + 32);
+        assert_eq!(size_of::<PortKey>(), 16);
+        assert_eq!(size_of::<Cidr4Key>(), 16);
+        assert_eq!(size_of::<Cidr6Key>(), 32);
+        assert_eq!(size_of::<OrigDst>(), 20);
+        assert_eq!(size_of::<ConnKey>(), 48);
+    }
+
+    #[test]
+    fn raw_ip_round_trips() {
+        let v4: IpAddr = "10.1.2.3".parse().unwrap();
+        assert_eq!(RawIp::from_ip(v4).ip(AF_INET), v4);
+        let v6: IpAddr = "fd00::1:2".parse().unwrap();
+        assert_eq!(RawIp::from_ip(v6).ip(AF_INET6), v6);
+    }
+}

@@ -1,0 +1,69 @@
+//! Why a connection was (or was not) redirected: one counter per reason and pod.
+
+/// A decision outcome worth counting. The discriminant is the index into
+/// [`crate::maps::Counters::by_reason`].
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// Captured to the outbound port (`-p`).
+    Redirected = 0,
+    /// The proxy calling its own pod through a local address: sent to the inbound port (`-z`).
+    RedirectedInbound = 1,
+    /// Destination port in `-o`.
+    PassedExcludedPort = 2,
+    /// Source 127.0.0.6 / ::6: the proxy's inbound passthrough.
+    PassedInboundPassthrough = 3,
+    /// A local destination from a process that is not the proxy.
+    PassedLocalNotProxy = 4,
+    /// The caller's uid or gid is a proxy owner (`-u`/`-g`).
+    PassedProxyOwner = 5,
+    /// The caller's gid is filtered out by the owner-group include/exclude lists.
+    PassedOwnerGroup = 6,
+    /// Destination inside the IPv4 loopback CIDR (or ::1).
+    PassedLoopback = 7,
+    /// Destination inside a `-x` CIDR.
+    PassedExcludedCidr = 8,
+    /// Destination neither in `-i` nor on a `-q` port.
+    PassedNotIncluded = 9,
+    /// Capture decided but the original destination could not be recorded; the connection
+    /// was refused (fail closed).
+    FailedClosed = 10,
+    /// `SO_ORIGINAL_DST` answered for a redirected connection.
+    OrigDstAnswered = 11,
+}
+
+impl Reason {
+    /// Every reason, in counter-index order.
+    pub const ALL: [Reason; 12] = [
+        Reason::Redirected,
+        Reason::RedirectedInbound,
+        Reason::PassedExcludedPort,
+        Reason::PassedInboundPassthrough,
+        Reason::PassedLocalNotProxy,
+        Reason::PassedProxyOwner,
+        Reason::PassedOwnerGroup,
+        Reason::PassedLoopback,
+        Reason::PassedExcludedCidr,
+        Reason::PassedNotIncluded,
+        Reason::FailedClosed,
+        Reason::OrigDstAnswered,
+    ];
+
+    /// Stable snake_case name, used in status output and metrics.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Reason::Redirected => "redirected",
+            Reason::RedirectedInbound => "redirected_inbound",
+            Reason::PassedExcludedPort => "passed_excluded_port",
+            Reason::PassedInboundPassthrough => "passed_inbound_passthrough",
+            Reason::PassedLocalNotProxy => "passed_local_not_proxy",
+            Reason::PassedProxyOwner => "passed_proxy_owner",
+            Reason::PassedOwnerGroup => "passed_owner_group",
+            Reason::PassedLoopback => "passed_loopback",
+            Reason::PassedExcludedCidr => "passed_excluded_cidr",
+            Reason::PassedNotIncluded => "passed_not_included",
+            Reason::FailedClosed => "failed_closed",
+            Reason::OrigDstAnswered => "orig_dst_answered",
+        }
+    }
+}

@@ -1,0 +1,14 @@
+use redirector_common::{Reason, COUNTER_SLOTS};
+
+use crate::maps::COUNTERS;
+
+/// Count one decision for a pod. The entry exists from the moment the pod was configured,
+/// so this never allocates on the connection path.
+#[inline(always)]
+pub fn count(netns_cookie: u64, reason: Reason) {
+    if let Some(counters) = COUNTERS.get_ptr_mut(&netns_cookie) {
+        // Per-CPU value: no other CPU writes it, a plain increment is exact.
+        let slot = (reason as usize) & (COUNTER_SLOTS - 1);
+        unsafe { (*counters).by_reason[slot] += 1 };
+    }
+}

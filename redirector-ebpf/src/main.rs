@@ -1,0 +1,49 @@
+//! redirector's kernel side. Minimum kernel: 5.15 (`bpf_get_netns_cookie` in sock_ops and
+//! cgroup sockopt programs).
+//!
+//! Entry points are thin: each calls into a module that returns the program's verdict.
+#![no_std]
+#![no_main]
+
+mod addr;
+mod counters;
+mod maps;
+mod orig_dst;
+mod outbound;
+
+use aya_ebpf::{
+    macros::{cgroup_sock_addr, cgroup_sockopt, sock_ops},
+    programs::{SockAddrContext, SockOpsContext, SockoptContext},
+};
+
+#[cgroup_sock_addr(connect4)]
+pub fn capture_connect4(ctx: SockAddrContext) -> i32 {
+    outbound::connect4(&ctx)
+}
+
+#[cgroup_sock_addr(connect6)]
+pub fn capture_connect6(ctx: SockAddrContext) -> i32 {
+    outbound::connect6(&ctx)
+}
+
+#[sock_ops]
+pub fn track_sock_ops(ctx: SockOpsContext) -> u32 {
+    orig_dst::sock_ops(&ctx);
+    1
+}
+
+#[cgroup_sockopt(getsockopt)]
+pub fn answer_getsockopt(ctx: SockoptContext) -> i32 {
+    orig_dst::getsockopt(&ctx);
+    1
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

@@ -1,0 +1,41 @@
+//! The object's maps. Their names are the ones in `redirector_common::names`.
+
+use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
+    macros::map,
+    maps::{HashMap, LpmTrie, LruHashMap, PerCpuHashMap},
+};
+use redirector_common::{
+    capacity, Cidr4Key, Cidr6Key, ConnKey, Counters, OrigDst, PodConfig, PortKey,
+};
+
+/// netns cookie → the pod's configuration. A miss means "not a managed pod".
+#[map]
+pub static POD_CONFIG: HashMap<u64, PodConfig> =
+    HashMap::with_max_entries(capacity::PODS, BPF_F_NO_PREALLOC);
+
+/// (netns cookie, list, port) present ⇔ the port is in that list.
+#[map]
+pub static PORT_SETS: HashMap<PortKey, u8> =
+    HashMap::with_max_entries(capacity::PORT_ENTRIES, BPF_F_NO_PREALLOC);
+
+#[map]
+pub static CIDRS_V4: LpmTrie<Cidr4Key, u8> = LpmTrie::with_max_entries(capacity::CIDR_ENTRIES, 0);
+
+#[map]
+pub static CIDRS_V6: LpmTrie<Cidr6Key, u8> = LpmTrie::with_max_entries(capacity::CIDR_ENTRIES, 0);
+
+/// socket cookie → original destination, from `connect()` until the handshake completes.
+#[map]
+pub static ORIG_DST_BY_COOKIE: LruHashMap<u64, OrigDst> =
+    LruHashMap::with_max_entries(capacity::PENDING_CONNECTIONS, 0);
+
+/// Established redirected connection → original destination, until the proxy's socket closes.
+#[map]
+pub static ORIG_DST_BY_CONN: LruHashMap<ConnKey, OrigDst> =
+    LruHashMap::with_max_entries(capacity::REDIRECTED_CONNECTIONS, 0);
+
+/// netns cookie → per-CPU decision counters. Entries are created by user space with the pod.
+#[map]
+pub static COUNTERS: PerCpuHashMap<u64, Counters> =
+    PerCpuHashMap::with_max_entries(capacity::PODS, BPF_F_NO_PREALLOC);

@@ -1,0 +1,307 @@
+//! Executing a pod plan against the kernel, and removing a pod again.
+//!
+//! Apply is transactional: map entries are written with an undo log and the new links
+//! are created and pinned at staging paths first; only when everything succeeded are they
+//! renamed over the pod's current links (an atomic swap on bpffs) and stale entries
+//! removed. A failure before that point leaves the pod exactly as it was.
+
+use std::{
+    fs, io,
+    os::fd::{AsFd, OwnedFd},
+    path::Path,
+};
+
+use aya::maps::{lpm_trie::Key, MapError};
+use redirector_common::{Counters, PodConfig};
+
+use crate::{
+    bpf_sys,
+    node_maps::{NodeMaps, OpenMapError},
+    object::{ensure_loaded, open_program, NodeLock, ObjectError},
+    pins::{ObjectPins, PinRoot, PodPins},
+    plan::PodPlan,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error(transparent)]
+    Object(#[from] ObjectError),
+    #[error(transparent)]
+    OpenMap(#[from] OpenMapError),
+    #[error("writing {map}: {source}")]
+    MapWrite { map: &'static str, source: MapError },
+    #[error("opening cgroup {path}: {source}")]
+    Cgroup { path: String, source: io::Error },
+    #[error("attaching {program} to cgroup {cgroup}: {source}")]
+    Attach { program: &'static str, cgroup: String, source: io::Error },
+    #[error("{action} {path}: {source}")]
+    Fs { action: &'static str, path: String, source: io::Error },
+}
+
+fn fs_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> ApplyError + '_ {
+    move |source| ApplyError::Fs { action, path: path.display().to_string(), source }
+}
+
+fn write_err(map: &'static str) -> impl FnOnce(MapError) -> ApplyError {
+    move |source| ApplyError::MapWrite { map, source }
+}
+
+/// What an apply did, for the log.
+#[derive(Debug)]
+pub struct ApplyReport {
+    pub object_id: String,
+    pub object_loaded: bool,
+    /// Objects this pod was moved away from.
+    pub moved_from: Vec<String>,
+}
+
+/// One step to take back if a later one fails.
+enum Undo {
+    PodConfig { cookie: u64, previous: Option<PodConfig> },
+    Port(redirector_common::PortKey),
+    Cidr4(Key<redirector_common::Cidr4Key>),
+    Cidr6(Key<redirector_common::Cidr6Key>),
+    Counters(u64),
+    StagedLink(std::path::PathBuf),
+}
+
+/// Install (or replace) a pod's capture as described by `plan`.
+pub fn apply(root: &PinRoot, object: &[u8], plan: &PodPlan) -> Result<ApplyReport, ApplyError> {
+    let _lock = NodeLock::acquire(root)?;
+    let (obj, object_loaded) = ensure_loaded(root, object)?;
+    let mut maps = NodeMaps::open(&obj)?;
+    let pod = obj.pod(plan.netns_cookie);
+    let mut undo = Vec::new();
+    let staged = match stage(&obj, &pod, &mut maps, plan, &mut undo) {
+        Ok(staged) => staged,
+        Err(err) => {
+            rollback(&mut maps, &pod, undo);
+            drop(maps);
+            collect_if_unused(&obj);
+            return Err(err);
+        }
+    };
+    // Commit: swap the staged links over the current ones.
+    for (hook, staging) in staged {
+        let target = pod.link(hook);
+        fs::rename(&staging, &target).map_err(fs_err("replacing link", &target))?;
+    }
+    remove_stale_entries(&mut maps, plan);
+    let mut moved_from = Vec::new();
+    for other in installed_objects(root)? {
+        if other.id() != obj.id() && other.pod(plan.netns_cookie).dir().exists() {
+            remove_pod_from(&other, plan.netns_cookie)?;
+            moved_from.push(other.id());
+        }
+    }
+    Ok(ApplyReport { object_id: obj.id(), object_loaded, moved_from })
+}
+
+/// Write map entries and create + pin the new links at staging paths.
+fn stage(
+    obj: &ObjectPins,
+    pod: &PodPins,
+    maps: &mut NodeMaps,
+    plan: &PodPlan,
+    undo: &mut Vec<Undo>,
+) -> Result<Vec<(&'static str, std::path::PathBuf)>, ApplyError> {
+    let cookie = plan.netns_cookie;
+    // Sets first, the config last: a pod with a config entry is live, and it must never
+    // be live with half its sets.
+    for key in &plan.ports {
+        if maps.port_sets.get(key, 0).is_err() {
+            maps.port_sets.insert(key, 1, 0).map_err(write_err("PORT_SETS"))?;
+            undo.push(Undo::Port(*key));
+        }
+    }
+    for e in &plan.cidrs_v4 {
+        let key = Key::new(e.prefix_len, e.data);
+        if maps.cidrs_v4.get(&key, 0).is_err() {
+            maps.cidrs_v4.insert(&key, 1, 0).map_err(write_err("CIDRS_V4"))?;
+            undo.push(Undo::Cidr4(key));
+        }
+    }
+    for e in &plan.cidrs_v6 {
+        let key = Key::new(e.prefix_len, e.data);
+        if maps.cidrs_v6.get(&key, 0).is_err() {
+            maps.cidrs_v6.insert(&key, 1, 0).map_err(write_err("CIDRS_V6"))?;
+            undo.push(Undo::Cidr6(key));
+        }
+    }
+    if maps.counters.get(&cookie, 0).is_err() {
+        let zero = aya::maps::PerCpuValues::try_from(vec![
+            Counters::default();
+            aya::util::nr_cpus().map_err(|(_, e)| fs_err("counting CPUs", Path::new("/sys/devices/system/cpu/possible"))(e))?
+        ])
+        .map_err(write_err("COUNTERS"))?;
+        maps.counters.insert(cookie, zero, 0).map_err(write_err("COUNTERS"))?;
+        undo.push(Undo::Counters(cookie));
+    }
+    let previous = maps.pod_config.get(&cookie, 0).ok();
+    maps.pod_config.insert(cookie, plan.config, 0).map_err(write_err("POD_CONFIG"))?;
+    undo.push(Undo::PodConfig { cookie, previous });
+
+    // Links: created first (an unpinned link detaches when its fd closes), then pinned.
+    let cgroup = fs::File::open(&plan.cgroup).map_err(|source| ApplyError::Cgroup {
+        path: plan.cgroup.display().to_string(),
+        source,
+    })?;
+    let mut links: Vec<(&'static str, OwnedFd)> = Vec::new();
+    for spec in plan.programs {
+        let prog = open_program(obj, spec.function)?;
+        let link = bpf_sys::cgroup_link_create(prog.as_fd(), cgroup.as_fd(), spec.attach_type)
+            .map_err(|source| ApplyError::Attach {
+                program: spec.function,
+                cgroup: plan.cgroup.display().to_string(),
+                source,
+            })?;
+        links.push((spec.hook, link));
+    }
+    fs::create_dir_all(pod.dir()).map_err(fs_err("creating", pod.dir()))?;
+    let mut staged = Vec::new();
+    for (hook, link) in &links {
+        let staging = pod.staging_link(hook);
+        let _ = fs::remove_file(&staging);
+        bpf_sys::obj_pin(link.as_fd(), &staging).map_err(fs_err("pinning link", &staging))?;
+        undo.push(Undo::StagedLink(staging.clone()));
+        staged.push((*hook, staging));
+    }
+    Ok(staged)
+}
+
+fn rollback(maps: &mut NodeMaps, pod: &PodPins, undo: Vec<Undo>) {
+    for step in undo.into_iter().rev() {
+        let undone = match step {
+            Undo::PodConfig { cookie, previous: Some(previous) } => {
+                maps.pod_config.insert(cookie, previous, 0).map_err(|e| e.to_string())
+            }
+            Undo::PodConfig { cookie, previous: None } => {
+                maps.pod_config.remove(&cookie).map_err(|e| e.to_string())
+            }
+            Undo::Port(key) => maps.port_sets.remove(&key).map_err(|e| e.to_string()),
+            Undo::Cidr4(key) => maps.cidrs_v4.remove(&key).map_err(|e| e.to_string()),
+            Undo::Cidr6(key) => maps.cidrs_v6.remove(&key).map_err(|e| e.to_string()),
+            Undo::Counters(cookie) => maps.counters.remove(&cookie).map_err(|e| e.to_string()),
+            Undo::StagedLink(path) => fs::remove_file(&path).map_err(|e| e.to_string()),
+        };
+        if let Err(err) = undone {
+            tracing::warn!("rollback step failed: {err}");
+        }
+    }
+    // Removes the pod dir only if it is empty, i.e. the pod had no links before.
+    let _ = fs::remove_dir(pod.dir());
+}
+
+/// Remove this pod's entries that the plan no longer has (after a re-apply).
+fn remove_stale_entries(maps: &mut NodeMaps, plan: &PodPlan) {
+    let cookie = plan.netns_cookie;
+    let stale_ports: Vec<_> = maps
+        .port_sets
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| k.netns_cookie == cookie && !plan.ports.contains(k))
+        .collect();
+    for key in stale_ports {
+        let _ = maps.port_sets.remove(&key);
+    }
+    let stale_v4: Vec<_> = maps
+        .cidrs_v4
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| {
+            k.data().netns_cookie == cookie
+                && !plan.cidrs_v4.iter().any(|e| e.prefix_len == k.prefix_len() && e.data == k.data())
+        })
+        .collect();
+    for key in stale_v4 {
+        let _ = maps.cidrs_v4.remove(&key);
+    }
+    let stale_v6: Vec<_> = maps
+        .cidrs_v6
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| {
+            k.data().netns_cookie == cookie
+                && !plan.cidrs_v6.iter().any(|e| e.prefix_len == k.prefix_len() && e.data == k.data())
+        })
+        .collect();
+    for key in stale_v6 {
+        let _ = maps.cidrs_v6.remove(&key);
+    }
+}
+
+/// Every fully loaded object under the root (staging leftovers excluded).
+pub fn installed_objects(root: &PinRoot) -> Result<Vec<ObjectPins>, ApplyError> {
+    let dir = root.objects_dir();
+    let entries = match fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(err) => return Err(fs_err("listing", &dir)(err)),
+    };
+    let mut objects: Vec<_> = entries
+        .filter_map(Result::ok)
+        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+        .map(|e| root.object(&e.file_name().to_string_lossy()))
+        .collect();
+    objects.sort_by_key(ObjectPins::id);
+    Ok(objects)
+}
+
+/// Detach a pod from one object and delete every entry it has in its maps; remove the
+/// object if no pod uses it any more.
+fn remove_pod_from(obj: &ObjectPins, cookie: u64) -> Result<(), ApplyError> {
+    let pod = obj.pod(cookie);
+    if let Ok(entries) = fs::read_dir(pod.dir()) {
+        for entry in entries.filter_map(Result::ok) {
+            let path = entry.path();
+            fs::remove_file(&path).map_err(fs_err("unpinning link", &path))?;
+        }
+        fs::remove_dir(pod.dir()).map_err(fs_err("removing", pod.dir()))?;
+    }
+    if let Ok(mut maps) = NodeMaps::open(obj) {
+        let _ = maps.pod_config.remove(&cookie);
+        let _ = maps.counters.remove(&cookie);
+        remove_stale_entries(&mut maps, &PodPlan::empty(cookie));
+        let conns: Vec<_> = maps
+            .orig_dst_by_conn
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.netns_cookie == cookie)
+            .collect();
+        for key in conns {
+            let _ = maps.orig_dst_by_conn.remove(&key);
+        }
+    }
+    collect_if_unused(obj);
+    Ok(())
+}
+
+/// Remove an object (programs, maps, empty dirs) once no pod is attached through it.
+fn collect_if_unused(obj: &ObjectPins) {
+    let has_pods = fs::read_dir(obj.pods_dir()).is_ok_and(|mut d| d.next().is_some());
+    if !has_pods {
+        let _ = fs::remove_dir_all(obj.dir());
+    }
+}
+
+/// `--cleanup-only`: remove everything installed for the pod, under every object, and
+/// the pin root itself when nothing else is left in it.
+pub fn teardown(root: &PinRoot, cookie: u64) -> Result<Vec<String>, ApplyError> {
+    if !root.path().exists() {
+        return Ok(Vec::new());
+    }
+    let mut removed_from = Vec::new();
+    {
+        let _lock = NodeLock::acquire(root)?;
+        for obj in installed_objects(root)? {
+            if obj.pod(cookie).dir().exists() {
+                removed_from.push(obj.id());
+            }
+            remove_pod_from(&obj, cookie)?;
+        }
+    }
+    // Only empty directories go; another pod's pins keep the root in place.
+    let _ = fs::remove_dir(root.objects_dir());
+    let _ = fs::remove_dir(root.path());
+    Ok(removed_from)
+}

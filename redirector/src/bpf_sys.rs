@@ -1,0 +1,75 @@
+//! The few bpf(2) commands aya 0.14 does not expose for our use: creating a cgroup link
+//! for any attach type (aya cannot turn a `CgroupSockoptLink` into a pinnable link) and
+//! pinning/opening objects by path.
+
+use std::{
+    ffi::CString,
+    io,
+    os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
+    os::unix::ffi::OsStrExt,
+    path::Path,
+};
+
+const BPF_OBJ_PIN: libc::c_long = 6;
+const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_LINK_CREATE: libc::c_long = 28;
+
+/// `union bpf_attr`, zero-filled beyond what a command uses (the kernel requires it).
+#[repr(C, align(8))]
+struct BpfAttr([u32; 32]);
+
+fn bpf(cmd: libc::c_long, attr: &mut BpfAttr) -> io::Result<libc::c_long> {
+    // SAFETY: `attr` is a valid, fully initialised buffer of the size we pass.
+    let ret = unsafe {
+        libc::syscall(libc::SYS_bpf, cmd, attr as *mut BpfAttr, size_of::<BpfAttr>() as u32)
+    };
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+fn c_path(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))
+}
+
+/// Pin a BPF object (program, map or link) at `path` on bpffs.
+pub fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
+    let path = c_path(path)?;
+    let mut attr = BpfAttr([0; 32]);
+    let ptr = path.as_ptr() as u64;
+    attr.0[0] = ptr as u32;
+    attr.0[1] = (ptr >> 32) as u32;
+    attr.0[2] = fd.as_raw_fd() as u32;
+    bpf(BPF_OBJ_PIN, &mut attr).map(drop)
+}
+
+/// Open the BPF object pinned at `path`.
+pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
+    let path = c_path(path)?;
+    let mut attr = BpfAttr([0; 32]);
+    let ptr = path.as_ptr() as u64;
+    attr.0[0] = ptr as u32;
+    attr.0[1] = (ptr >> 32) as u32;
+    let fd = bpf(BPF_OBJ_GET, &mut attr)?;
+    // SAFETY: the kernel returned a new file descriptor that we now own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Attach `prog` to the cgroup `cgroup` with a BPF link; the link lives as long as its fd
+/// or its pin.
+pub fn cgroup_link_create(
+    prog: BorrowedFd<'_>,
+    cgroup: BorrowedFd<'_>,
+    attach_type: u32,
+) -> io::Result<OwnedFd> {
+    let mut attr = BpfAttr([0; 32]);
+    attr.0[0] = prog.as_raw_fd() as u32;
+    attr.0[1] = cgroup.as_raw_fd() as u32;
+    attr.0[2] = attach_type;
+    let fd = bpf(BPF_LINK_CREATE, &mut attr)?;
+    // SAFETY: the kernel returned a new file descriptor that we now own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}

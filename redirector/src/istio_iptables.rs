@@ -1,0 +1,137 @@
+//! `redirector istio-iptables` (or the binary invoked as `istio-iptables`): the drop-in
+//! for istio-init. Sections of the log follow istio-iptables': environment, effective
+//! config, what was applied, final state.
+
+use std::{path::Path, time::Instant};
+
+use anyhow::{bail, Context as _};
+use tracing::{info, warn};
+
+use crate::{
+    apply::{apply, installed_objects, teardown},
+    config::{CaptureConfig, IstioConfig, PortSelection},
+    object::OBJECT,
+    pins::{PinRoot, BPFFS_MOUNT},
+    plan::plan_pod,
+    pod::{self, PodFacts},
+};
+
+/// Environment variables istio-iptables reads, logged as its "Environment" section.
+const LOGGED_ENV: [&str; 20] = [
+    "ENVOY_PORT",
+    "INBOUND_CAPTURE_PORT",
+    "ISTIO_INBOUND_INTERCEPTION_MODE",
+    "ISTIO_INBOUND_TPROXY_ROUTE_TABLE",
+    "ISTIO_INBOUND_PORTS",
+    "ISTIO_OUTBOUND_PORTS",
+    "ISTIO_LOCAL_EXCLUDE_PORTS",
+    "ISTIO_EXCLUDE_INTERFACES",
+    "ISTIO_SERVICE_CIDR",
+    "ISTIO_SERVICE_EXCLUDE_CIDR",
+    "ISTIO_META_DNS_CAPTURE",
+    "INVALID_DROP",
+    "ISTIO_OUTBOUND_OWNER_GROUPS",
+    "ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE",
+    "ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR",
+    "ISTIO_DUAL_STACK",
+    "KUBE_VIRT_INTERFACES",
+    "PROXY_UID",
+    "PROXY_GID",
+    "REDIRECTOR_PIN_ROOT",
+];
+
+pub fn run(cfg: &IstioConfig) -> anyhow::Result<()> {
+    for flag in &cfg.run.ignored_flags {
+        info!("{flag} is accepted for compatibility and ignored: redirector does not use iptables");
+    }
+    // Before anything else: setns only moves the calling thread, and we have one.
+    if let Some(ns) = &cfg.run.network_namespace {
+        pod::enter_netns(ns)?;
+    }
+    info!("Environment:");
+    for name in LOGGED_ENV {
+        info!("{name}={}", std::env::var(name).unwrap_or_default());
+    }
+    info!("Effective config:");
+    for line in cfg.effective_lines() {
+        info!("{line}");
+    }
+    note_unsupported(&cfg.capture);
+
+    let root = PinRoot::new(&cfg.run.pin_root);
+    let cookie = pod::netns_cookie()?;
+    if cfg.run.cleanup_only {
+        if cfg.run.dry_run {
+            info!("dry run: would remove every pin, link and map entry of pod netns {cookie}");
+            return Ok(());
+        }
+        let removed = teardown(&root, cookie)?;
+        info!("cleaned up pod netns {cookie} (from objects {removed:?})");
+        return Ok(());
+    }
+    if cfg.run.skip_rule_apply {
+        info!("--skip-rule-apply: nothing applied");
+        return Ok(());
+    }
+    let facts = PodFacts {
+        netns_cookie: cookie,
+        local_addrs: pod::local_addresses()?,
+        cgroup: pod::pod_cgroup(cfg.run.cgroup.as_deref())?,
+    };
+    let plan = plan_pod(&cfg.capture, &facts);
+    if cfg.run.dry_run {
+        println!("{plan}");
+        info!("dry run: nothing applied");
+        return Ok(());
+    }
+    require_bpffs(root.path())?;
+    let started = Instant::now();
+    let report = apply(&root, OBJECT, &plan)?;
+    let elapsed = started.elapsed();
+    info!("Applied:");
+    for line in plan.to_string().lines() {
+        info!("{line}");
+    }
+    info!(
+        "object {} ({}), pod attached in {:.2} ms{}",
+        report.object_id,
+        if report.object_loaded { "loaded now" } else { "already loaded on this node" },
+        elapsed.as_secs_f64() * 1e3,
+        if report.moved_from.is_empty() {
+            String::new()
+        } else {
+            format!(", moved from objects {:?}", report.moved_from)
+        }
+    );
+    info!("Final state:");
+    for obj in installed_objects(&root)? {
+        let pod_dir = obj.pod(cookie);
+        if let Ok(links) = std::fs::read_dir(pod_dir.dir()) {
+            for link in links.filter_map(Result::ok) {
+                info!("pinned link {}", link.path().display());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Flags parsed and kept in the plan whose kernel side is not there yet.
+fn note_unsupported(cfg: &CaptureConfig) {
+    if !matches!(cfg.inbound_ports, PortSelection::None) {
+        warn!("inbound capture (-b) is not implemented yet: inbound connections are not redirected");
+    }
+    if cfg.redirect_dns {
+        warn!("DNS capture (--redirect-dns) is not implemented yet: DNS is not redirected");
+    }
+}
+
+fn require_bpffs(root: &Path) -> anyhow::Result<()> {
+    let probe = root.ancestors().find(|p| p.exists()).context("pin root has no existing ancestor")?;
+    if !pod::is_bpffs(probe) && !pod::is_bpffs(root) {
+        bail!(
+            "{} is not on a bpffs mount: mount one with `mount -t bpf bpf {BPFFS_MOUNT}` (in a container, mount the host's {BPFFS_MOUNT})",
+            root.display()
+        );
+    }
+    Ok(())
+}

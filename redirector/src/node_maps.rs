@@ -1,0 +1,51 @@
+//! Typed handles on the pinned maps of one object.
+
+use aya::maps::{HashMap, LpmTrie, Map, MapData, PerCpuHashMap};
+use redirector_common::{
+    names, Cidr4Key, Cidr6Key, ConnKey, Counters, OrigDst, PodConfig, PortKey,
+};
+
+use crate::pins::ObjectPins;
+
+#[derive(Debug, thiserror::Error)]
+#[error("opening pinned map {name} at {path}: {source}")]
+pub struct OpenMapError {
+    name: &'static str,
+    path: String,
+    source: aya::maps::MapError,
+}
+
+pub struct NodeMaps {
+    pub pod_config: HashMap<MapData, u64, PodConfig>,
+    pub port_sets: HashMap<MapData, PortKey, u8>,
+    pub cidrs_v4: LpmTrie<MapData, Cidr4Key, u8>,
+    pub cidrs_v6: LpmTrie<MapData, Cidr6Key, u8>,
+    pub orig_dst_by_cookie: HashMap<MapData, u64, OrigDst>,
+    pub orig_dst_by_conn: HashMap<MapData, ConnKey, OrigDst>,
+    pub counters: PerCpuHashMap<MapData, u64, Counters>,
+}
+
+fn open<T>(pins: &ObjectPins, name: &'static str) -> Result<T, OpenMapError>
+where
+    T: TryFrom<Map, Error = aya::maps::MapError>,
+{
+    let path = pins.map(name);
+    let err = |source| OpenMapError { name, path: path.display().to_string(), source };
+    let data = MapData::from_pin(&path).map_err(err)?;
+    let map = Map::from_map_data(data).map_err(err)?;
+    T::try_from(map).map_err(err)
+}
+
+impl NodeMaps {
+    pub fn open(pins: &ObjectPins) -> Result<Self, OpenMapError> {
+        Ok(NodeMaps {
+            pod_config: open(pins, names::POD_CONFIG)?,
+            port_sets: open(pins, names::PORT_SETS)?,
+            cidrs_v4: open(pins, names::CIDRS_V4)?,
+            cidrs_v6: open(pins, names::CIDRS_V6)?,
+            orig_dst_by_cookie: open(pins, names::ORIG_DST_BY_COOKIE)?,
+            orig_dst_by_conn: open(pins, names::ORIG_DST_BY_CONN)?,
+            counters: open(pins, names::COUNTERS)?,
+        })
+    }
+}

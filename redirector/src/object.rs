@@ -1,0 +1,169 @@
+//! The node's eBPF object: loaded once, pinned, and reused by every later run.
+
+use std::{
+    fs,
+    io,
+    os::fd::{AsRawFd, OwnedFd},
+    path::Path,
+};
+
+use aya::{
+    programs::{CgroupSockAddr, CgroupSockopt, SockOps},
+    Ebpf,
+};
+use redirector_common::names;
+
+use crate::{
+    bpf_sys,
+    pins::{ObjectPins, PinRoot},
+    programs::{ProgramKind, POD_PROGRAMS},
+};
+
+/// The object built from redirector-ebpf, embedded at build time (empty when the binary
+/// was built without bpf-linker).
+pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/redirector"));
+
+#[derive(Debug, thiserror::Error)]
+pub enum ObjectError {
+    #[error(
+        "this redirector binary was built without its eBPF object (bpf-linker was missing); run `cargo xtask build`"
+    )]
+    NotEmbedded,
+    #[error("loading the eBPF object: {0}")]
+    Load(#[from] aya::EbpfError),
+    #[error("loading program {name}: {source}")]
+    Program { name: &'static str, source: aya::programs::ProgramError },
+    #[error("pinning {what} at {path}: {source}")]
+    Pin { what: String, path: String, source: io::Error },
+    #[error("pinned object at {path} is incomplete (missing {missing}); remove it with --cleanup-only")]
+    Incomplete { path: String, missing: String },
+    #[error("{action} {path}: {source}")]
+    Fs { action: &'static str, path: String, source: io::Error },
+}
+
+fn fs_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> ObjectError + '_ {
+    move |source| ObjectError::Fs { action, path: path.display().to_string(), source }
+}
+
+/// A stable id for an object's bytes (FNV-1a, 64 bit): a changed object gets new pins.
+pub fn object_id(bytes: &[u8]) -> String {
+    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("{hash:016x}")
+}
+
+/// Make sure the object is loaded and pinned under `root`; load and pin it if not.
+/// The caller holds the node lock.
+pub fn ensure_loaded(root: &PinRoot, bytes: &[u8]) -> Result<(ObjectPins, bool), ObjectError> {
+    if bytes.is_empty() {
+        return Err(ObjectError::NotEmbedded);
+    }
+    let id = object_id(bytes);
+    let pins = root.object(&id);
+    if pins.dir().exists() {
+        check_complete(&pins)?;
+        return Ok((pins, false));
+    }
+    let staging = root.staging_object(&id);
+    if let Err(err) = load_and_pin(bytes, &staging) {
+        let _ = fs::remove_dir_all(staging.dir());
+        return Err(err);
+    }
+    fs::rename(staging.dir(), pins.dir()).map_err(fs_err("renaming into place", pins.dir()))?;
+    Ok((pins, true))
+}
+
+fn check_complete(pins: &ObjectPins) -> Result<(), ObjectError> {
+    let missing: Vec<_> = POD_PROGRAMS
+        .iter()
+        .map(|p| pins.program(p.function))
+        .chain(names::ALL.iter().map(|m| pins.map(m)))
+        .filter(|p| !p.exists())
+        .map(|p| p.display().to_string())
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(ObjectError::Incomplete {
+            path: pins.dir().display().to_string(),
+            missing: missing.join(", "),
+        })
+    }
+}
+
+fn load_and_pin(bytes: &[u8], staging: &ObjectPins) -> Result<(), ObjectError> {
+    for dir in [staging.progs_dir(), staging.maps_dir(), staging.pods_dir()] {
+        fs::create_dir_all(&dir).map_err(fs_err("creating", &dir))?;
+    }
+    let mut ebpf = Ebpf::load(bytes)?;
+    for spec in &POD_PROGRAMS {
+        let program = ebpf
+            .program_mut(spec.function)
+            .ok_or_else(|| ObjectError::Incomplete {
+                path: "embedded object".into(),
+                missing: spec.function.into(),
+            })?;
+        let path = staging.program(spec.function);
+        let prog_err = |source| ObjectError::Program { name: spec.function, source };
+        let pin_err = |source: aya::pin::PinError| ObjectError::Pin {
+            what: spec.function.into(),
+            path: path.display().to_string(),
+            source: io::Error::other(source.to_string()),
+        };
+        match spec.kind {
+            ProgramKind::CgroupSockAddr => {
+                let p: &mut CgroupSockAddr = program.try_into().map_err(prog_err)?;
+                p.load().map_err(prog_err)?;
+                p.pin(&path).map_err(pin_err)?;
+            }
+            ProgramKind::SockOps => {
+                let p: &mut SockOps = program.try_into().map_err(prog_err)?;
+                p.load().map_err(prog_err)?;
+                p.pin(&path).map_err(pin_err)?;
+            }
+            ProgramKind::CgroupSockopt => {
+                let p: &mut CgroupSockopt = program.try_into().map_err(prog_err)?;
+                p.load().map_err(prog_err)?;
+                p.pin(&path).map_err(pin_err)?;
+            }
+        }
+    }
+    for name in names::ALL {
+        let path = staging.map(name);
+        let map = ebpf.map(name).ok_or_else(|| ObjectError::Incomplete {
+            path: "embedded object".into(),
+            missing: name.into(),
+        })?;
+        map.pin(&path).map_err(|source| ObjectError::Pin {
+            what: name.into(),
+            path: path.display().to_string(),
+            source: io::Error::other(source.to_string()),
+        })?;
+    }
+    Ok(())
+}
+
+/// Open a pinned program of an object.
+pub fn open_program(pins: &ObjectPins, function: &str) -> Result<OwnedFd, ObjectError> {
+    let path = pins.program(function);
+    bpf_sys::obj_get(&path).map_err(fs_err("opening pinned program", &path))
+}
+
+/// Exclusive lock over everything under the pin root, held for the life of the value.
+/// Concurrent init containers on one node serialise here.
+pub struct NodeLock {
+    _dir: fs::File,
+}
+
+impl NodeLock {
+    pub fn acquire(root: &PinRoot) -> Result<Self, ObjectError> {
+        fs::create_dir_all(root.objects_dir()).map_err(fs_err("creating", root.path()))?;
+        let dir = fs::File::open(root.path()).map_err(fs_err("opening", root.path()))?;
+        // SAFETY: flock on a file descriptor we own.
+        if unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(fs_err("locking", root.path())(io::Error::last_os_error()));
+        }
+        Ok(NodeLock { _dir: dir })
+    }
+}

@@ -1,0 +1,235 @@
+//! From a pod's capture configuration to the exact kernel state it needs: pure data,
+//! printed by `--dry-run`, executed by `apply`, and queried by `explain`.
+
+use std::{fmt, net::IpAddr, path::PathBuf};
+
+use ipnet::IpNet;
+use redirector_common::{
+    owner_group_mode, pod_flags, Cidr4Key, Cidr6Key, CidrList, PodConfig, PodLookups, PortKey,
+    PortSet, CIDR_KEY_FIXED_BITS, MAX_OWNERS,
+};
+
+use crate::{
+    config::{CaptureConfig, CidrSelection, OwnerGroups, PortSelection},
+    pod::PodFacts,
+    programs::{ProgramSpec, POD_PROGRAMS},
+};
+
+/// One LPM-trie entry: a prefix length (including the fixed cookie/list bits) and data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CidrEntry<K> {
+    pub prefix_len: u32,
+    pub data: K,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodPlan {
+    pub netns_cookie: u64,
+    pub cgroup: PathBuf,
+    pub config: PodConfig,
+    pub ports: Vec<PortKey>,
+    pub cidrs_v4: Vec<CidrEntry<Cidr4Key>>,
+    pub cidrs_v6: Vec<CidrEntry<Cidr6Key>>,
+    pub programs: &'static [ProgramSpec],
+}
+
+impl PodPlan {
+    /// A plan with no entries: what a removed pod is reconciled to.
+    pub fn empty(netns_cookie: u64) -> Self {
+        PodPlan {
+            netns_cookie,
+            cgroup: PathBuf::new(),
+            config: PodConfig::default(),
+            ports: Vec::new(),
+            cidrs_v4: Vec::new(),
+            cidrs_v6: Vec::new(),
+            programs: &[],
+        }
+    }
+}
+
+fn owner_array(ids: &[u32]) -> ([u32; MAX_OWNERS], u32) {
+    let mut out = [0; MAX_OWNERS];
+    let n = ids.len().min(MAX_OWNERS);
+    out[..n].copy_from_slice(&ids[..n]);
+    (out, n as u32)
+}
+
+fn cidr_entry(netns_cookie: u64, list: CidrList, net: IpNet, plan: &mut PodPlan) {
+    let prefix_len = CIDR_KEY_FIXED_BITS + u32::from(net.prefix_len());
+    match net.trunc() {
+        IpNet::V4(v4) => plan.cidrs_v4.push(CidrEntry {
+            prefix_len,
+            data: Cidr4Key { netns_cookie, list: list as u32, addr: v4.addr().octets() },
+        }),
+        IpNet::V6(v6) => plan.cidrs_v6.push(CidrEntry {
+            prefix_len,
+            data: Cidr6Key { netns_cookie, list: list as u32, addr: v6.addr().octets(), _pad: 0 },
+        }),
+    }
+}
+
+/// Plan the kernel state for one pod.
+pub fn plan_pod(cfg: &CaptureConfig, facts: &PodFacts) -> PodPlan {
+    let cookie = facts.netns_cookie;
+    let (proxy_uids, proxy_uid_count) = owner_array(&cfg.proxy_uids);
+    let (proxy_gids, proxy_gid_count) = owner_array(&cfg.proxy_gids);
+    let (owner_group_mode, groups) = match &cfg.owner_groups {
+        OwnerGroups::All => (owner_group_mode::ALL, &[][..]),
+        OwnerGroups::Include(g) => (owner_group_mode::INCLUDE, &g[..]),
+        OwnerGroups::Exclude(g) => (owner_group_mode::EXCLUDE, &g[..]),
+    };
+    let (owner_groups, owner_group_count) = owner_array(groups);
+    let mut flags = 0;
+    if matches!(cfg.outbound_cidrs, CidrSelection::All) {
+        flags |= pod_flags::CAPTURE_ALL_OUTBOUND;
+    }
+    if facts.has_ipv6() || cfg.dual_stack {
+        flags |= pod_flags::IPV6;
+    }
+    if cfg.redirect_dns {
+        flags |= pod_flags::DNS_CAPTURE;
+    }
+    if cfg.fail_open {
+        flags |= pod_flags::FAIL_OPEN;
+    }
+    let loopback = cfg.loopback_v4_cidr.trunc();
+    let config = PodConfig {
+        outbound_port: cfg.outbound_port,
+        inbound_port: cfg.inbound_port,
+        tunnel_port: cfg.tunnel_port,
+        _pad0: 0,
+        flags,
+        loopback_v4_addr: u32::from_ne_bytes(loopback.network().octets()),
+        loopback_v4_mask: u32::from_ne_bytes(loopback.netmask().octets()),
+        proxy_uid_count,
+        proxy_uids,
+        proxy_gid_count,
+        proxy_gids,
+        owner_group_mode,
+        owner_group_count,
+        owner_groups,
+    };
+    let mut plan = PodPlan {
+        netns_cookie: cookie,
+        cgroup: facts.cgroup.clone(),
+        config,
+        ports: Vec::new(),
+        cidrs_v4: Vec::new(),
+        cidrs_v6: Vec::new(),
+        programs: &POD_PROGRAMS,
+    };
+    let inbound_include: &[u16] = match &cfg.inbound_ports {
+        PortSelection::List(ports) => ports,
+        PortSelection::None | PortSelection::All => &[],
+    };
+    for (set, ports) in [
+        (PortSet::OutboundExclude, &cfg.outbound_exclude_ports[..]),
+        (PortSet::OutboundInclude, &cfg.outbound_include_ports[..]),
+        (PortSet::InboundInclude, inbound_include),
+        (PortSet::InboundExclude, &cfg.inbound_exclude_ports[..]),
+    ] {
+        for &port in ports {
+            let key = PortKey::new(cookie, set, port);
+            if !plan.ports.contains(&key) {
+                plan.ports.push(key);
+            }
+        }
+    }
+    if let CidrSelection::List(nets) = &cfg.outbound_cidrs {
+        for &net in nets {
+            cidr_entry(cookie, CidrList::Include, net, &mut plan);
+        }
+    }
+    for &net in &cfg.exclude_cidrs {
+        cidr_entry(cookie, CidrList::Exclude, net, &mut plan);
+    }
+    for &addr in &facts.local_addrs {
+        cidr_entry(cookie, CidrList::Local, IpNet::from(addr), &mut plan);
+    }
+    plan
+}
+
+fn prefix_match(entry_bits: &[u8], addr_bits: &[u8], prefix: u32) -> bool {
+    let full = (prefix / 8) as usize;
+    let rest = prefix % 8;
+    entry_bits[..full] == addr_bits[..full]
+        && (rest == 0 || (entry_bits[full] ^ addr_bits[full]) & (0xff << (8 - rest)) == 0)
+}
+
+/// The plan answers set membership the way the kernel's maps would.
+impl PodLookups for PodPlan {
+    fn port_in(&self, set: PortSet, port: u16) -> bool {
+        self.ports.contains(&PortKey::new(self.netns_cookie, set, port))
+    }
+
+    fn cidr_in(&self, list: CidrList, addr: IpAddr) -> bool {
+        match addr {
+            IpAddr::V4(v4) => self.cidrs_v4.iter().any(|e| {
+                e.data.list == list as u32
+                    && prefix_match(&e.data.addr, &v4.octets(), e.prefix_len - CIDR_KEY_FIXED_BITS)
+            }),
+            IpAddr::V6(v6) => self.cidrs_v6.iter().any(|e| {
+                e.data.list == list as u32
+                    && prefix_match(&e.data.addr, &v6.octets(), e.prefix_len - CIDR_KEY_FIXED_BITS)
+            }),
+        }
+    }
+}
+
+fn set_name(set: u16) -> &'static str {
+    match set {
+        s if s == PortSet::OutboundExclude as u16 => "outbound-exclude (-o)",
+        s if s == PortSet::OutboundInclude as u16 => "outbound-include (-q)",
+        s if s == PortSet::InboundInclude as u16 => "inbound-include (-b)",
+        s if s == PortSet::InboundExclude as u16 => "inbound-exclude (-d)",
+        _ => "unknown",
+    }
+}
+
+fn list_name(list: u32) -> &'static str {
+    match list {
+        l if l == CidrList::Include as u32 => "include (-i)",
+        l if l == CidrList::Exclude as u32 => "exclude (-x)",
+        l if l == CidrList::Local as u32 => "pod-local",
+        _ => "unknown",
+    }
+}
+
+/// The readable form printed by `--dry-run` and logged on apply.
+impl fmt::Display for PodPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.config;
+        writeln!(f, "pod netns cookie {}", self.netns_cookie)?;
+        for p in self.programs {
+            writeln!(f, "attach {} ({}) to cgroup {}", p.function, p.hook, self.cgroup.display())?;
+        }
+        writeln!(
+            f,
+            "POD_CONFIG[{}] = outbound_port={} inbound_port={} tunnel_port={} flags={:#x} loopback_v4={}/{} proxy_uids={:?} proxy_gids={:?} owner_groups(mode {})={:?}",
+            self.netns_cookie,
+            c.outbound_port,
+            c.inbound_port,
+            c.tunnel_port,
+            c.flags,
+            std::net::Ipv4Addr::from(c.loopback_v4_addr.to_ne_bytes()),
+            c.loopback_v4_mask.count_ones(),
+            &c.proxy_uids[..c.proxy_uid_count as usize],
+            &c.proxy_gids[..c.proxy_gid_count as usize],
+            c.owner_group_mode,
+            &c.owner_groups[..c.owner_group_count as usize],
+        )?;
+        for k in &self.ports {
+            writeln!(f, "PORT_SETS[{} {} {}]", k.netns_cookie, set_name(k.set), k.port)?;
+        }
+        for e in &self.cidrs_v4 {
+            let ip = std::net::Ipv4Addr::from(e.data.addr);
+            writeln!(f, "CIDRS_V4[{} {} {ip}/{}]", e.data.netns_cookie, list_name(e.data.list), e.prefix_len - CIDR_KEY_FIXED_BITS)?;
+        }
+        for e in &self.cidrs_v6 {
+            let ip = std::net::Ipv6Addr::from(e.data.addr);
+            writeln!(f, "CIDRS_V6[{} {} {ip}/{}]", e.data.netns_cookie, list_name(e.data.list), e.prefix_len - CIDR_KEY_FIXED_BITS)?;
+        }
+        writeln!(f, "COUNTERS[{}] = 0 (created if absent)", self.netns_cookie)
+    }
+}

@@ -1,0 +1,174 @@
+//! What identifies the pod we run for and what we read from it: its network namespace
+//! (cookie and addresses) and its cgroup.
+
+use std::{
+    fs, io,
+    net::IpAddr,
+    os::fd::AsRawFd,
+    path::{Path, PathBuf},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PodError {
+    #[error("entering network namespace {path}: {source}")]
+    EnterNetns { path: String, source: io::Error },
+    #[error("reading the network namespace cookie (needs Linux 5.14+): {0}")]
+    NetnsCookie(io::Error),
+    #[error("listing the pod's addresses: {0}")]
+    Addresses(io::Error),
+    #[error("no cgroup v2 mount found in /proc/self/mountinfo")]
+    NoCgroup2,
+    #[error("reading /proc/self/cgroup: {0}")]
+    OwnCgroup(io::Error),
+    #[error("this process runs in the root cgroup, which has no parent to attach to; pass --cgroup")]
+    RootCgroup,
+    #[error("--cgroup {path} is not a cgroup v2 directory")]
+    NotCgroup2 { path: String },
+}
+
+/// Facts about the pod that shape its plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodFacts {
+    pub netns_cookie: u64,
+    /// Non-loopback addresses of the pod: connections to them leave through `lo`.
+    pub local_addrs: Vec<IpAddr>,
+    pub cgroup: PathBuf,
+}
+
+impl PodFacts {
+    /// IPv6 handling is on when the pod has a global or unique-local IPv6 address, as
+    /// istio-iptables decides it.
+    pub fn has_ipv6(&self) -> bool {
+        self.local_addrs.iter().any(IpAddr::is_ipv6)
+    }
+}
+
+/// Move this (single-threaded) process into the network namespace at `path`.
+pub fn enter_netns(path: &Path) -> Result<(), PodError> {
+    let err = |source| PodError::EnterNetns { path: path.display().to_string(), source };
+    let ns = fs::File::open(path).map_err(err)?;
+    // SAFETY: setns on a file descriptor we own; affects only the calling thread, and the
+    // process has no other threads yet.
+    if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(err(io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// The cookie of the calling thread's network namespace.
+pub fn netns_cookie() -> Result<u64, PodError> {
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0")
+        .or_else(|_| std::net::UdpSocket::bind("[::1]:0"))
+        .map_err(PodError::NetnsCookie)?;
+    let mut cookie = 0u64;
+    let mut len = size_of::<u64>() as libc::socklen_t;
+    // SAFETY: the buffer and its length describe `cookie`.
+    let ret = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_NETNS_COOKIE,
+            (&raw mut cookie).cast(),
+            &mut len,
+        )
+    };
+    if ret != 0 {
+        return Err(PodError::NetnsCookie(io::Error::last_os_error()));
+    }
+    Ok(cookie)
+}
+
+/// The addresses of the current network namespace that are local but not loopback.
+/// Link-local IPv6 addresses are left out: every veth has one, and they never carry
+/// service traffic.
+pub fn local_addresses() -> Result<Vec<IpAddr>, PodError> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list we free below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Err(PodError::Addresses(io::Error::last_os_error()));
+    }
+    let mut addrs = Vec::new();
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list returned by getifaddrs.
+        let ifa = unsafe { &*cur };
+        cur = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() {
+            continue;
+        }
+        // SAFETY: ifa_addr points to a sockaddr whose family tells its real type.
+        let ip = unsafe {
+            match i32::from((*ifa.ifa_addr).sa_family) {
+                libc::AF_INET => {
+                    let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
+                    IpAddr::from(sin.sin_addr.s_addr.to_ne_bytes())
+                }
+                libc::AF_INET6 => {
+                    let sin6 = &*(ifa.ifa_addr as *const libc::sockaddr_in6);
+                    IpAddr::from(sin6.sin6_addr.s6_addr)
+                }
+                _ => continue,
+            }
+        };
+        let link_local = matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80);
+        if !ip.is_loopback() && !link_local && !addrs.contains(&ip) {
+            addrs.push(ip);
+        }
+    }
+    // SAFETY: `head` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(addrs)
+}
+
+/// The cgroup v2 mount point, from /proc/self/mountinfo.
+pub fn cgroup2_mount() -> Result<PathBuf, PodError> {
+    let info = fs::read_to_string("/proc/self/mountinfo").map_err(|_| PodError::NoCgroup2)?;
+    info.lines()
+        .find_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            (right.split_whitespace().next()? == "cgroup2")
+                .then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
+        })
+        .ok_or(PodError::NoCgroup2)
+}
+
+/// The pod cgroup: `explicit` if given, else the parent of this process's own cgroup
+/// (an init container runs in a child of its pod's cgroup).
+pub fn pod_cgroup(explicit: Option<&Path>) -> Result<PathBuf, PodError> {
+    let path = match explicit {
+        Some(path) => path.to_path_buf(),
+        None => {
+            let own = fs::read_to_string("/proc/self/cgroup").map_err(PodError::OwnCgroup)?;
+            let rel = own
+                .lines()
+                .find_map(|l| l.strip_prefix("0::"))
+                .ok_or(PodError::NoCgroup2)?
+                .trim();
+            let parent = Path::new(rel).parent().ok_or(PodError::RootCgroup)?;
+            cgroup2_mount()?.join(parent.strip_prefix("/").unwrap_or(parent))
+        }
+    };
+    if !is_cgroup2_dir(&path) {
+        return Err(PodError::NotCgroup2 { path: path.display().to_string() });
+    }
+    Ok(path)
+}
+
+/// The filesystem magic number of the filesystem holding `path`.
+fn fs_magic(path: &Path) -> Option<i64> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: statfs into a zeroed struct we own, with a NUL-terminated path.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    (unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0).then_some(st.f_type as i64)
+}
+
+fn is_cgroup2_dir(path: &Path) -> bool {
+    const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+    path.is_dir() && fs_magic(path) == Some(CGROUP2_SUPER_MAGIC)
+}
+
+/// Whether `path` is on a mounted bpffs.
+pub fn is_bpffs(path: &Path) -> bool {
+    const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+    fs_magic(path) == Some(BPF_FS_MAGIC)
+}

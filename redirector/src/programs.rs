@@ -1,0 +1,55 @@
+//! The programs of the eBPF object and where each one attaches.
+
+/// `enum bpf_attach_type` values (include/uapi/linux/bpf.h).
+pub mod attach_type {
+    pub const CGROUP_SOCK_OPS: u32 = 3;
+    pub const CGROUP_INET4_CONNECT: u32 = 10;
+    pub const CGROUP_INET6_CONNECT: u32 = 11;
+    pub const CGROUP_GETSOCKOPT: u32 = 21;
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProgramKind {
+    CgroupSockAddr,
+    SockOps,
+    CgroupSockopt,
+}
+
+/// One program: its function name in the object (redirector-ebpf/src/main.rs), the name
+/// of its pins, and its cgroup attach point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProgramSpec {
+    pub function: &'static str,
+    pub hook: &'static str,
+    pub kind: ProgramKind,
+    pub attach_type: u32,
+}
+
+/// Every program a pod's cgroup gets, in attach order: the programs that record state
+/// (sock_ops, getsockopt) before the one that creates it (connect).
+pub const POD_PROGRAMS: [ProgramSpec; 4] = [
+    ProgramSpec {
+        function: "track_sock_ops",
+        hook: "sock_ops",
+        kind: ProgramKind::SockOps,
+        attach_type: attach_type::CGROUP_SOCK_OPS,
+    },
+    ProgramSpec {
+        function: "answer_getsockopt",
+        hook: "getsockopt",
+        kind: ProgramKind::CgroupSockopt,
+        attach_type: attach_type::CGROUP_GETSOCKOPT,
+    },
+    ProgramSpec {
+        function: "capture_connect4",
+        hook: "connect4",
+        kind: ProgramKind::CgroupSockAddr,
+        attach_type: attach_type::CGROUP_INET4_CONNECT,
+    },
+    ProgramSpec {
+        function: "capture_connect6",
+        hook: "connect6",
+        kind: ProgramKind::CgroupSockAddr,
+        attach_type: attach_type::CGROUP_INET6_CONNECT,
+    },
+];
