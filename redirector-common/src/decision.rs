@@ -49,10 +49,21 @@ impl Verdict {
     }
 }
 
+/// Whether `id` is among the first `count` entries of `list`. Indexes a fixed-size array
+/// with a constant-bounded loop: a slice of map-given length is beyond the verifier.
 #[inline(always)]
-fn owners(list: &[u32; MAX_OWNERS], count: u32) -> &[u32] {
-    let n = if (count as usize) < MAX_OWNERS { count as usize } else { MAX_OWNERS };
-    &list[..n]
+fn listed(list: &[u32; MAX_OWNERS], count: u32, id: u32) -> bool {
+    let mut i = 0;
+    while i < MAX_OWNERS {
+        if i as u32 >= count {
+            return false;
+        }
+        if list[i] == id {
+            return true;
+        }
+        i += 1;
+    }
+    false
 }
 
 /// Whether a connection to `dst` leaves through `lo` (a local address of the pod).
@@ -94,11 +105,13 @@ pub fn decide_outbound<L: PodLookups>(cfg: &PodConfig, conn: &OutboundAttempt, l
         && !is_loopback_host(conn.dst)
         && conn.dst_port != cfg.tunnel_port
         && !dns_port_excluded;
-    for (ids, caller) in [
-        (owners(&cfg.proxy_uids, cfg.proxy_uid_count), conn.uid),
-        (owners(&cfg.proxy_gids, cfg.proxy_gid_count), conn.gid),
+    for (list, count, caller) in [
+        (&cfg.proxy_uids, cfg.proxy_uid_count, conn.uid),
+        (&cfg.proxy_gids, cfg.proxy_gid_count, conn.gid),
     ] {
-        for &id in ids {
+        let mut i = 0;
+        while i < MAX_OWNERS && (i as u32) < count {
+            let id = list[i];
             if own_pod_inbound && id == caller {
                 return Verdict::CaptureInbound;
             }
@@ -109,11 +122,11 @@ pub fn decide_outbound<L: PodLookups>(cfg: &PodConfig, conn: &OutboundAttempt, l
             if id == caller {
                 return Verdict::Pass(Reason::PassedProxyOwner);
             }
+            i += 1;
         }
     }
     // 4. Owner groups.
-    let groups = owners(&cfg.owner_groups, cfg.owner_group_count);
-    let in_groups = groups.contains(&conn.gid);
+    let in_groups = listed(&cfg.owner_groups, cfg.owner_group_count, conn.gid);
     match cfg.owner_group_mode {
         owner_group_mode::INCLUDE if !in_groups => return Verdict::Pass(Reason::PassedOwnerGroup),
         owner_group_mode::EXCLUDE if in_groups => return Verdict::Pass(Reason::PassedOwnerGroup),

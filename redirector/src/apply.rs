@@ -18,7 +18,7 @@ use crate::{
     bpf_sys,
     node_maps::{NodeMaps, OpenMapError},
     object::{ensure_loaded, open_program, NodeLock, ObjectError},
-    pins::{ObjectPins, PinRoot, PodPins},
+    pins::{ObjectPins, PinRoot, PodPins, STAGING_PREFIX},
     plan::PodPlan,
 };
 
@@ -38,7 +38,7 @@ pub enum ApplyError {
     Fs { action: &'static str, path: String, source: io::Error },
 }
 
-fn fs_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> ApplyError + '_ {
+fn fs_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> ApplyError + 'a {
     move |source| ApplyError::Fs { action, path: path.display().to_string(), source }
 }
 
@@ -129,11 +129,13 @@ fn stage(
         }
     }
     if maps.counters.get(&cookie, 0).is_err() {
-        let zero = aya::maps::PerCpuValues::try_from(vec![
-            Counters::default();
-            aya::util::nr_cpus().map_err(|(_, e)| fs_err("counting CPUs", Path::new("/sys/devices/system/cpu/possible"))(e))?
-        ])
-        .map_err(write_err("COUNTERS"))?;
+        let cpus = aya::util::nr_cpus().map_err(|(path, source)| ApplyError::Fs {
+            action: "reading",
+            path: path.to_owned(),
+            source,
+        })?;
+        let zero = aya::maps::PerCpuValues::try_from(vec![Counters::default(); cpus])
+            .map_err(|source| ApplyError::Fs { action: "sizing", path: "COUNTERS".into(), source })?;
         maps.counters.insert(cookie, zero, 0).map_err(write_err("COUNTERS"))?;
         undo.push(Undo::Counters(cookie));
     }
@@ -240,7 +242,7 @@ pub fn installed_objects(root: &PinRoot) -> Result<Vec<ObjectPins>, ApplyError> 
     };
     let mut objects: Vec<_> = entries
         .filter_map(Result::ok)
-        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+        .filter(|e| !e.file_name().to_string_lossy().starts_with(STAGING_PREFIX))
         .map(|e| root.object(&e.file_name().to_string_lossy()))
         .collect();
     objects.sort_by_key(ObjectPins::id);

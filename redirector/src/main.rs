@@ -50,19 +50,55 @@ fn main() -> ExitCode {
     match istio_iptables::run(&cfg) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            tracing::error!("{err:#}");
+            tracing::error!("{err}");
             ExitCode::from(EXIT_ERROR)
         }
     }
 }
 
-fn init_logging(json: bool, level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(level)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+fn init_logging(json: bool, istio_levels: &str) {
+    let filter = tracing_subscriber::EnvFilter::new(log_level(istio_levels));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     if json {
         builder.json().init();
     } else {
         builder.with_target(false).init();
+    }
+}
+
+/// istio's `--log_output_level` is `scope:level[,scope:level]`; redirector has one scope,
+/// so the `default` scope's level (or the only one given) applies.
+fn log_level(istio_levels: &str) -> &'static str {
+    let level = istio_levels
+        .split(',')
+        .map(|item| item.rsplit_once(':').map_or(("default", item), |(s, l)| (s, l)))
+        .find(|(scope, _)| scope.trim() == "default")
+        .or_else(|| istio_levels.split(',').next().map(|i| ("", i.rsplit(':').next().unwrap_or(i))))
+        .map(|(_, level)| level.trim().to_ascii_lowercase())
+        .unwrap_or_default();
+    match level.as_str() {
+        "debug" => "debug",
+        "warn" | "warning" => "warn",
+        "error" | "fatal" => "error",
+        "none" => "off",
+        _ => "info",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_level;
+
+    #[test]
+    fn istio_log_levels_map_to_tracing_levels() {
+        assert_eq!(log_level("default:info"), "info");
+        assert_eq!(log_level("default:debug"), "debug");
+        assert_eq!(log_level("foo:error,default:warn"), "warn");
+        assert_eq!(log_level("error"), "error");
+        assert_eq!(log_level("default:none"), "off");
+        assert_eq!(log_level(""), "info");
     }
 }

@@ -41,7 +41,7 @@ pub enum ObjectError {
     Fs { action: &'static str, path: String, source: io::Error },
 }
 
-fn fs_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> ObjectError + '_ {
+fn fs_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> ObjectError + 'a {
     move |source| ObjectError::Fs { action, path: path.display().to_string(), source }
 }
 

@@ -11,7 +11,9 @@
 
 use std::path::{Path, PathBuf};
 
-pub const DEFAULT_ROOT: &str = "/sys/fs/bpf/redirector";
+/// Marks a pin that is not in place yet. bpffs rejects names containing '.', so no
+/// dotfiles.
+pub const STAGING_PREFIX: &str = "staging-";
 pub const BPFFS_MOUNT: &str = "/sys/fs/bpf";
 
 #[derive(Clone, Debug)]
@@ -36,7 +38,7 @@ impl PinRoot {
 
     /// Where an object is pinned while it is being loaded, before it is renamed into place.
     pub fn staging_object(&self, id: &str) -> ObjectPins {
-        ObjectPins(self.objects_dir().join(format!(".staging-{id}-{}", std::process::id())))
+        ObjectPins(self.objects_dir().join(format!("{STAGING_PREFIX}{id}-{}", std::process::id())))
     }
 }
 
@@ -93,6 +95,6 @@ impl PodPins {
 
     /// Where a new link is pinned before it replaces the current one.
     pub fn staging_link(&self, program: &str) -> PathBuf {
-        self.0.join(format!(".staging-{program}"))
+        self.0.join(format!("{STAGING_PREFIX}{program}"))
     }
 }

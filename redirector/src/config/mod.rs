@@ -1,0 +1,50 @@
+//! istio-iptables' command line and environment, turned into a typed, validated configuration.
+//!
+//! The flag contract is istio-iptables' own (istio's `tools/istio-iptables/pkg/cmd/root.go` and
+//! `tools/common/config`): a flag given on the command line beats its env var, which beats the
+//! default. Every value, whichever way it came in, is validated here, so the rest of redirector
+//! only sees well-formed settings; an error names the flag (and env var) and the value.
+
+mod accounts;
+mod args;
+mod capture;
+mod duration;
+mod effective;
+mod env;
+mod error;
+mod parse;
+mod resolve;
+mod run;
+mod source;
+#[cfg(test)]
+mod tests;
+
+use std::ffi::OsString;
+
+use clap::FromArgMatches;
+
+pub use args::{istio_iptables_command, IstioIptablesArgs};
+pub use capture::{CaptureConfig, CidrSelection, InterceptionMode, OwnerGroups, PortSelection};
+pub use env::{Env, ProcessEnv};
+pub use error::{ConfigError, Problem};
+pub use run::RunOptions;
+pub use source::Origin;
+
+/// The effective, validated configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IstioConfig {
+    pub capture: CaptureConfig,
+    pub run: RunOptions,
+}
+
+/// Parses argv (argv[0] included) and `env` in one go. `--help` comes back as a
+/// [`ConfigError::CommandLine`]; [`ConfigError::report`] prints it and exits 0.
+pub fn parse_istio_iptables<I, T>(argv: I, env: &dyn Env) -> Result<IstioConfig, ConfigError>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let matches = istio_iptables_command().try_get_matches_from(argv)?;
+    let args = IstioIptablesArgs::from_arg_matches(&matches)?;
+    IstioConfig::from_args(&args, &matches, env)
+}

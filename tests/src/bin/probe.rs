@@ -1,0 +1,255 @@
+//! `probe`: tiny TCP servers and client for redirector's tests. One line per event on stdout,
+//! in the formats of `redirector_tests::probe_protocol`.
+//!
+//! ```text
+//! probe serve   --listen ADDR:PORT [--listen …] --name NAME
+//! probe proxy   --listen ADDR:PORT [--listen …] --name NAME [--forward] [--timeout-ms N]
+//! probe connect ADDR:PORT [--bind ADDR] [--timeout-ms N]
+//! ```
+//! `connect` exits 2 when the connection fails (`error <kind> …`), 64 on a usage error.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use redirector_tests::probe_protocol::{self as protocol, error_kind};
+use redirector_tests::sockaddr;
+
+const USAGE: &str = "usage:
+  probe serve   --listen ADDR:PORT [--listen ...] --name NAME
+  probe proxy   --listen ADDR:PORT [--listen ...] --name NAME [--forward] [--timeout-ms N]
+  probe connect ADDR:PORT [--bind ADDR] [--timeout-ms N]";
+
+const DEFAULT_TIMEOUT: Duration = Duration::from_millis(3000);
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Role {
+    Serve,
+    Proxy { forward: bool },
+}
+
+#[derive(Debug)]
+enum Cmd {
+    Server {
+        role: Role,
+        name: String,
+        listen: Vec<SocketAddr>,
+        timeout: Duration,
+    },
+    Connect {
+        dst: SocketAddr,
+        bind: Option<IpAddr>,
+        timeout: Duration,
+    },
+}
+
+fn parse_args(args: &[String]) -> Result<Cmd, String> {
+    let (sub, rest) = args.split_first().ok_or("missing subcommand")?;
+    let mut listen = Vec::new();
+    let mut name = None;
+    let mut forward = false;
+    let mut bind = None;
+    let mut timeout = DEFAULT_TIMEOUT;
+    let mut positional = Vec::new();
+    let mut it = rest.iter();
+    while let Some(arg) = it.next() {
+        let mut value = |flag: &str| it.next().cloned().ok_or(format!("{flag} needs a value"));
+        match arg.as_str() {
+            "--listen" => {
+                let v = value("--listen")?;
+                listen.push(v.parse().map_err(|e| format!("--listen {v}: {e}"))?);
+            }
+            "--name" => name = Some(value("--name")?),
+            "--bind" => {
+                let v = value("--bind")?;
+                bind = Some(v.parse().map_err(|e| format!("--bind {v}: {e}"))?);
+            }
+            "--timeout-ms" => {
+                let v = value("--timeout-ms")?;
+                timeout =
+                    Duration::from_millis(v.parse().map_err(|e| format!("--timeout-ms {v}: {e}"))?);
+            }
+            "--forward" => forward = true,
+            flag if flag.starts_with("--") => return Err(format!("unknown flag {flag}")),
+            _ => positional.push(arg.clone()),
+        }
+    }
+    match sub.as_str() {
+        "serve" | "proxy" => {
+            let name = name.ok_or("--name is required")?;
+            // Names are written as `name=NAME` in space-separated lines.
+            if name.is_empty() || name.contains(|c: char| c.is_whitespace() || c == '=') {
+                return Err(format!(
+                    "--name {name:?}: must be non-empty, without spaces or '='"
+                ));
+            }
+            if listen.is_empty() {
+                return Err("at least one --listen is required".into());
+            }
+            if !positional.is_empty() {
+                return Err(format!("unexpected arguments {positional:?}"));
+            }
+            let role = if sub == "serve" {
+                if forward {
+                    return Err("--forward is only for proxy".into());
+                }
+                Role::Serve
+            } else {
+                Role::Proxy { forward }
+            };
+            Ok(Cmd::Server {
+                role,
+                name,
+                listen,
+                timeout,
+            })
+        }
+        "connect" => {
+            let [dst] = positional.as_slice() else {
+                return Err("connect takes exactly one ADDR:PORT".into());
+            };
+            let dst = dst.parse().map_err(|e| format!("{dst}: {e}"))?;
+            Ok(Cmd::Connect { dst, bind, timeout })
+        }
+        other => Err(format!("unknown subcommand {other}")),
+    }
+}
+
+/// One event line to stdout, flushed at once so a test reading the pipe sees it now.
+fn emit(line: &str) {
+    let mut out = std::io::stdout().lock();
+    // A test that stopped reading is no reason to stop serving.
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+fn describe(err: &std::io::Error) -> String {
+    match err.raw_os_error() {
+        Some(errno) => format!("errno={errno} {err}"),
+        None => err.to_string(),
+    }
+}
+
+fn error_line(err: &std::io::Error) -> String {
+    let kind = match err.kind() {
+        std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => error_kind::TIMEOUT,
+        _ => error_kind::from_errno(err.raw_os_error()),
+    };
+    protocol::error_line(kind, &describe(err))
+}
+
+/// Connects, reads the whole reply, and returns the `reply …` or `error …` line.
+fn connect(dst: SocketAddr, bind: Option<IpAddr>, timeout: Duration) -> Result<String, String> {
+    let mut stream = sockaddr::connect_tcp(dst, bind, timeout).map_err(|e| error_line(&e))?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .map_err(|e| error_line(&e))?;
+    let mut reply = String::new();
+    stream
+        .read_to_string(&mut reply)
+        .map_err(|e| error_line(&e))?;
+    let reply = reply.trim();
+    if reply.is_empty() {
+        return Err(protocol::error_line(
+            error_kind::EMPTY,
+            "connection closed without a reply",
+        ));
+    }
+    Ok(protocol::reply_line(reply))
+}
+
+fn handle(stream: TcpStream, role: Role, name: &str, timeout: Duration) {
+    let (Ok(local), Ok(peer)) = (stream.local_addr(), stream.peer_addr()) else {
+        return; // Already reset by the client.
+    };
+    let line = match role {
+        Role::Serve => protocol::served_line(name, local, peer),
+        Role::Proxy { forward } => {
+            let orig = sockaddr::original_dst(&stream);
+            let upstream = match (forward, orig) {
+                (false, _) => None,
+                (true, Ok(orig)) => Some(match connect(orig, None, timeout) {
+                    Ok(reply) => reply.trim_start_matches("reply ").to_owned(),
+                    Err(error) => error,
+                }),
+                (true, Err(errno)) => Some(protocol::error_line(
+                    error_kind::IO,
+                    &format!("no original destination to forward to (errno={errno})"),
+                )),
+            };
+            protocol::proxied_line(name, local, peer, orig, upstream.as_deref())
+        }
+    };
+    emit(&line);
+    let mut stream = stream;
+    let _ = stream.write_all(format!("{line}\n").as_bytes());
+    let _ = stream.shutdown(Shutdown::Write);
+}
+
+fn accept_loop(listener: TcpListener, role: Role, name: String, timeout: Duration) {
+    for stream in listener.incoming() {
+        match stream {
+            Ok(stream) => {
+                let name = name.clone();
+                std::thread::spawn(move || handle(stream, role, &name, timeout));
+            }
+            Err(e) => eprintln!("probe: accept: {e}"),
+        }
+    }
+}
+
+fn serve(role: Role, name: String, listen: Vec<SocketAddr>, timeout: Duration) -> ExitCode {
+    // Bind everything first, so `listening` lines mean all listeners are ready.
+    let mut listeners = Vec::new();
+    for addr in listen {
+        match sockaddr::listen_tcp(addr) {
+            Ok(listener) => listeners.push(listener),
+            Err(e) => {
+                eprintln!("probe: listen {addr}: {}", describe(&e));
+                return ExitCode::from(1);
+            }
+        }
+    }
+    let mut threads = Vec::new();
+    for listener in listeners {
+        let addr = listener
+            .local_addr()
+            .expect("bound listener has an address");
+        emit(&protocol::listening_line(&name, addr));
+        let name = name.clone();
+        threads.push(std::thread::spawn(move || {
+            accept_loop(listener, role, name, timeout)
+        }));
+    }
+    for thread in threads {
+        let _ = thread.join();
+    }
+    ExitCode::SUCCESS
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match parse_args(&args) {
+        Ok(Cmd::Server {
+            role,
+            name,
+            listen,
+            timeout,
+        }) => serve(role, name, listen, timeout),
+        Ok(Cmd::Connect { dst, bind, timeout }) => match connect(dst, bind, timeout) {
+            Ok(line) => {
+                emit(&line);
+                ExitCode::SUCCESS
+            }
+            Err(line) => {
+                emit(&line);
+                ExitCode::from(2)
+            }
+        },
+        Err(msg) => {
+            eprintln!("probe: {msg}\n{USAGE}");
+            ExitCode::from(64)
+        }
+    }
+}

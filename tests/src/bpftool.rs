@@ -1,0 +1,76 @@
+//! What the kernel says, through bpftool: tests check kernel state with it rather than
+//! with redirector's own bookkeeping.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+fn bpftool_json(args: &[&str]) -> Value {
+    let out = Command::new("bpftool")
+        .arg("-j")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running bpftool {args:?}: {e} (apt-get install bpftool)"));
+    assert!(
+        out.status.success(),
+        "bpftool {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    if text.trim().is_empty() {
+        return Value::Array(Vec::new());
+    }
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("bpftool {args:?} output: {e}: {text}"))
+}
+
+fn ids(value: &Value) -> Vec<u64> {
+    let items = match value {
+        Value::Array(items) => items.clone(),
+        other => vec![other.clone()],
+    };
+    items.iter().filter_map(|v| v.get("id").and_then(Value::as_u64)).collect()
+}
+
+/// Programs attached to a cgroup (its own attachments, not inherited ones): (id, attach type, name).
+pub fn cgroup_attachments(cgroup: &Path) -> Vec<(u64, String, String)> {
+    let path = cgroup.to_string_lossy();
+    let v = bpftool_json(&["cgroup", "show", &path]);
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .map(|a| {
+            (
+                a.get("id").and_then(Value::as_u64).unwrap_or_default(),
+                a.get("attach_type").and_then(Value::as_str).unwrap_or_default().to_owned(),
+                a.get("name").and_then(Value::as_str).unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The kernel id of the object pinned at `path` (`kind`: prog, map or link).
+pub fn pinned_id(kind: &str, path: &Path) -> u64 {
+    let v = bpftool_json(&[kind, "show", "pinned", &path.to_string_lossy()]);
+    ids(&v).first().copied().unwrap_or_else(|| panic!("no {kind} id for {}", path.display()))
+}
+
+/// Ids of every loaded object of `kind` (prog, map or link).
+pub fn loaded_ids(kind: &str) -> Vec<u64> {
+    ids(&bpftool_json(&[kind, "show"]))
+}
+
+/// Wait until none of `ids` is loaded any more (the kernel frees objects asynchronously);
+/// returns those still present after `timeout`.
+pub fn wait_gone(kind: &str, ids: &[u64], timeout: Duration) -> Vec<u64> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let loaded = loaded_ids(kind);
+        let left: Vec<u64> = ids.iter().copied().filter(|id| loaded.contains(id)).collect();
+        if left.is_empty() || Instant::now() > deadline {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

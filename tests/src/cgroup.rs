@@ -1,0 +1,171 @@
+//! Child cgroups of the cgroup v2 root that remove themselves.
+//!
+//! redirector's programs attach to a cgroup v2 directory; this machine has a hybrid layout
+//! where cgroup2 is not at /sys/fs/cgroup, so the mount is looked up, never hard-coded.
+
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use crate::unique_name;
+
+/// The cgroup2 mount point, from /proc/self/mountinfo (first `cgroup2` entry).
+pub fn cgroup2_root() -> &'static Path {
+    static ROOT: OnceLock<PathBuf> = OnceLock::new();
+    ROOT.get_or_init(|| {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+            .expect("cannot read /proc/self/mountinfo");
+        find_cgroup2_mount(&mountinfo).expect("no cgroup2 filesystem mounted")
+    })
+}
+
+/// mountinfo lines are `id parent maj:min root mountpoint opts [optional…] - fstype source
+/// superopts`; the optional fields vary in number, so the filesystem type is the field after
+/// the lone `-`.
+fn find_cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
+    mountinfo.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let dash = fields.iter().position(|f| *f == "-")?;
+        (fields.get(dash + 1) == Some(&"cgroup2")).then(|| PathBuf::from(unescape(fields[4])))
+    })
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape(field: &str) -> String {
+    let mut out = String::new();
+    let mut rest = field;
+    while let Some(i) = rest.find('\\') {
+        out.push_str(&rest[..i]);
+        let code = rest
+            .get(i + 1..i + 4)
+            .and_then(|o| u8::from_str_radix(o, 8).ok());
+        match code {
+            Some(byte) => {
+                out.push(char::from(byte));
+                rest = &rest[i + 4..];
+            }
+            None => {
+                out.push('\\');
+                rest = &rest[i + 1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `<cgroup2>/rdt-<pid>-<n>-<hint>`, removed on drop.
+///
+/// Drop does not kill anything (callers own their processes and end them through
+/// [`ChildGuard`](crate::ChildGuard)); it moves whatever is still inside to the root, then
+/// removes the directory (and any child cgroups made under it), retrying while the kernel
+/// still reports it busy from exiting tasks.
+#[derive(Debug)]
+pub struct Cgroup {
+    path: PathBuf,
+}
+
+impl Cgroup {
+    pub fn new(hint: &str) -> Self {
+        let path = cgroup2_root().join(unique_name(hint));
+        std::fs::create_dir(&path)
+            .unwrap_or_else(|e| panic!("cannot create cgroup {}: {e}", path.display()));
+        Cgroup { path }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The path as seen in /proc/<pid>/cgroup (`0::/<this>`), relative to the cgroup2 root.
+    pub fn relative_path(&self) -> String {
+        let rel = self
+            .path
+            .strip_prefix(cgroup2_root())
+            .expect("cgroup under the root");
+        format!("/{}", rel.display())
+    }
+
+    /// Pids currently in this cgroup (not its children).
+    pub fn pids(&self) -> Vec<u32> {
+        read_pids(&self.path)
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        // Never panic here: this may run while a test is already unwinding.
+        if let Err(e) = remove_tree(&self.path) {
+            eprintln!("warning: cannot remove cgroup {}: {e}", self.path.display());
+        }
+    }
+}
+
+fn read_pids(dir: &Path) -> Vec<u32> {
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// Depth first: children before parents; each directory is emptied into the root first.
+pub(crate) fn remove_tree(dir: &Path) -> std::io::Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for entry in entries.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_tree(&entry.path())?;
+        }
+    }
+    let root_procs = cgroup2_root().join("cgroup.procs");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        for pid in read_pids(dir) {
+            // Fails harmlessly when the process has exited meanwhile.
+            let _ = std::fs::write(&root_procs, pid.to_string());
+        }
+        match std::fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+            // EBUSY: tasks that were killed are still leaving the cgroup.
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_cgroup2_in_hybrid_mountinfo() {
+        let mountinfo = "\
+25 31 0:23 / /sys rw,nosuid shared:7 - sysfs sysfs rw
+36 31 0:31 / /sys/fs/cgroup ro,nosuid shared:9 - tmpfs tmpfs ro,mode=755
+41 36 0:38 / /sys/fs/cgroup/unified rw,relatime shared:10 - cgroup2 cgroup2 rw
+42 36 0:39 / /sys/fs/cgroup/systemd rw,relatime shared:11 - cgroup cgroup rw,name=systemd
+";
+        assert_eq!(
+            find_cgroup2_mount(mountinfo),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
+        assert_eq!(
+            find_cgroup2_mount("1 0 0:1 / / rw - ext4 /dev/sda rw\n"),
+            None
+        );
+    }
+
+    #[test]
+    fn unescapes_mountinfo_octal() {
+        assert_eq!(unescape(r"/mnt/a\040b"), "/mnt/a b");
+        assert_eq!(unescape(r"/plain"), "/plain");
+    }
+}

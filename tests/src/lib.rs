@@ -1,0 +1,100 @@
+//! Test kit for redirector's privileged tests, the conformance suite and the demo.
+//!
+//! Everything here changes real kernel state (network namespaces, cgroups, iptables rules inside
+//! those namespaces, processes), and every piece of that state is owned by an RAII guard whose
+//! `Drop` undoes it, also when a test panics. Nothing is ever sent from the host network
+//! namespace to a non-loopback address: clients always run inside a namespace made here.
+//!
+//! Helpers panic with a message instead of returning `Result`, so a failing test shows the
+//! backtrace of the step that failed.
+//!
+//! - [`NetNs`], [`Cgroup`], [`Topology`]: the places a scenario runs in.
+//! - [`Spawn`], [`ChildGuard`]: processes inside them (netns, cgroup, uid/gid set before exec).
+//! - [`ProbeServer`], [`connect_from`], [`ConnOutcome`]: the `probe` binary, its servers and
+//!   clients, and what a connection landed on.
+//! - [`iptables`]: istio's reference rule sets applied inside a netns.
+//! - [`remove_stale_leftovers`]: what killed test processes could not clean up.
+
+pub mod bpftool;
+pub mod cgroup;
+pub mod iptables;
+pub mod netns;
+pub mod paths;
+pub mod probe;
+pub mod probe_protocol;
+pub mod process;
+pub mod redirector;
+pub mod sockaddr;
+pub mod stale;
+pub mod topology;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+pub use cgroup::Cgroup;
+pub use netns::NetNs;
+pub use paths::{bin_path, golden_dir, target_dir, workspace_root};
+pub use probe::{connect_from, probe_bin, use_probe_bin, InNetNs, ProbeServer};
+pub use probe_protocol::{ConnOutcome, Landing};
+pub use process::{wait_tcp_listening, ChildGuard, Spawn};
+pub use stale::remove_stale_leftovers;
+pub use topology::Topology;
+
+/// Prefix of every netns and cgroup the kit creates, so leftovers are easy to spot
+/// (`ip netns list | grep rdt-`).
+pub const NAME_PREFIX: &str = "rdt";
+
+/// The uid and gid istio runs its proxy as; traffic of this owner is never captured.
+pub const PROXY_UID: u32 = 1337;
+/// An ordinary application uid/gid for clients that must be captured.
+pub const APP_UID: u32 = 1000;
+
+/// A process-wide counter so that names made by parallel tests in one binary never collide.
+pub(crate) fn next_id() -> u32 {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    COUNTER.fetch_add(1, Ordering::Relaxed)
+}
+
+/// `rdt-<pid>-<counter>-<hint>`: unique across concurrently running test binaries (pid) and
+/// across tests in one binary (counter). The hint is reduced to `[a-z0-9]` and shortened.
+pub(crate) fn unique_name(hint: &str) -> String {
+    let hint: String = hint
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .map(|c| c.to_ascii_lowercase())
+        .take(12)
+        .collect();
+    format!("{NAME_PREFIX}-{}-{}-{hint}", std::process::id(), next_id())
+}
+
+/// Call first in every privileged test: `if !require_root() { return; }`.
+///
+/// Without root the test is skipped with a note, except under CI (env `CI` set), where a
+/// privileged test that silently skips would hide a regression, so it panics instead.
+pub fn require_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("this privileged test needs root, and CI is set: refusing to skip");
+    }
+    eprintln!("note: skipping privileged test (not root)");
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unique_names_are_distinct_and_tidy() {
+        let a = unique_name("Pod Net!");
+        let b = unique_name("Pod Net!");
+        assert_ne!(a, b);
+        assert!(
+            a.starts_with(&format!("rdt-{}-", std::process::id())),
+            "{a}"
+        );
+        assert!(a.ends_with("-podnet"), "{a}");
+    }
+}

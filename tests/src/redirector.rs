@@ -1,0 +1,93 @@
+//! Running the `redirector` binary against a test pod, with a pin root of the test's own
+//! so that what a test checks in bpffs is exactly what it installed.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use crate::{bin_path, unique_name, Cgroup, NetNs};
+
+/// The flags istio's sidecar injector passes to istio-iptables.
+pub const STANDARD_INJECTION: [&str; 16] = [
+    "-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT", "-i", "*", "-x", "", "-b", "*",
+    "-d", "15090,15021,15020",
+];
+
+/// A bpffs directory for one test's pins; removed (with anything left in it) on drop.
+pub struct PinRoot {
+    path: PathBuf,
+}
+
+impl PinRoot {
+    pub fn new(hint: &str) -> Self {
+        mount_bpffs_if_missing();
+        PinRoot { path: Path::new("/sys/fs/bpf").join(unique_name(hint)) }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for PinRoot {
+    fn drop(&mut self) {
+        // Unpinning detaches links and frees programs and maps with no other users.
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+fn mount_bpffs_if_missing() {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    if !mounts.lines().any(|l| l.split_whitespace().nth(2) == Some("bpf")) {
+        let st = Command::new("mount").args(["-t", "bpf", "bpf", "/sys/fs/bpf"]).status();
+        assert!(st.is_ok_and(|s| s.success()), "mounting bpffs failed");
+    }
+}
+
+pub fn redirector_bin() -> PathBuf {
+    bin_path("redirector")
+}
+
+/// `redirector istio-iptables` for the pod in `netns` with cgroup `cgroup`, pins under
+/// `root`, plus `args`. Runs from the host namespace; the binary enters the pod's.
+pub fn istio_iptables(netns: &NetNs, cgroup: &Cgroup, root: &PinRoot, args: &[&str]) -> Output {
+    let mut cmd = Command::new(redirector_bin());
+    cmd.arg("istio-iptables")
+        .arg("--network-namespace")
+        .arg(netns.path())
+        .arg("--cgroup")
+        .arg(cgroup.path())
+        .arg("--pin-root")
+        .arg(root.path())
+        .args(args);
+    cmd.output().unwrap_or_else(|e| panic!("running {cmd:?}: {e}"))
+}
+
+/// Like [`istio_iptables`], panicking with the log unless it exits 0.
+pub fn install(netns: &NetNs, cgroup: &Cgroup, root: &PinRoot, args: &[&str]) -> Output {
+    let out = istio_iptables(netns, cgroup, root, args);
+    assert!(
+        out.status.success(),
+        "redirector istio-iptables {args:?} failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Every file under `dir`, recursively (pins are files on bpffs).
+pub fn pins_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(pins_under(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out.sort();
+    out
+}

@@ -1,0 +1,261 @@
+//! Privileged tests of outbound capture: real programs attached to a real cgroup, real
+//! connections from a pod netns to a service netns, the original destination read by a
+//! stand-in proxy with SO_ORIGINAL_DST.
+//!
+//! Run as root, one at a time: `cargo xtask test`.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use redirector_tests::bpftool::{cgroup_attachments, loaded_ids, pinned_id, wait_gone};
+use redirector_tests::redirector::{install, istio_iptables, pins_under, PinRoot, STANDARD_INJECTION};
+use redirector_tests::{
+    require_root, use_probe_bin, ChildGuard, ConnOutcome, ProbeServer, Topology, APP_UID,
+    PROXY_UID,
+};
+
+const SERVICE_PORT: u16 = 80;
+
+/// A pod with a service to call and a stand-in proxy (uid 1337, in the pod's cgroup) on
+/// 15001 over both families.
+struct Pod {
+    topo: Topology,
+    _service: ChildGuard,
+    _proxy: ChildGuard,
+}
+
+impl Pod {
+    fn new(hint: &str) -> Self {
+        use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+        let topo = Topology::new(hint);
+        let service = ProbeServer::serve(&topo.service, "svc")
+            .listen(topo.service_addr(false, SERVICE_PORT))
+            .listen(topo.service_addr(true, SERVICE_PORT))
+            .listen(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 8080))
+            .start();
+        let proxy = ProbeServer::proxy(&topo.pod, "proxy")
+            .listen("127.0.0.1:15001".parse().unwrap())
+            .listen("[::1]:15001".parse().unwrap())
+            .cgroup(&topo.pod_cgroup)
+            .user(PROXY_UID, PROXY_UID)
+            .start();
+        Pod { topo, _service: service, _proxy: proxy }
+    }
+
+    fn install(&self, root: &PinRoot, args: &[&str]) -> String {
+        let out = install(&self.topo.pod, &self.topo.pod_cgroup, root, args);
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+
+    fn connect(&self, uid: u32, gid: u32, dst: SocketAddr) -> ConnOutcome {
+        self.topo.connect(uid, gid, dst)
+    }
+
+    fn service(&self, v6: bool) -> SocketAddr {
+        self.topo.service_addr(v6, SERVICE_PORT)
+    }
+}
+
+#[track_caller]
+fn assert_proxied(outcome: &ConnOutcome, orig: SocketAddr) {
+    match outcome {
+        ConnOutcome::Proxied { name, orig: got, .. } if name == "proxy" => {
+            assert_eq!(*got, Some(orig), "SO_ORIGINAL_DST seen by the proxy");
+        }
+        other => panic!("expected the proxy with orig {orig}, got {other:?}"),
+    }
+}
+
+#[track_caller]
+fn assert_direct(outcome: &ConnOutcome, dst: SocketAddr) {
+    match outcome {
+        ConnOutcome::Served { name, local, .. } if name == "svc" => assert_eq!(*local, dst),
+        other => panic!("expected the service at {dst} directly, got {other:?}"),
+    }
+}
+
+#[test]
+fn app_connection_redirected_with_original_destination_v4_and_v6() {
+    if !require_root() {
+        return;
+    }
+    let pod = Pod::new("origdst");
+    let root = PinRoot::new("origdst");
+    // Before: straight to the service.
+    assert_direct(&pod.connect(APP_UID, APP_UID, pod.service(false)), pod.service(false));
+    pod.install(&root, &STANDARD_INJECTION);
+    for v6 in [false, true] {
+        let dst = pod.service(v6);
+        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+    }
+}
+
+#[test]
+fn proxy_uid_and_gid_are_not_redirected() {
+    if !require_root() {
+        return;
+    }
+    let pod = Pod::new("owner");
+    let root = PinRoot::new("owner");
+    pod.install(&root, &STANDARD_INJECTION);
+    let dst = pod.service(false);
+    assert_direct(&pod.connect(PROXY_UID, APP_UID, dst), dst);
+    assert_direct(&pod.connect(APP_UID, PROXY_UID, dst), dst);
+    assert_direct(&pod.connect(PROXY_UID, PROXY_UID, pod.service(true)), pod.service(true));
+    assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+}
+
+#[test]
+fn excluded_cidr_and_excluded_port_pass_untouched() {
+    if !require_root() {
+        return;
+    }
+    let pod = Pod::new("exclude");
+    let other: IpAddr = Ipv4Addr::new(10, 201, pod.topo.subnet(), 3).into();
+    pod.topo.add_service_addr(other);
+    let root = PinRoot::new("exclude");
+    let excluded = format!("{}/32", pod.topo.service_ip4());
+    pod.install(&root, &["-i", "*", "-x", &excluded, "-o", "8080"]);
+    // -x: the excluded address goes direct, on any port.
+    assert_direct(&pod.connect(APP_UID, APP_UID, pod.service(false)), pod.service(false));
+    // -o: the excluded port goes direct, to any address.
+    let other_8080 = SocketAddr::new(other, 8080);
+    assert_direct(&pod.connect(APP_UID, APP_UID, other_8080), other_8080);
+    // Everything else is captured; IPv6 is unaffected by an IPv4 exclusion.
+    let other_80 = SocketAddr::new(other, SERVICE_PORT);
+    assert_proxied(&pod.connect(APP_UID, APP_UID, other_80), other_80);
+    assert_proxied(&pod.connect(APP_UID, APP_UID, pod.service(true)), pod.service(true));
+}
+
+#[test]
+fn include_list_is_respected() {
+    if !require_root() {
+        return;
+    }
+    let pod = Pod::new("include");
+    let other: IpAddr = Ipv4Addr::new(10, 201, pod.topo.subnet(), 3).into();
+    pod.topo.add_service_addr(other);
+    let root = PinRoot::new("include");
+    pod.install(&root, &["-i", "10.201.0.0/16"]);
+    let other_80 = SocketAddr::new(other, SERVICE_PORT);
+    assert_proxied(&pod.connect(APP_UID, APP_UID, other_80), other_80);
+    assert_direct(&pod.connect(APP_UID, APP_UID, pod.service(false)), pod.service(false));
+    assert_direct(&pod.connect(APP_UID, APP_UID, pod.service(true)), pod.service(true));
+    // An empty -i captures nothing, as in istio (8080 is served on every service address).
+    let other_8080 = SocketAddr::new(other, 8080);
+    assert_proxied(&pod.connect(APP_UID, APP_UID, other_8080), other_8080);
+    pod.install(&root, &["-i", ""]);
+    assert_direct(&pod.connect(APP_UID, APP_UID, other_8080), other_8080);
+}
+
+#[test]
+fn two_pods_with_different_config_share_one_object_and_do_not_interfere() {
+    if !require_root() {
+        return;
+    }
+    let a = Pod::new("poda");
+    let b = Pod::new("podb");
+    let root = PinRoot::new("twopods");
+    let log_a = a.install(&root, &STANDARD_INJECTION);
+    let excluded = format!("{}/32", b.topo.service_ip4());
+    let log_b = b.install(&root, &["-i", "*", "-x", &excluded, "-u", "4242"]);
+    assert!(log_a.contains("loaded now"), "first pod loads the object:\n{log_a}");
+    assert!(log_b.contains("already loaded"), "second pod reuses it:\n{log_b}");
+    let objects = std::fs::read_dir(root.path().join("objects")).unwrap().count();
+    assert_eq!(objects, 1, "one object for the node");
+
+    // A: captured, proxy uid 1337 passes.
+    assert_proxied(&a.connect(APP_UID, APP_UID, a.service(false)), a.service(false));
+    assert_direct(&a.connect(PROXY_UID, PROXY_UID, a.service(false)), a.service(false));
+    // B: its service address is excluded, and 1337 is not its proxy uid (4242 is).
+    assert_direct(&b.connect(APP_UID, APP_UID, b.service(false)), b.service(false));
+    assert_proxied(&b.connect(APP_UID, APP_UID, b.service(true)), b.service(true));
+    assert_proxied(&b.connect(PROXY_UID, PROXY_UID, b.service(true)), b.service(true));
+    assert_direct(&b.connect(4242, 4242, b.service(true)), b.service(true));
+}
+
+#[test]
+fn pins_survive_the_loader_and_a_rerun_replaces_instead_of_doubling() {
+    if !require_root() {
+        return;
+    }
+    let pod = Pod::new("rerun");
+    let root = PinRoot::new("rerun");
+    pod.install(&root, &STANDARD_INJECTION);
+    // The loader has exited; its pins hold the links.
+    let pins = pins_under(root.path());
+    let links: Vec<_> = pins.iter().filter(|p| p.to_string_lossy().contains("/pods/")).collect();
+    assert_eq!(links.len(), 4, "four link pins for the pod: {pins:?}");
+    assert_eq!(cgroup_attachments(pod.topo.pod_cgroup.path()).len(), 4);
+    let dst = pod.service(false);
+    assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+
+    pod.install(&root, &STANDARD_INJECTION);
+    pod.install(&root, &STANDARD_INJECTION);
+    let attached = cgroup_attachments(pod.topo.pod_cgroup.path());
+    assert_eq!(attached.len(), 4, "re-running must replace, not add: {attached:?}");
+    assert_eq!(pins_under(root.path()), pins, "same pins after re-running");
+    assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+}
+
+#[test]
+fn cleanup_only_leaves_no_program_link_map_or_pin() {
+    if !require_root() {
+        return;
+    }
+    let pod = Pod::new("cleanup");
+    let root = PinRoot::new("cleanup");
+    pod.install(&root, &STANDARD_INJECTION);
+    let pins = pins_under(root.path());
+    let ids = |kind: &str, part: &str| -> Vec<u64> {
+        pins.iter().filter(|p| p.to_string_lossy().contains(part)).map(|p| pinned_id(kind, p)).collect()
+    };
+    let progs = ids("prog", "/progs/");
+    let maps = ids("map", "/maps/");
+    let links = ids("link", "/pods/");
+    assert_eq!((progs.len(), links.len()), (4, 4));
+    assert!(!maps.is_empty());
+    assert!(progs.iter().all(|id| loaded_ids("prog").contains(id)));
+
+    let out = istio_iptables(&pod.topo.pod, &pod.topo.pod_cgroup, &root, &["--cleanup-only"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    assert!(!root.path().exists(), "pin root left behind: {:?}", pins_under(root.path()));
+    assert_eq!(cgroup_attachments(pod.topo.pod_cgroup.path()), vec![]);
+    for (kind, ids) in [("link", &links), ("prog", &progs), ("map", &maps)] {
+        let left = wait_gone(kind, ids, Duration::from_secs(5));
+        assert!(left.is_empty(), "{kind}s still loaded after cleanup: {left:?}");
+    }
+    let dst = pod.service(false);
+    assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
+    // Cleaning up a clean pod is not an error.
+    let again = istio_iptables(&pod.topo.pod, &pod.topo.pod_cgroup, &root, &["--cleanup-only"]);
+    assert!(again.status.success());
+}
+
+#[test]
+fn invalid_values_exit_1_naming_the_flag_and_attach_nothing() {
+    if !require_root() {
+        return;
+    }
+    let pod = Pod::new("invalid");
+    let root = PinRoot::new("invalid");
+    let cases: [(&[&str], &str, &str); 5] = [
+        (&["-i", "*", "-x", "10.0.0.0/33"], "istio-service-exclude-cidr", "10.0.0.0/33"),
+        (&["-i", "*", "-x", "*"], "istio-service-exclude-cidr", "*"),
+        (&["-p", "70000", "-i", "*"], "envoy-port", "70000"),
+        (&["-i", "10.0.0.300/8"], "istio-service-cidr", "10.0.0.300/8"),
+        (&["-i", "*", "-o", "80,70000"], "istio-local-outbound-ports-exclude", "70000"),
+    ];
+    for (args, flag, value) in cases {
+        let out = istio_iptables(&pod.topo.pod, &pod.topo.pod_cgroup, &root, args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: exit code; stderr:\n{stderr}");
+        assert!(stderr.contains(flag), "{args:?}: message should name {flag}:\n{stderr}");
+        assert!(stderr.contains(value), "{args:?}: message should name {value}:\n{stderr}");
+        assert!(!root.path().exists(), "{args:?}: something was pinned");
+        assert_eq!(cgroup_attachments(pod.topo.pod_cgroup.path()), vec![], "{args:?}: attached");
+    }
+    let dst = pod.service(false);
+    assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
+}
