@@ -50,7 +50,10 @@ fn write_err(map: &'static str) -> impl FnOnce(MapError) -> ApplyError {
 #[derive(Debug)]
 pub struct ApplyReport {
     pub object_id: String,
-    pub object_loaded: bool,
+    /// How long loading the object took, when this run loaded it.
+    pub object_load_time: Option<std::time::Duration>,
+    /// How long the pod's own entries and links took.
+    pub pod_time: std::time::Duration,
     /// Objects this pod was moved away from.
     pub moved_from: Vec<String>,
 }
@@ -68,7 +71,10 @@ enum Undo {
 /// Install (or replace) a pod's capture as described by `plan`.
 pub fn apply(root: &PinRoot, object: &[u8], plan: &PodPlan) -> Result<ApplyReport, ApplyError> {
     let _lock = NodeLock::acquire(root)?;
+    let started = std::time::Instant::now();
     let (obj, object_loaded) = ensure_loaded(root, object)?;
+    let object_load_time = object_loaded.then(|| started.elapsed());
+    let started = std::time::Instant::now();
     let mut maps = NodeMaps::open(&obj)?;
     let pod = obj.pod(plan.netns_cookie);
     let mut undo = Vec::new();
@@ -94,7 +100,7 @@ pub fn apply(root: &PinRoot, object: &[u8], plan: &PodPlan) -> Result<ApplyRepor
             moved_from.push(other.id());
         }
     }
-    Ok(ApplyReport { object_id: obj.id(), object_loaded, moved_from })
+    Ok(ApplyReport { object_id: obj.id(), object_load_time, pod_time: started.elapsed(), moved_from })
 }
 
 /// Write map entries and create + pin the new links at staging paths.

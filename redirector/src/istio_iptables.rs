@@ -2,7 +2,7 @@
 //! for istio-init. Sections of the log follow istio-iptables': environment, effective
 //! config, what was applied, final state.
 
-use std::{path::Path, time::Instant};
+use std::path::Path;
 
 use anyhow::{bail, Context as _};
 use tracing::{info, warn};
@@ -85,18 +85,19 @@ pub fn run(cfg: &IstioConfig) -> anyhow::Result<()> {
         return Ok(());
     }
     require_bpffs(root.path())?;
-    let started = Instant::now();
     let report = apply(&root, OBJECT, &plan)?;
-    let elapsed = started.elapsed();
     info!("Applied:");
     for line in plan.to_string().lines() {
         info!("{line}");
     }
+    let object = match report.object_load_time {
+        Some(t) => format!("loaded now in {:.1} ms", t.as_secs_f64() * 1e3),
+        None => "already loaded on this node".to_owned(),
+    };
     info!(
-        "object {} ({}), pod attached in {:.2} ms{}",
+        "object {} ({object}), pod attached in {:.2} ms{}",
         report.object_id,
-        if report.object_loaded { "loaded now" } else { "already loaded on this node" },
-        elapsed.as_secs_f64() * 1e3,
+        report.pod_time.as_secs_f64() * 1e3,
         if report.moved_from.is_empty() {
             String::new()
         } else {

@@ -20,7 +20,6 @@ pub struct NodeMaps {
     pub port_sets: HashMap<MapData, PortKey, u8>,
     pub cidrs_v4: LpmTrie<MapData, Cidr4Key, u8>,
     pub cidrs_v6: LpmTrie<MapData, Cidr6Key, u8>,
-    pub orig_dst_by_cookie: HashMap<MapData, u64, OrigDst>,
     pub orig_dst_by_conn: HashMap<MapData, ConnKey, OrigDst>,
     pub counters: PerCpuHashMap<MapData, u64, Counters>,
 }
@@ -43,7 +42,6 @@ impl NodeMaps {
             port_sets: open(pins, names::PORT_SETS)?,
             cidrs_v4: open(pins, names::CIDRS_V4)?,
             cidrs_v6: open(pins, names::CIDRS_V6)?,
-            orig_dst_by_cookie: open(pins, names::ORIG_DST_BY_COOKIE)?,
             orig_dst_by_conn: open(pins, names::ORIG_DST_BY_CONN)?,
             counters: open(pins, names::COUNTERS)?,
         })
