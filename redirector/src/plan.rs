@@ -233,3 +233,133 @@ impl fmt::Display for PodPlan {
         writeln!(f, "COUNTERS[{}] = 0 (created if absent)", self.netns_cookie)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::net::IpAddr;
+
+    use redirector_common::{decide_outbound, OutboundAttempt, Reason, Verdict};
+
+    use super::*;
+    use crate::config::parse_istio_iptables;
+
+    const POD_IP: &str = "10.244.1.5";
+
+    fn plan(args: &[&str], env: &[(&str, &str)]) -> PodPlan {
+        let env: HashMap<String, String> =
+            env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let argv = std::iter::once("istio-iptables").chain(args.iter().copied());
+        let cfg = parse_istio_iptables(argv, &env).expect("valid flags");
+        let facts = PodFacts {
+            netns_cookie: 42,
+            local_addrs: vec![POD_IP.parse().unwrap(), "fd00::5".parse().unwrap()],
+            cgroup: "/sys/fs/cgroup/pod".into(),
+        };
+        plan_pod(&cfg.capture, &facts)
+    }
+
+    fn decide(plan: &PodPlan, uid: u32, dst: &str, port: u16) -> Verdict {
+        decide_from(plan, uid, uid, "0.0.0.0", dst, port)
+    }
+
+    fn decide_from(plan: &PodPlan, uid: u32, gid: u32, src: &str, dst: &str, port: u16) -> Verdict {
+        let attempt = OutboundAttempt {
+            dst: dst.parse::<IpAddr>().unwrap(),
+            dst_port: port,
+            src: src.parse().unwrap(),
+            uid,
+            gid,
+        };
+        decide_outbound(&plan.config, &attempt, plan)
+    }
+
+    const STANDARD: [&str; 16] = [
+        "-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT", "-i", "*", "-x", "", "-b",
+        "*", "-d", "15090,15021,15020",
+    ];
+
+    #[test]
+    fn standard_injection_decisions_follow_istio_rule_order() {
+        let p = plan(&STANDARD, &[]);
+        assert_eq!(decide(&p, 1000, "10.0.0.1", 80), Verdict::Capture);
+        assert_eq!(decide(&p, 1000, "2001:db8::1", 443), Verdict::Capture);
+        assert_eq!(decide(&p, 1337, "10.0.0.1", 80), Verdict::Pass(Reason::PassedProxyOwner));
+        assert_eq!(decide_from(&p, 1000, 1337, "0.0.0.0", "10.0.0.1", 80), Verdict::Pass(Reason::PassedProxyOwner));
+        // The proxy calling its own pod goes back through the inbound port, except 15008.
+        assert_eq!(decide(&p, 1337, POD_IP, 8080), Verdict::CaptureInbound);
+        assert_eq!(decide(&p, 1337, "fd00::5", 8080), Verdict::CaptureInbound);
+        assert_eq!(decide(&p, 1337, POD_IP, 15008), Verdict::Pass(Reason::PassedProxyOwner));
+        assert_eq!(decide(&p, 1337, "127.0.0.1", 8080), Verdict::Pass(Reason::PassedProxyOwner));
+        assert_eq!(decide(&p, 1337, "127.0.0.2", 8080), Verdict::CaptureInbound);
+        // The app calling a local address passes.
+        assert_eq!(decide(&p, 1000, POD_IP, 8080), Verdict::Pass(Reason::PassedLocalNotProxy));
+        assert_eq!(decide(&p, 1000, "127.0.0.1", 8080), Verdict::Pass(Reason::PassedLocalNotProxy));
+        assert_eq!(decide(&p, 1000, "::1", 8080), Verdict::Pass(Reason::PassedLocalNotProxy));
+        // Inbound passthrough source.
+        assert_eq!(
+            decide_from(&p, 1337, 1337, "127.0.0.6", POD_IP, 8080),
+            Verdict::Pass(Reason::PassedInboundPassthrough)
+        );
+    }
+
+    #[test]
+    fn cidr_and_port_lists() {
+        let p = plan(&["-i", "10.0.0.0/8,2001:db8::/32", "-x", "10.96.0.0/12", "-q", "3306", "-o", "9000"], &[]);
+        assert_eq!(decide(&p, 1000, "10.1.2.3", 80), Verdict::Capture);
+        assert_eq!(decide(&p, 1000, "10.96.0.10", 80), Verdict::Pass(Reason::PassedExcludedCidr));
+        // -x is checked before -q, -o before everything.
+        assert_eq!(decide(&p, 1000, "10.96.0.10", 3306), Verdict::Pass(Reason::PassedExcludedCidr));
+        assert_eq!(decide(&p, 1000, "192.168.1.1", 3306), Verdict::Capture);
+        assert_eq!(decide(&p, 1000, "10.1.2.3", 9000), Verdict::Pass(Reason::PassedExcludedPort));
+        assert_eq!(decide(&p, 1000, "192.168.1.1", 80), Verdict::Pass(Reason::PassedNotIncluded));
+        assert_eq!(decide(&p, 1000, "2001:db8::1", 80), Verdict::Capture);
+        assert_eq!(decide(&p, 1000, "2001:db9::1", 80), Verdict::Pass(Reason::PassedNotIncluded));
+    }
+
+    #[test]
+    fn empty_include_list_captures_nothing() {
+        let p = plan(&[], &[]);
+        assert_eq!(decide(&p, 1000, "10.0.0.1", 80), Verdict::Pass(Reason::PassedNotIncluded));
+    }
+
+    #[test]
+    fn several_proxy_uids_keep_istios_rule_order() {
+        // istio writes the three owner rules per uid in turn, so local traffic of the second
+        // uid already returns at the first uid's "! --uid-owner" rule.
+        let p = plan(&["-i", "*", "-u", "3,4", "-g", "5"], &[]);
+        assert_eq!(decide(&p, 3, POD_IP, 80), Verdict::CaptureInbound);
+        assert_eq!(decide(&p, 4, POD_IP, 80), Verdict::Pass(Reason::PassedLocalNotProxy));
+        assert_eq!(decide(&p, 4, "10.0.0.1", 80), Verdict::Pass(Reason::PassedProxyOwner));
+        assert_eq!(decide_from(&p, 1000, 5, "0.0.0.0", "10.0.0.1", 80), Verdict::Pass(Reason::PassedProxyOwner));
+    }
+
+    #[test]
+    fn owner_groups_and_loopback_cidr_from_env() {
+        let p = plan(&["-i", "*"], &[("ISTIO_OUTBOUND_OWNER_GROUPS", "202")]);
+        assert_eq!(decide_from(&p, 1000, 202, "0.0.0.0", "10.0.0.1", 80), Verdict::Capture);
+        assert_eq!(decide_from(&p, 1000, 1000, "0.0.0.0", "10.0.0.1", 80), Verdict::Pass(Reason::PassedOwnerGroup));
+        let p = plan(&["-i", "*"], &[("ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE", "202")]);
+        assert_eq!(decide_from(&p, 1000, 202, "0.0.0.0", "10.0.0.1", 80), Verdict::Pass(Reason::PassedOwnerGroup));
+        let p = plan(&["-i", "*"], &[("ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", "127.0.0.1/8")]);
+        assert_eq!(p.config.loopback_v4_addr, u32::from_ne_bytes([127, 0, 0, 0]));
+        assert_eq!(p.config.loopback_v4_mask, u32::from_ne_bytes([255, 0, 0, 0]));
+    }
+
+    #[test]
+    fn plan_holds_one_entry_per_list_item() {
+        let p = plan(&STANDARD, &[]);
+        assert_eq!(p.config.flags & pod_flags::CAPTURE_ALL_OUTBOUND, pod_flags::CAPTURE_ALL_OUTBOUND);
+        assert_eq!(p.config.flags & pod_flags::IPV6, pod_flags::IPV6, "the pod has an IPv6 address");
+        let excluded: Vec<u16> =
+            p.ports.iter().filter(|k| k.set == PortSet::InboundExclude as u16).map(|k| k.port).collect();
+        assert_eq!(excluded, [15090, 15021, 15020]);
+        // The pod's own addresses, as /32 and /128.
+        assert_eq!(p.cidrs_v4.len(), 1);
+        assert_eq!(p.cidrs_v4[0].prefix_len, CIDR_KEY_FIXED_BITS + 32);
+        assert_eq!(p.cidrs_v6.len(), 1);
+        assert!(p.to_string().contains("inbound-exclude (-d) 15090"));
+        let twice = plan(&["-o", "80,80,", "-i", "*"], &[]);
+        assert_eq!(twice.ports.len(), 1);
+    }
+}
