@@ -5,7 +5,9 @@
 
 use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use crate::maps::{owner_group_mode, pod_flags, CidrList, PodConfig, PortSet, MAX_OWNERS};
+use crate::maps::{
+    inbound_capture, owner_group_mode, pod_flags, CidrList, PodConfig, PortSet, MAX_OWNERS,
+};
 use crate::Reason;
 
 /// 127.0.0.6 / ::6: the source the proxy binds for inbound passthrough connections.
@@ -156,4 +158,23 @@ pub fn decide_outbound<L: PodLookups>(cfg: &PodConfig, conn: &OutboundAttempt, l
         return Verdict::Capture;
     }
     Verdict::Pass(Reason::PassedNotIncluded)
+}
+
+/// What happens to a TCP connection arriving at the pod from outside (nat PREROUTING →
+/// ISTIO_INBOUND). Connections made inside the pod are decided by [`decide_outbound`] only.
+#[inline(always)]
+pub fn decide_inbound<L: PodLookups>(cfg: &PodConfig, dst_port: u16, lookups: &L) -> Verdict {
+    if dst_port == cfg.tunnel_port {
+        return Verdict::Pass(Reason::PassedInboundPort);
+    }
+    let captured = match cfg.inbound_capture {
+        inbound_capture::ALL => !lookups.port_in(PortSet::InboundExclude, dst_port),
+        inbound_capture::LIST => lookups.port_in(PortSet::InboundInclude, dst_port),
+        _ => false,
+    };
+    if captured {
+        Verdict::CaptureInbound
+    } else {
+        Verdict::Pass(Reason::PassedInboundPort)
+    }
 }

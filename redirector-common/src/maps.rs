@@ -14,8 +14,10 @@ pub mod names {
     pub const ORIG_DST_BY_COOKIE: &str = "ORIG_DST_BY_COOKIE";
     pub const ORIG_DST_BY_CONN: &str = "ORIG_DST_BY_CONN";
     pub const COUNTERS: &str = "COUNTERS";
+    pub const POD_BY_ADDR: &str = "POD_BY_ADDR";
+    pub const LISTENERS: &str = "LISTENERS";
     /// Every map, for pinning and status.
-    pub const ALL: [&str; 7] = [
+    pub const ALL: [&str; 9] = [
         POD_CONFIG,
         PORT_SETS,
         CIDRS_V4,
@@ -23,6 +25,8 @@ pub mod names {
         ORIG_DST_BY_COOKIE,
         ORIG_DST_BY_CONN,
         COUNTERS,
+        POD_BY_ADDR,
+        LISTENERS,
     ];
 }
 
@@ -38,7 +42,11 @@ pub mod capacity {
     /// Connections between `connect()` and the handshake completing.
     pub const PENDING_CONNECTIONS: u32 = 65536;
     /// Redirected connections whose original destination the proxy may still ask for.
-    pub const REDIRECTED_CONNECTIONS: u32 = 262144;
+    pub const REDIRECTED_CONNECTIONS: u32 = 65536;
+    /// Pod addresses over all pods.
+    pub const POD_ADDRS: u32 = 16384;
+    /// Capture listeners (-z and -p, per family) over all pods.
+    pub const LISTENERS: u32 = 4 * PODS;
 }
 
 /// Most proxy uids, gids or owner groups one pod may list.
@@ -100,7 +108,8 @@ pub struct PodConfig {
     pub inbound_port: u16,
     /// `-e`: never captured.
     pub tunnel_port: u16,
-    pub _pad0: u16,
+    /// [`inbound_capture`] mode (`-b`).
+    pub inbound_capture: u16,
     /// [`pod_flags`] bits.
     pub flags: u32,
     /// `ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR`, network byte order address and mask.
@@ -125,6 +134,15 @@ pub mod pod_flags {
     pub const DNS_CAPTURE: u32 = 1 << 2;
     /// Let a connection through uncaptured when its state cannot be recorded.
     pub const FAIL_OPEN: u32 = 1 << 3;
+}
+
+pub mod inbound_capture {
+    /// `-b ''`: no inbound capture.
+    pub const NONE: u16 = 0;
+    /// `-b '*'`: every port but `-d` ports and the tunnel port.
+    pub const ALL: u16 = 1;
+    /// `-b LIST`: the listed ports only.
+    pub const LIST: u16 = 2;
 }
 
 pub mod owner_group_mode {
@@ -201,6 +219,25 @@ pub struct Cidr6Key {
     pub _pad: u32,
 }
 
+/// A pod address, for finding the pod of an inbound connection (sk_lookup programs have no
+/// netns cookie helper; pod addresses are unique on a node).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PodAddrKey {
+    pub addr: RawIp,
+    pub family: u32,
+}
+
+/// A pod's capture listener in [`names::LISTENERS`]: the proxy's socket on `-z` or `-p`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ListenerKey {
+    pub netns_cookie: u64,
+    pub port: u16,
+    pub family: u16,
+    pub _pad: u32,
+}
+
 /// Where a redirected connection was going, as `SO_ORIGINAL_DST` reports it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -253,6 +290,8 @@ mod pod_impls {
     unsafe impl aya::Pod for OrigDst {}
     unsafe impl aya::Pod for ConnKey {}
     unsafe impl aya::Pod for Counters {}
+    unsafe impl aya::Pod for PodAddrKey {}
+    unsafe impl aya::Pod for ListenerKey {}
 }
 
 #[cfg(test)]
@@ -268,6 +307,8 @@ mod tests {
         assert_eq!(size_of::<Cidr6Key>(), 32);
         assert_eq!(size_of::<OrigDst>(), 20);
         assert_eq!(size_of::<ConnKey>(), 48);
+        assert_eq!(size_of::<PodAddrKey>(), 20);
+        assert_eq!(size_of::<ListenerKey>(), 16);
     }
 
     #[test]

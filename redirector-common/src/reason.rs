@@ -30,11 +30,17 @@ pub enum Reason {
     FailedClosed = 10,
     /// `SO_ORIGINAL_DST` answered for a redirected connection.
     OrigDstAnswered = 11,
+    /// An inbound connection steered to the inbound capture port (`-z`).
+    SteeredInbound = 12,
+    /// Inbound to a port that is not captured (`-d`, not in `-b`, the tunnel port).
+    PassedInboundPort = 13,
+    /// Inbound capture decided, but the proxy has no listener on `-z`: dropped (fail closed).
+    NoInboundListener = 14,
 }
 
 impl Reason {
     /// Every reason, in counter-index order.
-    pub const ALL: [Reason; 12] = [
+    pub const ALL: [Reason; 15] = [
         Reason::Redirected,
         Reason::RedirectedInbound,
         Reason::PassedExcludedPort,
@@ -47,6 +53,9 @@ impl Reason {
         Reason::PassedNotIncluded,
         Reason::FailedClosed,
         Reason::OrigDstAnswered,
+        Reason::SteeredInbound,
+        Reason::PassedInboundPort,
+        Reason::NoInboundListener,
     ];
 
     /// Stable snake_case name, used in status output and metrics.
@@ -64,6 +73,9 @@ impl Reason {
             Reason::PassedNotIncluded => "passed_not_included",
             Reason::FailedClosed => "failed_closed",
             Reason::OrigDstAnswered => "orig_dst_answered",
+            Reason::SteeredInbound => "steered_inbound",
+            Reason::PassedInboundPort => "passed_inbound_port",
+            Reason::NoInboundListener => "no_inbound_listener",
         }
     }
 }

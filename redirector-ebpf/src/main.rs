@@ -7,13 +7,14 @@
 
 mod addr;
 mod counters;
+mod inbound;
 mod maps;
 mod orig_dst;
 mod outbound;
 
 use aya_ebpf::{
-    macros::{cgroup_sock_addr, cgroup_sockopt, sock_ops},
-    programs::{SockAddrContext, SockOpsContext, SockoptContext},
+    macros::{cgroup_sock_addr, cgroup_sockopt, sk_lookup, sock_ops},
+    programs::{SkLookupContext, SockAddrContext, SockOpsContext, SockoptContext},
 };
 
 #[cgroup_sock_addr(connect4)]
@@ -28,8 +29,17 @@ pub fn capture_connect6(ctx: SockAddrContext) -> i32 {
 
 #[sock_ops]
 pub fn track_sock_ops(ctx: SockOpsContext) -> u32 {
-    orig_dst::sock_ops(&ctx);
+    if ctx.op() == aya_ebpf::bindings::BPF_SOCK_OPS_TCP_LISTEN_CB {
+        inbound::register_listener(&ctx);
+    } else {
+        orig_dst::sock_ops(&ctx);
+    }
     1
+}
+
+#[sk_lookup]
+pub fn steer_sk_lookup(ctx: SkLookupContext) -> u32 {
+    inbound::sk_lookup(&ctx)
 }
 
 #[cgroup_sockopt(getsockopt)]

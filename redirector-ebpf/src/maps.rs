@@ -3,10 +3,11 @@
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{HashMap, LpmTrie, LruHashMap, PerCpuHashMap},
+    maps::{HashMap, LpmTrie, LruHashMap, PerCpuHashMap, SockHash},
 };
 use redirector_common::{
-    capacity, Cidr4Key, Cidr6Key, ConnKey, Counters, OrigDst, PodConfig, PortKey,
+    capacity, Cidr4Key, Cidr6Key, ConnKey, Counters, ListenerKey, OrigDst, PodAddrKey, PodConfig,
+    PortKey,
 };
 
 /// netns cookie → the pod's configuration. A miss means "not a managed pod".
@@ -39,3 +40,12 @@ pub static ORIG_DST_BY_CONN: LruHashMap<ConnKey, OrigDst> =
 #[map]
 pub static COUNTERS: PerCpuHashMap<u64, Counters> =
     PerCpuHashMap::with_max_entries(capacity::PODS, BPF_F_NO_PREALLOC);
+
+/// Pod address → netns cookie, for inbound connections (sk_lookup has no netns helper).
+#[map]
+pub static POD_BY_ADDR: HashMap<PodAddrKey, u64> =
+    HashMap::with_max_entries(capacity::POD_ADDRS, BPF_F_NO_PREALLOC);
+
+/// The proxy's capture listeners, registered when they call listen().
+#[map]
+pub static LISTENERS: SockHash<ListenerKey> = SockHash::with_max_entries(capacity::LISTENERS, 0);

@@ -27,8 +27,8 @@ const REFUSE: i32 = 0;
 const SOCK_STREAM: u32 = 1;
 
 /// One pod's sets, looked up in the shared maps under its netns cookie.
-struct PodMaps {
-    netns_cookie: u64,
+pub struct PodMaps {
+    pub netns_cookie: u64,
 }
 
 impl PodLookups for PodMaps {

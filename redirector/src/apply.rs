@@ -20,6 +20,7 @@ use crate::{
     object::{ensure_loaded, open_program, NodeLock, ObjectError},
     pins::{ObjectPins, PinRoot, PodPins, STAGING_PREFIX},
     plan::PodPlan,
+    programs::AttachTarget,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -32,8 +33,8 @@ pub enum ApplyError {
     MapWrite { map: &'static str, source: MapError },
     #[error("opening cgroup {path}: {source}")]
     Cgroup { path: String, source: io::Error },
-    #[error("attaching {program} to cgroup {cgroup}: {source}")]
-    Attach { program: &'static str, cgroup: String, source: io::Error },
+    #[error("attaching {program} to {target}: {source}")]
+    Attach { program: &'static str, target: String, source: io::Error },
     #[error("{action} {path}: {source}")]
     Fs { action: &'static str, path: String, source: io::Error },
 }
@@ -56,6 +57,8 @@ pub struct ApplyReport {
     pub pod_time: std::time::Duration,
     /// Objects this pod was moved away from.
     pub moved_from: Vec<String>,
+    /// Capture listeners that existed before and were registered now.
+    pub listeners: Vec<String>,
 }
 
 /// One step to take back if a later one fails.
@@ -64,6 +67,7 @@ enum Undo {
     Port(redirector_common::PortKey),
     Cidr4(Key<redirector_common::Cidr4Key>),
     Cidr6(Key<redirector_common::Cidr6Key>),
+    PodAddr { key: redirector_common::PodAddrKey, previous: Option<u64> },
     Counters(u64),
     StagedLink(std::path::PathBuf),
 }
@@ -93,6 +97,11 @@ pub fn apply(root: &PinRoot, object: &[u8], plan: &PodPlan) -> Result<ApplyRepor
         fs::rename(&staging, &target).map_err(fs_err("replacing link", &target))?;
     }
     remove_stale_entries(&mut maps, plan);
+    let listeners = if plan.config.inbound_capture == redirector_common::inbound_capture::NONE {
+        Vec::new()
+    } else {
+        crate::listeners::register_existing(&mut maps, plan.netns_cookie, &[plan.config.inbound_port])
+    };
     let mut moved_from = Vec::new();
     for other in installed_objects(root)? {
         if other.id() != obj.id() && other.pod(plan.netns_cookie).dir().exists() {
@@ -100,7 +109,13 @@ pub fn apply(root: &PinRoot, object: &[u8], plan: &PodPlan) -> Result<ApplyRepor
             moved_from.push(other.id());
         }
     }
-    Ok(ApplyReport { object_id: obj.id(), object_load_time, pod_time: started.elapsed(), moved_from })
+    Ok(ApplyReport {
+        object_id: obj.id(),
+        object_load_time,
+        pod_time: started.elapsed(),
+        moved_from,
+        listeners,
+    })
 }
 
 /// Write map entries and create + pin the new links at staging paths.
@@ -134,6 +149,13 @@ fn stage(
             undo.push(Undo::Cidr6(key));
         }
     }
+    for key in &plan.addrs {
+        let previous = maps.pod_by_addr.get(key, 0).ok();
+        if previous != Some(cookie) {
+            maps.pod_by_addr.insert(key, cookie, 0).map_err(write_err("POD_BY_ADDR"))?;
+            undo.push(Undo::PodAddr { key: *key, previous });
+        }
+    }
     if maps.counters.get(&cookie, 0).is_err() {
         let cpus = aya::util::nr_cpus().map_err(|(path, source)| ApplyError::Fs {
             action: "reading",
@@ -154,15 +176,19 @@ fn stage(
         path: plan.cgroup.display().to_string(),
         source,
     })?;
+    // This thread runs in the pod's network namespace.
+    let netns_path = Path::new("/proc/thread-self/ns/net");
+    let netns = fs::File::open(netns_path).map_err(fs_err("opening", netns_path))?;
     let mut links: Vec<(&'static str, OwnedFd)> = Vec::new();
     for spec in plan.programs {
         let prog = open_program(obj, spec.function)?;
-        let link = bpf_sys::cgroup_link_create(prog.as_fd(), cgroup.as_fd(), spec.attach_type)
-            .map_err(|source| ApplyError::Attach {
-                program: spec.function,
-                cgroup: plan.cgroup.display().to_string(),
-                source,
-            })?;
+        let (target, target_name) = match spec.target {
+            AttachTarget::Cgroup => (cgroup.as_fd(), plan.cgroup.display().to_string()),
+            AttachTarget::Netns => (netns.as_fd(), "the pod's network namespace".to_owned()),
+        };
+        let link = bpf_sys::link_create(prog.as_fd(), target, spec.attach_type).map_err(
+            |source| ApplyError::Attach { program: spec.function, target: target_name, source },
+        )?;
         links.push((spec.hook, link));
     }
     fs::create_dir_all(pod.dir()).map_err(fs_err("creating", pod.dir()))?;
@@ -189,6 +215,12 @@ fn rollback(maps: &mut NodeMaps, pod: &PodPins, undo: Vec<Undo>) {
             Undo::Port(key) => maps.port_sets.remove(&key).map_err(|e| e.to_string()),
             Undo::Cidr4(key) => maps.cidrs_v4.remove(&key).map_err(|e| e.to_string()),
             Undo::Cidr6(key) => maps.cidrs_v6.remove(&key).map_err(|e| e.to_string()),
+            Undo::PodAddr { key, previous: Some(previous) } => {
+                maps.pod_by_addr.insert(key, previous, 0).map_err(|e| e.to_string())
+            }
+            Undo::PodAddr { key, previous: None } => {
+                maps.pod_by_addr.remove(&key).map_err(|e| e.to_string())
+            }
             Undo::Counters(cookie) => maps.counters.remove(&cookie).map_err(|e| e.to_string()),
             Undo::StagedLink(path) => fs::remove_file(&path).map_err(|e| e.to_string()),
         };
@@ -236,6 +268,17 @@ fn remove_stale_entries(maps: &mut NodeMaps, plan: &PodPlan) {
     for key in stale_v6 {
         let _ = maps.cidrs_v6.remove(&key);
     }
+    // Only this pod's addresses: another pod may have been given one of them since.
+    let stale_addrs: Vec<_> = maps
+        .pod_by_addr
+        .iter()
+        .filter_map(Result::ok)
+        .filter(|(k, owner)| *owner == cookie && !plan.addrs.contains(k))
+        .map(|(k, _)| k)
+        .collect();
+    for key in stale_addrs {
+        let _ = maps.pod_by_addr.remove(&key);
+    }
 }
 
 /// Every fully loaded object under the root (staging leftovers excluded).
@@ -278,6 +321,15 @@ fn remove_pod_from(obj: &ObjectPins, cookie: u64) -> Result<(), ApplyError> {
             .collect();
         for key in conns {
             let _ = maps.orig_dst_by_conn.remove(&key);
+        }
+        let listeners: Vec<_> = maps
+            .listeners
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.netns_cookie == cookie)
+            .collect();
+        for key in listeners {
+            let _ = maps.listeners.remove(&key);
         }
     }
     collect_if_unused(obj);

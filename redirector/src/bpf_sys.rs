@@ -1,5 +1,6 @@
 //! The few bpf(2) commands aya 0.14 does not expose for our use: creating a cgroup link
-//! for any attach type (aya cannot turn a `CgroupSockoptLink` into a pinnable link) and
+//! or netns link for any attach type (aya cannot turn a `CgroupSockoptLink` into a pinnable
+//! link) and
 //! pinning/opening objects by path.
 
 use std::{
@@ -58,16 +59,16 @@ pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
-/// Attach `prog` to the cgroup `cgroup` with a BPF link; the link lives as long as its fd
-/// or its pin.
-pub fn cgroup_link_create(
+/// Attach `prog` to `target` (a cgroup or network namespace fd) with a BPF link; the link
+/// lives as long as its fd or its pin.
+pub fn link_create(
     prog: BorrowedFd<'_>,
-    cgroup: BorrowedFd<'_>,
+    target: BorrowedFd<'_>,
     attach_type: u32,
 ) -> io::Result<OwnedFd> {
     let mut attr = BpfAttr([0; 32]);
     attr.0[0] = prog.as_raw_fd() as u32;
-    attr.0[1] = cgroup.as_raw_fd() as u32;
+    attr.0[1] = target.as_raw_fd() as u32;
     attr.0[2] = attach_type;
     let fd = bpf(BPF_LINK_CREATE, &mut attr)?;
     // SAFETY: the kernel returned a new file descriptor that we now own.

@@ -9,7 +9,7 @@ use tracing::{info, warn};
 
 use crate::{
     apply::{apply, installed_objects, teardown},
-    config::{CaptureConfig, IstioConfig, PortSelection},
+    config::{CaptureConfig, IstioConfig},
     object::OBJECT,
     pins::{PinRoot, BPFFS_MOUNT},
     plan::plan_pod,
@@ -104,6 +104,9 @@ pub fn run(cfg: &IstioConfig) -> anyhow::Result<()> {
             format!(", moved from objects {:?}", report.moved_from)
         }
     );
+    for listener in &report.listeners {
+        info!("registered the proxy's existing listener on {listener}");
+    }
     info!("Final state:");
     for obj in installed_objects(&root)? {
         let pod_dir = obj.pod(cookie);
@@ -118,8 +121,8 @@ pub fn run(cfg: &IstioConfig) -> anyhow::Result<()> {
 
 /// Flags parsed and kept in the plan whose kernel side is not there yet.
 fn note_unsupported(cfg: &CaptureConfig) {
-    if !matches!(cfg.inbound_ports, PortSelection::None) {
-        warn!("inbound capture (-b) is not implemented yet: inbound connections are not redirected");
+    if !cfg.exclude_interfaces.is_empty() || !cfg.kube_virt_interfaces.is_empty() {
+        warn!("-c/-k interfaces are not implemented yet: inbound traffic is captured on every interface");
     }
     if cfg.redirect_dns {
         warn!("DNS capture (--redirect-dns) is not implemented yet: DNS is not redirected");

@@ -4,6 +4,7 @@ mod apply;
 mod bpf_sys;
 mod config;
 mod istio_iptables;
+mod listeners;
 mod node_maps;
 mod object;
 mod pins;

@@ -1,8 +1,9 @@
 //! Typed handles on the pinned maps of one object.
 
-use aya::maps::{HashMap, LpmTrie, Map, MapData, PerCpuHashMap};
+use aya::maps::{HashMap, LpmTrie, Map, MapData, PerCpuHashMap, SockHash};
 use redirector_common::{
-    names, Cidr4Key, Cidr6Key, ConnKey, Counters, OrigDst, PodConfig, PortKey,
+    names, Cidr4Key, Cidr6Key, ConnKey, Counters, ListenerKey, OrigDst, PodAddrKey, PodConfig,
+    PortKey,
 };
 
 use crate::pins::ObjectPins;
@@ -22,6 +23,8 @@ pub struct NodeMaps {
     pub cidrs_v6: LpmTrie<MapData, Cidr6Key, u8>,
     pub orig_dst_by_conn: HashMap<MapData, ConnKey, OrigDst>,
     pub counters: PerCpuHashMap<MapData, u64, Counters>,
+    pub pod_by_addr: HashMap<MapData, PodAddrKey, u64>,
+    pub listeners: SockHash<MapData, ListenerKey>,
 }
 
 fn open<T>(pins: &ObjectPins, name: &'static str) -> Result<T, OpenMapError>
@@ -44,6 +47,8 @@ impl NodeMaps {
             cidrs_v6: open(pins, names::CIDRS_V6)?,
             orig_dst_by_conn: open(pins, names::ORIG_DST_BY_CONN)?,
             counters: open(pins, names::COUNTERS)?,
+            pod_by_addr: open(pins, names::POD_BY_ADDR)?,
+            listeners: open(pins, names::LISTENERS)?,
         })
     }
 }

@@ -8,7 +8,7 @@ use std::{
 };
 
 use aya::{
-    programs::{CgroupSockAddr, CgroupSockopt, SockOps},
+    programs::{CgroupSockAddr, CgroupSockopt, SkLookup, SockOps},
     Ebpf,
 };
 use redirector_common::names;
@@ -124,6 +124,11 @@ fn load_and_pin(bytes: &[u8], staging: &ObjectPins) -> Result<(), ObjectError> {
             }
             ProgramKind::CgroupSockopt => {
                 let p: &mut CgroupSockopt = program.try_into().map_err(prog_err)?;
+                p.load().map_err(prog_err)?;
+                p.pin(&path).map_err(pin_err)?;
+            }
+            ProgramKind::SkLookup => {
+                let p: &mut SkLookup = program.try_into().map_err(prog_err)?;
                 p.load().map_err(prog_err)?;
                 p.pin(&path).map_err(pin_err)?;
             }

@@ -5,14 +5,14 @@ use std::{fmt, net::IpAddr, path::PathBuf};
 
 use ipnet::IpNet;
 use redirector_common::{
-    owner_group_mode, pod_flags, Cidr4Key, Cidr6Key, CidrList, PodConfig, PodLookups, PortKey,
-    PortSet, CIDR_KEY_FIXED_BITS, MAX_OWNERS,
+    inbound_capture, owner_group_mode, pod_flags, PodAddrKey, RawIp, Cidr4Key, Cidr6Key, CidrList, PodConfig, PodLookups, PortKey,
+    PortSet, AF_INET, AF_INET6, CIDR_KEY_FIXED_BITS, MAX_OWNERS,
 };
 
 use crate::{
     config::{CaptureConfig, CidrSelection, OwnerGroups, PortSelection},
     pod::PodFacts,
-    programs::{ProgramSpec, POD_PROGRAMS},
+    programs::{AttachTarget, ProgramSpec, POD_PROGRAMS},
 };
 
 /// One LPM-trie entry: a prefix length (including the fixed cookie/list bits) and data.
@@ -30,6 +30,8 @@ pub struct PodPlan {
     pub ports: Vec<PortKey>,
     pub cidrs_v4: Vec<CidrEntry<Cidr4Key>>,
     pub cidrs_v6: Vec<CidrEntry<Cidr6Key>>,
+    /// The pod's addresses, so inbound connections find the pod.
+    pub addrs: Vec<PodAddrKey>,
     pub programs: &'static [ProgramSpec],
 }
 
@@ -43,6 +45,7 @@ impl PodPlan {
             ports: Vec::new(),
             cidrs_v4: Vec::new(),
             cidrs_v6: Vec::new(),
+            addrs: Vec::new(),
             programs: &[],
         }
     }
@@ -98,7 +101,11 @@ pub fn plan_pod(cfg: &CaptureConfig, facts: &PodFacts) -> PodPlan {
         outbound_port: cfg.outbound_port,
         inbound_port: cfg.inbound_port,
         tunnel_port: cfg.tunnel_port,
-        _pad0: 0,
+        inbound_capture: match &cfg.inbound_ports {
+            PortSelection::None => inbound_capture::NONE,
+            PortSelection::All => inbound_capture::ALL,
+            PortSelection::List(_) => inbound_capture::LIST,
+        },
         flags,
         loopback_v4_addr: u32::from_ne_bytes(loopback.network().octets()),
         loopback_v4_mask: u32::from_ne_bytes(loopback.netmask().octets()),
@@ -117,6 +124,7 @@ pub fn plan_pod(cfg: &CaptureConfig, facts: &PodFacts) -> PodPlan {
         ports: Vec::new(),
         cidrs_v4: Vec::new(),
         cidrs_v6: Vec::new(),
+        addrs: Vec::new(),
         programs: &POD_PROGRAMS,
     };
     let inbound_include: &[u16] = match &cfg.inbound_ports {
@@ -146,6 +154,8 @@ pub fn plan_pod(cfg: &CaptureConfig, facts: &PodFacts) -> PodPlan {
     }
     for &addr in &facts.local_addrs {
         cidr_entry(cookie, CidrList::Local, IpNet::from(addr), &mut plan);
+        let family = if addr.is_ipv6() { AF_INET6 } else { AF_INET };
+        plan.addrs.push(PodAddrKey { addr: RawIp::from_ip(addr), family: u32::from(family) });
     }
     plan
 }
@@ -202,7 +212,10 @@ impl fmt::Display for PodPlan {
         let c = &self.config;
         writeln!(f, "pod netns cookie {}", self.netns_cookie)?;
         for p in self.programs {
-            writeln!(f, "attach {} ({}) to cgroup {}", p.function, p.hook, self.cgroup.display())?;
+            match p.target {
+                AttachTarget::Cgroup => writeln!(f, "attach {} ({}) to cgroup {}", p.function, p.hook, self.cgroup.display())?,
+                AttachTarget::Netns => writeln!(f, "attach {} ({}) to the pod's network namespace", p.function, p.hook)?,
+            }
         }
         writeln!(
             f,
@@ -229,6 +242,9 @@ impl fmt::Display for PodPlan {
         for e in &self.cidrs_v6 {
             let ip = std::net::Ipv6Addr::from(e.data.addr);
             writeln!(f, "CIDRS_V6[{} {} {ip}/{}]", e.data.netns_cookie, list_name(e.data.list), e.prefix_len - CIDR_KEY_FIXED_BITS)?;
+        }
+        for a in &self.addrs {
+            writeln!(f, "POD_BY_ADDR[{}] = {}", a.addr.ip(a.family as u16), self.netns_cookie)?;
         }
         writeln!(f, "COUNTERS[{}] = 0 (created if absent)", self.netns_cookie)
     }

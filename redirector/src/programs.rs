@@ -3,6 +3,7 @@
 /// `enum bpf_attach_type` values (include/uapi/linux/bpf.h).
 pub mod attach_type {
     pub const CGROUP_SOCK_OPS: u32 = 3;
+    pub const SK_LOOKUP: u32 = 36;
     pub const CGROUP_INET4_CONNECT: u32 = 10;
     pub const CGROUP_INET6_CONNECT: u32 = 11;
     pub const CGROUP_GETSOCKOPT: u32 = 21;
@@ -13,6 +14,16 @@ pub enum ProgramKind {
     CgroupSockAddr,
     SockOps,
     CgroupSockopt,
+    SkLookup,
+}
+
+/// What a program's link attaches to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttachTarget {
+    /// The pod's cgroup.
+    Cgroup,
+    /// The pod's network namespace.
+    Netns,
 }
 
 /// One program: its function name in the object (redirector-ebpf/src/main.rs), the name
@@ -23,33 +34,45 @@ pub struct ProgramSpec {
     pub hook: &'static str,
     pub kind: ProgramKind,
     pub attach_type: u32,
+    pub target: AttachTarget,
 }
 
-/// Every program a pod's cgroup gets, in attach order: the programs that record state
-/// (sock_ops, getsockopt) before the one that creates it (connect).
-pub const POD_PROGRAMS: [ProgramSpec; 4] = [
+/// Every program a pod gets, in attach order: the programs that record state (sock_ops,
+/// getsockopt) before those that create it (sk_lookup, connect).
+pub const POD_PROGRAMS: [ProgramSpec; 5] = [
     ProgramSpec {
         function: "track_sock_ops",
         hook: "sock_ops",
         kind: ProgramKind::SockOps,
         attach_type: attach_type::CGROUP_SOCK_OPS,
+        target: AttachTarget::Cgroup,
     },
     ProgramSpec {
         function: "answer_getsockopt",
         hook: "getsockopt",
         kind: ProgramKind::CgroupSockopt,
         attach_type: attach_type::CGROUP_GETSOCKOPT,
+        target: AttachTarget::Cgroup,
+    },
+    ProgramSpec {
+        function: "steer_sk_lookup",
+        hook: "sk_lookup",
+        kind: ProgramKind::SkLookup,
+        attach_type: attach_type::SK_LOOKUP,
+        target: AttachTarget::Netns,
     },
     ProgramSpec {
         function: "capture_connect4",
         hook: "connect4",
         kind: ProgramKind::CgroupSockAddr,
         attach_type: attach_type::CGROUP_INET4_CONNECT,
+        target: AttachTarget::Cgroup,
     },
     ProgramSpec {
         function: "capture_connect6",
         hook: "connect6",
         kind: ProgramKind::CgroupSockAddr,
         attach_type: attach_type::CGROUP_INET6_CONNECT,
+        target: AttachTarget::Cgroup,
     },
 ];

@@ -185,7 +185,7 @@ fn pins_survive_the_loader_and_a_rerun_replaces_instead_of_doubling() {
     // The loader has exited; its pins hold the links.
     let pins = pins_under(root.path());
     let links: Vec<_> = pins.iter().filter(|p| p.to_string_lossy().contains("/pods/")).collect();
-    assert_eq!(links.len(), 4, "four link pins for the pod: {pins:?}");
+    assert_eq!(links.len(), 5, "five link pins for the pod (4 cgroup, 1 netns): {pins:?}");
     assert_eq!(cgroup_attachments(pod.topo.pod_cgroup.path()).len(), 4);
     let dst = pod.service(false);
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
@@ -213,7 +213,7 @@ fn cleanup_only_leaves_no_program_link_map_or_pin() {
     let progs = ids("prog", "/progs/");
     let maps = ids("map", "/maps/");
     let links = ids("link", "/pods/");
-    assert_eq!((progs.len(), links.len()), (4, 4));
+    assert_eq!((progs.len(), links.len()), (5, 5));
     assert!(!maps.is_empty());
     assert!(progs.iter().all(|id| loaded_ids("prog").contains(id)));
 

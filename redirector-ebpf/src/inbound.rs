@@ -1,0 +1,104 @@
+//! Inbound capture: sk_lookup steers connections arriving at the pod to the proxy's
+//! inbound listener without rewriting packets, so the accepted socket's local address is
+//! the original destination. Minimum kernel 5.9 (sk_lookup).
+
+use core::net::IpAddr;
+
+use aya_ebpf::{
+    bindings::{sk_action::SK_DROP, sk_action::SK_PASS},
+    helpers::generated::bpf_get_netns_cookie,
+    programs::{SkLookupContext, SockOpsContext},
+    EbpfContext,
+};
+use redirector_common::{
+    decide_inbound, pod_flags, ConnKey, ListenerKey, OrigDst, PodAddrKey, PodLookups, Reason,
+    Verdict, AF_INET, AF_INET6,
+};
+
+use crate::{
+    addr,
+    counters::count,
+    maps::{LISTENERS, ORIG_DST_BY_CONN, POD_BY_ADDR, POD_CONFIG},
+    outbound::PodMaps,
+};
+
+const IPPROTO_TCP: u32 = 6;
+
+/// sock_ops TCP_LISTEN: a socket of a managed pod starts listening on a capture port.
+pub fn register_listener(ctx: &SockOpsContext) {
+    let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+    let Some(cfg) = (unsafe { POD_CONFIG.get(&netns_cookie) }) else {
+        return;
+    };
+    let port = ctx.local_port() as u16;
+    if port != cfg.inbound_port && port != cfg.outbound_port {
+        return;
+    }
+    let family = if ctx.family() == u32::from(AF_INET6) { AF_INET6 } else { AF_INET };
+    let key = ListenerKey { netns_cookie, port, family, _pad: 0 };
+    // A restarted proxy replaces its old listener.
+    let _ = LISTENERS.update(key, unsafe { &mut *ctx.ops }, 0);
+}
+
+pub fn sk_lookup(ctx: &SkLookupContext) -> u32 {
+    let lk = unsafe { &*ctx.lookup };
+    if lk.protocol != IPPROTO_TCP {
+        return SK_PASS;
+    }
+    let v6 = lk.family == u32::from(AF_INET6);
+    let (local, remote) = if v6 {
+        (addr::v6_or_mapped(lk.local_ip6), addr::v6_or_mapped(lk.remote_ip6))
+    } else {
+        (addr::v4(lk.local_ip4), addr::v4(lk.remote_ip4))
+    };
+    let (family, raw) = addr::raw(local);
+    let Some(&netns_cookie) = (unsafe { POD_BY_ADDR.get(&PodAddrKey { addr: raw, family: u32::from(family) }) })
+    else {
+        return SK_PASS;
+    };
+    let Some(cfg) = (unsafe { POD_CONFIG.get(&netns_cookie) }) else {
+        return SK_PASS;
+    };
+    let lookups = PodMaps { netns_cookie };
+    // A connection from the pod itself was decided on its way out (nat OUTPUT).
+    if remote.is_loopback() || lookups.cidr_in(redirector_common::CidrList::Local, remote) {
+        return SK_PASS;
+    }
+    let local_port = lk.local_port as u16;
+    if decide_inbound(cfg, local_port, &lookups) != Verdict::CaptureInbound {
+        count(netns_cookie, Reason::PassedInboundPort);
+        return SK_PASS;
+    }
+    // The listener of the packet's family, else a dual-stack IPv6 one.
+    let mut key = ListenerKey { netns_cookie, port: cfg.inbound_port, family: if v6 { AF_INET6 } else { AF_INET }, _pad: 0 };
+    let mut steered = LISTENERS.redirect_sk_lookup(ctx, key, 0).is_ok();
+    if !steered && !v6 {
+        key.family = AF_INET6;
+        steered = LISTENERS.redirect_sk_lookup(ctx, key, 0).is_ok();
+    }
+    if !steered {
+        count(netns_cookie, Reason::NoInboundListener);
+        return if cfg.flags & pod_flags::FAIL_OPEN != 0 { SK_PASS } else { SK_DROP };
+    }
+    record(netns_cookie, local, local_port, remote, u16::from_be(lk.remote_port));
+    count(netns_cookie, Reason::SteeredInbound);
+    SK_PASS
+}
+
+/// The proxy's accepted socket will ask SO_ORIGINAL_DST: its local address is the
+/// original destination, keyed like an outbound redirect (client = remote peer).
+#[inline(always)]
+fn record(netns_cookie: u64, local: IpAddr, local_port: u16, remote: IpAddr, remote_port: u16) {
+    let (family, local_raw) = addr::raw(local);
+    let (_, remote_raw) = addr::raw(remote);
+    let key = ConnKey {
+        netns_cookie,
+        client: remote_raw,
+        proxy: local_raw,
+        client_port: remote_port,
+        proxy_port: local_port,
+        family: u32::from(family),
+    };
+    let orig = OrigDst { addr: local_raw, port: local_port, family };
+    let _ = ORIG_DST_BY_CONN.insert(&key, &orig, 0);
+}

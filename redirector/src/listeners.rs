@@ -1,0 +1,120 @@
+//! Capture listeners that were already listening when a pod was set up.
+//!
+//! The kernel side registers the proxy's listener when it calls listen(); a proxy that
+//! started earlier is found here: its socket in the pod's TCP table, the process holding
+//! it in /proc, and a duplicate of the descriptor through pidfd_getfd (Linux 5.6+).
+
+use std::{
+    fs, io,
+    os::fd::{FromRawFd, OwnedFd},
+};
+
+use redirector_common::{ListenerKey, AF_INET, AF_INET6};
+
+use crate::node_maps::NodeMaps;
+
+const TCP_LISTEN: &str = "0A";
+
+/// A listening socket of the current network namespace.
+#[derive(Debug, PartialEq, Eq)]
+struct Listener {
+    port: u16,
+    family: u16,
+    inode: u64,
+}
+
+/// Parse /proc/net/tcp or tcp6: local address (hex addr:port), state, and inode columns.
+fn parse_tcp_table(table: &str, family: u16) -> Vec<Listener> {
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let port = cols.get(1)?.rsplit_once(':')?.1;
+            (*cols.get(3)? == TCP_LISTEN).then_some(())?;
+            Some(Listener {
+                port: u16::from_str_radix(port, 16).ok()?,
+                family,
+                inode: cols.get(9)?.parse().ok()?,
+            })
+        })
+        .collect()
+}
+
+fn listeners_on(ports: &[u16]) -> Vec<Listener> {
+    [("/proc/thread-self/net/tcp", AF_INET), ("/proc/thread-self/net/tcp6", AF_INET6)]
+        .iter()
+        .flat_map(|(path, family)| parse_tcp_table(&fs::read_to_string(path).unwrap_or_default(), *family))
+        .filter(|l| ports.contains(&l.port))
+        .collect()
+}
+
+/// (pid, fd) of a process holding the socket with this inode.
+fn socket_owner(inode: u64) -> Option<(i32, i32)> {
+    let wanted = format!("socket:[{inode}]");
+    for proc_entry in fs::read_dir("/proc").ok()?.filter_map(Result::ok) {
+        let Ok(pid) = proc_entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(fds) = fs::read_dir(proc_entry.path().join("fd")) else {
+            continue;
+        };
+        for fd_entry in fds.filter_map(Result::ok) {
+            if fs::read_link(fd_entry.path()).is_ok_and(|t| t.as_os_str() == wanted.as_str()) {
+                let fd = fd_entry.file_name().to_string_lossy().parse().ok()?;
+                return Some((pid, fd));
+            }
+        }
+    }
+    None
+}
+
+fn duplicate_fd(pid: i32, fd: i32) -> io::Result<OwnedFd> {
+    // SAFETY: plain syscalls; each returned descriptor is owned exactly once.
+    unsafe {
+        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid, 0);
+        if pidfd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let pidfd = OwnedFd::from_raw_fd(pidfd as i32);
+        let dup = libc::syscall(libc::SYS_pidfd_getfd, std::os::fd::AsRawFd::as_raw_fd(&pidfd), fd, 0);
+        if dup < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(OwnedFd::from_raw_fd(dup as i32))
+    }
+}
+
+/// Register the listeners on `ports` that already exist in this network namespace;
+/// returns what was registered, for the log.
+pub fn register_existing(maps: &mut NodeMaps, netns_cookie: u64, ports: &[u16]) -> Vec<String> {
+    let mut registered = Vec::new();
+    for listener in listeners_on(ports) {
+        let Some((pid, fd)) = socket_owner(listener.inode) else {
+            tracing::warn!(
+                "a listener on port {} exists but its process is not visible here; it is captured once it listens again",
+                listener.port
+            );
+            continue;
+        };
+        let key = ListenerKey { netns_cookie, port: listener.port, family: listener.family, _pad: 0 };
+        match duplicate_fd(pid, fd).map_err(|e| e.to_string()).and_then(|sock| {
+            maps.listeners.insert(key, std::os::fd::AsRawFd::as_raw_fd(&sock), 0).map_err(|e| e.to_string())
+        }) {
+            Ok(()) => registered.push(format!("port {} (pid {pid})", listener.port)),
+            Err(err) => tracing::warn!("registering the listener on port {} of pid {pid}: {err}", listener.port),
+        }
+    }
+    registered
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tcp_table_listeners() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   0: 0100007F:3A9E 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1337        0 43210 1 0000000000000000 100 0 0 10 0\n   1: 0100007F:9C40 0100007F:3A9E 01 00000000:00000000 00:00000000 00000000  1000        0 43211 1 0000000000000000 20 4 30 10 -1\n";
+        assert_eq!(parse_tcp_table(table, AF_INET), vec![Listener { port: 15006, family: AF_INET, inode: 43210 }]);
+    }
+}

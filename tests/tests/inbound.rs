@@ -1,0 +1,137 @@
+//! Privileged tests of inbound capture: a client in the peer netns connects over the veth
+//! to the pod's address; sk_lookup hands the connection to the proxy's inbound listener,
+//! whose SO_ORIGINAL_DST (= the accepted socket's local address) is where it was going.
+
+use std::net::SocketAddr;
+
+use redirector_tests::redirector::{install, PinRoot, STANDARD_INJECTION};
+use redirector_tests::{
+    connect_from, require_root, use_probe_bin, ChildGuard, ConnOutcome, ProbeServer, Topology,
+    APP_UID, PROXY_UID,
+};
+
+/// Ports the app serves in the pod: a normal one, one in `-d`, and the tunnel port.
+const APP_PORT: u16 = 8080;
+const EXCLUDED_PORT: u16 = 15021;
+const TUNNEL_PORT: u16 = 15008;
+
+fn start_app(topo: &Topology) -> ChildGuard {
+    let mut app = ProbeServer::serve(&topo.pod, "app");
+    for port in [APP_PORT, EXCLUDED_PORT, TUNNEL_PORT] {
+        app = app.listen(SocketAddr::new([0, 0, 0, 0].into(), port));
+        app = app.listen(SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), port));
+    }
+    app.cgroup(&topo.pod_cgroup).user(APP_UID, APP_UID).start()
+}
+
+/// The sidecar's inbound listener, as envoy has it: all addresses, port 15006.
+fn start_inbound_proxy(topo: &Topology) -> ChildGuard {
+    ProbeServer::proxy(&topo.pod, "inbound")
+        .listen("0.0.0.0:15006".parse().unwrap())
+        .listen("[::]:15006".parse().unwrap())
+        .cgroup(&topo.pod_cgroup)
+        .user(PROXY_UID, PROXY_UID)
+        .start()
+}
+
+/// A client outside the pod (in the service netns) connecting to the pod.
+fn from_outside(topo: &Topology, dst: SocketAddr) -> ConnOutcome {
+    connect_from(&topo.service, None, APP_UID, APP_UID, dst, None)
+}
+
+fn pod_addr(topo: &Topology, v6: bool, port: u16) -> SocketAddr {
+    if v6 {
+        SocketAddr::new(topo.pod_ip6().into(), port)
+    } else {
+        SocketAddr::new(topo.pod_ip4().into(), port)
+    }
+}
+
+#[track_caller]
+fn assert_inbound_proxy(outcome: &ConnOutcome, orig: SocketAddr) {
+    match outcome {
+        ConnOutcome::Proxied { name, orig: got, .. } if name == "inbound" => {
+            assert_eq!(*got, Some(orig), "SO_ORIGINAL_DST seen by the inbound listener")
+        }
+        other => panic!("expected the inbound proxy with orig {orig}, got {other:?}"),
+    }
+}
+
+#[track_caller]
+fn assert_app(outcome: &ConnOutcome, local: SocketAddr) {
+    match outcome {
+        ConnOutcome::Served { name, local: got, .. } if name == "app" => assert_eq!(*got, local),
+        other => panic!("expected the app at {local} directly, got {other:?}"),
+    }
+}
+
+#[test]
+fn inbound_connections_reach_the_proxy_except_excluded_and_tunnel_ports() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let topo = Topology::new("inbound");
+    let _app = start_app(&topo);
+    let _proxy = start_inbound_proxy(&topo);
+    let root = PinRoot::new("inbound");
+    install(&topo.pod, &topo.pod_cgroup, &root, &STANDARD_INJECTION);
+    for v6 in [false, true] {
+        let dst = pod_addr(&topo, v6, APP_PORT);
+        assert_inbound_proxy(&from_outside(&topo, dst), dst);
+        for port in [EXCLUDED_PORT, TUNNEL_PORT] {
+            let dst = pod_addr(&topo, v6, port);
+            assert_app(&from_outside(&topo, dst), dst);
+        }
+    }
+    // Inside the pod, the app calling its own address is not inbound traffic.
+    let own = pod_addr(&topo, false, APP_PORT);
+    assert_app(&topo.connect(APP_UID, APP_UID, own), own);
+}
+
+#[test]
+fn inbound_port_list_captures_only_listed_ports() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let topo = Topology::new("inlist");
+    let _app = start_app(&topo);
+    let _proxy = start_inbound_proxy(&topo);
+    let root = PinRoot::new("inlist");
+    install(&topo.pod, &topo.pod_cgroup, &root, &["-b", &EXCLUDED_PORT.to_string()]);
+    let listed = pod_addr(&topo, false, EXCLUDED_PORT);
+    assert_inbound_proxy(&from_outside(&topo, listed), listed);
+    let other = pod_addr(&topo, false, APP_PORT);
+    assert_app(&from_outside(&topo, other), other);
+}
+
+#[test]
+fn proxy_listener_is_found_before_after_and_across_restarts() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let topo = Topology::new("inrestart");
+    let _app = start_app(&topo);
+    let dst = pod_addr(&topo, false, APP_PORT);
+    // Listening before redirector ran: found in the pod's socket table.
+    let proxy = start_inbound_proxy(&topo);
+    let root = PinRoot::new("inrestart");
+    install(&topo.pod, &topo.pod_cgroup, &root, &STANDARD_INJECTION);
+    assert_inbound_proxy(&from_outside(&topo, dst), dst);
+    // Restarted: registered again when it listens.
+    drop(proxy);
+    let proxy = start_inbound_proxy(&topo);
+    assert_inbound_proxy(&from_outside(&topo, dst), dst);
+    drop(proxy);
+    // With no listener the connection is not handed to the app behind the proxy's back.
+    let outcome = from_outside(&topo, dst);
+    assert!(
+        !matches!(outcome, ConnOutcome::Served { .. }),
+        "inbound traffic bypassed the mesh with no proxy: {outcome:?}"
+    );
+    // Started after: registered at listen().
+    let _proxy = start_inbound_proxy(&topo);
+    assert_inbound_proxy(&from_outside(&topo, dst), dst);
+}
