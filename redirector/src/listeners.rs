@@ -1,7 +1,7 @@
 //! Capture listeners that were already listening when a pod was set up.
 //!
 //! The kernel side registers the proxy's listener when it calls listen(); a proxy that
-//! started earlier is found here: its socket in the pod's TCP table, the process holding
+//! started earlier is found here: its socket in the pod's listening sockets (sock_diag), the process holding
 //! it in /proc, and a duplicate of the descriptor through pidfd_getfd (Linux 5.6+).
 
 use std::{
@@ -11,9 +11,7 @@ use std::{
 
 use redirector_common::{ListenerKey, AF_INET, AF_INET6};
 
-use crate::node_maps::NodeMaps;
-
-const TCP_LISTEN: &str = "0A";
+use crate::{node_maps::NodeMaps, sock_diag};
 
 /// A listening socket of the current network namespace.
 #[derive(Debug, PartialEq, Eq)]
@@ -23,28 +21,16 @@ struct Listener {
     inode: u64,
 }
 
-/// Parse /proc/net/tcp or tcp6: local address (hex addr:port), state, and inode columns.
-fn parse_tcp_table(table: &str, family: u16) -> Vec<Listener> {
-    table
-        .lines()
-        .skip(1)
-        .filter_map(|line| {
-            let cols: Vec<&str> = line.split_whitespace().collect();
-            let port = cols.get(1)?.rsplit_once(':')?.1;
-            (*cols.get(3)? == TCP_LISTEN).then_some(())?;
-            Some(Listener {
-                port: u16::from_str_radix(port, 16).ok()?,
-                family,
-                inode: cols.get(9)?.parse().ok()?,
-            })
-        })
-        .collect()
-}
-
 fn listeners_on(ports: &[u16]) -> Vec<Listener> {
-    [("/proc/thread-self/net/tcp", AF_INET), ("/proc/thread-self/net/tcp6", AF_INET6)]
+    [AF_INET, AF_INET6]
         .iter()
-        .flat_map(|(path, family)| parse_tcp_table(&fs::read_to_string(path).unwrap_or_default(), *family))
+        .flat_map(|&family| {
+            let found = sock_diag::tcp_listeners(family as u8).unwrap_or_else(|err| {
+                tracing::warn!("listing listening sockets: {err}");
+                Vec::new()
+            });
+            found.into_iter().map(move |s| Listener { port: s.port, family, inode: s.inode })
+        })
         .filter(|l| ports.contains(&l.port))
         .collect()
 }
@@ -106,15 +92,4 @@ pub fn register_existing(maps: &mut NodeMaps, netns_cookie: u64, ports: &[u16]) 
         }
     }
     registered
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tcp_table_listeners() {
-        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   0: 0100007F:3A9E 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1337        0 43210 1 0000000000000000 100 0 0 10 0\n   1: 0100007F:9C40 0100007F:3A9E 01 00000000:00000000 00:00000000 00000000  1000        0 43211 1 0000000000000000 20 4 30 10 -1\n";
-        assert_eq!(parse_tcp_table(table, AF_INET), vec![Listener { port: 15006, family: AF_INET, inode: 43210 }]);
-    }
 }

@@ -11,6 +11,7 @@ mod pins;
 mod plan;
 mod pod;
 mod programs;
+mod sock_diag;
 
 use std::{ffi::OsString, path::Path, process::ExitCode};
 
