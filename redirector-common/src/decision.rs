@@ -6,7 +6,8 @@
 use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::maps::{
-    inbound_capture, owner_group_mode, pod_flags, CidrList, PodConfig, PortSet, MAX_OWNERS,
+    inbound_capture, owner_group_mode, pod_flags, CidrList, PodConfig, PortSet, MAX_IFACES,
+    MAX_OWNERS,
 };
 use crate::Reason;
 
@@ -54,9 +55,9 @@ impl Verdict {
 /// Whether `id` is among the first `count` entries of `list`. Indexes a fixed-size array
 /// with a constant-bounded loop: a slice of map-given length is beyond the verifier.
 #[inline(always)]
-fn listed(list: &[u32; MAX_OWNERS], count: u32, id: u32) -> bool {
+fn listed<const N: usize>(list: &[u32; N], count: u32, id: u32) -> bool {
     let mut i = 0;
-    while i < MAX_OWNERS {
+    while i < N {
         if i as u32 >= count {
             return false;
         }
@@ -128,7 +129,7 @@ pub fn decide_outbound<L: PodLookups>(cfg: &PodConfig, conn: &OutboundAttempt, l
         }
     }
     // 4. Owner groups.
-    let in_groups = listed(&cfg.owner_groups, cfg.owner_group_count, conn.gid);
+    let in_groups = listed::<MAX_OWNERS>(&cfg.owner_groups, cfg.owner_group_count, conn.gid);
     match cfg.owner_group_mode {
         owner_group_mode::INCLUDE if !in_groups => return Verdict::Pass(Reason::PassedOwnerGroup),
         owner_group_mode::EXCLUDE if in_groups => return Verdict::Pass(Reason::PassedOwnerGroup),
@@ -160,16 +161,35 @@ pub fn decide_outbound<L: PodLookups>(cfg: &PodConfig, conn: &OutboundAttempt, l
     Verdict::Pass(Reason::PassedNotIncluded)
 }
 
+/// A TCP connection arriving at the pod from outside, as sk_lookup sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct InboundAttempt {
+    pub dst: IpAddr,
+    pub dst_port: u16,
+    /// Interface the connection came in on.
+    pub ifindex: u32,
+}
+
 /// What happens to a TCP connection arriving at the pod from outside (nat PREROUTING →
 /// ISTIO_INBOUND). Connections made inside the pod are decided by [`decide_outbound`] only.
 #[inline(always)]
-pub fn decide_inbound<L: PodLookups>(cfg: &PodConfig, dst_port: u16, lookups: &L) -> Verdict {
-    if dst_port == cfg.tunnel_port {
+pub fn decide_inbound<L: PodLookups>(cfg: &PodConfig, conn: &InboundAttempt, lookups: &L) -> Verdict {
+    // -k (inserted first): traffic from a virtual interface is outbound traffic of the pod.
+    if listed::<MAX_IFACES>(&cfg.virt_ifaces, cfg.virt_iface_count, conn.ifindex) {
+        let included = cfg.flags & pod_flags::CAPTURE_ALL_OUTBOUND != 0
+            || lookups.cidr_in(CidrList::Include, conn.dst);
+        return if included { Verdict::Capture } else { Verdict::Pass(Reason::PassedInterface) };
+    }
+    // -c
+    if listed::<MAX_IFACES>(&cfg.exclude_ifaces, cfg.exclude_iface_count, conn.ifindex) {
+        return Verdict::Pass(Reason::PassedInterface);
+    }
+    if conn.dst_port == cfg.tunnel_port {
         return Verdict::Pass(Reason::PassedInboundPort);
     }
     let captured = match cfg.inbound_capture {
-        inbound_capture::ALL => !lookups.port_in(PortSet::InboundExclude, dst_port),
-        inbound_capture::LIST => lookups.port_in(PortSet::InboundInclude, dst_port),
+        inbound_capture::ALL => !lookups.port_in(PortSet::InboundExclude, conn.dst_port),
+        inbound_capture::LIST => lookups.port_in(PortSet::InboundInclude, conn.dst_port),
         _ => false,
     };
     if captured {

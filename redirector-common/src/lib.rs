@@ -9,6 +9,8 @@ pub mod decision;
 pub mod maps;
 pub mod reason;
 
-pub use decision::{decide_inbound, decide_outbound, OutboundAttempt, PodLookups, Verdict};
+pub use decision::{
+    decide_inbound, decide_outbound, InboundAttempt, OutboundAttempt, PodLookups, Verdict,
+};
 pub use maps::*;
 pub use reason::Reason;

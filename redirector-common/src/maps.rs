@@ -51,6 +51,8 @@ pub mod capacity {
 
 /// Most proxy uids, gids or owner groups one pod may list.
 pub const MAX_OWNERS: usize = 8;
+/// Most interfaces one pod may list in `-c` or `-k`.
+pub const MAX_IFACES: usize = 8;
 
 pub const AF_INET: u16 = 2;
 pub const AF_INET6: u16 = 10;
@@ -123,6 +125,12 @@ pub struct PodConfig {
     pub owner_group_mode: u32,
     pub owner_group_count: u32,
     pub owner_groups: [u32; MAX_OWNERS],
+    /// `-c`: ifindexes whose inbound traffic is never captured.
+    pub exclude_iface_count: u32,
+    pub exclude_ifaces: [u32; MAX_IFACES],
+    /// `-k`: ifindexes whose inbound traffic is treated as outbound.
+    pub virt_iface_count: u32,
+    pub virt_ifaces: [u32; MAX_IFACES],
 }
 
 pub mod pod_flags {
@@ -301,7 +309,7 @@ mod tests {
 
     #[test]
     fn layouts_have_no_implicit_padding() {
-        assert_eq!(size_of::<PodConfig>(), 8 + 4 * 3 + 4 + 32 + 4 + 32 + 8 + 32);
+        assert_eq!(size_of::<PodConfig>(), 8 + 4 * 3 + 4 + 32 + 4 + 32 + 8 + 32 + 2 * (4 + 32));
         assert_eq!(size_of::<PortKey>(), 16);
         assert_eq!(size_of::<Cidr4Key>(), 16);
         assert_eq!(size_of::<Cidr6Key>(), 32);

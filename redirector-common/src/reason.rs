@@ -36,11 +36,14 @@ pub enum Reason {
     PassedInboundPort = 13,
     /// Inbound capture decided, but the proxy has no listener on `-z`: dropped (fail closed).
     NoInboundListener = 14,
+    /// Inbound on an excluded (`-c`) interface, or on a virtual (`-k`) one to a destination
+    /// outside `-i`.
+    PassedInterface = 15,
 }
 
 impl Reason {
     /// Every reason, in counter-index order.
-    pub const ALL: [Reason; 15] = [
+    pub const ALL: [Reason; 16] = [
         Reason::Redirected,
         Reason::RedirectedInbound,
         Reason::PassedExcludedPort,
@@ -56,6 +59,7 @@ impl Reason {
         Reason::SteeredInbound,
         Reason::PassedInboundPort,
         Reason::NoInboundListener,
+        Reason::PassedInterface,
     ];
 
     /// Stable snake_case name, used in status output and metrics.
@@ -76,6 +80,7 @@ impl Reason {
             Reason::SteeredInbound => "steered_inbound",
             Reason::PassedInboundPort => "passed_inbound_port",
             Reason::NoInboundListener => "no_inbound_listener",
+            Reason::PassedInterface => "passed_interface",
         }
     }
 }

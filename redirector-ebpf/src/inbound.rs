@@ -1,6 +1,6 @@
 //! Inbound capture: sk_lookup steers connections arriving at the pod to the proxy's
 //! inbound listener without rewriting packets, so the accepted socket's local address is
-//! the original destination. Minimum kernel 5.9 (sk_lookup).
+//! the original destination. Minimum kernel 5.17 (sk_lookup's ingress_ifindex).
 
 use core::net::IpAddr;
 
@@ -11,7 +11,7 @@ use aya_ebpf::{
     EbpfContext,
 };
 use redirector_common::{
-    decide_inbound, pod_flags, ConnKey, ListenerKey, OrigDst, PodAddrKey, PodLookups, Reason,
+    decide_inbound, pod_flags, ConnKey, InboundAttempt, ListenerKey, OrigDst, PodAddrKey, PodLookups, Reason,
     Verdict, AF_INET, AF_INET6,
 };
 
@@ -65,12 +65,17 @@ pub fn sk_lookup(ctx: &SkLookupContext) -> u32 {
         return SK_PASS;
     }
     let local_port = lk.local_port as u16;
-    if decide_inbound(cfg, local_port, &lookups) != Verdict::CaptureInbound {
-        count(netns_cookie, Reason::PassedInboundPort);
-        return SK_PASS;
-    }
+    let attempt = InboundAttempt { dst: local, dst_port: local_port, ifindex: lk.ingress_ifindex };
+    let port = match decide_inbound(cfg, &attempt, &lookups) {
+        Verdict::CaptureInbound => cfg.inbound_port,
+        Verdict::Capture => cfg.outbound_port,
+        Verdict::Pass(reason) => {
+            count(netns_cookie, reason);
+            return SK_PASS;
+        }
+    };
     // The listener of the packet's family, else a dual-stack IPv6 one.
-    let mut key = ListenerKey { netns_cookie, port: cfg.inbound_port, family: if v6 { AF_INET6 } else { AF_INET }, _pad: 0 };
+    let mut key = ListenerKey { netns_cookie, port, family: if v6 { AF_INET6 } else { AF_INET }, _pad: 0 };
     let mut steered = LISTENERS.redirect_sk_lookup(ctx, key, 0).is_ok();
     if !steered && !v6 {
         key.family = AF_INET6;

@@ -1,5 +1,5 @@
-//! redirector's kernel side. Minimum kernel: 5.15 (`bpf_get_netns_cookie` in sock_ops and
-//! cgroup sockopt programs).
+//! redirector's kernel side. Minimum kernel: 5.17 (`bpf_get_netns_cookie` in sock_ops and
+//! cgroup sockopt programs since 5.15, `ingress_ifindex` in sk_lookup since 5.17).
 //!
 //! Entry points are thin: each calls into a module that returns the program's verdict.
 #![no_std]

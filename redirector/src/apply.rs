@@ -97,11 +97,8 @@ pub fn apply(root: &PinRoot, object: &[u8], plan: &PodPlan) -> Result<ApplyRepor
         fs::rename(&staging, &target).map_err(fs_err("replacing link", &target))?;
     }
     remove_stale_entries(&mut maps, plan);
-    let listeners = if plan.config.inbound_capture == redirector_common::inbound_capture::NONE {
-        Vec::new()
-    } else {
-        crate::listeners::register_existing(&mut maps, plan.netns_cookie, &[plan.config.inbound_port])
-    };
+    let capture_ports = [plan.config.inbound_port, plan.config.outbound_port];
+    let listeners = crate::listeners::register_existing(&mut maps, plan.netns_cookie, &capture_ports);
     let mut moved_from = Vec::new();
     for other in installed_objects(root)? {
         if other.id() != obj.id() && other.pod(plan.netns_cookie).dir().exists() {

@@ -77,8 +77,14 @@ pub fn run(cfg: &IstioConfig) -> anyhow::Result<()> {
         netns_cookie: cookie,
         local_addrs: pod::local_addresses()?,
         cgroup: pod::pod_cgroup(cfg.run.cgroup.as_deref())?,
+        interfaces: pod::interfaces()?,
     };
     let plan = plan_pod(&cfg.capture, &facts);
+    for name in cfg.capture.exclude_interfaces.iter().chain(&cfg.capture.kube_virt_interfaces) {
+        if !facts.interfaces.iter().any(|(n, _)| n == name) {
+            warn!("interface {name} does not exist in the pod: its rule applies to nothing (set the pod up again once it exists)");
+        }
+    }
     if cfg.run.dry_run {
         println!("{plan}");
         info!("dry run: nothing applied");
@@ -121,8 +127,8 @@ pub fn run(cfg: &IstioConfig) -> anyhow::Result<()> {
 
 /// Flags parsed and kept in the plan whose kernel side is not there yet.
 fn note_unsupported(cfg: &CaptureConfig) {
-    if !cfg.exclude_interfaces.is_empty() || !cfg.kube_virt_interfaces.is_empty() {
-        warn!("-c/-k interfaces are not implemented yet: inbound traffic is captured on every interface");
+    if !cfg.exclude_interfaces.is_empty() {
+        warn!("-c: outbound traffic leaving through an excluded interface is still captured (inbound is honoured)");
     }
     if cfg.redirect_dns {
         warn!("DNS capture (--redirect-dns) is not implemented yet: DNS is not redirected");

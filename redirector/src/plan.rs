@@ -6,7 +6,7 @@ use std::{fmt, net::IpAddr, path::PathBuf};
 use ipnet::IpNet;
 use redirector_common::{
     inbound_capture, owner_group_mode, pod_flags, PodAddrKey, RawIp, Cidr4Key, Cidr6Key, CidrList, PodConfig, PodLookups, PortKey,
-    PortSet, AF_INET, AF_INET6, CIDR_KEY_FIXED_BITS, MAX_OWNERS,
+    PortSet, AF_INET, AF_INET6, CIDR_KEY_FIXED_BITS,
 };
 
 use crate::{
@@ -51,9 +51,18 @@ impl PodPlan {
     }
 }
 
-fn owner_array(ids: &[u32]) -> ([u32; MAX_OWNERS], u32) {
-    let mut out = [0; MAX_OWNERS];
-    let n = ids.len().min(MAX_OWNERS);
+/// The ifindexes of the named interfaces that exist in the pod.
+fn ifindexes(names: &[String], interfaces: &[(String, u32)]) -> Vec<u32> {
+    names
+        .iter()
+        .filter_map(|name| interfaces.iter().find(|(n, _)| n == name).map(|&(_, index)| index))
+        .collect()
+}
+
+/// The first `N` ids as a fixed array and a count (config validation keeps lists within N).
+fn owner_array<const N: usize>(ids: &[u32]) -> ([u32; N], u32) {
+    let mut out = [0; N];
+    let n = ids.len().min(N);
     out[..n].copy_from_slice(&ids[..n]);
     (out, n as u32)
 }
@@ -83,6 +92,10 @@ pub fn plan_pod(cfg: &CaptureConfig, facts: &PodFacts) -> PodPlan {
         OwnerGroups::Exclude(g) => (owner_group_mode::EXCLUDE, &g[..]),
     };
     let (owner_groups, owner_group_count) = owner_array(groups);
+    let (exclude_ifaces, exclude_iface_count) =
+        owner_array(&ifindexes(&cfg.exclude_interfaces, &facts.interfaces));
+    let (virt_ifaces, virt_iface_count) =
+        owner_array(&ifindexes(&cfg.kube_virt_interfaces, &facts.interfaces));
     let mut flags = 0;
     if matches!(cfg.outbound_cidrs, CidrSelection::All) {
         flags |= pod_flags::CAPTURE_ALL_OUTBOUND;
@@ -116,6 +129,10 @@ pub fn plan_pod(cfg: &CaptureConfig, facts: &PodFacts) -> PodPlan {
         owner_group_mode,
         owner_group_count,
         owner_groups,
+        exclude_iface_count,
+        exclude_ifaces,
+        virt_iface_count,
+        virt_ifaces,
     };
     let mut plan = PodPlan {
         netns_cookie: cookie,
@@ -271,6 +288,7 @@ mod tests {
             netns_cookie: 42,
             local_addrs: vec![POD_IP.parse().unwrap(), "fd00::5".parse().unwrap()],
             cgroup: "/sys/fs/cgroup/pod".into(),
+            interfaces: vec![("lo".into(), 1), ("eth0".into(), 2), ("eth1".into(), 3)],
         };
         plan_pod(&cfg.capture, &facts)
     }
@@ -377,5 +395,29 @@ mod tests {
         assert!(p.to_string().contains("inbound-exclude (-d) 15090"));
         let twice = plan(&["-o", "80,80,", "-i", "*"], &[]);
         assert_eq!(twice.ports.len(), 1);
+    }
+
+    fn inbound(plan: &PodPlan, port: u16, ifindex: u32) -> Verdict {
+        let attempt = redirector_common::InboundAttempt { dst: POD_IP.parse().unwrap(), dst_port: port, ifindex };
+        redirector_common::decide_inbound(&plan.config, &attempt, plan)
+    }
+
+    #[test]
+    fn inbound_decisions() {
+        let p = plan(&STANDARD, &[]);
+        assert_eq!(inbound(&p, 8080, 2), Verdict::CaptureInbound);
+        assert_eq!(inbound(&p, 15021, 2), Verdict::Pass(Reason::PassedInboundPort));
+        assert_eq!(inbound(&p, 15008, 2), Verdict::Pass(Reason::PassedInboundPort));
+        let p = plan(&["-b", "8080,9090"], &[]);
+        assert_eq!(inbound(&p, 9090, 2), Verdict::CaptureInbound);
+        assert_eq!(inbound(&p, 7070, 2), Verdict::Pass(Reason::PassedInboundPort));
+        assert_eq!(inbound(&plan(&[], &[]), 8080, 2), Verdict::Pass(Reason::PassedInboundPort));
+        // -c eth0 and -k eth1 (ifindexes 2 and 3 in this pod).
+        let p = plan(&["-b", "*", "-i", "10.0.0.0/8", "-c", "eth0", "-k", "eth1,missing0"], &[]);
+        assert_eq!(inbound(&p, 8080, 2), Verdict::Pass(Reason::PassedInterface));
+        assert_eq!(inbound(&p, 8080, 3), Verdict::Capture);
+        assert_eq!(p.config.virt_iface_count, 1, "an interface missing from the pod is left out");
+        let p = plan(&["-b", "*", "-i", "192.168.0.0/16", "-k", "eth1"], &[]);
+        assert_eq!(inbound(&p, 8080, 3), Verdict::Pass(Reason::PassedInterface));
     }
 }

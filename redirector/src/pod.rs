@@ -33,6 +33,8 @@ pub struct PodFacts {
     /// Non-loopback addresses of the pod: connections to them leave through `lo`.
     pub local_addrs: Vec<IpAddr>,
     pub cgroup: PathBuf,
+    /// The pod's interfaces: name and ifindex.
+    pub interfaces: Vec<(String, u32)>,
 }
 
 impl PodFacts {
@@ -118,6 +120,27 @@ pub fn local_addresses() -> Result<Vec<IpAddr>, PodError> {
     // SAFETY: `head` came from getifaddrs and is freed once.
     unsafe { libc::freeifaddrs(head) };
     Ok(addrs)
+}
+
+/// The interfaces of the current network namespace: (name, ifindex).
+pub fn interfaces() -> Result<Vec<(String, u32)>, PodError> {
+    // SAFETY: if_nameindex returns an array terminated by a zero entry, freed below.
+    let head = unsafe { libc::if_nameindex() };
+    if head.is_null() {
+        return Err(PodError::Addresses(io::Error::last_os_error()));
+    }
+    let mut out = Vec::new();
+    let mut cur = head;
+    // SAFETY: walking the array up to its terminating entry, then freeing it once.
+    unsafe {
+        while (*cur).if_index != 0 {
+            let name = std::ffi::CStr::from_ptr((*cur).if_name).to_string_lossy().into_owned();
+            out.push((name, (*cur).if_index));
+            cur = cur.add(1);
+        }
+        libc::if_freenameindex(head);
+    }
+    Ok(out)
 }
 
 /// The cgroup v2 mount point, from /proc/self/mountinfo.

@@ -135,3 +135,38 @@ fn proxy_listener_is_found_before_after_and_across_restarts() {
     let _proxy = start_inbound_proxy(&topo);
     assert_inbound_proxy(&from_outside(&topo, dst), dst);
 }
+
+#[test]
+fn excluded_and_virtual_interfaces() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let topo = Topology::new("iniface");
+    let _app = start_app(&topo);
+    let _inbound = start_inbound_proxy(&topo);
+    let _outbound = ProbeServer::proxy(&topo.pod, "outbound")
+        .listen("0.0.0.0:15001".parse().unwrap())
+        .listen("[::]:15001".parse().unwrap())
+        .cgroup(&topo.pod_cgroup)
+        .user(PROXY_UID, PROXY_UID)
+        .start();
+    let root = PinRoot::new("iniface");
+    let dst = pod_addr(&topo, false, APP_PORT);
+    // -c: nothing arriving on the pod's eth0 is captured.
+    let mut args: Vec<&str> = STANDARD_INJECTION.to_vec();
+    args.extend(["-c", "eth0"]);
+    install(&topo.pod, &topo.pod_cgroup, &root, &args);
+    assert_app(&from_outside(&topo, dst), dst);
+    // -k: what arrives on eth0 is the pod's own outbound traffic, captured to 15001 when
+    // its destination is in -i.
+    let mut args: Vec<&str> = STANDARD_INJECTION.to_vec();
+    args.extend(["-k", "eth0"]);
+    install(&topo.pod, &topo.pod_cgroup, &root, &args);
+    match from_outside(&topo, dst) {
+        ConnOutcome::Proxied { name, orig, .. } if name == "outbound" => assert_eq!(orig, Some(dst)),
+        other => panic!("expected the outbound listener with orig {dst}, got {other:?}"),
+    }
+    install(&topo.pod, &topo.pod_cgroup, &root, &["-b", "*", "-i", "10.255.0.0/16", "-k", "eth0"]);
+    assert_app(&from_outside(&topo, dst), dst);
+}

@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 
 use ipnet::{IpNet, Ipv4Net};
-use redirector_common::maps::MAX_OWNERS;
+use redirector_common::maps::{MAX_IFACES, MAX_OWNERS};
 
 use super::{duration::parse_go_duration, CidrSelection, InterceptionMode, PortSelection, Problem};
 
@@ -152,7 +152,7 @@ pub(crate) fn loopback_v4_cidr(text: &str) -> Parsed<Ipv4Net> {
 
 /// `-c` / `-k`: Linux interface names (at most IFNAMSIZ - 1 bytes, as `dev_valid_name` accepts).
 pub(crate) fn interface_names(text: &str) -> Parsed<Vec<String>> {
-    entries(text)
+    let names: Vec<String> = entries(text)
         .map(|name| {
             let valid = name.len() <= 15
                 && name != "."
@@ -166,7 +166,11 @@ pub(crate) fn interface_names(text: &str) -> Parsed<Vec<String>> {
                 Err(Rejected::new(name, Problem::InterfaceName))
             }
         })
-        .collect()
+        .collect::<Parsed<_>>()?;
+    if names.len() > MAX_IFACES {
+        return Err(Rejected::new(text, Problem::TooManyEntries { max: MAX_IFACES, got: names.len() }));
+    }
+    Ok(names)
 }
 
 /// `-m`: empty means REDIRECT; names are upper case only, as istio compares them.
