@@ -14,6 +14,7 @@ use crate::{
     pins::{PinRoot, BPFFS_MOUNT},
     plan::plan_pod,
     pod::{self, PodFacts},
+    validate,
 };
 
 /// Environment variables istio-iptables reads, logged as its "Environment" section.
@@ -71,8 +72,21 @@ pub fn run(cfg: &IstioConfig) -> anyhow::Result<()> {
     }
     if cfg.run.skip_rule_apply {
         info!("--skip-rule-apply: nothing applied");
-        return Ok(());
+    } else {
+        apply_rules(cfg, &root, cookie)?;
     }
+    if cfg.run.run_validation && !cfg.run.dry_run {
+        validate::run(
+            cfg.capture.outbound_port,
+            cfg.capture.inbound_port,
+            cfg.run.probe_port,
+            cfg.run.probe_timeout,
+        )?;
+    }
+    Ok(())
+}
+
+fn apply_rules(cfg: &IstioConfig, root: &PinRoot, cookie: u64) -> anyhow::Result<()> {
     let facts = PodFacts {
         netns_cookie: cookie,
         local_addrs: pod::local_addresses()?,
@@ -91,7 +105,7 @@ pub fn run(cfg: &IstioConfig) -> anyhow::Result<()> {
         return Ok(());
     }
     require_bpffs(root.path())?;
-    let report = apply(&root, OBJECT, &plan)?;
+    let report = apply(root, OBJECT, &plan)?;
     info!("Applied:");
     for line in plan.to_string().lines() {
         info!("{line}");
@@ -114,7 +128,7 @@ pub fn run(cfg: &IstioConfig) -> anyhow::Result<()> {
         info!("registered the proxy's existing listener on {listener}");
     }
     info!("Final state:");
-    for obj in installed_objects(&root)? {
+    for obj in installed_objects(root)? {
         let pod_dir = obj.pod(cookie);
         if let Ok(links) = std::fs::read_dir(pod_dir.dir()) {
             for link in links.filter_map(Result::ok) {

@@ -12,6 +12,7 @@ mod plan;
 mod pod;
 mod programs;
 mod sock_diag;
+mod validate;
 
 use std::{ffi::OsString, path::Path, process::ExitCode};
 
@@ -53,7 +54,11 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             tracing::error!("{err}");
-            ExitCode::from(EXIT_ERROR)
+            if err.downcast_ref::<validate::ValidationError>().is_some() {
+                ExitCode::from(validate::EXIT_VALIDATION_FAILED)
+            } else {
+                ExitCode::from(EXIT_ERROR)
+            }
         }
     }
 }

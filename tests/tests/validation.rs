@@ -1,0 +1,46 @@
+//! `--run-validation`, as istio's validation init container runs it: as the proxy's uid,
+//! inside the pod, after the pod was set up (`--skip-rule-apply`).
+
+use std::time::{Duration, Instant};
+
+use redirector_tests::redirector::{install, redirector_bin, PinRoot, STANDARD_INJECTION};
+use redirector_tests::{require_root, Spawn, Topology, PROXY_UID};
+
+/// `redirector istio-iptables --run-validation --skip-rule-apply` as uid/gid 1337 in the
+/// pod's netns and cgroup; returns the exit code and the log.
+fn validate(topo: &Topology, extra: &[&str]) -> (Option<i32>, String) {
+    let out = Spawn::new(redirector_bin())
+        .args(["istio-iptables", "--run-validation", "--skip-rule-apply", "--probe-timeout", "2s"])
+        .args(extra)
+        .netns(&topo.pod)
+        .cgroup(&topo.pod_cgroup)
+        .user(PROXY_UID, PROXY_UID)
+        .output();
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn validation_passes_on_a_pod_set_up_by_redirector() {
+    if !require_root() {
+        return;
+    }
+    let topo = Topology::new("valok");
+    let root = PinRoot::new("valok");
+    install(&topo.pod, &topo.pod_cgroup, &root, &STANDARD_INJECTION);
+    let (code, log) = validate(&topo, &[]);
+    assert_eq!(code, Some(0), "validation should pass:\n{log}");
+    assert!(log.contains("validation passed"), "{log}");
+}
+
+#[test]
+fn validation_fails_with_126_on_a_pod_without_capture() {
+    if !require_root() {
+        return;
+    }
+    let topo = Topology::new("valfail");
+    let started = Instant::now();
+    let (code, log) = validate(&topo, &[]);
+    assert_eq!(code, Some(126), "validation must fail with 126:\n{log}");
+    assert!(log.contains("127.0.0.6:15002"), "the message says what was tried:\n{log}");
+    assert!(started.elapsed() < Duration::from_secs(10), "--probe-timeout is honoured");
+}
