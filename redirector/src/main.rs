@@ -3,8 +3,10 @@
 mod apply;
 mod bpf_sys;
 mod config;
+mod explain;
 mod istio_iptables;
 mod listeners;
+mod live_pod;
 mod node_maps;
 mod object;
 mod pins;
@@ -12,6 +14,7 @@ mod plan;
 mod pod;
 mod programs;
 mod sock_diag;
+mod status;
 mod validate;
 
 use std::{ffi::OsString, path::Path, process::ExitCode};
@@ -21,13 +24,16 @@ use crate::config::{parse_istio_iptables, ProcessEnv};
 /// istio-iptables' exit code for a configuration or apply error.
 const EXIT_ERROR: u8 = 1;
 
-const USAGE: &str = "\
-redirector: eBPF transparent traffic redirection for service-mesh sidecars
-
-Usage:
-  redirector istio-iptables [FLAGS]   drop-in for istio-iptables (also: invoke as `istio-iptables`)
-
-Run `redirector istio-iptables --help` for the flags.";
+/// Commands other than `istio-iptables` (which parses istio's own flag syntax itself).
+#[derive(clap::Parser, Debug)]
+#[command(name = "redirector", version, about = "eBPF transparent traffic redirection for service-mesh sidecars")]
+#[command(after_help = "Also: `redirector istio-iptables [FLAGS]`, the drop-in for istio-iptables (or invoke the binary as `istio-iptables`); see `redirector istio-iptables --help`.")]
+enum Command {
+    /// Show what is attached and pinned, map fill and per-pod counters.
+    Status(status::StatusArgs),
+    /// Show which rule decides a connection of a pod and where it lands.
+    Explain(explain::ExplainArgs),
+}
 
 fn main() -> ExitCode {
     let argv: Vec<OsString> = std::env::args_os().collect();
@@ -41,9 +47,7 @@ fn main() -> ExitCode {
     } else if argv.get(1).is_some_and(|a| a == "istio-iptables") {
         argv[1..].to_vec()
     } else {
-        eprintln!("{USAGE}");
-        let asked_for_help = argv.get(1).is_some_and(|a| a == "--help" || a == "-h");
-        return if asked_for_help { ExitCode::SUCCESS } else { ExitCode::from(EXIT_ERROR) };
+        return run_command(argv);
     };
     let cfg = match parse_istio_iptables(istio_argv, &ProcessEnv) {
         Ok(cfg) => cfg,
@@ -59,6 +63,28 @@ fn main() -> ExitCode {
             } else {
                 ExitCode::from(EXIT_ERROR)
             }
+        }
+    }
+}
+
+fn run_command(argv: Vec<OsString>) -> ExitCode {
+    let command = match <Command as clap::Parser>::try_parse_from(argv) {
+        Ok(command) => command,
+        Err(err) => {
+            let _ = err.print();
+            return if err.use_stderr() { ExitCode::from(EXIT_ERROR) } else { ExitCode::SUCCESS };
+        }
+    };
+    init_logging(false, "default:warn");
+    let result = match &command {
+        Command::Status(args) => status::run(args),
+        Command::Explain(args) => explain::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::from(EXIT_ERROR)
         }
     }
 }

@@ -11,6 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
+pub const DEFAULT_ROOT: &str = "/sys/fs/bpf/redirector";
 /// Marks a pin that is not in place yet. bpffs rejects names containing '.', so no
 /// dotfiles.
 pub const STAGING_PREFIX: &str = "staging-";

@@ -25,7 +25,7 @@ const DEFAULT_TPROXY_MARK: u32 = 1337;
 const DEFAULT_TPROXY_ROUTE_TABLE: u32 = 133;
 const DEFAULT_PROBE_PORT: u16 = 15002;
 const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
-const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/redirector";
+const DEFAULT_PIN_ROOT: &str = crate::pins::DEFAULT_ROOT;
 const DEFAULT_LOG_OUTPUT_LEVEL: &str = "default:info";
 const DEFAULT_LOOPBACK_V4_CIDR: Ipv4Net = Ipv4Net::new_assert(Ipv4Addr::new(127, 0, 0, 1), 32);
 /// The account whose uid is the default `-u` when `ENVOY_USER` is unset.

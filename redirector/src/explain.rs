@@ -1,0 +1,128 @@
+//! `redirector explain`: which rule decides a connection of a pod and where it lands,
+//! computed by the decision functions the kernel programs run, over the pod's live maps.
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::PathBuf,
+};
+
+use anyhow::{bail, Context as _};
+use redirector_common::{
+    decide_inbound, decide_outbound, InboundAttempt, OutboundAttempt, PodLookups, PortSet,
+    Reason, Verdict,
+};
+
+use crate::{live_pod::LivePod, pins::PinRoot, pod};
+
+#[derive(clap::Args, Debug)]
+pub struct ExplainArgs {
+    /// The pod's network namespace (default: the current one).
+    #[arg(long, value_name = "PATH")]
+    netns: Option<PathBuf>,
+    #[arg(long, value_name = "PATH", env = "REDIRECTOR_PIN_ROOT", default_value = crate::pins::DEFAULT_ROOT)]
+    pin_root: PathBuf,
+    /// Explain a connection arriving at the pod instead of one it makes.
+    #[arg(long)]
+    inbound: bool,
+    /// Destination address and port (outbound; inbound: a pod address).
+    #[arg(long, value_name = "IP:PORT")]
+    dst: Option<SocketAddr>,
+    /// Inbound destination port, to the pod's first address.
+    #[arg(long, value_name = "PORT")]
+    dst_port: Option<u16>,
+    /// Caller's uid (outbound).
+    #[arg(long, default_value_t = 0)]
+    uid: u32,
+    /// Caller's gid (outbound; default: the uid).
+    #[arg(long)]
+    gid: Option<u32>,
+    /// Address the socket is bound to (outbound), e.g. 127.0.0.6.
+    #[arg(long, value_name = "IP")]
+    src: Option<IpAddr>,
+    /// Interface the connection arrives on (inbound; default eth0).
+    #[arg(long, value_name = "NAME", default_value = "eth0")]
+    iface: String,
+}
+
+/// The istio-iptables rule behind a decision, in words.
+fn rule(reason: Reason, lookups: &LivePod, port: u16) -> &'static str {
+    match reason {
+        Reason::Redirected if lookups.port_in(PortSet::OutboundInclude, port) => {
+            "-q/--istio-outbound-ports includes the port"
+        }
+        Reason::Redirected => "-i/--istio-service-cidr includes the destination",
+        Reason::RedirectedInbound => {
+            "the proxy calling its own pod through a local address goes to the inbound port"
+        }
+        Reason::PassedExcludedPort => "-o/--istio-local-outbound-ports-exclude excludes the port",
+        Reason::PassedInboundPassthrough => "source 127.0.0.6/::6 is the proxy's inbound passthrough",
+        Reason::PassedLocalNotProxy => "a local destination, from a process that is not the proxy",
+        Reason::PassedProxyOwner => "the caller is the proxy (-u/--proxy-uid or -g/--proxy-gid)",
+        Reason::PassedOwnerGroup => "ISTIO_OUTBOUND_OWNER_GROUPS(_EXCLUDE) leaves the caller's group out",
+        Reason::PassedLoopback => "the destination is in the loopback CIDR (ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR, ::1)",
+        Reason::PassedExcludedCidr => "-x/--istio-service-exclude-cidr excludes the destination",
+        Reason::PassedNotIncluded => "the destination is not in -i and the port is not in -q",
+        Reason::SteeredInbound => "-b/--istio-inbound-ports captures the port",
+        Reason::PassedInboundPort => {
+            "the port is not captured inbound (not in -b, in -d, or the tunnel port -e)"
+        }
+        Reason::PassedInterface => {
+            "the interface is excluded (-c), or virtual (-k) with a destination outside -i"
+        }
+        Reason::FailedClosed | Reason::OrigDstAnswered | Reason::NoInboundListener => "",
+    }
+}
+
+pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
+    if let Some(ns) = &args.netns {
+        pod::enter_netns(ns)?;
+    }
+    let cookie = pod::netns_cookie()?;
+    let live = LivePod::open(&PinRoot::new(&args.pin_root), cookie)?;
+    let cfg = live.config;
+    println!("pod netns cookie {cookie} (object {})", live.object.id());
+    if args.inbound {
+        let dst = match (args.dst, args.dst_port) {
+            (Some(dst), _) => dst,
+            (None, Some(port)) => {
+                let addr = *pod::local_addresses()?.first().context("the pod has no address")?;
+                SocketAddr::new(addr, port)
+            }
+            (None, None) => bail!("--inbound needs --dst IP:PORT or --dst-port PORT"),
+        };
+        let ifindex = pod::interfaces()?
+            .into_iter()
+            .find(|(name, _)| *name == args.iface)
+            .map(|(_, index)| index)
+            .with_context(|| format!("--iface {}: no such interface in the pod", args.iface))?;
+        let attempt = InboundAttempt { dst: dst.ip(), dst_port: dst.port(), ifindex };
+        let verdict = decide_inbound(&cfg, &attempt, &live);
+        println!("inbound TCP to {dst} on {}", args.iface);
+        report(verdict, &live, dst, &cfg);
+    } else {
+        let dst = args.dst.context("--dst IP:PORT is required")?;
+        let gid = args.gid.unwrap_or(args.uid);
+        let src = args.src.unwrap_or(IpAddr::from([0, 0, 0, 0]));
+        let attempt = OutboundAttempt { dst: dst.ip(), dst_port: dst.port(), src, uid: args.uid, gid };
+        let verdict = decide_outbound(&cfg, &attempt, &live);
+        println!("outbound TCP to {dst} from uid {} gid {gid}", args.uid);
+        report(verdict, &live, dst, &cfg);
+    }
+    Ok(())
+}
+
+fn report(verdict: Verdict, live: &LivePod, dst: SocketAddr, cfg: &redirector_common::PodConfig) {
+    let reason = verdict.reason();
+    println!("decided by: {} ({})", rule(reason, live, dst.port()), reason.name());
+    match verdict {
+        Verdict::Capture => println!(
+            "lands on: the proxy's outbound listener, port {} (-p); SO_ORIGINAL_DST = {dst}",
+            cfg.outbound_port
+        ),
+        Verdict::CaptureInbound => println!(
+            "lands on: the proxy's inbound listener, port {} (-z); SO_ORIGINAL_DST = {dst}",
+            cfg.inbound_port
+        ),
+        Verdict::Pass(_) => println!("lands on: {dst} directly (not captured)"),
+    }
+}

@@ -1,0 +1,88 @@
+//! A pod as the kernel sees it: its entries in the pinned maps of the object it uses.
+
+use std::net::IpAddr;
+
+use aya::maps::lpm_trie::Key;
+use redirector_common::{
+    Cidr4Key, Cidr6Key, CidrList, Counters, PodConfig, PodLookups, PortKey, PortSet,
+    CIDR_KEY_FIXED_BITS, COUNTER_SLOTS,
+};
+
+use crate::{
+    apply::{installed_objects, ApplyError},
+    node_maps::{NodeMaps, OpenMapError},
+    pins::{ObjectPins, PinRoot},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LivePodError {
+    #[error(transparent)]
+    Objects(#[from] ApplyError),
+    #[error(transparent)]
+    OpenMap(#[from] OpenMapError),
+    #[error("pod with netns cookie {0} is not set up under this pin root")]
+    NotFound(u64),
+}
+
+pub struct LivePod {
+    pub netns_cookie: u64,
+    pub object: ObjectPins,
+    pub maps: NodeMaps,
+    pub config: PodConfig,
+}
+
+impl LivePod {
+    /// The pod with this netns cookie, under whichever object holds its links.
+    pub fn open(root: &PinRoot, netns_cookie: u64) -> Result<Self, LivePodError> {
+        for object in installed_objects(root)? {
+            if !object.pod(netns_cookie).dir().exists() {
+                continue;
+            }
+            let maps = NodeMaps::open(&object)?;
+            let Ok(config) = maps.pod_config.get(&netns_cookie, 0) else {
+                continue;
+            };
+            return Ok(LivePod { netns_cookie, object, maps, config });
+        }
+        Err(LivePodError::NotFound(netns_cookie))
+    }
+
+    /// Decision counters summed over CPUs, by counter slot.
+    pub fn counters(&self) -> [u64; COUNTER_SLOTS] {
+        let mut total = [0; COUNTER_SLOTS];
+        if let Ok(per_cpu) = self.maps.counters.get(&self.netns_cookie, 0) {
+            for cpu in per_cpu.iter() {
+                let cpu: &Counters = cpu;
+                for (t, v) in total.iter_mut().zip(cpu.by_reason) {
+                    *t += v;
+                }
+            }
+        }
+        total
+    }
+}
+
+/// Lookups the kernel programs make, made the same way from user space.
+impl PodLookups for LivePod {
+    fn port_in(&self, set: PortSet, port: u16) -> bool {
+        self.maps.port_sets.get(&PortKey::new(self.netns_cookie, set, port), 0).is_ok()
+    }
+
+    fn cidr_in(&self, list: CidrList, addr: IpAddr) -> bool {
+        match addr {
+            IpAddr::V4(v4) => {
+                let data = Cidr4Key { netns_cookie: self.netns_cookie, list: list as u32, addr: v4.octets() };
+                self.maps.cidrs_v4.get(&Key::new(CIDR_KEY_FIXED_BITS + 32, data), 0).is_ok()
+            }
+            IpAddr::V6(v6) => {
+                let data = Cidr6Key {
+                    netns_cookie: self.netns_cookie,
+                    list: list as u32,
+                    addr: v6.octets(),
+                    _pad: 0,
+                };
+                self.maps.cidrs_v6.get(&Key::new(CIDR_KEY_FIXED_BITS + 128, data), 0).is_ok()
+            }
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! `redirector explain` checked against real connections, and `redirector status` counters
+//! checked against the connections made.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::process::Command;
+
+use redirector_tests::redirector::{install, redirector_bin, PinRoot};
+use redirector_tests::{
+    connect_from, require_root, use_probe_bin, ConnOutcome, ProbeServer, Topology, APP_UID,
+    PROXY_UID,
+};
+
+fn redirector(args: &[&str]) -> String {
+    let out = Command::new(redirector_bin()).args(args).output().expect("running redirector");
+    assert!(out.status.success(), "redirector {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Where explain says the connection lands, in the terms of a probe outcome.
+fn explained_landing(explain: &str) -> &'static str {
+    let lands = explain.lines().find(|l| l.starts_with("lands on:")).expect("a 'lands on' line");
+    if lands.contains("outbound listener") {
+        "outbound"
+    } else if lands.contains("inbound listener") {
+        "inbound"
+    } else {
+        assert!(lands.contains("directly"), "{lands}");
+        "direct"
+    }
+}
+
+fn real_landing(outcome: &ConnOutcome) -> &'static str {
+    match outcome {
+        ConnOutcome::Proxied { name, .. } if name == "outbound" => "outbound",
+        ConnOutcome::Proxied { name, .. } if name == "inbound" => "inbound",
+        ConnOutcome::Served { .. } => "direct",
+        other => panic!("unexpected outcome {other:?}"),
+    }
+}
+
+#[test]
+fn explain_matches_real_connections_and_status_counts_them() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let topo = Topology::new("explain");
+    let excluded: IpAddr = Ipv4Addr::new(10, 201, topo.subnet(), 3).into();
+    topo.add_service_addr(excluded);
+    let any4 = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+    let any6 = IpAddr::V6(Ipv6Addr::UNSPECIFIED);
+    let mut service = ProbeServer::serve(&topo.service, "svc");
+    let mut app = ProbeServer::serve(&topo.pod, "app").cgroup(&topo.pod_cgroup).user(APP_UID, APP_UID);
+    for port in [80, 8080] {
+        service = service.listen(SocketAddr::new(any4, port)).listen(SocketAddr::new(any6, port));
+    }
+    for port in [8080, 15021] {
+        app = app.listen(SocketAddr::new(any4, port));
+    }
+    let _service = service.start();
+    let _app = app.start();
+    let mut proxies = Vec::new();
+    for (name, port) in [("outbound", 15001), ("inbound", 15006)] {
+        proxies.push(
+            ProbeServer::proxy(&topo.pod, name)
+                .listen(SocketAddr::new(any4, port))
+                .listen(SocketAddr::new(any6, port))
+                .cgroup(&topo.pod_cgroup)
+                .user(PROXY_UID, PROXY_UID)
+                .start(),
+        );
+    }
+    let root = PinRoot::new("explain");
+    let excluded_cidr = format!("{excluded}/32");
+    install(&topo.pod, &topo.pod_cgroup, &root, &["-i", "*", "-x", &excluded_cidr, "-o", "8080", "-b", "*", "-d", "15021"]);
+    let netns = topo.pod.path();
+    let (netns, pin_root) = (netns.to_str().unwrap(), root.path().to_str().unwrap());
+
+    let svc4 = topo.service_addr(false, 80);
+    let svc6 = topo.service_addr(true, 80);
+    let outbound: [(u32, SocketAddr); 5] = [
+        (APP_UID, svc4),
+        (APP_UID, svc6),
+        (PROXY_UID, svc4),
+        (APP_UID, SocketAddr::new(excluded, 80)),
+        (APP_UID, topo.service_addr(false, 8080)),
+    ];
+    let mut redirected = 0;
+    for (uid, dst) in outbound {
+        let (uid_s, dst_s) = (uid.to_string(), dst.to_string());
+        let explain = redirector(&["explain", "--netns", netns, "--pin-root", pin_root, "--uid", &uid_s, "--dst", &dst_s]);
+        let real = real_landing(&topo.connect(uid, uid, dst));
+        assert_eq!(explained_landing(&explain), real, "uid {uid} -> {dst}; explain said:\n{explain}");
+        redirected += usize::from(real == "outbound");
+    }
+    for port in [8080u16, 15021] {
+        let dst = SocketAddr::new(topo.pod_ip4().into(), port);
+        let explain = redirector(&[
+            "explain", "--netns", netns, "--pin-root", pin_root, "--inbound", "--dst", &dst.to_string(),
+        ]);
+        let real = real_landing(&connect_from(&topo.service, None, APP_UID, APP_UID, dst, None));
+        assert_eq!(explained_landing(&explain), real, "inbound {dst}; explain said:\n{explain}");
+    }
+    assert_eq!(redirected, 2, "two of the outbound connections are captured");
+
+    let status = redirector(&["status", "--netns", netns, "--pin-root", pin_root]);
+    assert!(status.contains("links: connect4 connect6 getsockopt sk_lookup sock_ops"), "{status}");
+    assert!(status.contains(&format!(" redirected={redirected} ")), "{status}");
+    assert!(status.contains(" steered_inbound=1 "), "{status}");
+    assert!(status.contains(" passed_excluded_cidr=1 "), "{status}");
+    assert!(status.contains(" passed_excluded_port=1 "), "{status}");
+    assert!(status.contains(&format!(" orig_dst_answered={} ", redirected + 1)), "{status}");
+}
