@@ -52,13 +52,10 @@ pub fn bin_path(name: &str) -> PathBuf {
 }
 
 /// Directory of istio's reference rule sets (`*.golden`): env `ISTIO_GOLDEN_DIR`, else
-/// `<workspace>/../shared/istio-golden`.
+/// `<workspace>/tests/istio-golden` (istio's own test data, Apache-2.0; see its CASES.md).
 pub fn golden_dir() -> PathBuf {
     match std::env::var_os("ISTIO_GOLDEN_DIR") {
         Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => workspace_root()
-            .join("..")
-            .join("shared")
-            .join("istio-golden"),
+        _ => workspace_root().join("tests").join("istio-golden"),
     }
 }
