@@ -15,9 +15,20 @@ use crate::Reason;
 pub const INBOUND_PASSTHROUGH_V4: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 6);
 pub const INBOUND_PASSTHROUGH_V6: Ipv6Addr = Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6);
 
-/// A TCP `connect()` as the kernel sees it before it happens.
+/// istio's DNS proxy port: captured DNS goes here.
+pub const DNS_CAPTURE_PORT: u16 = 15053;
+const DNS_PORT: u16 = 53;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+}
+
+/// A `connect()` (TCP or UDP) or UDP `sendmsg()` as the kernel sees it before it happens.
 #[derive(Clone, Copy, Debug)]
 pub struct OutboundAttempt {
+    pub protocol: Protocol,
     pub dst: IpAddr,
     pub dst_port: u16,
     /// The address the socket is bound to (unspecified if none).
@@ -38,6 +49,8 @@ pub enum Verdict {
     Capture,
     /// To the inbound capture port (`-z`): the proxy calling its own pod.
     CaptureInbound,
+    /// To the DNS proxy ([`DNS_CAPTURE_PORT`]).
+    CaptureDns,
     /// Left alone, for this reason.
     Pass(Reason),
 }
@@ -47,6 +60,7 @@ impl Verdict {
         match self {
             Verdict::Capture => Reason::Redirected,
             Verdict::CaptureInbound => Reason::RedirectedInbound,
+            Verdict::CaptureDns => Reason::RedirectedDns,
             Verdict::Pass(reason) => reason,
         }
     }
@@ -101,16 +115,16 @@ pub fn decide_outbound<L: PodLookups>(cfg: &PodConfig, conn: &OutboundAttempt, l
     if passthrough {
         return Verdict::Pass(Reason::PassedInboundPassthrough);
     }
-    // 3. Proxy owners, each uid then each gid, three rules apiece.
+    // 3. Proxy owners, each uid then each gid, three rules apiece; the first two are TCP
+    //    rules. With DNS capture, istio keeps TCP port 53 out of the uids' rules (both) and
+    //    out of the gids' second rule only.
+    let tcp = conn.protocol == Protocol::Tcp;
     let local = is_local(conn.dst, lookups);
-    let dns_port_excluded = cfg.flags & pod_flags::DNS_CAPTURE != 0 && conn.dst_port == 53;
-    let own_pod_inbound = local
-        && !is_loopback_host(conn.dst)
-        && conn.dst_port != cfg.tunnel_port
-        && !dns_port_excluded;
-    for (list, count, caller) in [
-        (&cfg.proxy_uids, cfg.proxy_uid_count, conn.uid),
-        (&cfg.proxy_gids, cfg.proxy_gid_count, conn.gid),
+    let dns_port = cfg.flags & pod_flags::DNS_CAPTURE != 0 && conn.dst_port == DNS_PORT;
+    let own_pod = tcp && local && !is_loopback_host(conn.dst) && conn.dst_port != cfg.tunnel_port;
+    for (list, count, caller, own_pod_inbound) in [
+        (&cfg.proxy_uids, cfg.proxy_uid_count, conn.uid, own_pod && !dns_port),
+        (&cfg.proxy_gids, cfg.proxy_gid_count, conn.gid, own_pod),
     ] {
         let mut i = 0;
         while i < MAX_OWNERS && (i as u32) < count {
@@ -118,8 +132,7 @@ pub fn decide_outbound<L: PodLookups>(cfg: &PodConfig, conn: &OutboundAttempt, l
             if own_pod_inbound && id == caller {
                 return Verdict::CaptureInbound;
             }
-            // With DNS capture istio exempts lo traffic to port 53 from this RETURN.
-            if local && id != caller && !dns_port_excluded {
+            if tcp && local && id != caller && !dns_port {
                 return Verdict::Pass(Reason::PassedLocalNotProxy);
             }
             if id == caller {
@@ -135,7 +148,17 @@ pub fn decide_outbound<L: PodLookups>(cfg: &PodConfig, conn: &OutboundAttempt, l
         owner_group_mode::EXCLUDE if in_groups => return Verdict::Pass(Reason::PassedOwnerGroup),
         _ => {}
     }
-    // 5. DNS capture is decided by the DNS path (UDP hooks, TCP port 53), not here.
+    // 5. DNS (ISTIO_OUTPUT_DNS): port 53 to a resolv.conf server, or to any address with
+    //    --capture-all-dns, TCP and UDP.
+    if dns_port
+        && (cfg.flags & pod_flags::CAPTURE_ALL_DNS != 0 || lookups.cidr_in(CidrList::DnsServer, conn.dst))
+    {
+        return Verdict::CaptureDns;
+    }
+    // The rest of ISTIO_OUTPUT ends in ISTIO_REDIRECT, a TCP rule.
+    if !tcp {
+        return Verdict::Pass(Reason::PassedNotTcp);
+    }
     // 6. The loopback CIDR (IPv4, from the env) and ::1.
     let loopback = match conn.dst {
         IpAddr::V4(v4) => {

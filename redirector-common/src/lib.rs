@@ -10,7 +10,8 @@ pub mod maps;
 pub mod reason;
 
 pub use decision::{
-    decide_inbound, decide_outbound, InboundAttempt, OutboundAttempt, PodLookups, Verdict,
+    decide_inbound, decide_outbound, InboundAttempt, OutboundAttempt, PodLookups, Protocol,
+    Verdict, DNS_CAPTURE_PORT,
 };
 pub use maps::*;
 pub use reason::Reason;

@@ -15,9 +15,10 @@ pub mod names {
     pub const ORIG_DST_BY_CONN: &str = "ORIG_DST_BY_CONN";
     pub const COUNTERS: &str = "COUNTERS";
     pub const POD_BY_ADDR: &str = "POD_BY_ADDR";
+    pub const DNS_ORIG_BY_COOKIE: &str = "DNS_ORIG_BY_COOKIE";
     pub const LISTENERS: &str = "LISTENERS";
     /// Every map, for pinning and status.
-    pub const ALL: [&str; 9] = [
+    pub const ALL: [&str; 10] = [
         POD_CONFIG,
         PORT_SETS,
         CIDRS_V4,
@@ -27,6 +28,7 @@ pub mod names {
         COUNTERS,
         POD_BY_ADDR,
         LISTENERS,
+        DNS_ORIG_BY_COOKIE,
     ];
 }
 
@@ -45,6 +47,8 @@ pub mod capacity {
     pub const REDIRECTED_CONNECTIONS: u32 = 65536;
     /// Pod addresses over all pods.
     pub const POD_ADDRS: u32 = 16384;
+    /// UDP sockets whose DNS queries were redirected, for restoring reply sources.
+    pub const DNS_SOCKETS: u32 = 16384;
     /// Capture listeners (-z and -p, per family) over all pods.
     pub const LISTENERS: u32 = 4 * PODS;
 }
@@ -142,6 +146,8 @@ pub mod pod_flags {
     pub const DNS_CAPTURE: u32 = 1 << 2;
     /// Let a connection through uncaptured when its state cannot be recorded.
     pub const FAIL_OPEN: u32 = 1 << 3;
+    /// `--capture-all-dns`: port 53 to any address, not only the resolv.conf servers.
+    pub const CAPTURE_ALL_DNS: u32 = 1 << 4;
 }
 
 pub mod inbound_capture {
@@ -201,6 +207,8 @@ pub enum CidrList {
     Exclude = 2,
     /// The pod's own addresses: a connection to one of them leaves through `lo`.
     Local = 3,
+    /// The pod's DNS servers (resolv.conf), for `--redirect-dns`.
+    DnsServer = 4,
 }
 
 /// Bits of a CIDR key that precede the address (the cookie and the list): always matched.
@@ -270,8 +278,9 @@ pub struct ConnKey {
     pub family: u32,
 }
 
-/// Number of counter slots per pod (room for reasons added later).
-pub const COUNTER_SLOTS: usize = 16;
+/// Number of counter slots per pod: a power of two (the kernel masks indexes with it), with
+/// room for reasons added later.
+pub const COUNTER_SLOTS: usize = 32;
 
 /// Per-pod, per-CPU decision counters, indexed by [`crate::Reason`].
 #[repr(C)]

@@ -39,11 +39,15 @@ pub enum Reason {
     /// Inbound on an excluded (`-c`) interface, or on a virtual (`-k`) one to a destination
     /// outside `-i`.
     PassedInterface = 15,
+    /// DNS to port 53 of a pod DNS server (or any, `--capture-all-dns`) sent to 15053.
+    RedirectedDns = 16,
+    /// Not TCP and not captured DNS.
+    PassedNotTcp = 17,
 }
 
 impl Reason {
     /// Every reason, in counter-index order.
-    pub const ALL: [Reason; 16] = [
+    pub const ALL: [Reason; 18] = [
         Reason::Redirected,
         Reason::RedirectedInbound,
         Reason::PassedExcludedPort,
@@ -60,6 +64,8 @@ impl Reason {
         Reason::PassedInboundPort,
         Reason::NoInboundListener,
         Reason::PassedInterface,
+        Reason::RedirectedDns,
+        Reason::PassedNotTcp,
     ];
 
     /// Stable snake_case name, used in status output and metrics.
@@ -81,6 +87,8 @@ impl Reason {
             Reason::PassedInboundPort => "passed_inbound_port",
             Reason::NoInboundListener => "no_inbound_listener",
             Reason::PassedInterface => "passed_interface",
+            Reason::RedirectedDns => "redirected_dns",
+            Reason::PassedNotTcp => "passed_not_tcp",
         }
     }
 }

@@ -69,6 +69,8 @@ pub fn sk_lookup(ctx: &SkLookupContext) -> u32 {
     let port = match decide_inbound(cfg, &attempt, &lookups) {
         Verdict::CaptureInbound => cfg.inbound_port,
         Verdict::Capture => cfg.outbound_port,
+        // Not an inbound outcome.
+        Verdict::CaptureDns => return SK_PASS,
         Verdict::Pass(reason) => {
             count(netns_cookie, reason);
             return SK_PASS;

@@ -7,6 +7,7 @@
 
 mod addr;
 mod counters;
+mod dns;
 mod inbound;
 mod maps;
 mod orig_dst;
@@ -25,6 +26,26 @@ pub fn capture_connect4(ctx: SockAddrContext) -> i32 {
 #[cgroup_sock_addr(connect6)]
 pub fn capture_connect6(ctx: SockAddrContext) -> i32 {
     outbound::connect6(&ctx)
+}
+
+#[cgroup_sock_addr(sendmsg4)]
+pub fn capture_sendmsg4(ctx: SockAddrContext) -> i32 {
+    outbound::sendmsg4(&ctx)
+}
+
+#[cgroup_sock_addr(sendmsg6)]
+pub fn capture_sendmsg6(ctx: SockAddrContext) -> i32 {
+    outbound::sendmsg6(&ctx)
+}
+
+#[cgroup_sock_addr(recvmsg4)]
+pub fn restore_recvmsg4(ctx: SockAddrContext) -> i32 {
+    dns::recvmsg4(&ctx)
+}
+
+#[cgroup_sock_addr(recvmsg6)]
+pub fn restore_recvmsg6(ctx: SockAddrContext) -> i32 {
+    dns::recvmsg6(&ctx)
 }
 
 #[sock_ops]

@@ -49,3 +49,8 @@ pub static POD_BY_ADDR: HashMap<PodAddrKey, u64> =
 /// The proxy's capture listeners, registered when they call listen().
 #[map]
 pub static LISTENERS: SockHash<ListenerKey> = SockHash::with_max_entries(capacity::LISTENERS, 0);
+
+/// UDP socket cookie → where its DNS query was going, for the replies' source address.
+#[map]
+pub static DNS_ORIG_BY_COOKIE: LruHashMap<u64, OrigDst> =
+    LruHashMap::with_max_entries(capacity::DNS_SOCKETS, 0);

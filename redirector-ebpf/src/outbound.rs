@@ -1,4 +1,4 @@
-//! cgroup/connect4 and connect6: outbound capture.
+//! cgroup/connect4, connect6 and UDP sendmsg4/6: outbound capture (TCP, and DNS over UDP).
 
 use core::net::IpAddr;
 use core::ptr::{addr_of_mut, write_volatile};
@@ -11,13 +11,14 @@ use aya_ebpf::{
 };
 use redirector_common::{
     decide_outbound, pod_flags, Cidr4Key, Cidr6Key, CidrList, OrigDst, OutboundAttempt,
-    PodConfig, PodLookups, PortKey, PortSet, Reason, Verdict, CIDR_KEY_FIXED_BITS,
+    PodConfig, PodLookups, PortKey, PortSet, Protocol, Reason, Verdict, CIDR_KEY_FIXED_BITS,
+    DNS_CAPTURE_PORT,
 };
 
 use crate::{
     addr,
     counters::count,
-    maps::{CIDRS_V4, CIDRS_V6, ORIG_DST_BY_COOKIE, POD_CONFIG, PORT_SETS},
+    maps::{CIDRS_V4, CIDRS_V6, DNS_ORIG_BY_COOKIE, ORIG_DST_BY_COOKIE, POD_CONFIG, PORT_SETS},
 };
 
 /// Let the connect() proceed (possibly rewritten).
@@ -25,6 +26,7 @@ const ALLOW: i32 = 1;
 /// Refuse the connect() with EPERM.
 const REFUSE: i32 = 0;
 const SOCK_STREAM: u32 = 1;
+const SOCK_DGRAM: u32 = 2;
 
 /// One pod's sets, looked up in the shared maps under its netns cookie.
 pub struct PodMaps {
@@ -57,28 +59,53 @@ impl PodLookups for PodMaps {
     }
 }
 
+#[inline(always)]
+fn protocol(sa: &aya_ebpf::bindings::bpf_sock_addr) -> Option<Protocol> {
+    match sa.type_ {
+        SOCK_STREAM => Some(Protocol::Tcp),
+        SOCK_DGRAM => Some(Protocol::Udp),
+        _ => None,
+    }
+}
+
+/// The socket's bound IPv4 address, if any.
+#[inline(always)]
+fn bound_v4(sa: &aya_ebpf::bindings::bpf_sock_addr) -> IpAddr {
+    let src = unsafe { (*sa.__bindgen_anon_1.sk).src_ip4 };
+    if src == 0 { addr::unspecified() } else { addr::v4(src) }
+}
+
 pub fn connect4(ctx: &SockAddrContext) -> i32 {
     let sa = unsafe { &*ctx.sock_addr };
-    if sa.type_ != SOCK_STREAM {
+    let Some(protocol) = protocol(sa) else {
         return ALLOW;
-    }
-    let src = unsafe { (*sa.__bindgen_anon_1.sk).src_ip4 };
-    let src = if src == 0 { addr::unspecified() } else { addr::v4(src) };
-    capture(ctx, addr::v4(sa.user_ip4), src, false)
+    };
+    capture(ctx, protocol, addr::v4(sa.user_ip4), bound_v4(sa), false)
 }
 
 pub fn connect6(ctx: &SockAddrContext) -> i32 {
     let sa = unsafe { &*ctx.sock_addr };
-    if sa.type_ != SOCK_STREAM {
+    let Some(protocol) = protocol(sa) else {
         return ALLOW;
-    }
-    let dst_words = sa.user_ip6;
+    };
     let src = unsafe { (*sa.__bindgen_anon_1.sk).src_ip6 };
-    capture(ctx, addr::v6_or_mapped(dst_words), addr::v6_or_mapped(src), true)
+    capture(ctx, protocol, addr::v6_or_mapped(sa.user_ip6), addr::v6_or_mapped(src), true)
+}
+
+/// UDP `sendto()` on an unconnected socket (connected ones went through connect).
+pub fn sendmsg4(ctx: &SockAddrContext) -> i32 {
+    let sa = unsafe { &*ctx.sock_addr };
+    capture(ctx, Protocol::Udp, addr::v4(sa.user_ip4), bound_v4(sa), false)
+}
+
+pub fn sendmsg6(ctx: &SockAddrContext) -> i32 {
+    let sa = unsafe { &*ctx.sock_addr };
+    let src = unsafe { (*sa.__bindgen_anon_1.sk).src_ip6 };
+    capture(ctx, Protocol::Udp, addr::v6_or_mapped(sa.user_ip6), addr::v6_or_mapped(src), true)
 }
 
 #[inline(always)]
-fn capture(ctx: &SockAddrContext, dst: IpAddr, src: IpAddr, v6_socket: bool) -> i32 {
+fn capture(ctx: &SockAddrContext, protocol: Protocol, dst: IpAddr, src: IpAddr, v6_socket: bool) -> i32 {
     let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
     let Some(cfg) = (unsafe { POD_CONFIG.get(&netns_cookie) }) else {
         return ALLOW;
@@ -89,6 +116,7 @@ fn capture(ctx: &SockAddrContext, dst: IpAddr, src: IpAddr, v6_socket: bool) -> 
     let sa = unsafe { &*ctx.sock_addr };
     let uid_gid = bpf_get_current_uid_gid();
     let attempt = OutboundAttempt {
+        protocol,
         dst,
         dst_port: u16::from_be(sa.user_port as u16),
         src,
@@ -103,6 +131,7 @@ fn capture(ctx: &SockAddrContext, dst: IpAddr, src: IpAddr, v6_socket: bool) -> 
         }
         Verdict::Capture => cfg.outbound_port,
         Verdict::CaptureInbound => cfg.inbound_port,
+        Verdict::CaptureDns => DNS_CAPTURE_PORT,
     };
     redirect(ctx, cfg, netns_cookie, &attempt, port, v6_socket, verdict.reason())
 }
@@ -120,7 +149,12 @@ fn redirect(
     let (family, raw) = addr::raw(attempt.dst);
     let orig = OrigDst { addr: raw, port: attempt.dst_port, family };
     let socket_cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    if ORIG_DST_BY_COOKIE.insert(&socket_cookie, &orig, 0).is_err() {
+    // TCP: for SO_ORIGINAL_DST once established; UDP (DNS): for the replies' source.
+    let recorded = match attempt.protocol {
+        Protocol::Tcp => ORIG_DST_BY_COOKIE.insert(&socket_cookie, &orig, 0),
+        Protocol::Udp => DNS_ORIG_BY_COOKIE.insert(&socket_cookie, &orig, 0),
+    };
+    if recorded.is_err() {
         count(netns_cookie, Reason::FailedClosed);
         return if cfg.flags & pod_flags::FAIL_OPEN != 0 { ALLOW } else { REFUSE };
     }

@@ -96,6 +96,7 @@ pub fn apply(root: &PinRoot, object: &[u8], plan: &PodPlan) -> Result<ApplyRepor
         let target = pod.link(hook);
         fs::rename(&staging, &target).map_err(fs_err("replacing link", &target))?;
     }
+    remove_stale_links(&pod, plan)?;
     remove_stale_entries(&mut maps, plan);
     let capture_ports = [plan.config.inbound_port, plan.config.outbound_port];
     let listeners = crate::listeners::register_existing(&mut maps, plan.netns_cookie, &capture_ports);
@@ -227,6 +228,20 @@ fn rollback(maps: &mut NodeMaps, pod: &PodPins, undo: Vec<Undo>) {
     }
     // Removes the pod dir only if it is empty, i.e. the pod had no links before.
     let _ = fs::remove_dir(pod.dir());
+}
+
+/// Unpin (detach) the pod's links to programs the plan no longer has, e.g. the DNS
+/// programs once DNS capture is switched off.
+fn remove_stale_links(pod: &PodPins, plan: &PodPlan) -> Result<(), ApplyError> {
+    let entries = fs::read_dir(pod.dir()).map_err(fs_err("listing", pod.dir()))?;
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !plan.programs.iter().any(|p| p.hook == name) {
+            let path = entry.path();
+            fs::remove_file(&path).map_err(fs_err("unpinning link", &path))?;
+        }
+    }
+    Ok(())
 }
 
 /// Remove this pod's entries that the plan no longer has (after a re-apply).

@@ -9,7 +9,7 @@ use std::{
 use anyhow::{bail, Context as _};
 use redirector_common::{
     decide_inbound, decide_outbound, InboundAttempt, OutboundAttempt, PodLookups, PortSet,
-    Reason, Verdict,
+    Protocol, Reason, Verdict, DNS_CAPTURE_PORT,
 };
 
 use crate::{live_pod::LivePod, pins::PinRoot, pod};
@@ -39,6 +39,9 @@ pub struct ExplainArgs {
     /// Address the socket is bound to (outbound), e.g. 127.0.0.6.
     #[arg(long, value_name = "IP")]
     src: Option<IpAddr>,
+    /// Explain a UDP datagram (DNS) instead of a TCP connection (outbound).
+    #[arg(long)]
+    udp: bool,
     /// Interface the connection arrives on (inbound; default eth0).
     #[arg(long, value_name = "NAME", default_value = "eth0")]
     iface: String,
@@ -69,6 +72,10 @@ fn rule(reason: Reason, lookups: &LivePod, port: u16) -> &'static str {
         Reason::PassedInterface => {
             "the interface is excluded (-c), or virtual (-k) with a destination outside -i"
         }
+        Reason::RedirectedDns => {
+            "--redirect-dns: port 53 of a resolv.conf server (any server with --capture-all-dns)"
+        }
+        Reason::PassedNotTcp => "only TCP is captured, apart from DNS",
         Reason::FailedClosed | Reason::OrigDstAnswered | Reason::NoInboundListener => "",
     }
 }
@@ -103,9 +110,10 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
         let dst = args.dst.context("--dst IP:PORT is required")?;
         let gid = args.gid.unwrap_or(args.uid);
         let src = args.src.unwrap_or(IpAddr::from([0, 0, 0, 0]));
-        let attempt = OutboundAttempt { dst: dst.ip(), dst_port: dst.port(), src, uid: args.uid, gid };
+        let protocol = if args.udp { Protocol::Udp } else { Protocol::Tcp };
+        let attempt = OutboundAttempt { protocol, dst: dst.ip(), dst_port: dst.port(), src, uid: args.uid, gid };
         let verdict = decide_outbound(&cfg, &attempt, &live);
-        println!("outbound TCP to {dst} from uid {} gid {gid}", args.uid);
+        println!("outbound {protocol:?} to {dst} from uid {} gid {gid}", args.uid);
         report(verdict, &live, dst, &cfg);
     }
     Ok(())
@@ -122,6 +130,9 @@ fn report(verdict: Verdict, live: &LivePod, dst: SocketAddr, cfg: &redirector_co
         Verdict::CaptureInbound => println!(
             "lands on: the proxy's inbound listener, port {} (-z); SO_ORIGINAL_DST = {dst}",
             cfg.inbound_port
+        ),
+        Verdict::CaptureDns => println!(
+            "lands on: the DNS proxy, port {DNS_CAPTURE_PORT}; replies come back from {dst}"
         ),
         Verdict::Pass(_) => println!("lands on: {dst} directly (not captured)"),
     }

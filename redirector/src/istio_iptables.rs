@@ -92,6 +92,7 @@ fn apply_rules(cfg: &IstioConfig, root: &PinRoot, cookie: u64) -> anyhow::Result
         local_addrs: pod::local_addresses()?,
         cgroup: pod::pod_cgroup(cfg.run.cgroup.as_deref())?,
         interfaces: pod::interfaces()?,
+        dns_servers: pod::dns_servers(&cfg.run.resolv_conf),
     };
     let plan = plan_pod(&cfg.capture, &facts);
     for name in cfg.capture.exclude_interfaces.iter().chain(&cfg.capture.kube_virt_interfaces) {
@@ -143,9 +144,6 @@ fn apply_rules(cfg: &IstioConfig, root: &PinRoot, cookie: u64) -> anyhow::Result
 fn note_unsupported(cfg: &CaptureConfig) {
     if !cfg.exclude_interfaces.is_empty() {
         warn!("-c: outbound traffic leaving through an excluded interface is still captured (inbound is honoured)");
-    }
-    if cfg.redirect_dns {
-        warn!("DNS capture (--redirect-dns) is not implemented yet: DNS is not redirected");
     }
 }
 

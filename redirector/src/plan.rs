@@ -12,7 +12,7 @@ use redirector_common::{
 use crate::{
     config::{CaptureConfig, CidrSelection, OwnerGroups, PortSelection},
     pod::PodFacts,
-    programs::{AttachTarget, ProgramSpec, POD_PROGRAMS},
+    programs::{AttachTarget, ProgramSpec, BASE_PROGRAMS, POD_PROGRAMS},
 };
 
 /// One LPM-trie entry: a prefix length (including the fixed cookie/list bits) and data.
@@ -109,6 +109,9 @@ pub fn plan_pod(cfg: &CaptureConfig, facts: &PodFacts) -> PodPlan {
     if cfg.fail_open {
         flags |= pod_flags::FAIL_OPEN;
     }
+    if cfg.capture_all_dns {
+        flags |= pod_flags::CAPTURE_ALL_DNS;
+    }
     let loopback = cfg.loopback_v4_cidr.trunc();
     let config = PodConfig {
         outbound_port: cfg.outbound_port,
@@ -142,7 +145,7 @@ pub fn plan_pod(cfg: &CaptureConfig, facts: &PodFacts) -> PodPlan {
         cidrs_v4: Vec::new(),
         cidrs_v6: Vec::new(),
         addrs: Vec::new(),
-        programs: &POD_PROGRAMS,
+        programs: if cfg.redirect_dns { &POD_PROGRAMS } else { &POD_PROGRAMS[..BASE_PROGRAMS] },
     };
     let inbound_include: &[u16] = match &cfg.inbound_ports {
         PortSelection::List(ports) => ports,
@@ -168,6 +171,11 @@ pub fn plan_pod(cfg: &CaptureConfig, facts: &PodFacts) -> PodPlan {
     }
     for &net in &cfg.exclude_cidrs {
         cidr_entry(cookie, CidrList::Exclude, net, &mut plan);
+    }
+    if cfg.redirect_dns {
+        for &server in &facts.dns_servers {
+            cidr_entry(cookie, CidrList::DnsServer, IpNet::from(server), &mut plan);
+        }
     }
     for &addr in &facts.local_addrs {
         cidr_entry(cookie, CidrList::Local, IpNet::from(addr), &mut plan);
@@ -219,6 +227,7 @@ fn list_name(list: u32) -> &'static str {
         l if l == CidrList::Include as u32 => "include (-i)",
         l if l == CidrList::Exclude as u32 => "exclude (-x)",
         l if l == CidrList::Local as u32 => "pod-local",
+        l if l == CidrList::DnsServer as u32 => "dns-server",
         _ => "unknown",
     }
 }
@@ -289,6 +298,7 @@ mod tests {
             local_addrs: vec![POD_IP.parse().unwrap(), "fd00::5".parse().unwrap()],
             cgroup: "/sys/fs/cgroup/pod".into(),
             interfaces: vec![("lo".into(), 1), ("eth0".into(), 2), ("eth1".into(), 3)],
+            dns_servers: vec!["10.96.0.10".parse().unwrap()],
         };
         plan_pod(&cfg.capture, &facts)
     }
@@ -299,6 +309,7 @@ mod tests {
 
     fn decide_from(plan: &PodPlan, uid: u32, gid: u32, src: &str, dst: &str, port: u16) -> Verdict {
         let attempt = OutboundAttempt {
+            protocol: redirector_common::Protocol::Tcp,
             dst: dst.parse::<IpAddr>().unwrap(),
             dst_port: port,
             src: src.parse().unwrap(),
@@ -419,5 +430,40 @@ mod tests {
         assert_eq!(p.config.virt_iface_count, 1, "an interface missing from the pod is left out");
         let p = plan(&["-b", "*", "-i", "192.168.0.0/16", "-k", "eth1"], &[]);
         assert_eq!(inbound(&p, 8080, 3), Verdict::Pass(Reason::PassedInterface));
+    }
+
+    fn decide_udp(plan: &PodPlan, uid: u32, dst: &str, port: u16) -> Verdict {
+        let attempt = OutboundAttempt {
+            protocol: redirector_common::Protocol::Udp,
+            dst: dst.parse::<IpAddr>().unwrap(),
+            dst_port: port,
+            src: "0.0.0.0".parse().unwrap(),
+            uid,
+            gid: uid,
+        };
+        decide_outbound(&plan.config, &attempt, plan)
+    }
+
+    #[test]
+    fn dns_capture_decisions() {
+        let p = plan(&["-i", "*", "--redirect-dns"], &[]);
+        assert_eq!(decide_udp(&p, 1000, "10.96.0.10", 53), Verdict::CaptureDns);
+        assert_eq!(decide(&p, 1000, "10.96.0.10", 53), Verdict::CaptureDns);
+        assert_eq!(decide_udp(&p, 1000, "8.8.8.8", 53), Verdict::Pass(Reason::PassedNotTcp));
+        assert_eq!(decide(&p, 1000, "8.8.8.8", 53), Verdict::Capture);
+        assert_eq!(decide_udp(&p, 1337, "10.96.0.10", 53), Verdict::Pass(Reason::PassedProxyOwner));
+        assert_eq!(decide_udp(&p, 1000, "10.96.0.10", 5353), Verdict::Pass(Reason::PassedNotTcp));
+        assert_eq!(p.programs.len(), 9, "the UDP programs are attached");
+        let all = plan(&["-i", "*", "--redirect-dns", "--capture-all-dns"], &[]);
+        assert_eq!(decide_udp(&all, 1000, "8.8.8.8", 53), Verdict::CaptureDns);
+        // Without --redirect-dns nothing of UDP is captured and no UDP program attached.
+        let off = plan(&["-i", "*"], &[]);
+        assert_eq!(decide_udp(&off, 1000, "10.96.0.10", 53), Verdict::Pass(Reason::PassedNotTcp));
+        assert_eq!(off.programs.len(), 5);
+        // istio keeps port 53 out of the uids' own-pod rule but not out of the gids'.
+        let p = plan(&["-i", "*", "--redirect-dns", "-u", "3", "-g", "1"], &[]);
+        assert_eq!(decide_from(&p, 3, 9, "0.0.0.0", POD_IP, 53), Verdict::Pass(Reason::PassedProxyOwner));
+        assert_eq!(decide_from(&p, 5, 1, "0.0.0.0", POD_IP, 53), Verdict::CaptureInbound);
+        assert_eq!(decide_from(&p, 5, 9, "0.0.0.0", POD_IP, 53), Verdict::Capture);
     }
 }

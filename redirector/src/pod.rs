@@ -35,6 +35,8 @@ pub struct PodFacts {
     pub cgroup: PathBuf,
     /// The pod's interfaces: name and ifindex.
     pub interfaces: Vec<(String, u32)>,
+    /// The pod's DNS servers (resolv.conf `nameserver` lines).
+    pub dns_servers: Vec<IpAddr>,
 }
 
 impl PodFacts {
@@ -143,6 +145,22 @@ pub fn interfaces() -> Result<Vec<(String, u32)>, PodError> {
     Ok(out)
 }
 
+/// The `nameserver` addresses of a resolv.conf; a missing file means none.
+pub fn dns_servers(resolv_conf: &Path) -> Vec<IpAddr> {
+    parse_nameservers(&fs::read_to_string(resolv_conf).unwrap_or_default())
+}
+
+fn parse_nameservers(text: &str) -> Vec<IpAddr> {
+    text.lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            (words.next()? == "nameserver").then_some(())?;
+            // A scoped IPv6 server (fe80::1%eth0) is matched on its address.
+            words.next()?.split('%').next()?.parse().ok()
+        })
+        .collect()
+}
+
 /// The cgroup v2 mount point, from /proc/self/mountinfo.
 pub fn cgroup2_mount() -> Result<PathBuf, PodError> {
     let info = fs::read_to_string("/proc/self/mountinfo").map_err(|_| PodError::NoCgroup2)?;
@@ -194,4 +212,16 @@ fn is_cgroup2_dir(path: &Path) -> bool {
 pub fn is_bpffs(path: &Path) -> bool {
     const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
     fs_magic(path) == Some(BPF_FS_MAGIC)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nameservers_from_resolv_conf() {
+        let text = "# comment\nsearch default.svc.cluster.local\nnameserver 10.96.0.10\nnameserver fd00::a%eth0\nnameserver bogus\noptions ndots:5\n";
+        let want: Vec<IpAddr> = vec!["10.96.0.10".parse().unwrap(), "fd00::a".parse().unwrap()];
+        assert_eq!(parse_nameservers(text), want);
+    }
 }

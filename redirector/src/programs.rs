@@ -6,6 +6,10 @@ pub mod attach_type {
     pub const SK_LOOKUP: u32 = 36;
     pub const CGROUP_INET4_CONNECT: u32 = 10;
     pub const CGROUP_INET6_CONNECT: u32 = 11;
+    pub const CGROUP_UDP4_SENDMSG: u32 = 14;
+    pub const CGROUP_UDP6_SENDMSG: u32 = 15;
+    pub const CGROUP_UDP4_RECVMSG: u32 = 19;
+    pub const CGROUP_UDP6_RECVMSG: u32 = 20;
     pub const CGROUP_GETSOCKOPT: u32 = 21;
 }
 
@@ -37,9 +41,10 @@ pub struct ProgramSpec {
     pub target: AttachTarget,
 }
 
-/// Every program a pod gets, in attach order: the programs that record state (sock_ops,
-/// getsockopt) before those that create it (sk_lookup, connect).
-pub const POD_PROGRAMS: [ProgramSpec; 5] = [
+/// Every program of the object. A pod gets the first [`BASE_PROGRAMS`], in this order (the
+/// programs that record state — sock_ops, getsockopt — before those that create it), and
+/// the UDP DNS programs after them when it captures DNS.
+pub const POD_PROGRAMS: [ProgramSpec; 9] = [
     ProgramSpec {
         function: "track_sock_ops",
         hook: "sock_ops",
@@ -75,4 +80,35 @@ pub const POD_PROGRAMS: [ProgramSpec; 5] = [
         attach_type: attach_type::CGROUP_INET6_CONNECT,
         target: AttachTarget::Cgroup,
     },
+    ProgramSpec {
+        function: "restore_recvmsg4",
+        hook: "recvmsg4",
+        kind: ProgramKind::CgroupSockAddr,
+        attach_type: attach_type::CGROUP_UDP4_RECVMSG,
+        target: AttachTarget::Cgroup,
+    },
+    ProgramSpec {
+        function: "restore_recvmsg6",
+        hook: "recvmsg6",
+        kind: ProgramKind::CgroupSockAddr,
+        attach_type: attach_type::CGROUP_UDP6_RECVMSG,
+        target: AttachTarget::Cgroup,
+    },
+    ProgramSpec {
+        function: "capture_sendmsg4",
+        hook: "sendmsg4",
+        kind: ProgramKind::CgroupSockAddr,
+        attach_type: attach_type::CGROUP_UDP4_SENDMSG,
+        target: AttachTarget::Cgroup,
+    },
+    ProgramSpec {
+        function: "capture_sendmsg6",
+        hook: "sendmsg6",
+        kind: ProgramKind::CgroupSockAddr,
+        attach_type: attach_type::CGROUP_UDP6_SENDMSG,
+        target: AttachTarget::Cgroup,
+    },
 ];
+
+/// How many of [`POD_PROGRAMS`] every pod gets.
+pub const BASE_PROGRAMS: usize = 5;

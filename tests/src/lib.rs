@@ -17,13 +17,23 @@
 
 pub mod bpftool;
 pub mod cgroup;
+pub mod conformance;
+pub mod conformance_cases;
+pub mod conformance_rules;
 pub mod iptables;
 pub mod netns;
 pub mod paths;
+pub mod podman;
+pub mod podman_cgroup;
+pub mod podman_host;
+pub mod podman_net;
+pub mod podman_pod;
+pub mod podman_rootfs;
 pub mod probe;
 pub mod probe_protocol;
 pub mod process;
 pub mod redirector;
+pub mod scenario;
 pub mod sockaddr;
 pub mod stale;
 pub mod topology;

@@ -213,8 +213,8 @@ fn cleanup_only_leaves_no_program_link_map_or_pin() {
     let progs = ids("prog", "/progs/");
     let maps = ids("map", "/maps/");
     let links = ids("link", "/pods/");
-    assert_eq!((progs.len(), links.len()), (5, 5));
-    assert!(!maps.is_empty());
+    assert_eq!(links.len(), 5, "the pod's links");
+    assert!(progs.len() >= links.len() && !maps.is_empty(), "the node's programs and maps");
     assert!(progs.iter().all(|id| loaded_ids("prog").contains(id)));
 
     let out = istio_iptables(&pod.topo.pod, &pod.topo.pod_cgroup, &root, &["--cleanup-only"]);

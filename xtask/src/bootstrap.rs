@@ -9,12 +9,23 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-/// Debian packages the tests and demo use, with a binary that proves each is installed.
-const PACKAGES: [(&str, &str); 4] = [
+/// Debian packages the tests and demo use, with what proves each is installed: a binary on
+/// PATH, or an absolute path for files installed elsewhere.
+const PACKAGES: [(&str, &str); 10] = [
     ("bpftool", "bpftool"),
     ("iptables", "iptables-restore"),
     ("iproute2", "ip"),
     ("util-linux", "nsenter"),
+    // The real-pod test (tests/tests/real_pod.rs, docs/real-pod.md): podman with runc (crun
+    // refuses the hybrid cgroup layout), conmon, catatonit for the pod's infra container
+    // (only a Recommends of podman, like the CNI plugins of its CNI backend, which live
+    // outside PATH), and a static busybox for the containers' root filesystem.
+    ("podman", "podman"),
+    ("runc", "runc"),
+    ("conmon", "conmon"),
+    ("catatonit", "catatonit"),
+    ("containernetworking-plugins", "/usr/lib/cni/host-local"),
+    ("busybox-static", "busybox"),
 ];
 
 /// bpf-linker version that builds against the nightly toolchain's LLVM here.
@@ -26,6 +37,14 @@ pub fn all() -> Result<()> {
     bpf_linker()?;
     bpffs()?;
     Ok(())
+}
+
+fn installed(proof: &str) -> bool {
+    if proof.starts_with('/') {
+        Path::new(proof).is_file()
+    } else {
+        on_path(proof)
+    }
 }
 
 fn on_path(bin: &str) -> bool {
@@ -45,7 +64,7 @@ fn status(cmd: &mut Command) -> Result<()> {
 
 fn packages() -> Result<()> {
     let missing: Vec<&str> =
-        PACKAGES.iter().filter(|(_, bin)| !on_path(bin)).map(|(pkg, _)| *pkg).collect();
+        PACKAGES.iter().filter(|(_, proof)| !installed(proof)).map(|(pkg, _)| *pkg).collect();
     if missing.is_empty() {
         return Ok(());
     }

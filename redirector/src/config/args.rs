@@ -14,7 +14,7 @@ use clap::{
 };
 
 /// Every flag of istio-iptables (short and long names as istio spells them) plus redirector's
-/// `--cgroup`, `--pin-root` and `--fail-open`.
+/// `--cgroup`, `--resolv-conf`, `--pin-root` and `--fail-open`.
 #[derive(Args, Debug, Clone, Default, PartialEq, Eq)]
 #[command(about = ABOUT, long_about = None)]
 pub struct IstioIptablesArgs {
@@ -253,6 +253,10 @@ pub struct IstioIptablesArgs {
     /// The pod's cgroup v2 directory to attach to [default: parent of our own cgroup]
     #[arg(long = "cgroup", value_name = "PATH", allow_hyphen_values = true, value_parser = path_parser())]
     pub cgroup: Option<PathBuf>,
+
+    /// resolv.conf whose nameservers --redirect-dns captures [default: /etc/resolv.conf]
+    #[arg(long = "resolv-conf", value_name = "PATH", allow_hyphen_values = true, value_parser = path_parser())]
+    pub resolv_conf: Option<PathBuf>,
 
     /// bpffs directory for redirector's pins [env: REDIRECTOR_PIN_ROOT] [default: /sys/fs/bpf/redirector]
     #[arg(long = "pin-root", value_name = "PATH", allow_hyphen_values = true, value_parser = path_parser())]

@@ -26,6 +26,7 @@ const DEFAULT_TPROXY_ROUTE_TABLE: u32 = 133;
 const DEFAULT_PROBE_PORT: u16 = 15002;
 const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 const DEFAULT_PIN_ROOT: &str = crate::pins::DEFAULT_ROOT;
+const DEFAULT_RESOLV_CONF: &str = "/etc/resolv.conf";
 const DEFAULT_LOG_OUTPUT_LEVEL: &str = "default:info";
 const DEFAULT_LOOPBACK_V4_CIDR: Ipv4Net = Ipv4Net::new_assert(Ipv4Addr::new(127, 0, 0, 1), 32);
 /// The account whose uid is the default `-u` when `ENVOY_USER` is unset.
@@ -165,6 +166,9 @@ impl IstioConfig {
             network_namespace: r.optional_path(&NETWORK_NAMESPACE, args.network_namespace.as_ref()),
             cni_mode: r.flag(&CNI_MODE, &args.cni_mode)?,
             cgroup: r.absolute_path(&CGROUP, args.cgroup.as_ref())?,
+            resolv_conf: r
+                .absolute_path(&RESOLV_CONF, args.resolv_conf.as_ref())?
+                .unwrap_or_else(|| DEFAULT_RESOLV_CONF.into()),
             pin_root: r
                 .absolute_path(&PIN_ROOT, args.pin_root.as_ref())?
                 .unwrap_or_else(|| DEFAULT_PIN_ROOT.into()),

@@ -27,6 +27,8 @@ pub struct RunOptions {
     pub cni_mode: bool,
     /// `--cgroup`: the pod's cgroup v2 directory; `None` = the parent of our own cgroup.
     pub cgroup: Option<PathBuf>,
+    /// `--resolv-conf`: where the pod's DNS servers are read for `--redirect-dns`.
+    pub resolv_conf: PathBuf,
     /// `--pin-root` / `REDIRECTOR_PIN_ROOT`: bpffs directory for our pins.
     pub pin_root: PathBuf,
     /// `--log_as_json`

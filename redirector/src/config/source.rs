@@ -170,6 +170,7 @@ pub(crate) mod settings {
     pub const LOG_AS_JSON: Setting = Setting::flag("log_as_json", "--log_as_json", &[]);
 
     pub const CGROUP: Setting = Setting::flag("cgroup", "--cgroup", &[]);
+    pub const RESOLV_CONF: Setting = Setting::flag("resolv_conf", "--resolv-conf", &[]);
     pub const PIN_ROOT: Setting = Setting::flag("pin_root", "--pin-root", &["REDIRECTOR_PIN_ROOT"]);
     pub const FAIL_OPEN: Setting = Setting::flag("fail_open", "--fail-open", &[]);
 
@@ -181,7 +182,7 @@ pub(crate) mod settings {
 
     /// Every setting that has a flag, for consistency checks against the clap definition.
     #[cfg(test)]
-    pub const WITH_FLAG: [Setting; 37] = [
+    pub const WITH_FLAG: [Setting; 38] = [
         ENVOY_PORT,
         INBOUND_CAPTURE_PORT,
         INBOUND_TUNNEL_PORT,
@@ -217,6 +218,7 @@ pub(crate) mod settings {
         LOG_OUTPUT_LEVEL,
         LOG_AS_JSON,
         CGROUP,
+        RESOLV_CONF,
         PIN_ROOT,
         FAIL_OPEN,
     ];

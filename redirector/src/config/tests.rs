@@ -132,6 +132,7 @@ fn defaults() -> IstioConfig {
             network_namespace: None,
             cni_mode: false,
             cgroup: None,
+            resolv_conf: PathBuf::from("/etc/resolv.conf"),
             pin_root: PathBuf::from("/sys/fs/bpf/redirector"),
             log_as_json: false,
             log_output_level: "default:info".to_owned(),
@@ -972,6 +973,7 @@ fn settings_match_the_clap_definition() {
             "LOG_OUTPUT_LEVEL",
             "LOG_AS_JSON",
             "CGROUP",
+            "RESOLV_CONF",
             "PIN_ROOT",
             "FAIL_OPEN",
         ];

@@ -1,0 +1,396 @@
+//! Running a conformance case: the same scenarios in two fresh pods, one with istio's
+//! reference rules loaded by `iptables-restore`, one set up by `redirector istio-iptables`
+//! with the case's flags, and a row per scenario comparing where the connection landed.
+//!
+//! Only the landing is compared: which listener took the connection (the outbound proxy on
+//! 15001, the inbound one on 15006, the real destination, or an error) and the
+//! `SO_ORIGINAL_DST` the proxy read. The proxy's peer address is left out on purpose: with
+//! iptables' REDIRECT the proxy sees the app's pod IP, with redirector's connect-time
+//! rewrite it sees 127.0.0.1 / ::1 (docs/conformance.md).
+
+use std::ffi::OsStr;
+use std::fmt::Write as _;
+use std::net::{Ipv6Addr, SocketAddr};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use crate::conformance_cases::{inbound_scenarios_enabled, Case};
+use crate::iptables::{apply_golden, saved_rules};
+use crate::redirector::{redirector_bin, PinRoot};
+use crate::scenario::{
+    AddrBook, InboundScenario, Scenario, APP_PORTS, OUTSIDE_V4, OUTSIDE_V6, SERVICE_PORTS,
+};
+use crate::{connect_from, Cgroup, ChildGuard, NetNs, ProbeServer, Topology, APP_UID, PROXY_UID};
+
+/// Names of the listeners, so the landing port is visible in every row.
+pub const OUTBOUND_PROXY: &str = "outbound";
+pub const INBOUND_PROXY: &str = "inbound";
+pub const APP: &str = "app";
+pub const SERVICE: &str = "svc";
+
+/// Which implementation a pod is set up with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// istio's rules for the case, applied with iptables-restore / ip6tables-restore.
+    Iptables,
+    /// `redirector istio-iptables <the case's flags>`.
+    Redirector,
+}
+
+/// One scenario's outcome on both sides.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Row {
+    pub who: String,
+    pub dst: String,
+    pub iptables: String,
+    pub redirector: String,
+}
+
+impl Row {
+    pub fn matches(&self) -> bool {
+        self.iptables == self.redirector
+    }
+}
+
+/// The rows of one case and what is needed to understand a mismatch.
+#[derive(Debug)]
+pub struct CaseReport {
+    pub case: Case,
+    pub rows: Vec<Row>,
+    pub redirector_log: String,
+    pub iptables_state: String,
+    pub elapsed: Duration,
+}
+
+impl CaseReport {
+    pub fn mismatches(&self) -> Vec<&Row> {
+        self.rows.iter().filter(|r| !r.matches()).collect()
+    }
+
+    /// The case header and one line per row.
+    pub fn table(&self) -> String {
+        let case = &self.case;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "== {}: flags {:?}{}; reference {}; {} rows in {:.1} s",
+            case.name,
+            case.flags,
+            if case.env.is_empty() {
+                String::new()
+            } else {
+                format!(" env {:?}", case.env)
+            },
+            case.reference,
+            self.rows.len(),
+            self.elapsed.as_secs_f64()
+        );
+        for note in &case.notes {
+            let _ = writeln!(out, "   note: {note}");
+        }
+        let _ = writeln!(
+            out,
+            "   {:<42} {:<22} {:<18} {:<28} {:<28}",
+            "case", "who", "dst", "iptables", "redirector"
+        );
+        for row in &self.rows {
+            let _ = writeln!(
+                out,
+                "   {:<42} {:<22} {:<18} {:<28} {:<28}{}",
+                case.name,
+                row.who,
+                row.dst,
+                row.iptables,
+                row.redirector,
+                if row.matches() { "" } else { "  MISMATCH" }
+            );
+        }
+        out
+    }
+
+    /// Everything a reader of a failure needs: the mismatching rows, the reference rules
+    /// as loaded and redirector's log.
+    pub fn failure(&self) -> Option<String> {
+        let mismatches = self.mismatches();
+        if mismatches.is_empty() {
+            return None;
+        }
+        let mut out = format!(
+            "{}: {} of {} scenarios differ between istio's iptables rules and redirector \
+             (flags {:?}, env {:?}):\n",
+            self.case.name,
+            mismatches.len(),
+            self.rows.len(),
+            self.case.flags,
+            self.case.env
+        );
+        for row in mismatches {
+            let _ = writeln!(
+                out,
+                "  {} -> {}: iptables {} | redirector {}",
+                row.who, row.dst, row.iptables, row.redirector
+            );
+        }
+        let _ = write!(
+            out,
+            "reference nat rules as loaded:\n{}redirector log:\n{}",
+            self.iptables_state, self.redirector_log
+        );
+        Some(out)
+    }
+}
+
+/// Who gives the pod the proxy's IPv6 passthrough source `::6` (istio-iptables adds it to
+/// `lo` when IPv6 is on: capture/run.go `configureIPv6Addresses`; IPv6, unlike IPv4's
+/// 127/8, has no such address on `lo` by default).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PassthroughV6 {
+    /// Both pods get it before their capture setup, as the state istio-init leaves: the rows
+    /// then compare capture decisions only.
+    Given,
+    /// Only the iptables pod gets it from the test (standing in for istio-iptables); the
+    /// redirector pod has what redirector's own setup provides.
+    LeftToRedirector,
+}
+
+/// Runs all of `case`'s scenarios on both sides (one fresh topology each, one after the
+/// other) and pairs the outcomes. The inbound rows run only when enabled.
+pub fn run_case(case: &Case) -> CaseReport {
+    let inbound = if inbound_scenarios_enabled() {
+        case.inbound_scenarios()
+    } else {
+        Vec::new()
+    };
+    run_scenarios(
+        case,
+        &case.outbound_scenarios(),
+        &inbound,
+        PassthroughV6::Given,
+    )
+}
+
+/// Runs the given scenarios of `case` on both sides and pairs the outcomes.
+pub fn run_scenarios(
+    case: &Case,
+    outbound: &[Scenario],
+    inbound: &[InboundScenario],
+    passthrough_v6: PassthroughV6,
+) -> CaseReport {
+    let start = Instant::now();
+    let reference = SideRun::run(case, Side::Iptables, outbound, inbound, passthrough_v6);
+    let ours = SideRun::run(case, Side::Redirector, outbound, inbound, passthrough_v6);
+    let labels = outbound
+        .iter()
+        .map(|s| (s.who.name.clone(), s.dst))
+        .chain(inbound.iter().map(|s| ("peer(inbound)".to_owned(), s.dst)));
+    let rows = labels
+        .zip(reference.outcomes.iter().zip(&ours.outcomes))
+        .map(|((who, dst), (iptables, redirector))| Row {
+            who,
+            dst: dst.to_string(),
+            iptables: iptables.clone(),
+            redirector: redirector.clone(),
+        })
+        .collect();
+    CaseReport {
+        case: case.clone(),
+        rows,
+        redirector_log: ours.log,
+        iptables_state: reference.log,
+        elapsed: start.elapsed(),
+    }
+}
+
+/// One side's outcomes, rendered with [`AddrBook::render`], in scenario order.
+struct SideRun {
+    outcomes: Vec<String>,
+    /// The iptables state (reference) or redirector's log.
+    log: String,
+}
+
+impl SideRun {
+    fn run(
+        case: &Case,
+        side: Side,
+        outbound: &[Scenario],
+        inbound: &[InboundScenario],
+        passthrough_v6: PassthroughV6,
+    ) -> Self {
+        let pod = PodUnderTest::new(case, side, passthrough_v6);
+        let book = AddrBook::of(&pod.topo);
+        let mut outcomes = Vec::new();
+        for scenario in outbound {
+            let dst = book.resolve(scenario.dst);
+            let bind = book.bind(&scenario.who, scenario.dst);
+            let (uid, gid) = (scenario.who.uid, scenario.who.gid);
+            let topo = &pod.topo;
+            let outcome = connect_from(topo, Some(&topo.pod_cgroup), uid, gid, dst, bind);
+            outcomes.push(book.render(&outcome.landing()));
+        }
+        for scenario in inbound {
+            // A client outside the pod: the service netns, no cgroup of the pod.
+            let dst = book.resolve(scenario.dst);
+            let outcome = connect_from(&pod.topo.service, None, APP_UID, APP_UID, dst, None);
+            outcomes.push(book.render(&outcome.landing()));
+        }
+        let log = match side {
+            Side::Iptables => format!(
+                "{}{}",
+                saved_rules(&pod.topo.pod, false, "nat"),
+                saved_rules(&pod.topo.pod, true, "nat")
+            ),
+            Side::Redirector => pod.install_log.clone(),
+        };
+        SideRun { outcomes, log }
+    }
+}
+
+/// A pod set up for one side of a case. Fields drop in declaration order: the processes
+/// first, then the pins (which detaches redirector's programs), then the namespaces and
+/// the cgroup.
+struct PodUnderTest {
+    _servers: Vec<ChildGuard>,
+    _pins: Option<PinRoot>,
+    topo: Topology,
+    install_log: String,
+}
+
+impl PodUnderTest {
+    fn new(case: &Case, side: Side, passthrough_v6: PassthroughV6) -> Self {
+        let hint = match side {
+            Side::Iptables => "cfipt",
+            Side::Redirector => "cfrdr",
+        };
+        let topo = Topology::new(hint);
+        topo.add_service_addr(OUTSIDE_V4.into());
+        topo.add_service_addr(OUTSIDE_V6.into());
+        let mut servers = vec![start_service(&topo)];
+        if side == Side::Iptables || passthrough_v6 == PassthroughV6::Given {
+            topo.pod
+                .run(&["ip", "-6", "addr", "add", "::6/128", "dev", "lo"]);
+        }
+        let (pins, install_log) = match side {
+            Side::Iptables => {
+                apply_golden(&topo.pod, &case.rules.v4, Some(&case.rules.v6));
+                (None, String::new())
+            }
+            Side::Redirector => {
+                // Set up first, as an init container runs before the sidecar and the app.
+                let pins = PinRoot::new(hint);
+                let out = install_with_env(&topo.pod, &topo.pod_cgroup, &pins, case);
+                (
+                    Some(pins),
+                    String::from_utf8_lossy(&out.stderr).into_owned(),
+                )
+            }
+        };
+        servers.extend(start_pod_servers(&topo));
+        PodUnderTest {
+            _servers: servers,
+            _pins: pins,
+            topo,
+            install_log,
+        }
+    }
+}
+
+fn wildcard(v6: bool, port: u16) -> SocketAddr {
+    if v6 {
+        SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port)
+    } else {
+        SocketAddr::new([0, 0, 0, 0].into(), port)
+    }
+}
+
+/// The peer: answers on [`SERVICE_PORTS`] on all its addresses (the extra ones included).
+fn start_service(topo: &Topology) -> ChildGuard {
+    let mut service = ProbeServer::serve(&topo.service, SERVICE);
+    for port in SERVICE_PORTS {
+        service = service
+            .listen(wildcard(false, port))
+            .listen(wildcard(true, port));
+    }
+    service.start()
+}
+
+/// The sidecar's two listeners and the app, in the pod's netns and cgroup.
+fn start_pod_servers(topo: &Topology) -> [ChildGuard; 3] {
+    let outbound = ProbeServer::proxy(&topo.pod, OUTBOUND_PROXY)
+        .listen("127.0.0.1:15001".parse().unwrap())
+        .listen("[::1]:15001".parse().unwrap())
+        .cgroup(&topo.pod_cgroup)
+        .user(PROXY_UID, PROXY_UID)
+        .start();
+    // All addresses, as envoy's virtualInbound listener: iptables' PREROUTING REDIRECT sends
+    // inbound connections to the pod's address; OUTPUT REDIRECT to 127.0.0.1 / ::1.
+    let inbound = ProbeServer::proxy(&topo.pod, INBOUND_PROXY)
+        .listen(wildcard(false, 15006))
+        .listen(wildcard(true, 15006))
+        .cgroup(&topo.pod_cgroup)
+        .user(PROXY_UID, PROXY_UID)
+        .start();
+    let mut app = ProbeServer::serve(&topo.pod, APP);
+    for port in APP_PORTS {
+        app = app
+            .listen(wildcard(false, port))
+            .listen(wildcard(true, port));
+    }
+    let app = app.cgroup(&topo.pod_cgroup).user(APP_UID, APP_UID).start();
+    [outbound, inbound, app]
+}
+
+/// Env vars that configure istio-iptables (and so redirector): cleared from the child's
+/// environment so that only the case's own reach it.
+fn is_istio_setting(name: &OsStr) -> bool {
+    let name = name.to_string_lossy();
+    name.starts_with("ISTIO_")
+        || [
+            "ENVOY_USER",
+            "INBOUND_CAPTURE_PORT",
+            "INBOUND_TUNNEL_PORT",
+            "PROXY_UID",
+            "PROXY_GID",
+            "KUBE_VIRT_INTERFACES",
+            "INVALID_DROP",
+            "DROP_INVALID",
+            "REDIRECT_DNS",
+            "CAPTURE_ALL_DNS",
+            "DRY_RUN",
+            "DUAL_STACK",
+            "REDIRECTOR_PIN_ROOT",
+        ]
+        .contains(&name.as_ref())
+}
+
+/// `redirector istio-iptables` for the pod with the case's flags and env vars (the kit's
+/// `redirector::install` sets no env); panics with the log unless it exits 0.
+pub fn install_with_env(netns: &NetNs, cgroup: &Cgroup, root: &PinRoot, case: &Case) -> Output {
+    let mut cmd = Command::new(redirector_bin());
+    cmd.arg("istio-iptables")
+        .arg("--network-namespace")
+        .arg(netns.path())
+        .arg("--cgroup")
+        .arg(cgroup.path())
+        .arg("--pin-root")
+        .arg(root.path())
+        .args(&case.flags);
+    for (name, _) in std::env::vars_os() {
+        if is_istio_setting(&name) {
+            cmd.env_remove(name);
+        }
+    }
+    cmd.envs(case.env.iter().map(|(k, v)| (k, v)));
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{}: redirector istio-iptables {:?} (env {:?}) failed ({}):\n{}",
+        case.name,
+        case.flags,
+        case.env,
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}

@@ -1,0 +1,189 @@
+//! The network of a podman pod, set up by the test instead of a CNI plugin.
+//!
+//! The pod is created with `--network none`: podman gives its infra container a fresh netns
+//! with only `lo`, and the test then does what a CNI ADD would — a veth pair between that
+//! netns and a service [`NetNs`] of the kit, addresses, default routes — before any container
+//! of the pod runs. Nothing is added to the host's namespace (no veth end, no address, no
+//! route, no NAT rule, no `ip_forward`), so the pod can reach only the service namespace,
+//! which does not forward.
+
+use std::fs::File;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::netns::run_checked;
+use crate::{next_id, NetNs};
+
+/// Interface name on both ends, as in a real pod.
+pub const IFACE: &str = "eth0";
+
+/// ```text
+///  pod netns (podman's, held by the infra container)      service netns (the kit's)
+///  eth0 10.202.N.1/24 fd00:202:N::1/64   ──veth──   eth0 10.202.N.2/24 fd00:202:N::2/64
+///  default via 10.202.N.2 / fd00:202:N::2
+/// ```
+/// The veth pair lives only in the two namespaces and disappears with them.
+#[derive(Debug)]
+pub struct PodNetwork {
+    pod_netns: PathBuf,
+    subnet: u8,
+}
+
+impl PodNetwork {
+    /// Links the netns of process `pod_pid` (the pod's infra container) to `service`.
+    pub fn link(pod_pid: u32, service: &NetNs) -> Self {
+        let net = PodNetwork {
+            pod_netns: PathBuf::from(format!("/proc/{pod_pid}/ns/net")),
+            subnet: ((std::process::id() + next_id()) % 250 + 1) as u8,
+        };
+        // Made inside the service netns, the peer moved straight into the pod's: the host
+        // namespace never sees either end.
+        service.run(&[
+            "ip",
+            "link",
+            "add",
+            IFACE,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            IFACE,
+            "netns",
+            &pod_pid.to_string(),
+        ]);
+        let ends = [
+            (net.pod_ip4(), net.pod_ip6()),
+            (net.service_ip4(), net.service_ip6()),
+        ];
+        for (in_pod, (v4, v6)) in [(true, ends[0]), (false, ends[1])] {
+            let run = |args: &[&str]| {
+                if in_pod {
+                    net.run_in_pod(args);
+                } else {
+                    service.run(args);
+                }
+            };
+            run(&["ip", "addr", "add", &format!("{v4}/24"), "dev", IFACE]);
+            // nodad: usable at once instead of "tentative" for a second or two.
+            run(&[
+                "ip",
+                "-6",
+                "addr",
+                "add",
+                &format!("{v6}/64"),
+                "dev",
+                IFACE,
+                "nodad",
+            ]);
+            run(&["ip", "link", "set", IFACE, "up"]);
+        }
+        net.run_in_pod(&["ip", "link", "set", "lo", "up"]);
+        net.run_in_pod(&[
+            "ip",
+            "route",
+            "add",
+            "default",
+            "via",
+            &net.service_ip4().to_string(),
+        ]);
+        net.run_in_pod(&[
+            "ip",
+            "-6",
+            "route",
+            "add",
+            "default",
+            "via",
+            &net.service_ip6().to_string(),
+        ]);
+        net
+    }
+
+    /// `/proc/<infra pid>/ns/net`.
+    pub fn pod_netns(&self) -> &Path {
+        &self.pod_netns
+    }
+
+    /// Runs `args` inside the pod's netns (`nsenter --net=`); panics on failure.
+    pub fn run_in_pod(&self, args: &[&str]) -> String {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net={}", self.pod_netns.display()))
+            .args(args);
+        let out = run_checked(&mut cmd, None, &args.join(" "));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn pod_ip4(&self) -> Ipv4Addr {
+        Ipv4Addr::new(10, 202, self.subnet, 1)
+    }
+
+    pub fn service_ip4(&self) -> Ipv4Addr {
+        Ipv4Addr::new(10, 202, self.subnet, 2)
+    }
+
+    pub fn pod_ip6(&self) -> Ipv6Addr {
+        Ipv6Addr::new(0xfd00, 0x202, self.subnet.into(), 0, 0, 0, 0, 1)
+    }
+
+    pub fn service_ip6(&self) -> Ipv6Addr {
+        Ipv6Addr::new(0xfd00, 0x202, self.subnet.into(), 0, 0, 0, 0, 2)
+    }
+
+    pub fn service_addr(&self, v6: bool, port: u16) -> SocketAddr {
+        let ip: IpAddr = if v6 {
+            self.service_ip6().into()
+        } else {
+            self.service_ip4().into()
+        };
+        SocketAddr::new(ip, port)
+    }
+
+    pub fn pod_addr(&self, v6: bool, port: u16) -> SocketAddr {
+        let ip: IpAddr = if v6 {
+            self.pod_ip6().into()
+        } else {
+            self.pod_ip4().into()
+        };
+        SocketAddr::new(ip, port)
+    }
+}
+
+/// The cookie (`SO_NETNS_COOKIE`) of the netns at `path`, the key redirector files a pod's
+/// state under, read from a socket made on a thread that entered it.
+pub fn netns_cookie(path: &Path) -> u64 {
+    let path = path.to_path_buf();
+    std::thread::spawn(move || {
+        let ns = File::open(&path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+        // SAFETY: a valid namespace fd; only this short-lived thread changes namespace.
+        if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            panic!(
+                "setns({}): {}",
+                path.display(),
+                std::io::Error::last_os_error()
+            );
+        }
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp socket in the pod");
+        let mut cookie: u64 = 0;
+        let mut len = size_of::<u64>() as libc::socklen_t;
+        // SAFETY: the buffer and its length describe `cookie`.
+        let rc = unsafe {
+            libc::getsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_NETNS_COOKIE,
+                (&raw mut cookie).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(
+            rc,
+            0,
+            "SO_NETNS_COOKIE: {}",
+            std::io::Error::last_os_error()
+        );
+        cookie
+    })
+    .join()
+    .unwrap_or_else(|e| std::panic::resume_unwind(e))
+}
