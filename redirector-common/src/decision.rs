@@ -92,10 +92,12 @@ fn is_local<L: PodLookups>(dst: IpAddr, lookups: &L) -> bool {
     }
 }
 
+/// The loopback CIDR of the pod (`ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR`, 127.0.0.1/32 by
+/// default) for IPv4, ::1 for IPv6.
 #[inline(always)]
-fn is_loopback_host(dst: IpAddr) -> bool {
+fn in_loopback_cidr(cfg: &PodConfig, dst: IpAddr) -> bool {
     match dst {
-        IpAddr::V4(v4) => v4 == Ipv4Addr::LOCALHOST,
+        IpAddr::V4(v4) => u32::from_ne_bytes(v4.octets()) & cfg.loopback_v4_mask == cfg.loopback_v4_addr,
         IpAddr::V6(v6) => v6 == Ipv6Addr::LOCALHOST,
     }
 }
@@ -121,7 +123,10 @@ pub fn decide_outbound<L: PodLookups>(cfg: &PodConfig, conn: &OutboundAttempt, l
     let tcp = conn.protocol == Protocol::Tcp;
     let local = is_local(conn.dst, lookups);
     let dns_port = cfg.flags & pod_flags::DNS_CAPTURE != 0 && conn.dst_port == DNS_PORT;
-    let own_pod = tcp && local && !is_loopback_host(conn.dst) && conn.dst_port != cfg.tunnel_port;
+    let loopback = in_loopback_cidr(cfg, conn.dst);
+    let own_pod = tcp && local && !loopback && conn.dst_port != cfg.tunnel_port;
+    // istio drops the lo RETURN rules when an -i CIDR is a loopback address.
+    let lo_returns = cfg.flags & pod_flags::INCLUDE_HAS_LOOPBACK == 0;
     for (list, count, caller, own_pod_inbound) in [
         (&cfg.proxy_uids, cfg.proxy_uid_count, conn.uid, own_pod && !dns_port),
         (&cfg.proxy_gids, cfg.proxy_gid_count, conn.gid, own_pod),
@@ -132,7 +137,7 @@ pub fn decide_outbound<L: PodLookups>(cfg: &PodConfig, conn: &OutboundAttempt, l
             if own_pod_inbound && id == caller {
                 return Verdict::CaptureInbound;
             }
-            if tcp && local && id != caller && !dns_port {
+            if tcp && local && id != caller && !dns_port && lo_returns {
                 return Verdict::Pass(Reason::PassedLocalNotProxy);
             }
             if id == caller {
@@ -160,12 +165,6 @@ pub fn decide_outbound<L: PodLookups>(cfg: &PodConfig, conn: &OutboundAttempt, l
         return Verdict::Pass(Reason::PassedNotTcp);
     }
     // 6. The loopback CIDR (IPv4, from the env) and ::1.
-    let loopback = match conn.dst {
-        IpAddr::V4(v4) => {
-            u32::from_ne_bytes(v4.octets()) & cfg.loopback_v4_mask == cfg.loopback_v4_addr
-        }
-        IpAddr::V6(v6) => v6 == Ipv6Addr::LOCALHOST,
-    };
     if loopback {
         return Verdict::Pass(Reason::PassedLoopback);
     }

@@ -148,6 +148,9 @@ pub mod pod_flags {
     pub const FAIL_OPEN: u32 = 1 << 3;
     /// `--capture-all-dns`: port 53 to any address, not only the resolv.conf servers.
     pub const CAPTURE_ALL_DNS: u32 = 1 << 4;
+    /// An `-i` CIDR holds a loopback address: istio then leaves out its rules that let lo
+    /// traffic of non-proxy owners through.
+    pub const INCLUDE_HAS_LOOPBACK: u32 = 1 << 5;
 }
 
 pub mod inbound_capture {

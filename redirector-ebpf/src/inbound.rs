@@ -11,7 +11,7 @@ use aya_ebpf::{
     EbpfContext,
 };
 use redirector_common::{
-    decide_inbound, pod_flags, ConnKey, InboundAttempt, ListenerKey, OrigDst, PodAddrKey, PodLookups, Reason,
+    decide_inbound, decision::INBOUND_PASSTHROUGH_V6, pod_flags, CidrList, ConnKey, InboundAttempt, ListenerKey, OrigDst, PodAddrKey, PodLookups, Reason,
     Verdict, AF_INET, AF_INET6,
 };
 
@@ -23,6 +23,8 @@ use crate::{
 };
 
 const IPPROTO_TCP: u32 = 6;
+/// `lo` has this index in every network namespace.
+const LOOPBACK_IFINDEX: u32 = 1;
 
 /// sock_ops TCP_LISTEN: a socket of a managed pod starts listening on a capture port.
 pub fn register_listener(ctx: &SockOpsContext) {
@@ -60,8 +62,14 @@ pub fn sk_lookup(ctx: &SkLookupContext) -> u32 {
         return SK_PASS;
     };
     let lookups = PodMaps { netns_cookie };
-    // A connection from the pod itself was decided on its way out (nat OUTPUT).
-    if remote.is_loopback() || lookups.cidr_in(redirector_common::CidrList::Local, remote) {
+    // A connection made inside the pod was decided on its way out (nat OUTPUT); istio's
+    // PREROUTING rules never see it. It comes from one of the pod's own addresses (to the
+    // pod's own address, the kernel reports the address's interface, not lo).
+    let from_pod = match remote {
+        IpAddr::V4(v4) => v4.is_loopback(),
+        IpAddr::V6(v6) => v6.is_loopback() || v6 == INBOUND_PASSTHROUGH_V6,
+    };
+    if from_pod || lk.ingress_ifindex == LOOPBACK_IFINDEX || lookups.cidr_in(CidrList::Local, remote) {
         return SK_PASS;
     }
     let local_port = lk.local_port as u16;

@@ -106,6 +106,9 @@ fn apply_rules(cfg: &IstioConfig, root: &PinRoot, cookie: u64) -> anyhow::Result
         return Ok(());
     }
     require_bpffs(root.path())?;
+    if plan.config.flags & redirector_common::pod_flags::IPV6 != 0 {
+        pod::add_inbound_passthrough_v6().context("adding ::6/128 to lo")?;
+    }
     let report = apply(root, OBJECT, &plan)?;
     info!("Applied:");
     for line in plan.to_string().lines() {

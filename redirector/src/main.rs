@@ -7,6 +7,7 @@ mod explain;
 mod istio_iptables;
 mod listeners;
 mod live_pod;
+mod netlink;
 mod node_maps;
 mod object;
 mod pins;

@@ -112,6 +112,11 @@ pub fn plan_pod(cfg: &CaptureConfig, facts: &PodFacts) -> PodPlan {
     if cfg.capture_all_dns {
         flags |= pod_flags::CAPTURE_ALL_DNS;
     }
+    if let CidrSelection::List(nets) = &cfg.outbound_cidrs {
+        if nets.iter().any(|net| net.addr().is_loopback()) {
+            flags |= pod_flags::INCLUDE_HAS_LOOPBACK;
+        }
+    }
     let loopback = cfg.loopback_v4_cidr.trunc();
     let config = PodConfig {
         outbound_port: cfg.outbound_port,

@@ -83,8 +83,8 @@ pub fn netns_cookie() -> Result<u64, PodError> {
 }
 
 /// The addresses of the current network namespace that are local but not loopback.
-/// Link-local IPv6 addresses are left out: every veth has one, and they never carry
-/// service traffic.
+/// Link-local IPv6 addresses are left out (every veth has one, and they never carry
+/// service traffic), and so is ::6.
 pub fn local_addresses() -> Result<Vec<IpAddr>, PodError> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs fills `head` with a list we free below.
@@ -115,7 +115,9 @@ pub fn local_addresses() -> Result<Vec<IpAddr>, PodError> {
             }
         };
         let link_local = matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80);
-        if !ip.is_loopback() && !link_local && !addrs.contains(&ip) {
+        // ::6 is the inbound passthrough source we add to lo ourselves.
+        let passthrough = ip == IpAddr::V6(std::net::Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6));
+        if !ip.is_loopback() && !link_local && !passthrough && !addrs.contains(&ip) {
             addrs.push(ip);
         }
     }
@@ -143,6 +145,38 @@ pub fn interfaces() -> Result<Vec<(String, u32)>, PodError> {
         libc::if_freenameindex(head);
     }
     Ok(out)
+}
+
+/// Add ::6/128 to `lo`, as istio-iptables does when IPv6 is on: the proxy binds it as the
+/// source of inbound passthrough connections over IPv6 (127.0.0.6 is already in 127/8).
+pub fn add_inbound_passthrough_v6() -> io::Result<()> {
+    const NETLINK_ROUTE: i32 = 0;
+    const RTM_NEWADDR: u16 = 20;
+    const IFA_ADDRESS: u16 = 1;
+    const IFA_LOCAL: u16 = 2;
+    const IFA_F_NODAD: u8 = 0x02;
+    const RT_SCOPE_HOST: u8 = 254;
+    // SAFETY: a NUL-terminated name.
+    let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
+    if lo == 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let addr = std::net::Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6).octets();
+    // struct ifaddrmsg, then two rtattrs holding the address.
+    let mut body = vec![libc::AF_INET6 as u8, 128, IFA_F_NODAD, RT_SCOPE_HOST];
+    body.extend_from_slice(&lo.to_ne_bytes());
+    for kind in [IFA_LOCAL, IFA_ADDRESS] {
+        body.extend_from_slice(&20u16.to_ne_bytes());
+        body.extend_from_slice(&kind.to_ne_bytes());
+        body.extend_from_slice(&addr);
+    }
+    use crate::netlink::{NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST};
+    let request =
+        crate::netlink::message(RTM_NEWADDR, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, &body);
+    match crate::netlink::exchange(NETLINK_ROUTE, &request, |_, _| {}) {
+        Err(err) if err.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+        other => other,
+    }
 }
 
 /// The `nameserver` addresses of a resolv.conf; a missing file means none.

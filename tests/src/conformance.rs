@@ -14,7 +14,7 @@ use std::net::{Ipv6Addr, SocketAddr};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use crate::conformance_cases::{inbound_scenarios_enabled, Case};
+use crate::conformance_cases::Case;
 use crate::iptables::{apply_golden, saved_rules};
 use crate::redirector::{redirector_bin, PinRoot};
 use crate::scenario::{
@@ -154,13 +154,9 @@ pub enum PassthroughV6 {
 }
 
 /// Runs all of `case`'s scenarios on both sides (one fresh topology each, one after the
-/// other) and pairs the outcomes. The inbound rows run only when enabled.
+/// other) and pairs the outcomes.
 pub fn run_case(case: &Case) -> CaseReport {
-    let inbound = if inbound_scenarios_enabled() {
-        case.inbound_scenarios()
-    } else {
-        Vec::new()
-    };
+    let inbound = case.inbound_scenarios();
     run_scenarios(
         case,
         &case.outbound_scenarios(),

@@ -16,18 +16,6 @@ use crate::scenario::{
     Dst, Family, Host, InboundScenario, Scenario, Who, APP_PORT, APP_PORTS, TUNNEL_PORT,
 };
 
-/// Flip to `true` once redirector's inbound capture (`-b`, `-d`, `-c`, `-k`) is complete:
-/// every case then also runs its inbound rows (a client in the peer netns connecting to the
-/// pod's address). Env `REDIRECTOR_CONFORMANCE_INBOUND=1` runs them without the flip, to
-/// see where inbound stands.
-pub const INBOUND_SCENARIOS_ENABLED: bool = false;
-
-/// Whether the inbound rows run (see [`INBOUND_SCENARIOS_ENABLED`]).
-pub fn inbound_scenarios_enabled() -> bool {
-    INBOUND_SCENARIOS_ENABLED
-        || std::env::var("REDIRECTOR_CONFORMANCE_INBOUND").is_ok_and(|v| v == "1")
-}
-
 /// CASES.md cases that are not run, and why.
 pub const SKIPPED_GOLDEN_CASES: [(&str, &str); 9] = [
     ("inbound-ports-tproxy", "TPROXY interception"),
@@ -185,7 +173,7 @@ impl Case {
 
     /// The inbound rows: a peer connecting to each port the app serves in the pod (which
     /// covers the ports the cases put in `-b` and `-d`, an unlisted port and the tunnel
-    /// port), over both families. Run only when [`inbound_scenarios_enabled`].
+    /// port), over both families.
     pub fn inbound_scenarios(&self) -> Vec<InboundScenario> {
         Family::BOTH
             .into_iter()

@@ -32,7 +32,7 @@ use redirector_tests::{
 /// redirector has no inbound capture yet (sk_lookup is being added). Until it has, the
 /// inbound half of this test must not run; set this to `true` when it lands (see
 /// docs/real-pod.md, "Inbound").
-const INBOUND_IMPLEMENTED: bool = false;
+const INBOUND_IMPLEMENTED: bool = true;
 
 const SERVICE_PORT: u16 = 80;
 /// The app's own port, captured inbound.
