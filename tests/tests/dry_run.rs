@@ -1,0 +1,70 @@
+//! `--dry-run` prints the plan and changes nothing: kernel state is compared before and
+//! after, through bpftool and bpffs.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use redirector_tests::bpftool::{cgroup_attachments, loaded_ids};
+use redirector_tests::redirector::{istio_iptables, pins_under, PinRoot, STANDARD_INJECTION};
+use redirector_tests::{require_root, Topology};
+
+/// Everything of the kernel's that a run could change.
+#[derive(Debug, PartialEq, Eq)]
+struct KernelState {
+    progs: BTreeSet<u64>,
+    maps: BTreeSet<u64>,
+    links: BTreeSet<u64>,
+    attached: usize,
+    pins: Vec<std::path::PathBuf>,
+    pin_root_exists: bool,
+    lo_addrs: String,
+}
+
+fn snapshot(topo: &Topology, root: &Path) -> KernelState {
+    KernelState {
+        progs: loaded_ids("prog").into_iter().collect(),
+        maps: loaded_ids("map").into_iter().collect(),
+        links: loaded_ids("link").into_iter().collect(),
+        attached: cgroup_attachments(topo.pod_cgroup.path()).len(),
+        pins: pins_under(root),
+        pin_root_exists: root.exists(),
+        lo_addrs: topo.pod.run(&["ip", "-6", "addr", "show", "dev", "lo"]),
+    }
+}
+
+#[test]
+fn dry_run_prints_the_plan_and_changes_nothing() {
+    if !require_root() {
+        return;
+    }
+    let topo = Topology::new("dryrun");
+    let root = PinRoot::new("dryrun");
+    let before = snapshot(&topo, root.path());
+    let mut args: Vec<&str> = STANDARD_INJECTION.to_vec();
+    args.extend(["--dry-run", "--redirect-dns", "--log_as_json"]);
+    let out = istio_iptables(&topo.pod, &topo.pod_cgroup, &root, &args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(snapshot(&topo, root.path()), before, "a dry run changed kernel state");
+
+    let plan = String::from_utf8_lossy(&out.stdout);
+    for expected in [
+        "attach capture_connect4 (connect4) to cgroup",
+        "attach steer_sk_lookup (sk_lookup) to the pod's network namespace",
+        "attach capture_sendmsg4 (sendmsg4)",
+        "POD_CONFIG[",
+        "PORT_SETS[",
+        "inbound-exclude (-d) 15090",
+        "CIDRS_V4[",
+        "pod-local",
+        "POD_BY_ADDR[",
+    ] {
+        assert!(plan.contains(expected), "plan lacks {expected:?}:\n{plan}");
+    }
+    // --log_as_json: every log line is a JSON object.
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.lines().count() > 10, "{log}");
+    for line in log.lines() {
+        assert!(line.starts_with('{') && line.ends_with('}'), "not a JSON line: {line}");
+    }
+    assert!(log.contains("dry run: nothing applied"), "{log}");
+}
