@@ -113,7 +113,8 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
         let protocol = if args.udp { Protocol::Udp } else { Protocol::Tcp };
         let attempt = OutboundAttempt { protocol, dst: dst.ip(), dst_port: dst.port(), src, uid: args.uid, gid };
         let verdict = decide_outbound(&cfg, &attempt, &live);
-        println!("outbound {protocol:?} to {dst} from uid {} gid {gid}", args.uid);
+        let name = if args.udp { "UDP" } else { "TCP" };
+        println!("outbound {name} to {dst} from uid {} gid {gid}", args.uid);
         report(verdict, &live, dst, &cfg);
     }
     Ok(())

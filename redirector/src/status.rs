@@ -86,9 +86,10 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
                     let counters = live.counters();
                     let shown: Vec<String> = Reason::ALL
                         .iter()
+                        .filter(|r| counters[**r as usize] != 0)
                         .map(|r| format!("{}={}", r.name(), counters[*r as usize]))
                         .collect();
-                    println!("    counters: {}", shown.join(" "));
+                    println!("    counters (non-zero): {}", shown.join(" "));
                 }
                 Err(err) => println!("    config: missing ({err})"),
             }

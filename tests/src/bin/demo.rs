@@ -53,6 +53,15 @@ fn redirector(netns: &std::path::Path, cgroup: &std::path::Path, args: &[&str]) 
     out.status.success()
 }
 
+/// Run a read-only redirector command and print what it says.
+fn show(args: &[&str]) {
+    say(&format!("$ redirector {}", args.join(" ")));
+    let out = Command::new(redirector_bin()).args(args).output().expect("running redirector");
+    for line in String::from_utf8_lossy(&out.stdout).lines().chain(String::from_utf8_lossy(&out.stderr).lines()) {
+        say(&format!("  {line}"));
+    }
+}
+
 fn main() -> ExitCode {
     if !redirector_tests::require_root() {
         return ExitCode::FAILURE;
@@ -93,6 +102,11 @@ fn main() -> ExitCode {
     let own = topo.connect(PROXY_UID, PROXY_UID, v4);
     ok &= matches!(own, ConnOutcome::Served { .. });
     say(&format!("proxy (uid {PROXY_UID}) -> {v4}: {}", describe(&own)));
+    let netns = topo.pod.path();
+    let netns = netns.to_string_lossy();
+    show(&["explain", "--netns", &netns, "--uid", "1000", "--dst", &v4.to_string()]);
+    show(&["explain", "--netns", &netns, "--uid", "1337", "--dst", &v4.to_string()]);
+    show(&["status", "--netns", &netns]);
     ok &= redirector(&topo.pod.path(), topo.pod_cgroup.path(), &["--cleanup-only"]);
     say(&format!("after cleanup: app (uid {APP_UID}) -> {v4}: {}", describe(&topo.connect(APP_UID, APP_UID, v4))));
     say(if ok { "OK: the app's connections were redirected with their original destination" } else { "FAILED" });
