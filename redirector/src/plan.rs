@@ -250,11 +250,16 @@ impl fmt::Display for PodPlan {
         }
         writeln!(
             f,
-            "POD_CONFIG[{}] = outbound_port={} inbound_port={} tunnel_port={} flags={:#x} loopback_v4={}/{} proxy_uids={:?} proxy_gids={:?} owner_groups(mode {})={:?}",
+            "POD_CONFIG[{}] = outbound_port={} inbound_port={} tunnel_port={} inbound_capture={} flags={:#x} loopback_v4={}/{} proxy_uids={:?} proxy_gids={:?} owner_groups(mode {})={:?} exclude_ifindexes={:?} virt_ifindexes={:?}",
             self.netns_cookie,
             c.outbound_port,
             c.inbound_port,
             c.tunnel_port,
+            match c.inbound_capture {
+                inbound_capture::ALL => "all",
+                inbound_capture::LIST => "list",
+                _ => "none",
+            },
             c.flags,
             std::net::Ipv4Addr::from(c.loopback_v4_addr.to_ne_bytes()),
             c.loopback_v4_mask.count_ones(),
@@ -262,6 +267,8 @@ impl fmt::Display for PodPlan {
             &c.proxy_gids[..c.proxy_gid_count as usize],
             c.owner_group_mode,
             &c.owner_groups[..c.owner_group_count as usize],
+            &c.exclude_ifaces[..c.exclude_iface_count as usize],
+            &c.virt_ifaces[..c.virt_iface_count as usize],
         )?;
         for k in &self.ports {
             writeln!(f, "PORT_SETS[{} {} {}]", k.netns_cookie, set_name(k.set), k.port)?;
