@@ -20,7 +20,7 @@ pub enum PodError {
     NoCgroup2,
     #[error("reading /proc/self/cgroup: {0}")]
     OwnCgroup(io::Error),
-    #[error("this process runs in the root cgroup, which has no parent to attach to; pass --cgroup")]
+    #[error("this process runs in the root cgroup (or its cgroup cannot be found in the mounted hierarchy), which has no parent to attach to; pass --cgroup")]
     RootCgroup,
     #[error("--cgroup {path} is not a cgroup v2 directory")]
     NotCgroup2 { path: String },
@@ -213,20 +213,44 @@ pub fn pod_cgroup(explicit: Option<&Path>) -> Result<PathBuf, PodError> {
     let path = match explicit {
         Some(path) => path.to_path_buf(),
         None => {
-            let own = fs::read_to_string("/proc/self/cgroup").map_err(PodError::OwnCgroup)?;
-            let rel = own
-                .lines()
-                .find_map(|l| l.strip_prefix("0::"))
-                .ok_or(PodError::NoCgroup2)?
-                .trim();
-            let parent = Path::new(rel).parent().ok_or(PodError::RootCgroup)?;
-            cgroup2_mount()?.join(parent.strip_prefix("/").unwrap_or(parent))
+            let mount = cgroup2_mount()?;
+            own_cgroup(&mount)?.parent().ok_or(PodError::RootCgroup)?.to_path_buf()
         }
     };
     if !is_cgroup2_dir(&path) {
         return Err(PodError::NotCgroup2 { path: path.display().to_string() });
     }
     Ok(path)
+}
+
+/// This process's cgroup, as a directory under `mount`.
+fn own_cgroup(mount: &Path) -> Result<PathBuf, PodError> {
+    let own = fs::read_to_string("/proc/self/cgroup").map_err(PodError::OwnCgroup)?;
+    let rel = own.lines().find_map(|l| l.strip_prefix("0::")).ok_or(PodError::NoCgroup2)?.trim();
+    if rel != "/" {
+        return Ok(mount.join(rel.trim_start_matches('/')));
+    }
+    // "/" is the root of our cgroup namespace: with a private cgroup namespace (the default
+    // for containers on cgroup v2) and the host's hierarchy mounted, our cgroup is the
+    // directory that lists our pid.
+    find_cgroup_of(mount, std::process::id()).ok_or(PodError::RootCgroup)
+}
+
+/// The cgroup under `mount` whose cgroup.procs lists `pid` (breadth first; pod cgroups
+/// are shallow).
+fn find_cgroup_of(mount: &Path, pid: u32) -> Option<PathBuf> {
+    let pid = pid.to_string();
+    let mut queue = std::collections::VecDeque::from([mount.to_path_buf()]);
+    while let Some(dir) = queue.pop_front() {
+        if fs::read_to_string(dir.join("cgroup.procs")).is_ok_and(|p| p.lines().any(|l| l == pid)) {
+            return Some(dir);
+        }
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        queue.extend(entries.filter_map(Result::ok).filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| e.path()));
+    }
+    None
 }
 
 /// The filesystem magic number of the filesystem holding `path`.
