@@ -377,3 +377,38 @@ pub fn teardown(root: &PinRoot, cookie: u64) -> Result<Vec<String>, ApplyError> 
     let _ = fs::remove_dir(root.path());
     Ok(removed_from)
 }
+
+/// Remove every pod whose links are all detached — its cgroup and network namespace are
+/// gone, e.g. the pod was deleted without `--cleanup-only` — with its map entries, and any
+/// object left without pods. Returns the removed pods' netns cookies.
+pub fn collect_stale(root: &PinRoot) -> Result<Vec<u64>, ApplyError> {
+    if !root.path().exists() {
+        return Ok(Vec::new());
+    }
+    let mut removed = Vec::new();
+    {
+        let _lock = NodeLock::acquire(root)?;
+        for obj in installed_objects(root)? {
+            let pods = fs::read_dir(obj.pods_dir()).map_err(fs_err("listing", &obj.pods_dir()))?;
+            for pod in pods.filter_map(Result::ok) {
+                let Ok(cookie) = pod.file_name().to_string_lossy().parse::<u64>() else {
+                    continue;
+                };
+                let links = fs::read_dir(pod.path()).map_err(fs_err("listing", &pod.path()))?;
+                let attached = links.filter_map(Result::ok).any(|link| {
+                    bpf_sys::obj_get(&link.path())
+                        .and_then(|fd| bpf_sys::link_attached(fd.as_fd()))
+                        .unwrap_or(true)
+                });
+                if !attached {
+                    remove_pod_from(&obj, cookie)?;
+                    removed.push(cookie);
+                }
+            }
+            collect_if_unused(&obj);
+        }
+    }
+    let _ = fs::remove_dir(root.objects_dir());
+    let _ = fs::remove_dir(root.path());
+    Ok(removed)
+}

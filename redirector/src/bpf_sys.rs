@@ -13,7 +13,10 @@ use std::{
 
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_LINK_TYPE_CGROUP: u32 = 3;
+const BPF_LINK_TYPE_NETNS: u32 = 5;
 
 /// `union bpf_attr`, zero-filled beyond what a command uses (the kernel requires it).
 #[repr(C, align(8))]
@@ -73,4 +76,24 @@ pub fn link_create(
     let fd = bpf(BPF_LINK_CREATE, &mut attr)?;
     // SAFETY: the kernel returned a new file descriptor that we now own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Whether a link is still attached: a cgroup link whose cgroup was removed, or a netns
+/// link whose namespace is gone, stays pinned but reports a zero cgroup id / netns inode.
+pub fn link_attached(link: BorrowedFd<'_>) -> io::Result<bool> {
+    // struct bpf_link_info: type, id, prog_id, padding, then the per-type union.
+    let mut info = [0u64; 8];
+    let mut attr = BpfAttr([0; 32]);
+    let ptr = info.as_mut_ptr() as u64;
+    attr.0[0] = link.as_raw_fd() as u32;
+    attr.0[1] = size_of_val(&info) as u32;
+    attr.0[2] = ptr as u32;
+    attr.0[3] = (ptr >> 32) as u32;
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    let link_type = info[0] as u32;
+    Ok(match link_type {
+        BPF_LINK_TYPE_CGROUP => info[2] != 0,
+        BPF_LINK_TYPE_NETNS => info[2] as u32 != 0,
+        _ => true,
+    })
 }

@@ -34,6 +34,20 @@ enum Command {
     Status(status::StatusArgs),
     /// Show which rule decides a connection of a pod and where it lands.
     Explain(explain::ExplainArgs),
+    /// Remove what is left of pods that are gone (their cgroup and netns no longer exist).
+    Gc(GcArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct GcArgs {
+    #[arg(long, value_name = "PATH", env = "REDIRECTOR_PIN_ROOT", default_value = pins::DEFAULT_ROOT)]
+    pin_root: std::path::PathBuf,
+}
+
+fn gc(args: &GcArgs) -> anyhow::Result<()> {
+    let removed = apply::collect_stale(&pins::PinRoot::new(&args.pin_root))?;
+    println!("removed {} stale pod(s){}", removed.len(), if removed.is_empty() { String::new() } else { format!(": netns cookies {removed:?}") });
+    Ok(())
 }
 
 fn main() -> ExitCode {
@@ -80,6 +94,7 @@ fn run_command(argv: Vec<OsString>) -> ExitCode {
     let result = match &command {
         Command::Status(args) => status::run(args),
         Command::Explain(args) => explain::run(args),
+        Command::Gc(args) => gc(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

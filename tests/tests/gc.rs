@@ -1,0 +1,53 @@
+//! A pod removed without `--cleanup-only` leaves detached links and map entries behind;
+//! `redirector gc` removes them, and leaves live pods alone.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use redirector_tests::bpftool::{loaded_ids, pinned_id, wait_gone};
+use redirector_tests::redirector::{install, pins_under, redirector_bin, PinRoot, STANDARD_INJECTION};
+use redirector_tests::{require_root, Topology};
+
+fn gc(root: &PinRoot) -> String {
+    let out = Command::new(redirector_bin()).arg("gc").arg("--pin-root").arg(root.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn gc_removes_pods_that_are_gone_and_keeps_live_ones() {
+    if !require_root() {
+        return;
+    }
+    let root = PinRoot::new("gc");
+    let live = Topology::new("gclive");
+    install(&live.pod, &live.pod_cgroup, &root, &STANDARD_INJECTION);
+    let gone = Topology::new("gcgone");
+    install(&gone.pod, &gone.pod_cgroup, &root, &STANDARD_INJECTION);
+    let gone_cookie = gone.pod.cookie();
+    let gone_links: Vec<u64> = pins_under(root.path())
+        .iter()
+        .filter(|p| p.to_string_lossy().contains(&format!("/pods/{gone_cookie}/")))
+        .map(|p| pinned_id("link", p))
+        .collect();
+    assert_eq!(gone_links.len(), 5);
+    assert_eq!(gc(&root).trim(), "removed 0 stale pod(s)", "nothing is stale while both pods exist");
+
+    // The pod goes away (cgroup and netns removed), as when a pod is deleted. The kernel
+    // detaches its links a moment after the cgroup is released.
+    drop(gone);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut said = gc(&root);
+    while !said.contains("removed 1") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        said = gc(&root);
+    }
+    assert!(said.contains(&format!("netns cookies [{gone_cookie}]")), "{said}");
+    let left = pins_under(root.path());
+    assert!(!left.iter().any(|p| p.to_string_lossy().contains(&format!("/pods/{gone_cookie}"))), "{left:?}");
+    assert!(wait_gone("link", &gone_links, Duration::from_secs(5)).is_empty());
+    // The live pod keeps its links and its object.
+    let live_links = left.iter().filter(|p| p.to_string_lossy().contains("/pods/")).count();
+    assert_eq!(live_links, 5, "{left:?}");
+    assert!(!loaded_ids("prog").is_empty());
+}
