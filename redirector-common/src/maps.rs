@@ -227,6 +227,12 @@ pub struct Cidr4Key {
     pub addr: [u8; 4],
 }
 
+impl Cidr4Key {
+    pub const fn new(netns_cookie: u64, list: CidrList, addr: [u8; 4]) -> Self {
+        Cidr4Key { netns_cookie, list: list as u32, addr }
+    }
+}
+
 /// Data of an IPv6 LPM-trie key.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -255,6 +261,12 @@ pub struct ListenerKey {
     pub port: u16,
     pub family: u16,
     pub _pad: u32,
+}
+
+impl Cidr6Key {
+    pub const fn new(netns_cookie: u64, list: CidrList, addr: [u8; 16]) -> Self {
+        Cidr6Key { netns_cookie, list: list as u32, addr, _pad: 0 }
+    }
 }
 
 /// Where a redirected connection was going, as `SO_ORIGINAL_DST` reports it.

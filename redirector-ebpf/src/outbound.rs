@@ -43,16 +43,11 @@ impl PodLookups for PodMaps {
     fn cidr_in(&self, list: CidrList, ip: IpAddr) -> bool {
         match ip {
             IpAddr::V4(v4) => {
-                let data = Cidr4Key { netns_cookie: self.netns_cookie, list: list as u32, addr: v4.octets() };
+                let data = Cidr4Key::new(self.netns_cookie, list, v4.octets());
                 CIDRS_V4.get(Key::new(CIDR_KEY_FIXED_BITS + 32, data)).is_some()
             }
             IpAddr::V6(v6) => {
-                let data = Cidr6Key {
-                    netns_cookie: self.netns_cookie,
-                    list: list as u32,
-                    addr: v6.octets(),
-                    _pad: 0,
-                };
+                let data = Cidr6Key::new(self.netns_cookie, list, v6.octets());
                 CIDRS_V6.get(Key::new(CIDR_KEY_FIXED_BITS + 128, data)).is_some()
             }
         }

@@ -71,16 +71,11 @@ impl PodLookups for LivePod {
     fn cidr_in(&self, list: CidrList, addr: IpAddr) -> bool {
         match addr {
             IpAddr::V4(v4) => {
-                let data = Cidr4Key { netns_cookie: self.netns_cookie, list: list as u32, addr: v4.octets() };
+                let data = Cidr4Key::new(self.netns_cookie, list, v4.octets());
                 self.maps.cidrs_v4.get(&Key::new(CIDR_KEY_FIXED_BITS + 32, data), 0).is_ok()
             }
             IpAddr::V6(v6) => {
-                let data = Cidr6Key {
-                    netns_cookie: self.netns_cookie,
-                    list: list as u32,
-                    addr: v6.octets(),
-                    _pad: 0,
-                };
+                let data = Cidr6Key::new(self.netns_cookie, list, v6.octets());
                 self.maps.cidrs_v6.get(&Key::new(CIDR_KEY_FIXED_BITS + 128, data), 0).is_ok()
             }
         }

@@ -72,11 +72,11 @@ fn cidr_entry(netns_cookie: u64, list: CidrList, net: IpNet, plan: &mut PodPlan)
     match net.trunc() {
         IpNet::V4(v4) => plan.cidrs_v4.push(CidrEntry {
             prefix_len,
-            data: Cidr4Key { netns_cookie, list: list as u32, addr: v4.addr().octets() },
+            data: Cidr4Key::new(netns_cookie, list, v4.addr().octets()),
         }),
         IpNet::V6(v6) => plan.cidrs_v6.push(CidrEntry {
             prefix_len,
-            data: Cidr6Key { netns_cookie, list: list as u32, addr: v6.addr().octets(), _pad: 0 },
+            data: Cidr6Key::new(netns_cookie, list, v6.addr().octets()),
         }),
     }
 }

@@ -7,7 +7,7 @@
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::AsRawFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use crate::unique_name;
@@ -80,49 +80,13 @@ impl NetNs {
     /// calling thread, and that thread ends with `f`, so no other code ever runs in it).
     /// Sockets `f` creates belong to this namespace.
     pub fn in_thread<R: Send + 'static>(&self, f: impl FnOnce() -> R + Send + 'static) -> R {
-        let path = self.path();
-        std::thread::spawn(move || {
-            let ns =
-                File::open(&path).unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
-            // SAFETY: a valid namespace fd; CLONE_NEWNET checks that it is a net namespace.
-            if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                panic!(
-                    "setns({}): {}",
-                    path.display(),
-                    std::io::Error::last_os_error()
-                );
-            }
-            f()
-        })
-        .join()
-        .unwrap_or_else(|e| std::panic::resume_unwind(e))
+        in_netns_at(&self.path(), f)
     }
 
     /// The namespace's cookie (`SO_NETNS_COOKIE` of a socket made inside it): the key
     /// redirector uses for per-pod state.
     pub fn cookie(&self) -> u64 {
-        self.in_thread(|| {
-            let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp socket in netns");
-            let mut cookie: u64 = 0;
-            let mut len = size_of::<u64>() as libc::socklen_t;
-            // SAFETY: the buffer and its length describe `cookie`.
-            let rc = unsafe {
-                libc::getsockopt(
-                    socket.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    SO_NETNS_COOKIE,
-                    (&raw mut cookie).cast(),
-                    &mut len,
-                )
-            };
-            assert_eq!(
-                rc,
-                0,
-                "SO_NETNS_COOKIE: {}",
-                std::io::Error::last_os_error()
-            );
-            cookie
-        })
+        cookie_at(&self.path())
     }
 }
 
@@ -177,4 +141,42 @@ pub(crate) fn run_checked(cmd: &mut Command, stdin: Option<&str>, what: &str) ->
         );
     }
     output
+}
+
+/// Runs `f` on a short-lived thread that entered the netns at `path` (setns moves only the
+/// calling thread), and returns its result.
+pub fn in_netns_at<R: Send + 'static>(path: &Path, f: impl FnOnce() -> R + Send + 'static) -> R {
+    let path = path.to_path_buf();
+    std::thread::spawn(move || {
+        let ns = File::open(&path).unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
+        // SAFETY: a valid namespace fd; CLONE_NEWNET checks that it is a net namespace.
+        if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            panic!("setns({}): {}", path.display(), std::io::Error::last_os_error());
+        }
+        f()
+    })
+    .join()
+    .unwrap_or_else(|e| std::panic::resume_unwind(e))
+}
+
+/// The cookie (`SO_NETNS_COOKIE`) of the netns at `path`: the key redirector files a pod's
+/// state under.
+pub fn cookie_at(path: &Path) -> u64 {
+    in_netns_at(path, || {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp socket in netns");
+        let mut cookie: u64 = 0;
+        let mut len = size_of::<u64>() as libc::socklen_t;
+        // SAFETY: the buffer and its length describe `cookie`.
+        let rc = unsafe {
+            libc::getsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                SO_NETNS_COOKIE,
+                (&raw mut cookie).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0, "SO_NETNS_COOKIE: {}", std::io::Error::last_os_error());
+        cookie
+    })
 }

@@ -7,12 +7,11 @@
 //! route, no NAT rule, no `ip_forward`), so the pod can reach only the service namespace,
 //! which does not forward.
 
-use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::topology::PairAddresses;
 use crate::netns::run_checked;
 use crate::{next_id, NetNs};
 
@@ -115,28 +114,23 @@ impl PodNetwork {
     }
 
     pub fn pod_ip4(&self) -> Ipv4Addr {
-        Ipv4Addr::new(10, 202, self.subnet, 1)
+        PairAddresses::PODMAN.pod_ip4(self.subnet)
     }
 
     pub fn service_ip4(&self) -> Ipv4Addr {
-        Ipv4Addr::new(10, 202, self.subnet, 2)
+        PairAddresses::PODMAN.service_ip4(self.subnet)
     }
 
     pub fn pod_ip6(&self) -> Ipv6Addr {
-        Ipv6Addr::new(0xfd00, 0x202, self.subnet.into(), 0, 0, 0, 0, 1)
+        PairAddresses::PODMAN.pod_ip6(self.subnet)
     }
 
     pub fn service_ip6(&self) -> Ipv6Addr {
-        Ipv6Addr::new(0xfd00, 0x202, self.subnet.into(), 0, 0, 0, 0, 2)
+        PairAddresses::PODMAN.service_ip6(self.subnet)
     }
 
     pub fn service_addr(&self, v6: bool, port: u16) -> SocketAddr {
-        let ip: IpAddr = if v6 {
-            self.service_ip6().into()
-        } else {
-            self.service_ip4().into()
-        };
-        SocketAddr::new(ip, port)
+        PairAddresses::PODMAN.service_addr(self.subnet, v6, port)
     }
 
     pub fn pod_addr(&self, v6: bool, port: u16) -> SocketAddr {
@@ -149,41 +143,5 @@ impl PodNetwork {
     }
 }
 
-/// The cookie (`SO_NETNS_COOKIE`) of the netns at `path`, the key redirector files a pod's
-/// state under, read from a socket made on a thread that entered it.
-pub fn netns_cookie(path: &Path) -> u64 {
-    let path = path.to_path_buf();
-    std::thread::spawn(move || {
-        let ns = File::open(&path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-        // SAFETY: a valid namespace fd; only this short-lived thread changes namespace.
-        if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            panic!(
-                "setns({}): {}",
-                path.display(),
-                std::io::Error::last_os_error()
-            );
-        }
-        let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp socket in the pod");
-        let mut cookie: u64 = 0;
-        let mut len = size_of::<u64>() as libc::socklen_t;
-        // SAFETY: the buffer and its length describe `cookie`.
-        let rc = unsafe {
-            libc::getsockopt(
-                socket.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_NETNS_COOKIE,
-                (&raw mut cookie).cast(),
-                &mut len,
-            )
-        };
-        assert_eq!(
-            rc,
-            0,
-            "SO_NETNS_COOKIE: {}",
-            std::io::Error::last_os_error()
-        );
-        cookie
-    })
-    .join()
-    .unwrap_or_else(|e| std::panic::resume_unwind(e))
-}
+/// The cookie of the netns at `path` (see [`crate::netns::cookie_at`]).
+pub use crate::netns::cookie_at as netns_cookie;

@@ -98,29 +98,24 @@ impl Topology {
     }
 
     pub fn pod_ip4(&self) -> Ipv4Addr {
-        Ipv4Addr::new(10, 200, self.subnet, 1)
+        PairAddresses::TOPOLOGY.pod_ip4(self.subnet)
     }
 
     pub fn service_ip4(&self) -> Ipv4Addr {
-        Ipv4Addr::new(10, 200, self.subnet, 2)
+        PairAddresses::TOPOLOGY.service_ip4(self.subnet)
     }
 
     pub fn pod_ip6(&self) -> Ipv6Addr {
-        Ipv6Addr::new(0xfd00, 0x200, self.subnet.into(), 0, 0, 0, 0, 1)
+        PairAddresses::TOPOLOGY.pod_ip6(self.subnet)
     }
 
     pub fn service_ip6(&self) -> Ipv6Addr {
-        Ipv6Addr::new(0xfd00, 0x200, self.subnet.into(), 0, 0, 0, 0, 2)
+        PairAddresses::TOPOLOGY.service_ip6(self.subnet)
     }
 
     /// The service's address of the same family as `v6`, with `port`.
     pub fn service_addr(&self, v6: bool, port: u16) -> SocketAddr {
-        let ip: IpAddr = if v6 {
-            self.service_ip6().into()
-        } else {
-            self.service_ip4().into()
-        };
-        SocketAddr::new(ip, port)
+        PairAddresses::TOPOLOGY.service_addr(self.subnet, v6, port)
     }
 
     /// Another address of the pod (/32 or /128 on its eth0), e.g. a second pod IP.
@@ -154,4 +149,40 @@ fn add_host_addr(netns: &NetNs, iface: &str, ip: IpAddr) {
             "nodad",
         ]),
     };
+}
+
+/// How a pod and its peer "service" namespace are addressed: 10.<net>.<subnet>.1 and .2,
+/// fd00:<net>:<subnet>::1 and ::2. Each kind of test topology has its own `net`, so two
+/// kinds never collide.
+#[derive(Clone, Copy, Debug)]
+pub struct PairAddresses {
+    pub net: u8,
+}
+
+impl PairAddresses {
+    /// The kit's [`Topology`].
+    pub const TOPOLOGY: PairAddresses = PairAddresses { net: 200 };
+    /// The podman pod's network.
+    pub const PODMAN: PairAddresses = PairAddresses { net: 202 };
+
+    pub fn pod_ip4(self, subnet: u8) -> Ipv4Addr {
+        Ipv4Addr::new(10, self.net, subnet, 1)
+    }
+
+    pub fn service_ip4(self, subnet: u8) -> Ipv4Addr {
+        Ipv4Addr::new(10, self.net, subnet, 2)
+    }
+
+    pub fn pod_ip6(self, subnet: u8) -> Ipv6Addr {
+        Ipv6Addr::new(0xfd00, 0x200 + u16::from(self.net - 200), subnet.into(), 0, 0, 0, 0, 1)
+    }
+
+    pub fn service_ip6(self, subnet: u8) -> Ipv6Addr {
+        Ipv6Addr::new(0xfd00, 0x200 + u16::from(self.net - 200), subnet.into(), 0, 0, 0, 0, 2)
+    }
+
+    pub fn service_addr(self, subnet: u8, v6: bool, port: u16) -> SocketAddr {
+        let ip: IpAddr = if v6 { self.service_ip6(subnet).into() } else { self.service_ip4(subnet).into() };
+        SocketAddr::new(ip, port)
+    }
 }
