@@ -396,9 +396,7 @@ pub fn collect_stale(root: &PinRoot) -> Result<Vec<u64>, ApplyError> {
                 };
                 let links = fs::read_dir(pod.path()).map_err(fs_err("listing", &pod.path()))?;
                 let attached = links.filter_map(Result::ok).any(|link| {
-                    bpf_sys::obj_get(&link.path())
-                        .and_then(|fd| bpf_sys::link_attached(fd.as_fd()))
-                        .unwrap_or(true)
+                    bpf_sys::pinned_link_target(&link.path()).map_or(true, |t| t.attached())
                 });
                 if !attached {
                     remove_pod_from(&obj, cookie)?;
@@ -411,4 +409,62 @@ pub fn collect_stale(root: &PinRoot) -> Result<Vec<u64>, ApplyError> {
     let _ = fs::remove_dir(root.objects_dir());
     let _ = fs::remove_dir(root.path());
     Ok(removed)
+}
+
+/// What a pod already has, compared with a plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Installed {
+    Nothing,
+    /// Exactly the plan: same object, entries, and links attached to the same targets.
+    Same,
+    Different,
+}
+
+/// Compare the pod's installed state with `plan` (read from bpffs and the kernel).
+pub fn installed_state(root: &PinRoot, object: &[u8], plan: &PodPlan) -> Result<Installed, ApplyError> {
+    let cookie = plan.netns_cookie;
+    let objects = installed_objects(root)?;
+    let Some(obj) = objects.iter().find(|o| o.pod(cookie).dir().exists()) else {
+        return Ok(Installed::Nothing);
+    };
+    if obj.id() != crate::object::object_id(object) || objects.iter().filter(|o| o.pod(cookie).dir().exists()).count() > 1 {
+        return Ok(Installed::Different);
+    }
+    let maps = NodeMaps::open(obj)?;
+    let mine = |c: u64| c == cookie;
+    let sorted = |mut v: Vec<String>| {
+        v.sort();
+        v
+    };
+    let ports = sorted(maps.port_sets.keys().filter_map(Result::ok).filter(|k| mine(k.netns_cookie)).map(|k| format!("{k:?}")).collect());
+    let v4 = sorted(maps.cidrs_v4.keys().filter_map(Result::ok).filter(|k| mine(k.data().netns_cookie)).map(|k| format!("{}/{:?}", k.prefix_len(), k.data())).collect());
+    let v6 = sorted(maps.cidrs_v6.keys().filter_map(Result::ok).filter(|k| mine(k.data().netns_cookie)).map(|k| format!("{}/{:?}", k.prefix_len(), k.data())).collect());
+    let addrs = sorted(maps.pod_by_addr.iter().filter_map(Result::ok).filter(|(_, c)| mine(*c)).map(|(k, _)| format!("{k:?}")).collect());
+    let same_entries = maps.pod_config.get(&cookie, 0).ok() == Some(plan.config)
+        && ports == sorted(plan.ports.iter().map(|k| format!("{k:?}")).collect())
+        && v4 == sorted(plan.cidrs_v4.iter().map(|e| format!("{}/{:?}", e.prefix_len, e.data)).collect())
+        && v6 == sorted(plan.cidrs_v6.iter().map(|e| format!("{}/{:?}", e.prefix_len, e.data)).collect())
+        && addrs == sorted(plan.addrs.iter().map(|k| format!("{k:?}")).collect());
+    if !same_entries {
+        return Ok(Installed::Different);
+    }
+    let inode = |path: &Path| fs::metadata(path).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).ok();
+    let cgroup_id = inode(&plan.cgroup);
+    let netns_ino = inode(Path::new("/proc/thread-self/ns/net"));
+    let pod = obj.pod(cookie);
+    let links = sorted(fs::read_dir(pod.dir()).map_err(fs_err("listing", pod.dir()))?.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()).collect());
+    if links != sorted(plan.programs.iter().map(|p| p.hook.to_owned()).collect()) {
+        return Ok(Installed::Different);
+    }
+    for spec in plan.programs {
+        let target = bpf_sys::pinned_link_target(&pod.link(spec.hook)).ok();
+        let expected = match spec.target {
+            AttachTarget::Cgroup => cgroup_id.map(bpf_sys::LinkTarget::Cgroup),
+            AttachTarget::Netns => netns_ino.map(|i| bpf_sys::LinkTarget::Netns(i as u32)),
+        };
+        if target.is_none() || target != expected {
+            return Ok(Installed::Different);
+        }
+    }
+    Ok(Installed::Same)
 }

@@ -6,7 +6,7 @@
 use std::{
     ffi::CString,
     io,
-    os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
+    os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
     os::unix::ffi::OsStrExt,
     path::Path,
 };
@@ -78,9 +78,25 @@ pub fn link_create(
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
-/// Whether a link is still attached: a cgroup link whose cgroup was removed, or a netns
-/// link whose namespace is gone, stays pinned but reports a zero cgroup id / netns inode.
-pub fn link_attached(link: BorrowedFd<'_>) -> io::Result<bool> {
+/// What a pinned link is attached to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkTarget {
+    /// A cgroup, by id (the inode of its cgroup2 directory); 0 once the cgroup is gone.
+    Cgroup(u64),
+    /// A network namespace, by inode; 0 once the namespace is gone.
+    Netns(u32),
+    Other,
+}
+
+impl LinkTarget {
+    /// A link whose cgroup or namespace was removed stays pinned, but detached.
+    pub fn attached(self) -> bool {
+        !matches!(self, LinkTarget::Cgroup(0) | LinkTarget::Netns(0))
+    }
+}
+
+/// The target of a link, from the kernel (BPF_OBJ_GET_INFO_BY_FD).
+pub fn link_target(link: BorrowedFd<'_>) -> io::Result<LinkTarget> {
     // struct bpf_link_info: type, id, prog_id, padding, then the per-type union.
     let mut info = [0u64; 8];
     let mut attr = BpfAttr([0; 32]);
@@ -90,10 +106,14 @@ pub fn link_attached(link: BorrowedFd<'_>) -> io::Result<bool> {
     attr.0[2] = ptr as u32;
     attr.0[3] = (ptr >> 32) as u32;
     bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
-    let link_type = info[0] as u32;
-    Ok(match link_type {
-        BPF_LINK_TYPE_CGROUP => info[2] != 0,
-        BPF_LINK_TYPE_NETNS => info[2] as u32 != 0,
-        _ => true,
+    Ok(match info[0] as u32 {
+        BPF_LINK_TYPE_CGROUP => LinkTarget::Cgroup(info[2]),
+        BPF_LINK_TYPE_NETNS => LinkTarget::Netns(info[2] as u32),
+        _ => LinkTarget::Other,
     })
+}
+
+/// The target of the link pinned at `path`.
+pub fn pinned_link_target(path: &Path) -> io::Result<LinkTarget> {
+    link_target(obj_get(path)?.as_fd())
 }

@@ -8,7 +8,7 @@ use anyhow::{bail, Context as _};
 use tracing::{info, warn};
 
 use crate::{
-    apply::{apply, installed_objects, teardown},
+    apply::{apply, installed_objects, installed_state, teardown, Installed},
     config::{CaptureConfig, IstioConfig},
     object::OBJECT,
     pins::{PinRoot, BPFFS_MOUNT},
@@ -108,6 +108,16 @@ fn apply_rules(cfg: &IstioConfig, root: &PinRoot, cookie: u64) -> anyhow::Result
     require_bpffs(root.path())?;
     if plan.config.flags & redirector_common::pod_flags::IPV6 != 0 {
         pod::add_inbound_passthrough_v6().context("adding ::6/128 to lo")?;
+    }
+    match installed_state(root, OBJECT, &plan)? {
+        Installed::Same if !cfg.run.force_apply => {
+            info!("found this exact state already installed for the pod: nothing to apply (--force-apply applies it again)");
+            return Ok(());
+        }
+        Installed::Different if !cfg.run.reconcile => info!(
+            "the pod has a different earlier state: replacing it (as --reconcile would; the swap is atomic, nothing doubles)"
+        ),
+        _ => {}
     }
     let report = apply(root, OBJECT, &plan)?;
     info!("Applied:");

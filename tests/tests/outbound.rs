@@ -190,8 +190,14 @@ fn pins_survive_the_loader_and_a_rerun_replaces_instead_of_doubling() {
     let dst = pod.service(false);
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
 
-    pod.install(&root, &STANDARD_INJECTION);
-    pod.install(&root, &STANDARD_INJECTION);
+    // The same flags again: the state is already there.
+    let log = pod.install(&root, &STANDARD_INJECTION);
+    assert!(log.contains("nothing to apply"), "{log}");
+    // --force-apply replaces it anyway, as a changed config would.
+    let mut forced: Vec<&str> = STANDARD_INJECTION.to_vec();
+    forced.push("--force-apply");
+    let log = pod.install(&root, &forced);
+    assert!(log.contains("pod attached in"), "{log}");
     let attached = cgroup_attachments(pod.topo.pod_cgroup.path());
     assert_eq!(attached.len(), 4, "re-running must replace, not add: {attached:?}");
     assert_eq!(pins_under(root.path()), pins, "same pins after re-running");
