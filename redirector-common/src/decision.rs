@@ -15,6 +15,9 @@ use crate::Reason;
 pub const INBOUND_PASSTHROUGH_V4: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 6);
 pub const INBOUND_PASSTHROUGH_V6: Ipv6Addr = Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6);
 
+/// Value of a [`CidrList::Route`] entry whose route leaves through a `-c` interface.
+pub const ROUTE_VIA_EXCLUDED_INTERFACE: u8 = 1;
+
 /// istio's DNS proxy port: captured DNS goes here.
 pub const DNS_CAPTURE_PORT: u16 = 15053;
 const DNS_PORT: u16 = 53;
@@ -40,7 +43,12 @@ pub struct OutboundAttempt {
 /// Set membership for one pod.
 pub trait PodLookups {
     fn port_in(&self, set: PortSet, port: u16) -> bool;
-    fn cidr_in(&self, list: CidrList, addr: IpAddr) -> bool;
+    /// The value of the longest prefix of `list` that holds `addr`.
+    fn cidr_value(&self, list: CidrList, addr: IpAddr) -> Option<u8>;
+
+    fn cidr_in(&self, list: CidrList, addr: IpAddr) -> bool {
+        self.cidr_value(list, addr).is_some()
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,6 +113,11 @@ fn in_loopback_cidr(cfg: &PodConfig, dst: IpAddr) -> bool {
 /// Decide what happens to a TCP connection from a pod, first matching rule wins.
 #[inline(always)]
 pub fn decide_outbound<L: PodLookups>(cfg: &PodConfig, conn: &OutboundAttempt, lookups: &L) -> Verdict {
+    // 0. -c: nat OUTPUT's `-o IFACE -j RETURN` comes before ISTIO_OUTPUT. The pod's route
+    //    for the destination says which interface it leaves through.
+    if lookups.cidr_value(CidrList::Route, conn.dst) == Some(ROUTE_VIA_EXCLUDED_INTERFACE) {
+        return Verdict::Pass(Reason::PassedInterface);
+    }
     // 1. -o
     if lookups.port_in(PortSet::OutboundExclude, conn.dst_port) {
         return Verdict::Pass(Reason::PassedExcludedPort);

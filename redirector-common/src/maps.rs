@@ -212,6 +212,9 @@ pub enum CidrList {
     Local = 3,
     /// The pod's DNS servers (resolv.conf), for `--redirect-dns`.
     DnsServer = 4,
+    /// The pod's routes, when `-c` names interfaces: the value says whether the route
+    /// leaves through one of them.
+    Route = 5,
 }
 
 /// Bits of a CIDR key that precede the address (the cookie and the list): always matched.

@@ -36,8 +36,8 @@ pub enum Reason {
     PassedInboundPort = 13,
     /// Inbound capture decided, but the proxy has no listener on `-z`: dropped (fail closed).
     NoInboundListener = 14,
-    /// Inbound on an excluded (`-c`) interface, or on a virtual (`-k`) one to a destination
-    /// outside `-i`.
+    /// Outbound through, or inbound on, an excluded (`-c`) interface; or inbound on a
+    /// virtual (`-k`) one to a destination outside `-i`.
     PassedInterface = 15,
     /// DNS to port 53 of a pod DNS server (or any, `--capture-all-dns`) sent to 15053.
     RedirectedDns = 16,

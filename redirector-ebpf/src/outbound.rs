@@ -40,15 +40,15 @@ impl PodLookups for PodMaps {
     }
 
     #[inline(always)]
-    fn cidr_in(&self, list: CidrList, ip: IpAddr) -> bool {
+    fn cidr_value(&self, list: CidrList, ip: IpAddr) -> Option<u8> {
         match ip {
             IpAddr::V4(v4) => {
                 let data = Cidr4Key::new(self.netns_cookie, list, v4.octets());
-                CIDRS_V4.get(Key::new(CIDR_KEY_FIXED_BITS + 32, data)).is_some()
+                CIDRS_V4.get(Key::new(CIDR_KEY_FIXED_BITS + 32, data)).copied()
             }
             IpAddr::V6(v6) => {
                 let data = Cidr6Key::new(self.netns_cookie, list, v6.octets());
-                CIDRS_V6.get(Key::new(CIDR_KEY_FIXED_BITS + 128, data)).is_some()
+                CIDRS_V6.get(Key::new(CIDR_KEY_FIXED_BITS + 128, data)).copied()
             }
         }
     }

@@ -65,8 +65,8 @@ pub struct ApplyReport {
 enum Undo {
     PodConfig { cookie: u64, previous: Option<PodConfig> },
     Port(redirector_common::PortKey),
-    Cidr4(Key<redirector_common::Cidr4Key>),
-    Cidr6(Key<redirector_common::Cidr6Key>),
+    Cidr4 { key: Key<redirector_common::Cidr4Key>, previous: Option<u8> },
+    Cidr6 { key: Key<redirector_common::Cidr6Key>, previous: Option<u8> },
     PodAddr { key: redirector_common::PodAddrKey, previous: Option<u64> },
     Counters(u64),
     StagedLink(std::path::PathBuf),
@@ -135,16 +135,18 @@ fn stage(
     }
     for e in &plan.cidrs_v4 {
         let key = Key::new(e.prefix_len, e.data);
-        if maps.cidrs_v4.get(&key, 0).is_err() {
-            maps.cidrs_v4.insert(&key, 1, 0).map_err(write_err("CIDRS_V4"))?;
-            undo.push(Undo::Cidr4(key));
+        let previous = maps.cidrs_v4.get(&key, 0).ok();
+        if previous != Some(e.value) {
+            maps.cidrs_v4.insert(&key, e.value, 0).map_err(write_err("CIDRS_V4"))?;
+            undo.push(Undo::Cidr4 { key, previous });
         }
     }
     for e in &plan.cidrs_v6 {
         let key = Key::new(e.prefix_len, e.data);
-        if maps.cidrs_v6.get(&key, 0).is_err() {
-            maps.cidrs_v6.insert(&key, 1, 0).map_err(write_err("CIDRS_V6"))?;
-            undo.push(Undo::Cidr6(key));
+        let previous = maps.cidrs_v6.get(&key, 0).ok();
+        if previous != Some(e.value) {
+            maps.cidrs_v6.insert(&key, e.value, 0).map_err(write_err("CIDRS_V6"))?;
+            undo.push(Undo::Cidr6 { key, previous });
         }
     }
     for key in &plan.addrs {
@@ -211,8 +213,10 @@ fn rollback(maps: &mut NodeMaps, pod: &PodPins, undo: Vec<Undo>) {
                 maps.pod_config.remove(&cookie).map_err(|e| e.to_string())
             }
             Undo::Port(key) => maps.port_sets.remove(&key).map_err(|e| e.to_string()),
-            Undo::Cidr4(key) => maps.cidrs_v4.remove(&key).map_err(|e| e.to_string()),
-            Undo::Cidr6(key) => maps.cidrs_v6.remove(&key).map_err(|e| e.to_string()),
+            Undo::Cidr4 { key, previous: Some(v) } => maps.cidrs_v4.insert(&key, v, 0).map_err(|e| e.to_string()),
+            Undo::Cidr4 { key, previous: None } => maps.cidrs_v4.remove(&key).map_err(|e| e.to_string()),
+            Undo::Cidr6 { key, previous: Some(v) } => maps.cidrs_v6.insert(&key, v, 0).map_err(|e| e.to_string()),
+            Undo::Cidr6 { key, previous: None } => maps.cidrs_v6.remove(&key).map_err(|e| e.to_string()),
             Undo::PodAddr { key, previous: Some(previous) } => {
                 maps.pod_by_addr.insert(key, previous, 0).map_err(|e| e.to_string())
             }
@@ -437,13 +441,13 @@ pub fn installed_state(root: &PinRoot, object: &[u8], plan: &PodPlan) -> Result<
         v
     };
     let ports = sorted(maps.port_sets.keys().filter_map(Result::ok).filter(|k| mine(k.netns_cookie)).map(|k| format!("{k:?}")).collect());
-    let v4 = sorted(maps.cidrs_v4.keys().filter_map(Result::ok).filter(|k| mine(k.data().netns_cookie)).map(|k| format!("{}/{:?}", k.prefix_len(), k.data())).collect());
-    let v6 = sorted(maps.cidrs_v6.keys().filter_map(Result::ok).filter(|k| mine(k.data().netns_cookie)).map(|k| format!("{}/{:?}", k.prefix_len(), k.data())).collect());
+    let v4 = sorted(maps.cidrs_v4.iter().filter_map(Result::ok).filter(|(k, _)| mine(k.data().netns_cookie)).map(|(k, v)| format!("{}/{:?}={v}", k.prefix_len(), k.data())).collect());
+    let v6 = sorted(maps.cidrs_v6.iter().filter_map(Result::ok).filter(|(k, _)| mine(k.data().netns_cookie)).map(|(k, v)| format!("{}/{:?}={v}", k.prefix_len(), k.data())).collect());
     let addrs = sorted(maps.pod_by_addr.iter().filter_map(Result::ok).filter(|(_, c)| mine(*c)).map(|(k, _)| format!("{k:?}")).collect());
     let same_entries = maps.pod_config.get(&cookie, 0).ok() == Some(plan.config)
         && ports == sorted(plan.ports.iter().map(|k| format!("{k:?}")).collect())
-        && v4 == sorted(plan.cidrs_v4.iter().map(|e| format!("{}/{:?}", e.prefix_len, e.data)).collect())
-        && v6 == sorted(plan.cidrs_v6.iter().map(|e| format!("{}/{:?}", e.prefix_len, e.data)).collect())
+        && v4 == sorted(plan.cidrs_v4.iter().map(|e| format!("{}/{:?}={}", e.prefix_len, e.data, e.value)).collect())
+        && v6 == sorted(plan.cidrs_v6.iter().map(|e| format!("{}/{:?}={}", e.prefix_len, e.data, e.value)).collect())
         && addrs == sorted(plan.addrs.iter().map(|k| format!("{k:?}")).collect());
     if !same_entries {
         return Ok(Installed::Different);

@@ -9,7 +9,7 @@ use tracing::{info, warn};
 
 use crate::{
     apply::{apply, installed_objects, installed_state, teardown, Installed},
-    config::{CaptureConfig, IstioConfig},
+    config::IstioConfig,
     object::OBJECT,
     pins::{PinRoot, BPFFS_MOUNT},
     plan::plan_pod,
@@ -57,7 +57,6 @@ pub fn run(cfg: &IstioConfig) -> anyhow::Result<()> {
     for line in cfg.effective_lines() {
         info!("{line}");
     }
-    note_unsupported(&cfg.capture);
 
     let root = PinRoot::new(&cfg.run.pin_root);
     let cookie = pod::netns_cookie()?;
@@ -93,6 +92,7 @@ fn apply_rules(cfg: &IstioConfig, root: &PinRoot, cookie: u64) -> anyhow::Result
         cgroup: pod::pod_cgroup(cfg.run.cgroup.as_deref())?,
         interfaces: pod::interfaces()?,
         dns_servers: pod::dns_servers(&cfg.run.resolv_conf),
+        routes: pod::routes().context("listing the pod's routes")?,
     };
     let plan = plan_pod(&cfg.capture, &facts);
     for name in cfg.capture.exclude_interfaces.iter().chain(&cfg.capture.kube_virt_interfaces) {
@@ -151,13 +151,6 @@ fn apply_rules(cfg: &IstioConfig, root: &PinRoot, cookie: u64) -> anyhow::Result
         }
     }
     Ok(())
-}
-
-/// Flags parsed and kept in the plan whose kernel side is not there yet.
-fn note_unsupported(cfg: &CaptureConfig) {
-    if !cfg.exclude_interfaces.is_empty() {
-        warn!("-c: outbound traffic leaving through an excluded interface is still captured (inbound is honoured)");
-    }
 }
 
 fn require_bpffs(root: &Path) -> anyhow::Result<()> {

@@ -68,15 +68,15 @@ impl PodLookups for LivePod {
         self.maps.port_sets.get(&PortKey::new(self.netns_cookie, set, port), 0).is_ok()
     }
 
-    fn cidr_in(&self, list: CidrList, addr: IpAddr) -> bool {
+    fn cidr_value(&self, list: CidrList, addr: IpAddr) -> Option<u8> {
         match addr {
             IpAddr::V4(v4) => {
                 let data = Cidr4Key::new(self.netns_cookie, list, v4.octets());
-                self.maps.cidrs_v4.get(&Key::new(CIDR_KEY_FIXED_BITS + 32, data), 0).is_ok()
+                self.maps.cidrs_v4.get(&Key::new(CIDR_KEY_FIXED_BITS + 32, data), 0).ok()
             }
             IpAddr::V6(v6) => {
                 let data = Cidr6Key::new(self.netns_cookie, list, v6.octets());
-                self.maps.cidrs_v6.get(&Key::new(CIDR_KEY_FIXED_BITS + 128, data), 0).is_ok()
+                self.maps.cidrs_v6.get(&Key::new(CIDR_KEY_FIXED_BITS + 128, data), 0).ok()
             }
         }
     }

@@ -5,7 +5,8 @@ use std::{fmt, net::IpAddr, path::PathBuf};
 
 use ipnet::IpNet;
 use redirector_common::{
-    inbound_capture, owner_group_mode, pod_flags, PodAddrKey, RawIp, Cidr4Key, Cidr6Key, CidrList, PodConfig, PodLookups, PortKey,
+    decision::ROUTE_VIA_EXCLUDED_INTERFACE, inbound_capture, owner_group_mode, pod_flags,
+    PodAddrKey, RawIp, Cidr4Key, Cidr6Key, CidrList, PodConfig, PodLookups, PortKey,
     PortSet, AF_INET, AF_INET6, CIDR_KEY_FIXED_BITS,
 };
 
@@ -20,6 +21,8 @@ use crate::{
 pub struct CidrEntry<K> {
     pub prefix_len: u32,
     pub data: K,
+    /// 1 for a list member; for routes, whether the route leaves through a `-c` interface.
+    pub value: u8,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,15 +71,21 @@ fn owner_array<const N: usize>(ids: &[u32]) -> ([u32; N], u32) {
 }
 
 fn cidr_entry(netns_cookie: u64, list: CidrList, net: IpNet, plan: &mut PodPlan) {
+    cidr_entry_with(netns_cookie, list, net, 1, plan);
+}
+
+fn cidr_entry_with(netns_cookie: u64, list: CidrList, net: IpNet, value: u8, plan: &mut PodPlan) {
     let prefix_len = CIDR_KEY_FIXED_BITS + u32::from(net.prefix_len());
     match net.trunc() {
         IpNet::V4(v4) => plan.cidrs_v4.push(CidrEntry {
             prefix_len,
             data: Cidr4Key::new(netns_cookie, list, v4.addr().octets()),
+            value,
         }),
         IpNet::V6(v6) => plan.cidrs_v6.push(CidrEntry {
             prefix_len,
             data: Cidr6Key::new(netns_cookie, list, v6.addr().octets()),
+            value,
         }),
     }
 }
@@ -177,6 +186,14 @@ pub fn plan_pod(cfg: &CaptureConfig, facts: &PodFacts) -> PodPlan {
     for &net in &cfg.exclude_cidrs {
         cidr_entry(cookie, CidrList::Exclude, net, &mut plan);
     }
+    // -c: the pod's routes, each marked with whether it leaves through an excluded interface.
+    if exclude_iface_count > 0 {
+        let excluded = &exclude_ifaces[..exclude_iface_count as usize];
+        for &(net, oif) in &facts.routes {
+            let value = u8::from(excluded.contains(&oif)) * ROUTE_VIA_EXCLUDED_INTERFACE;
+            cidr_entry_with(cookie, CidrList::Route, net, value, &mut plan);
+        }
+    }
     if cfg.redirect_dns {
         for &server in &facts.dns_servers {
             cidr_entry(cookie, CidrList::DnsServer, IpNet::from(server), &mut plan);
@@ -203,16 +220,17 @@ impl PodLookups for PodPlan {
         self.ports.contains(&PortKey::new(self.netns_cookie, set, port))
     }
 
-    fn cidr_in(&self, list: CidrList, addr: IpAddr) -> bool {
+    fn cidr_value(&self, list: CidrList, addr: IpAddr) -> Option<u8> {
+        let longest = |entries: &mut dyn Iterator<Item = (u32, u8)>| entries.max_by_key(|&(len, _)| len).map(|(_, v)| v);
         match addr {
-            IpAddr::V4(v4) => self.cidrs_v4.iter().any(|e| {
+            IpAddr::V4(v4) => longest(&mut self.cidrs_v4.iter().filter(|e| {
                 e.data.list == list as u32
                     && prefix_match(&e.data.addr, &v4.octets(), e.prefix_len - CIDR_KEY_FIXED_BITS)
-            }),
-            IpAddr::V6(v6) => self.cidrs_v6.iter().any(|e| {
+            }).map(|e| (e.prefix_len, e.value))),
+            IpAddr::V6(v6) => longest(&mut self.cidrs_v6.iter().filter(|e| {
                 e.data.list == list as u32
                     && prefix_match(&e.data.addr, &v6.octets(), e.prefix_len - CIDR_KEY_FIXED_BITS)
-            }),
+            }).map(|e| (e.prefix_len, e.value))),
         }
     }
 }
@@ -233,6 +251,7 @@ fn list_name(list: u32) -> &'static str {
         l if l == CidrList::Exclude as u32 => "exclude (-x)",
         l if l == CidrList::Local as u32 => "pod-local",
         l if l == CidrList::DnsServer as u32 => "dns-server",
+        l if l == CidrList::Route as u32 => "route",
         _ => "unknown",
     }
 }
@@ -275,11 +294,11 @@ impl fmt::Display for PodPlan {
         }
         for e in &self.cidrs_v4 {
             let ip = std::net::Ipv4Addr::from(e.data.addr);
-            writeln!(f, "CIDRS_V4[{} {} {ip}/{}]", e.data.netns_cookie, list_name(e.data.list), e.prefix_len - CIDR_KEY_FIXED_BITS)?;
+            writeln!(f, "CIDRS_V4[{} {} {ip}/{}] = {}", e.data.netns_cookie, list_name(e.data.list), e.prefix_len - CIDR_KEY_FIXED_BITS, e.value)?;
         }
         for e in &self.cidrs_v6 {
             let ip = std::net::Ipv6Addr::from(e.data.addr);
-            writeln!(f, "CIDRS_V6[{} {} {ip}/{}]", e.data.netns_cookie, list_name(e.data.list), e.prefix_len - CIDR_KEY_FIXED_BITS)?;
+            writeln!(f, "CIDRS_V6[{} {} {ip}/{}] = {}", e.data.netns_cookie, list_name(e.data.list), e.prefix_len - CIDR_KEY_FIXED_BITS, e.value)?;
         }
         for a in &self.addrs {
             writeln!(f, "POD_BY_ADDR[{}] = {}", a.addr.ip(a.family as u16), self.netns_cookie)?;
@@ -311,6 +330,11 @@ mod tests {
             cgroup: "/sys/fs/cgroup/pod".into(),
             interfaces: vec![("lo".into(), 1), ("eth0".into(), 2), ("eth1".into(), 3)],
             dns_servers: vec!["10.96.0.10".parse().unwrap()],
+            routes: vec![
+                ("0.0.0.0/0".parse().unwrap(), 2),
+                ("10.244.1.0/24".parse().unwrap(), 2),
+                ("172.16.0.0/12".parse().unwrap(), 3),
+            ],
         };
         plan_pod(&cfg.capture, &facts)
     }
@@ -477,5 +501,17 @@ mod tests {
         assert_eq!(decide_from(&p, 3, 9, "0.0.0.0", POD_IP, 53), Verdict::Pass(Reason::PassedProxyOwner));
         assert_eq!(decide_from(&p, 5, 1, "0.0.0.0", POD_IP, 53), Verdict::CaptureInbound);
         assert_eq!(decide_from(&p, 5, 9, "0.0.0.0", POD_IP, 53), Verdict::Capture);
+    }
+
+    #[test]
+    fn excluded_interface_routes_pass_outbound() {
+        // Routes: default and 10.244.1.0/24 via eth0 (2), 172.16.0.0/12 via eth1 (3).
+        let p = plan(&["-i", "*", "-c", "eth1"], &[]);
+        assert_eq!(decide(&p, 1000, "172.20.0.1", 80), Verdict::Pass(Reason::PassedInterface));
+        assert_eq!(decide(&p, 1000, "10.0.0.1", 80), Verdict::Capture);
+        let p = plan(&["-i", "*", "-c", "eth0"], &[]);
+        assert_eq!(decide(&p, 1000, "10.0.0.1", 80), Verdict::Pass(Reason::PassedInterface));
+        assert_eq!(decide(&p, 1000, "172.20.0.1", 80), Verdict::Capture, "the longer route wins");
+        assert!(plan(&["-i", "*"], &[]).cidrs_v4.iter().all(|e| e.data.list != CidrList::Route as u32));
     }
 }

@@ -37,6 +37,8 @@ pub struct PodFacts {
     pub interfaces: Vec<(String, u32)>,
     /// The pod's DNS servers (resolv.conf `nameserver` lines).
     pub dns_servers: Vec<IpAddr>,
+    /// The pod's unicast routes of the main table: destination and output ifindex.
+    pub routes: Vec<(ipnet::IpNet, u32)>,
 }
 
 impl PodFacts {
@@ -177,6 +179,59 @@ pub fn add_inbound_passthrough_v6() -> io::Result<()> {
         Err(err) if err.raw_os_error() == Some(libc::EEXIST) => Ok(()),
         other => other,
     }
+}
+
+/// The unicast routes of the main table of the current network namespace: destination
+/// and output interface (RTM_GETROUTE dump).
+pub fn routes() -> io::Result<Vec<(ipnet::IpNet, u32)>> {
+    const NETLINK_ROUTE: i32 = 0;
+    const RTM_GETROUTE: u16 = 26;
+    const RT_TABLE_MAIN: u8 = 254;
+    const RTN_UNICAST: u8 = 1;
+    const RTA_DST: u16 = 1;
+    const RTA_OIF: u16 = 4;
+    const RTMSG_LEN: usize = 12;
+    let mut routes = Vec::new();
+    for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
+        let mut rtmsg = [0u8; RTMSG_LEN];
+        rtmsg[0] = family;
+        use crate::netlink::{NLM_F_DUMP, NLM_F_REQUEST};
+        let request = crate::netlink::message(RTM_GETROUTE, NLM_F_REQUEST | NLM_F_DUMP, &rtmsg);
+        crate::netlink::exchange(NETLINK_ROUTE, &request, |_, body| {
+            // struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags.
+            if body.len() < RTMSG_LEN || body[4] != RT_TABLE_MAIN || body[7] != RTN_UNICAST {
+                return;
+            }
+            let dst_len = body[1];
+            let (mut dst, mut oif) = (None, None);
+            let mut attrs = &body[RTMSG_LEN..];
+            while attrs.len() >= 4 {
+                let len = usize::from(u16::from_ne_bytes([attrs[0], attrs[1]]));
+                let kind = u16::from_ne_bytes([attrs[2], attrs[3]]);
+                if len < 4 || len > attrs.len() {
+                    break;
+                }
+                let value = &attrs[4..len];
+                match (kind, value.len()) {
+                    (RTA_DST, 4) => dst = Some(IpAddr::from(<[u8; 4]>::try_from(value).expect("4 bytes"))),
+                    (RTA_DST, 16) => dst = Some(IpAddr::from(<[u8; 16]>::try_from(value).expect("16 bytes"))),
+                    (RTA_OIF, 4) => oif = Some(u32::from_ne_bytes(value.try_into().expect("4 bytes"))),
+                    _ => {}
+                }
+                attrs = &attrs[((len + 3) & !3).min(attrs.len())..];
+            }
+            // No RTA_DST: the default route.
+            let dst = dst.unwrap_or(if family == libc::AF_INET as u8 {
+                IpAddr::from([0u8; 4])
+            } else {
+                IpAddr::from([0u8; 16])
+            });
+            if let (Ok(net), Some(oif)) = (ipnet::IpNet::new(dst, dst_len), oif) {
+                routes.push((net, oif));
+            }
+        })?;
+    }
+    Ok(routes)
 }
 
 /// The `nameserver` addresses of a resolv.conf; a missing file means none.

@@ -265,3 +265,21 @@ fn invalid_values_exit_1_naming_the_flag_and_attach_nothing() {
     let dst = pod.service(false);
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
 }
+
+#[test]
+fn traffic_leaving_through_an_excluded_interface_passes() {
+    if !require_root() {
+        return;
+    }
+    let pod = Pod::new("excliface");
+    let root = PinRoot::new("excliface");
+    // The pod's routes to the service leave through its eth0.
+    let mut args: Vec<&str> = STANDARD_INJECTION.to_vec();
+    args.extend(["-c", "eth0"]);
+    pod.install(&root, &args);
+    for v6 in [false, true] {
+        assert_direct(&pod.connect(APP_UID, APP_UID, pod.service(v6)), pod.service(v6));
+    }
+    pod.install(&root, &STANDARD_INJECTION);
+    assert_proxied(&pod.connect(APP_UID, APP_UID, pod.service(false)), pod.service(false));
+}
