@@ -6,7 +6,7 @@
 
 use std::{env, fs, path::PathBuf, process::Command};
 
-use anyhow::{Context as _, anyhow};
+use anyhow::{anyhow, Context as _};
 use aya_build::{Package, Toolchain};
 
 fn main() -> anyhow::Result<()> {
@@ -39,7 +39,11 @@ fn main() -> anyhow::Result<()> {
         .parent()
         .ok_or_else(|| anyhow!("redirector-ebpf manifest has no parent"))?;
     aya_build::build_ebpf(
-        [Package { name: ebpf.name.as_str(), root_dir: root_dir.as_str(), ..Default::default() }],
+        [Package {
+            name: ebpf.name.as_str(),
+            root_dir: root_dir.as_str(),
+            ..Default::default()
+        }],
         Toolchain::default(),
     )
 }

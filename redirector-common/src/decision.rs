@@ -105,14 +105,20 @@ fn is_local<L: PodLookups>(dst: IpAddr, lookups: &L) -> bool {
 #[inline(always)]
 fn in_loopback_cidr(cfg: &PodConfig, dst: IpAddr) -> bool {
     match dst {
-        IpAddr::V4(v4) => u32::from_ne_bytes(v4.octets()) & cfg.loopback_v4_mask == cfg.loopback_v4_addr,
+        IpAddr::V4(v4) => {
+            u32::from_ne_bytes(v4.octets()) & cfg.loopback_v4_mask == cfg.loopback_v4_addr
+        }
         IpAddr::V6(v6) => v6 == Ipv6Addr::LOCALHOST,
     }
 }
 
 /// Decide what happens to a TCP connection from a pod, first matching rule wins.
 #[inline(always)]
-pub fn decide_outbound<L: PodLookups>(cfg: &PodConfig, conn: &OutboundAttempt, lookups: &L) -> Verdict {
+pub fn decide_outbound<L: PodLookups>(
+    cfg: &PodConfig,
+    conn: &OutboundAttempt,
+    lookups: &L,
+) -> Verdict {
     // 0. -c: nat OUTPUT's `-o IFACE -j RETURN` comes before ISTIO_OUTPUT. The pod's route
     //    for the destination says which interface it leaves through.
     if lookups.cidr_value(CidrList::Route, conn.dst) == Some(ROUTE_VIA_EXCLUDED_INTERFACE) {
@@ -141,7 +147,12 @@ pub fn decide_outbound<L: PodLookups>(cfg: &PodConfig, conn: &OutboundAttempt, l
     // istio drops the lo RETURN rules when an -i CIDR is a loopback address.
     let lo_returns = cfg.flags & pod_flags::INCLUDE_HAS_LOOPBACK == 0;
     for (list, count, caller, own_pod_inbound) in [
-        (&cfg.proxy_uids, cfg.proxy_uid_count, conn.uid, own_pod && !dns_port),
+        (
+            &cfg.proxy_uids,
+            cfg.proxy_uid_count,
+            conn.uid,
+            own_pod && !dns_port,
+        ),
         (&cfg.proxy_gids, cfg.proxy_gid_count, conn.gid, own_pod),
     ] {
         let mut i = 0;
@@ -169,7 +180,8 @@ pub fn decide_outbound<L: PodLookups>(cfg: &PodConfig, conn: &OutboundAttempt, l
     // 5. DNS (ISTIO_OUTPUT_DNS): port 53 to a resolv.conf server, or to any address with
     //    --capture-all-dns, TCP and UDP.
     if dns_port
-        && (cfg.flags & pod_flags::CAPTURE_ALL_DNS != 0 || lookups.cidr_in(CidrList::DnsServer, conn.dst))
+        && (cfg.flags & pod_flags::CAPTURE_ALL_DNS != 0
+            || lookups.cidr_in(CidrList::DnsServer, conn.dst))
     {
         return Verdict::CaptureDns;
     }
@@ -190,7 +202,9 @@ pub fn decide_outbound<L: PodLookups>(cfg: &PodConfig, conn: &OutboundAttempt, l
         return Verdict::Capture;
     }
     // 9. -i
-    if cfg.flags & pod_flags::CAPTURE_ALL_OUTBOUND != 0 || lookups.cidr_in(CidrList::Include, conn.dst) {
+    if cfg.flags & pod_flags::CAPTURE_ALL_OUTBOUND != 0
+        || lookups.cidr_in(CidrList::Include, conn.dst)
+    {
         return Verdict::Capture;
     }
     Verdict::Pass(Reason::PassedNotIncluded)
@@ -208,12 +222,20 @@ pub struct InboundAttempt {
 /// What happens to a TCP connection arriving at the pod from outside (nat PREROUTING →
 /// ISTIO_INBOUND). Connections made inside the pod are decided by [`decide_outbound`] only.
 #[inline(always)]
-pub fn decide_inbound<L: PodLookups>(cfg: &PodConfig, conn: &InboundAttempt, lookups: &L) -> Verdict {
+pub fn decide_inbound<L: PodLookups>(
+    cfg: &PodConfig,
+    conn: &InboundAttempt,
+    lookups: &L,
+) -> Verdict {
     // -k (inserted first): traffic from a virtual interface is outbound traffic of the pod.
     if listed::<MAX_IFACES>(&cfg.virt_ifaces, cfg.virt_iface_count, conn.ifindex) {
         let included = cfg.flags & pod_flags::CAPTURE_ALL_OUTBOUND != 0
             || lookups.cidr_in(CidrList::Include, conn.dst);
-        return if included { Verdict::Capture } else { Verdict::Pass(Reason::PassedInterface) };
+        return if included {
+            Verdict::Capture
+        } else {
+            Verdict::Pass(Reason::PassedInterface)
+        };
     }
     // -c
     if listed::<MAX_IFACES>(&cfg.exclude_ifaces, cfg.exclude_iface_count, conn.ifindex) {

@@ -196,7 +196,12 @@ pub struct PortKey {
 
 impl PortKey {
     pub const fn new(netns_cookie: u64, set: PortSet, port: u16) -> Self {
-        PortKey { netns_cookie, port, set: set as u16, _pad: 0 }
+        PortKey {
+            netns_cookie,
+            port,
+            set: set as u16,
+            _pad: 0,
+        }
     }
 }
 
@@ -232,7 +237,11 @@ pub struct Cidr4Key {
 
 impl Cidr4Key {
     pub const fn new(netns_cookie: u64, list: CidrList, addr: [u8; 4]) -> Self {
-        Cidr4Key { netns_cookie, list: list as u32, addr }
+        Cidr4Key {
+            netns_cookie,
+            list: list as u32,
+            addr,
+        }
     }
 }
 
@@ -268,7 +277,12 @@ pub struct ListenerKey {
 
 impl Cidr6Key {
     pub const fn new(netns_cookie: u64, list: CidrList, addr: [u8; 16]) -> Self {
-        Cidr6Key { netns_cookie, list: list as u32, addr, _pad: 0 }
+        Cidr6Key {
+            netns_cookie,
+            list: list as u32,
+            addr,
+            _pad: 0,
+        }
     }
 }
 
@@ -309,7 +323,9 @@ pub struct Counters {
 
 impl Default for Counters {
     fn default() -> Self {
-        Counters { by_reason: [0; COUNTER_SLOTS] }
+        Counters {
+            by_reason: [0; COUNTER_SLOTS],
+        }
     }
 }
 
@@ -336,7 +352,10 @@ mod tests {
 
     #[test]
     fn layouts_have_no_implicit_padding() {
-        assert_eq!(size_of::<PodConfig>(), 8 + 4 * 3 + 4 + 32 + 4 + 32 + 8 + 32 + 2 * (4 + 32));
+        assert_eq!(
+            size_of::<PodConfig>(),
+            8 + 4 * 3 + 4 + 32 + 4 + 32 + 8 + 32 + 2 * (4 + 32)
+        );
         assert_eq!(size_of::<PortKey>(), 16);
         assert_eq!(size_of::<Cidr4Key>(), 16);
         assert_eq!(size_of::<Cidr6Key>(), 32);

@@ -6,7 +6,7 @@ use crate::maps::COUNTERS;
 /// so this never allocates on the connection path.
 #[inline(always)]
 pub fn count(netns_cookie: u64, reason: Reason) {
-    if let Some(counters) = COUNTERS.get_ptr_mut(&netns_cookie) {
+    if let Some(counters) = COUNTERS.get_ptr_mut(netns_cookie) {
         // Per-CPU value: no other CPU writes it, a plain increment is exact.
         let slot = (reason as usize) & (COUNTER_SLOTS - 1);
         unsafe { (*counters).by_reason[slot] += 1 };

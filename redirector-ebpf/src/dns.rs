@@ -18,7 +18,7 @@ pub fn recvmsg4(ctx: &SockAddrContext) -> i32 {
         return KEEP;
     }
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    let Some(orig) = (unsafe { DNS_ORIG_BY_COOKIE.get(&cookie) }) else {
+    let Some(orig) = (unsafe { DNS_ORIG_BY_COOKIE.get(cookie) }) else {
         return KEEP;
     };
     if orig.family == AF_INET {
@@ -34,13 +34,18 @@ pub fn recvmsg6(ctx: &SockAddrContext) -> i32 {
     let sa = ctx.sock_addr;
     let (ip, port) = unsafe { ((*sa).user_ip6, (*sa).user_port) };
     let v6_loopback = ip == [0, 0, 0, u32::from_ne_bytes([0, 0, 0, 1])];
-    let mapped_loopback =
-        ip == [0, 0, u32::from_ne_bytes([0, 0, 0xff, 0xff]), u32::from_ne_bytes([127, 0, 0, 1])];
+    let mapped_loopback = ip
+        == [
+            0,
+            0,
+            u32::from_ne_bytes([0, 0, 0xff, 0xff]),
+            u32::from_ne_bytes([127, 0, 0, 1]),
+        ];
     if port != u32::from(DNS_CAPTURE_PORT.to_be()) || !(v6_loopback || mapped_loopback) {
         return KEEP;
     }
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    let Some(orig) = (unsafe { DNS_ORIG_BY_COOKIE.get(&cookie) }) else {
+    let Some(orig) = (unsafe { DNS_ORIG_BY_COOKIE.get(cookie) }) else {
         return KEEP;
     };
     let words = match orig.family {

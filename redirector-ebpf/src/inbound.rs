@@ -11,8 +11,8 @@ use aya_ebpf::{
     EbpfContext,
 };
 use redirector_common::{
-    decide_inbound, decision::INBOUND_PASSTHROUGH_V6, pod_flags, CidrList, ConnKey, InboundAttempt, ListenerKey, OrigDst, PodAddrKey, PodLookups, Reason,
-    Verdict, AF_INET, AF_INET6,
+    decide_inbound, decision::INBOUND_PASSTHROUGH_V6, pod_flags, CidrList, ConnKey, InboundAttempt,
+    ListenerKey, OrigDst, PodAddrKey, PodLookups, Reason, Verdict, AF_INET, AF_INET6,
 };
 
 use crate::{
@@ -29,15 +29,24 @@ const LOOPBACK_IFINDEX: u32 = 1;
 /// sock_ops TCP_LISTEN: a socket of a managed pod starts listening on a capture port.
 pub fn register_listener(ctx: &SockOpsContext) {
     let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
-    let Some(cfg) = (unsafe { POD_CONFIG.get(&netns_cookie) }) else {
+    let Some(cfg) = (unsafe { POD_CONFIG.get(netns_cookie) }) else {
         return;
     };
     let port = ctx.local_port() as u16;
     if port != cfg.inbound_port && port != cfg.outbound_port {
         return;
     }
-    let family = if ctx.family() == u32::from(AF_INET6) { AF_INET6 } else { AF_INET };
-    let key = ListenerKey { netns_cookie, port, family, _pad: 0 };
+    let family = if ctx.family() == u32::from(AF_INET6) {
+        AF_INET6
+    } else {
+        AF_INET
+    };
+    let key = ListenerKey {
+        netns_cookie,
+        port,
+        family,
+        _pad: 0,
+    };
     // A restarted proxy replaces its old listener.
     let _ = LISTENERS.update(key, unsafe { &mut *ctx.ops }, 0);
 }
@@ -49,16 +58,23 @@ pub fn sk_lookup(ctx: &SkLookupContext) -> u32 {
     }
     let v6 = lk.family == u32::from(AF_INET6);
     let (local, remote) = if v6 {
-        (addr::v6_or_mapped(lk.local_ip6), addr::v6_or_mapped(lk.remote_ip6))
+        (
+            addr::v6_or_mapped(lk.local_ip6),
+            addr::v6_or_mapped(lk.remote_ip6),
+        )
     } else {
         (addr::v4(lk.local_ip4), addr::v4(lk.remote_ip4))
     };
     let (family, raw) = addr::raw(local);
-    let Some(&netns_cookie) = (unsafe { POD_BY_ADDR.get(&PodAddrKey { addr: raw, family: u32::from(family) }) })
-    else {
+    let Some(&netns_cookie) = (unsafe {
+        POD_BY_ADDR.get(PodAddrKey {
+            addr: raw,
+            family: u32::from(family),
+        })
+    }) else {
         return SK_PASS;
     };
-    let Some(cfg) = (unsafe { POD_CONFIG.get(&netns_cookie) }) else {
+    let Some(cfg) = (unsafe { POD_CONFIG.get(netns_cookie) }) else {
         return SK_PASS;
     };
     let lookups = PodMaps { netns_cookie };
@@ -69,11 +85,18 @@ pub fn sk_lookup(ctx: &SkLookupContext) -> u32 {
         IpAddr::V4(v4) => v4.is_loopback(),
         IpAddr::V6(v6) => v6.is_loopback() || v6 == INBOUND_PASSTHROUGH_V6,
     };
-    if from_pod || lk.ingress_ifindex == LOOPBACK_IFINDEX || lookups.cidr_in(CidrList::Local, remote) {
+    if from_pod
+        || lk.ingress_ifindex == LOOPBACK_IFINDEX
+        || lookups.cidr_in(CidrList::Local, remote)
+    {
         return SK_PASS;
     }
     let local_port = lk.local_port as u16;
-    let attempt = InboundAttempt { dst: local, dst_port: local_port, ifindex: lk.ingress_ifindex };
+    let attempt = InboundAttempt {
+        dst: local,
+        dst_port: local_port,
+        ifindex: lk.ingress_ifindex,
+    };
     let port = match decide_inbound(cfg, &attempt, &lookups) {
         Verdict::CaptureInbound => cfg.inbound_port,
         Verdict::Capture => cfg.outbound_port,
@@ -85,7 +108,12 @@ pub fn sk_lookup(ctx: &SkLookupContext) -> u32 {
         }
     };
     // The listener of the packet's family, else a dual-stack IPv6 one.
-    let mut key = ListenerKey { netns_cookie, port, family: if v6 { AF_INET6 } else { AF_INET }, _pad: 0 };
+    let mut key = ListenerKey {
+        netns_cookie,
+        port,
+        family: if v6 { AF_INET6 } else { AF_INET },
+        _pad: 0,
+    };
     let mut steered = LISTENERS.redirect_sk_lookup(ctx, key, 0).is_ok();
     if !steered && !v6 {
         key.family = AF_INET6;
@@ -93,9 +121,19 @@ pub fn sk_lookup(ctx: &SkLookupContext) -> u32 {
     }
     if !steered {
         count(netns_cookie, Reason::NoInboundListener);
-        return if cfg.flags & pod_flags::FAIL_OPEN != 0 { SK_PASS } else { SK_DROP };
+        return if cfg.flags & pod_flags::FAIL_OPEN != 0 {
+            SK_PASS
+        } else {
+            SK_DROP
+        };
     }
-    record(netns_cookie, local, local_port, remote, u16::from_be(lk.remote_port));
+    record(
+        netns_cookie,
+        local,
+        local_port,
+        remote,
+        u16::from_be(lk.remote_port),
+    );
     count(netns_cookie, Reason::SteeredInbound);
     SK_PASS
 }
@@ -114,6 +152,10 @@ fn record(netns_cookie: u64, local: IpAddr, local_port: u16, remote: IpAddr, rem
         proxy_port: local_port,
         family: u32::from(family),
     };
-    let orig = OrigDst { addr: local_raw, port: local_port, family };
-    let _ = ORIG_DST_BY_CONN.insert(&key, &orig, 0);
+    let orig = OrigDst {
+        addr: local_raw,
+        port: local_port,
+        family,
+    };
+    let _ = ORIG_DST_BY_CONN.insert(key, orig, 0);
 }

@@ -61,11 +61,23 @@ fn sock_ops_endpoints(ctx: &SockOpsContext) -> (Endpoint, Endpoint) {
     let local_port = ops.local_port as u16;
     let remote_port = u16::from_be((ops.remote_port >> 16) as u16);
     let (local_ip, remote_ip) = if ops.family == u32::from(AF_INET6) {
-        (addr::v6_or_mapped(ops.local_ip6), addr::v6_or_mapped(ops.remote_ip6))
+        (
+            addr::v6_or_mapped(ops.local_ip6),
+            addr::v6_or_mapped(ops.remote_ip6),
+        )
     } else {
         (addr::v4(ops.local_ip4), addr::v4(ops.remote_ip4))
     };
-    (Endpoint { ip: local_ip, port: local_port }, Endpoint { ip: remote_ip, port: remote_port })
+    (
+        Endpoint {
+            ip: local_ip,
+            port: local_port,
+        },
+        Endpoint {
+            ip: remote_ip,
+            port: remote_port,
+        },
+    )
 }
 
 pub fn sock_ops(ctx: &SockOpsContext) {
@@ -73,26 +85,26 @@ pub fn sock_ops(ctx: &SockOpsContext) {
     if op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB {
         // The app's side: its connect() was redirected if its cookie has an entry.
         let socket_cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-        let Some(orig) = (unsafe { ORIG_DST_BY_COOKIE.get(&socket_cookie) }) else {
+        let Some(orig) = (unsafe { ORIG_DST_BY_COOKIE.get(socket_cookie) }) else {
             return;
         };
         let orig = *orig;
         let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
         let (local, remote) = sock_ops_endpoints(ctx);
-        let _ = ORIG_DST_BY_CONN.insert(&conn_key(netns_cookie, local, remote), &orig, 0);
-        let _ = ORIG_DST_BY_COOKIE.remove(&socket_cookie);
+        let _ = ORIG_DST_BY_CONN.insert(conn_key(netns_cookie, local, remote), orig, 0);
+        let _ = ORIG_DST_BY_COOKIE.remove(socket_cookie);
     } else if op == BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB {
         // The proxy's side: watch its state so the entry goes when the connection closes.
         let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
         let (local, remote) = sock_ops_endpoints(ctx);
         let key = conn_key(netns_cookie, remote, local);
-        if unsafe { ORIG_DST_BY_CONN.get(&key) }.is_some() {
+        if unsafe { ORIG_DST_BY_CONN.get(key) }.is_some() {
             let _ = ctx.set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32);
         }
     } else if op == BPF_SOCK_OPS_STATE_CB && ctx.arg(1) == TCP_CLOSE {
         let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
         let (local, remote) = sock_ops_endpoints(ctx);
-        let _ = ORIG_DST_BY_CONN.remove(&conn_key(netns_cookie, remote, local));
+        let _ = ORIG_DST_BY_CONN.remove(conn_key(netns_cookie, remote, local));
     }
 }
 
@@ -110,15 +122,25 @@ pub fn getsockopt(ctx: &SockoptContext) {
     }
     let (local_ip, remote_ip) = unsafe {
         if (*sk).family == u32::from(AF_INET6) {
-            (addr::v6_or_mapped((*sk).src_ip6), addr::v6_or_mapped((*sk).dst_ip6))
+            (
+                addr::v6_or_mapped((*sk).src_ip6),
+                addr::v6_or_mapped((*sk).dst_ip6),
+            )
         } else {
             (addr::v4((*sk).src_ip4), addr::v4((*sk).dst_ip4))
         }
     };
-    let local = Endpoint { ip: local_ip, port: unsafe { (*sk).src_port } as u16 };
-    let remote = Endpoint { ip: remote_ip, port: u16::from_be(unsafe { (*sk).dst_port }) };
+    let local = Endpoint {
+        ip: local_ip,
+        port: unsafe { (*sk).src_port } as u16,
+    };
+    let remote = Endpoint {
+        ip: remote_ip,
+        port: u16::from_be(unsafe { (*sk).dst_port }),
+    };
     let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
-    let Some(orig) = (unsafe { ORIG_DST_BY_CONN.get(&conn_key(netns_cookie, remote, local)) }) else {
+    let Some(orig) = (unsafe { ORIG_DST_BY_CONN.get(conn_key(netns_cookie, remote, local)) })
+    else {
         return;
     };
     let orig = *orig;

@@ -4,15 +4,16 @@ use core::net::IpAddr;
 use core::ptr::{addr_of_mut, write_volatile};
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_uid_gid, generated::bpf_get_netns_cookie, generated::bpf_get_socket_cookie},
+    helpers::{
+        bpf_get_current_uid_gid, generated::bpf_get_netns_cookie, generated::bpf_get_socket_cookie,
+    },
     maps::lpm_trie::Key,
     programs::SockAddrContext,
     EbpfContext,
 };
 use redirector_common::{
-    decide_outbound, pod_flags, Cidr4Key, Cidr6Key, CidrList, OrigDst, OutboundAttempt,
-    PodConfig, PodLookups, PortKey, PortSet, Protocol, Reason, Verdict, CIDR_KEY_FIXED_BITS,
-    DNS_CAPTURE_PORT,
+    decide_outbound, pod_flags, Cidr4Key, Cidr6Key, CidrList, OrigDst, OutboundAttempt, PodConfig,
+    PodLookups, PortKey, PortSet, Protocol, Reason, Verdict, CIDR_KEY_FIXED_BITS, DNS_CAPTURE_PORT,
 };
 
 use crate::{
@@ -36,7 +37,7 @@ pub struct PodMaps {
 impl PodLookups for PodMaps {
     #[inline(always)]
     fn port_in(&self, set: PortSet, port: u16) -> bool {
-        unsafe { PORT_SETS.get(&PortKey::new(self.netns_cookie, set, port)) }.is_some()
+        unsafe { PORT_SETS.get(PortKey::new(self.netns_cookie, set, port)) }.is_some()
     }
 
     #[inline(always)]
@@ -44,11 +45,15 @@ impl PodLookups for PodMaps {
         match ip {
             IpAddr::V4(v4) => {
                 let data = Cidr4Key::new(self.netns_cookie, list, v4.octets());
-                CIDRS_V4.get(Key::new(CIDR_KEY_FIXED_BITS + 32, data)).copied()
+                CIDRS_V4
+                    .get(Key::new(CIDR_KEY_FIXED_BITS + 32, data))
+                    .copied()
             }
             IpAddr::V6(v6) => {
                 let data = Cidr6Key::new(self.netns_cookie, list, v6.octets());
-                CIDRS_V6.get(Key::new(CIDR_KEY_FIXED_BITS + 128, data)).copied()
+                CIDRS_V6
+                    .get(Key::new(CIDR_KEY_FIXED_BITS + 128, data))
+                    .copied()
             }
         }
     }
@@ -67,7 +72,11 @@ fn protocol(sa: &aya_ebpf::bindings::bpf_sock_addr) -> Option<Protocol> {
 #[inline(always)]
 fn bound_v4(sa: &aya_ebpf::bindings::bpf_sock_addr) -> IpAddr {
     let src = unsafe { (*sa.__bindgen_anon_1.sk).src_ip4 };
-    if src == 0 { addr::unspecified() } else { addr::v4(src) }
+    if src == 0 {
+        addr::unspecified()
+    } else {
+        addr::v4(src)
+    }
 }
 
 pub fn connect4(ctx: &SockAddrContext) -> i32 {
@@ -84,25 +93,49 @@ pub fn connect6(ctx: &SockAddrContext) -> i32 {
         return ALLOW;
     };
     let src = unsafe { (*sa.__bindgen_anon_1.sk).src_ip6 };
-    capture(ctx, protocol, addr::v6_or_mapped(sa.user_ip6), addr::v6_or_mapped(src), true)
+    capture(
+        ctx,
+        protocol,
+        addr::v6_or_mapped(sa.user_ip6),
+        addr::v6_or_mapped(src),
+        true,
+    )
 }
 
 /// UDP `sendto()` on an unconnected socket (connected ones went through connect).
 pub fn sendmsg4(ctx: &SockAddrContext) -> i32 {
     let sa = unsafe { &*ctx.sock_addr };
-    capture(ctx, Protocol::Udp, addr::v4(sa.user_ip4), bound_v4(sa), false)
+    capture(
+        ctx,
+        Protocol::Udp,
+        addr::v4(sa.user_ip4),
+        bound_v4(sa),
+        false,
+    )
 }
 
 pub fn sendmsg6(ctx: &SockAddrContext) -> i32 {
     let sa = unsafe { &*ctx.sock_addr };
     let src = unsafe { (*sa.__bindgen_anon_1.sk).src_ip6 };
-    capture(ctx, Protocol::Udp, addr::v6_or_mapped(sa.user_ip6), addr::v6_or_mapped(src), true)
+    capture(
+        ctx,
+        Protocol::Udp,
+        addr::v6_or_mapped(sa.user_ip6),
+        addr::v6_or_mapped(src),
+        true,
+    )
 }
 
 #[inline(always)]
-fn capture(ctx: &SockAddrContext, protocol: Protocol, dst: IpAddr, src: IpAddr, v6_socket: bool) -> i32 {
+fn capture(
+    ctx: &SockAddrContext,
+    protocol: Protocol,
+    dst: IpAddr,
+    src: IpAddr,
+    v6_socket: bool,
+) -> i32 {
     let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
-    let Some(cfg) = (unsafe { POD_CONFIG.get(&netns_cookie) }) else {
+    let Some(cfg) = (unsafe { POD_CONFIG.get(netns_cookie) }) else {
         return ALLOW;
     };
     if dst.is_ipv6() && cfg.flags & pod_flags::IPV6 == 0 {
@@ -128,7 +161,15 @@ fn capture(ctx: &SockAddrContext, protocol: Protocol, dst: IpAddr, src: IpAddr, 
         Verdict::CaptureInbound => cfg.inbound_port,
         Verdict::CaptureDns => DNS_CAPTURE_PORT,
     };
-    redirect(ctx, cfg, netns_cookie, &attempt, port, v6_socket, verdict.reason())
+    redirect(
+        ctx,
+        cfg,
+        netns_cookie,
+        &attempt,
+        port,
+        v6_socket,
+        verdict.reason(),
+    )
 }
 
 #[inline(always)]
@@ -142,27 +183,43 @@ fn redirect(
     reason: Reason,
 ) -> i32 {
     let (family, raw) = addr::raw(attempt.dst);
-    let orig = OrigDst { addr: raw, port: attempt.dst_port, family };
+    let orig = OrigDst {
+        addr: raw,
+        port: attempt.dst_port,
+        family,
+    };
     let socket_cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     // TCP: for SO_ORIGINAL_DST once established; UDP (DNS): for the replies' source.
     let recorded = match attempt.protocol {
-        Protocol::Tcp => ORIG_DST_BY_COOKIE.insert(&socket_cookie, &orig, 0),
-        Protocol::Udp => DNS_ORIG_BY_COOKIE.insert(&socket_cookie, &orig, 0),
+        Protocol::Tcp => ORIG_DST_BY_COOKIE.insert(socket_cookie, orig, 0),
+        Protocol::Udp => DNS_ORIG_BY_COOKIE.insert(socket_cookie, orig, 0),
     };
     if recorded.is_err() {
         count(netns_cookie, Reason::FailedClosed);
-        return if cfg.flags & pod_flags::FAIL_OPEN != 0 { ALLOW } else { REFUSE };
+        return if cfg.flags & pod_flags::FAIL_OPEN != 0 {
+            ALLOW
+        } else {
+            REFUSE
+        };
     }
     let sa = ctx.sock_addr;
     let port_be = u32::from(port.to_be());
     // Each field is written on its own: a merged 8-byte store is rejected by the verifier.
     unsafe {
         if !v6_socket {
-            write_volatile(addr_of_mut!((*sa).user_ip4), u32::from_ne_bytes([127, 0, 0, 1]));
+            write_volatile(
+                addr_of_mut!((*sa).user_ip4),
+                u32::from_ne_bytes([127, 0, 0, 1]),
+            );
         } else {
             // The v6 loopback, or the v4 one mapped when the socket speaks IPv4.
             let words = match attempt.dst {
-                IpAddr::V4(_) => [0, 0, u32::from_ne_bytes([0, 0, 0xff, 0xff]), u32::from_ne_bytes([127, 0, 0, 1])],
+                IpAddr::V4(_) => [
+                    0,
+                    0,
+                    u32::from_ne_bytes([0, 0, 0xff, 0xff]),
+                    u32::from_ne_bytes([127, 0, 0, 1]),
+                ],
                 IpAddr::V6(_) => [0, 0, 0, u32::from_ne_bytes([0, 0, 0, 1])],
             };
             write_volatile(addr_of_mut!((*sa).user_ip6[0]), words[0]);

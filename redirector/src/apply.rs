@@ -34,13 +34,25 @@ pub enum ApplyError {
     #[error("opening cgroup {path}: {source}")]
     Cgroup { path: String, source: io::Error },
     #[error("attaching {program} to {target}: {source}")]
-    Attach { program: &'static str, target: String, source: io::Error },
+    Attach {
+        program: &'static str,
+        target: String,
+        source: io::Error,
+    },
     #[error("{action} {path}: {source}")]
-    Fs { action: &'static str, path: String, source: io::Error },
+    Fs {
+        action: &'static str,
+        path: String,
+        source: io::Error,
+    },
 }
 
 fn fs_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> ApplyError + 'a {
-    move |source| ApplyError::Fs { action, path: path.display().to_string(), source }
+    move |source| ApplyError::Fs {
+        action,
+        path: path.display().to_string(),
+        source,
+    }
 }
 
 fn write_err(map: &'static str) -> impl FnOnce(MapError) -> ApplyError {
@@ -63,11 +75,23 @@ pub struct ApplyReport {
 
 /// One step to take back if a later one fails.
 enum Undo {
-    PodConfig { cookie: u64, previous: Option<PodConfig> },
+    PodConfig {
+        cookie: u64,
+        previous: Option<PodConfig>,
+    },
     Port(redirector_common::PortKey),
-    Cidr4 { key: Key<redirector_common::Cidr4Key>, previous: Option<u8> },
-    Cidr6 { key: Key<redirector_common::Cidr6Key>, previous: Option<u8> },
-    PodAddr { key: redirector_common::PodAddrKey, previous: Option<u64> },
+    Cidr4 {
+        key: Key<redirector_common::Cidr4Key>,
+        previous: Option<u8>,
+    },
+    Cidr6 {
+        key: Key<redirector_common::Cidr6Key>,
+        previous: Option<u8>,
+    },
+    PodAddr {
+        key: redirector_common::PodAddrKey,
+        previous: Option<u64>,
+    },
     Counters(u64),
     StagedLink(std::path::PathBuf),
 }
@@ -99,7 +123,8 @@ pub fn apply(root: &PinRoot, object: &[u8], plan: &PodPlan) -> Result<ApplyRepor
     remove_stale_links(&pod, plan)?;
     remove_stale_entries(&mut maps, plan);
     let capture_ports = [plan.config.inbound_port, plan.config.outbound_port];
-    let listeners = crate::listeners::register_existing(&mut maps, plan.netns_cookie, &capture_ports);
+    let listeners =
+        crate::listeners::register_existing(&mut maps, plan.netns_cookie, &capture_ports);
     let mut moved_from = Vec::new();
     for other in installed_objects(root)? {
         if other.id() != obj.id() && other.pod(plan.netns_cookie).dir().exists() {
@@ -129,7 +154,9 @@ fn stage(
     // be live with half its sets.
     for key in &plan.ports {
         if maps.port_sets.get(key, 0).is_err() {
-            maps.port_sets.insert(key, 1, 0).map_err(write_err("PORT_SETS"))?;
+            maps.port_sets
+                .insert(key, 1, 0)
+                .map_err(write_err("PORT_SETS"))?;
             undo.push(Undo::Port(*key));
         }
     }
@@ -137,7 +164,9 @@ fn stage(
         let key = Key::new(e.prefix_len, e.data);
         let previous = maps.cidrs_v4.get(&key, 0).ok();
         if previous != Some(e.value) {
-            maps.cidrs_v4.insert(&key, e.value, 0).map_err(write_err("CIDRS_V4"))?;
+            maps.cidrs_v4
+                .insert(&key, e.value, 0)
+                .map_err(write_err("CIDRS_V4"))?;
             undo.push(Undo::Cidr4 { key, previous });
         }
     }
@@ -145,15 +174,22 @@ fn stage(
         let key = Key::new(e.prefix_len, e.data);
         let previous = maps.cidrs_v6.get(&key, 0).ok();
         if previous != Some(e.value) {
-            maps.cidrs_v6.insert(&key, e.value, 0).map_err(write_err("CIDRS_V6"))?;
+            maps.cidrs_v6
+                .insert(&key, e.value, 0)
+                .map_err(write_err("CIDRS_V6"))?;
             undo.push(Undo::Cidr6 { key, previous });
         }
     }
     for key in &plan.addrs {
         let previous = maps.pod_by_addr.get(key, 0).ok();
         if previous != Some(cookie) {
-            maps.pod_by_addr.insert(key, cookie, 0).map_err(write_err("POD_BY_ADDR"))?;
-            undo.push(Undo::PodAddr { key: *key, previous });
+            maps.pod_by_addr
+                .insert(key, cookie, 0)
+                .map_err(write_err("POD_BY_ADDR"))?;
+            undo.push(Undo::PodAddr {
+                key: *key,
+                previous,
+            });
         }
     }
     if maps.counters.get(&cookie, 0).is_err() {
@@ -162,13 +198,22 @@ fn stage(
             path: path.to_owned(),
             source,
         })?;
-        let zero = aya::maps::PerCpuValues::try_from(vec![Counters::default(); cpus])
-            .map_err(|source| ApplyError::Fs { action: "sizing", path: "COUNTERS".into(), source })?;
-        maps.counters.insert(cookie, zero, 0).map_err(write_err("COUNTERS"))?;
+        let zero = aya::maps::PerCpuValues::try_from(vec![Counters::default(); cpus]).map_err(
+            |source| ApplyError::Fs {
+                action: "sizing",
+                path: "COUNTERS".into(),
+                source,
+            },
+        )?;
+        maps.counters
+            .insert(cookie, zero, 0)
+            .map_err(write_err("COUNTERS"))?;
         undo.push(Undo::Counters(cookie));
     }
     let previous = maps.pod_config.get(&cookie, 0).ok();
-    maps.pod_config.insert(cookie, plan.config, 0).map_err(write_err("POD_CONFIG"))?;
+    maps.pod_config
+        .insert(cookie, plan.config, 0)
+        .map_err(write_err("POD_CONFIG"))?;
     undo.push(Undo::PodConfig { cookie, previous });
 
     // Links: created first (an unpinned link detaches when its fd closes), then pinned.
@@ -186,9 +231,14 @@ fn stage(
             AttachTarget::Cgroup => (cgroup.as_fd(), plan.cgroup.display().to_string()),
             AttachTarget::Netns => (netns.as_fd(), "the pod's network namespace".to_owned()),
         };
-        let link = bpf_sys::link_create(prog.as_fd(), target, spec.attach_type).map_err(
-            |source| ApplyError::Attach { program: spec.function, target: target_name, source },
-        )?;
+        let link =
+            bpf_sys::link_create(prog.as_fd(), target, spec.attach_type).map_err(|source| {
+                ApplyError::Attach {
+                    program: spec.function,
+                    target: target_name,
+                    source,
+                }
+            })?;
         links.push((spec.hook, link));
     }
     fs::create_dir_all(pod.dir()).map_err(fs_err("creating", pod.dir()))?;
@@ -206,23 +256,45 @@ fn stage(
 fn rollback(maps: &mut NodeMaps, pod: &PodPins, undo: Vec<Undo>) {
     for step in undo.into_iter().rev() {
         let undone = match step {
-            Undo::PodConfig { cookie, previous: Some(previous) } => {
-                maps.pod_config.insert(cookie, previous, 0).map_err(|e| e.to_string())
-            }
-            Undo::PodConfig { cookie, previous: None } => {
-                maps.pod_config.remove(&cookie).map_err(|e| e.to_string())
-            }
+            Undo::PodConfig {
+                cookie,
+                previous: Some(previous),
+            } => maps
+                .pod_config
+                .insert(cookie, previous, 0)
+                .map_err(|e| e.to_string()),
+            Undo::PodConfig {
+                cookie,
+                previous: None,
+            } => maps.pod_config.remove(&cookie).map_err(|e| e.to_string()),
             Undo::Port(key) => maps.port_sets.remove(&key).map_err(|e| e.to_string()),
-            Undo::Cidr4 { key, previous: Some(v) } => maps.cidrs_v4.insert(&key, v, 0).map_err(|e| e.to_string()),
-            Undo::Cidr4 { key, previous: None } => maps.cidrs_v4.remove(&key).map_err(|e| e.to_string()),
-            Undo::Cidr6 { key, previous: Some(v) } => maps.cidrs_v6.insert(&key, v, 0).map_err(|e| e.to_string()),
-            Undo::Cidr6 { key, previous: None } => maps.cidrs_v6.remove(&key).map_err(|e| e.to_string()),
-            Undo::PodAddr { key, previous: Some(previous) } => {
-                maps.pod_by_addr.insert(key, previous, 0).map_err(|e| e.to_string())
-            }
-            Undo::PodAddr { key, previous: None } => {
-                maps.pod_by_addr.remove(&key).map_err(|e| e.to_string())
-            }
+            Undo::Cidr4 {
+                key,
+                previous: Some(v),
+            } => maps.cidrs_v4.insert(&key, v, 0).map_err(|e| e.to_string()),
+            Undo::Cidr4 {
+                key,
+                previous: None,
+            } => maps.cidrs_v4.remove(&key).map_err(|e| e.to_string()),
+            Undo::Cidr6 {
+                key,
+                previous: Some(v),
+            } => maps.cidrs_v6.insert(&key, v, 0).map_err(|e| e.to_string()),
+            Undo::Cidr6 {
+                key,
+                previous: None,
+            } => maps.cidrs_v6.remove(&key).map_err(|e| e.to_string()),
+            Undo::PodAddr {
+                key,
+                previous: Some(previous),
+            } => maps
+                .pod_by_addr
+                .insert(key, previous, 0)
+                .map_err(|e| e.to_string()),
+            Undo::PodAddr {
+                key,
+                previous: None,
+            } => maps.pod_by_addr.remove(&key).map_err(|e| e.to_string()),
             Undo::Counters(cookie) => maps.counters.remove(&cookie).map_err(|e| e.to_string()),
             Undo::StagedLink(path) => fs::remove_file(&path).map_err(|e| e.to_string()),
         };
@@ -266,7 +338,10 @@ fn remove_stale_entries(maps: &mut NodeMaps, plan: &PodPlan) {
         .filter_map(Result::ok)
         .filter(|k| {
             k.data().netns_cookie == cookie
-                && !plan.cidrs_v4.iter().any(|e| e.prefix_len == k.prefix_len() && e.data == k.data())
+                && !plan
+                    .cidrs_v4
+                    .iter()
+                    .any(|e| e.prefix_len == k.prefix_len() && e.data == k.data())
         })
         .collect();
     for key in stale_v4 {
@@ -278,7 +353,10 @@ fn remove_stale_entries(maps: &mut NodeMaps, plan: &PodPlan) {
         .filter_map(Result::ok)
         .filter(|k| {
             k.data().netns_cookie == cookie
-                && !plan.cidrs_v6.iter().any(|e| e.prefix_len == k.prefix_len() && e.data == k.data())
+                && !plan
+                    .cidrs_v6
+                    .iter()
+                    .any(|e| e.prefix_len == k.prefix_len() && e.data == k.data())
         })
         .collect();
     for key in stale_v6 {
@@ -425,13 +503,23 @@ pub enum Installed {
 }
 
 /// Compare the pod's installed state with `plan` (read from bpffs and the kernel).
-pub fn installed_state(root: &PinRoot, object: &[u8], plan: &PodPlan) -> Result<Installed, ApplyError> {
+pub fn installed_state(
+    root: &PinRoot,
+    object: &[u8],
+    plan: &PodPlan,
+) -> Result<Installed, ApplyError> {
     let cookie = plan.netns_cookie;
     let objects = installed_objects(root)?;
     let Some(obj) = objects.iter().find(|o| o.pod(cookie).dir().exists()) else {
         return Ok(Installed::Nothing);
     };
-    if obj.id() != crate::object::object_id(object) || objects.iter().filter(|o| o.pod(cookie).dir().exists()).count() > 1 {
+    if obj.id() != crate::object::object_id(object)
+        || objects
+            .iter()
+            .filter(|o| o.pod(cookie).dir().exists())
+            .count()
+            > 1
+    {
         return Ok(Installed::Different);
     }
     let maps = NodeMaps::open(obj)?;
@@ -440,23 +528,73 @@ pub fn installed_state(root: &PinRoot, object: &[u8], plan: &PodPlan) -> Result<
         v.sort();
         v
     };
-    let ports = sorted(maps.port_sets.keys().filter_map(Result::ok).filter(|k| mine(k.netns_cookie)).map(|k| format!("{k:?}")).collect());
-    let v4 = sorted(maps.cidrs_v4.iter().filter_map(Result::ok).filter(|(k, _)| mine(k.data().netns_cookie)).map(|(k, v)| format!("{}/{:?}={v}", k.prefix_len(), k.data())).collect());
-    let v6 = sorted(maps.cidrs_v6.iter().filter_map(Result::ok).filter(|(k, _)| mine(k.data().netns_cookie)).map(|(k, v)| format!("{}/{:?}={v}", k.prefix_len(), k.data())).collect());
-    let addrs = sorted(maps.pod_by_addr.iter().filter_map(Result::ok).filter(|(_, c)| mine(*c)).map(|(k, _)| format!("{k:?}")).collect());
+    let ports = sorted(
+        maps.port_sets
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| mine(k.netns_cookie))
+            .map(|k| format!("{k:?}"))
+            .collect(),
+    );
+    let v4 = sorted(
+        maps.cidrs_v4
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(k, _)| mine(k.data().netns_cookie))
+            .map(|(k, v)| format!("{}/{:?}={v}", k.prefix_len(), k.data()))
+            .collect(),
+    );
+    let v6 = sorted(
+        maps.cidrs_v6
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(k, _)| mine(k.data().netns_cookie))
+            .map(|(k, v)| format!("{}/{:?}={v}", k.prefix_len(), k.data()))
+            .collect(),
+    );
+    let addrs = sorted(
+        maps.pod_by_addr
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, c)| mine(*c))
+            .map(|(k, _)| format!("{k:?}"))
+            .collect(),
+    );
     let same_entries = maps.pod_config.get(&cookie, 0).ok() == Some(plan.config)
         && ports == sorted(plan.ports.iter().map(|k| format!("{k:?}")).collect())
-        && v4 == sorted(plan.cidrs_v4.iter().map(|e| format!("{}/{:?}={}", e.prefix_len, e.data, e.value)).collect())
-        && v6 == sorted(plan.cidrs_v6.iter().map(|e| format!("{}/{:?}={}", e.prefix_len, e.data, e.value)).collect())
+        && v4
+            == sorted(
+                plan.cidrs_v4
+                    .iter()
+                    .map(|e| format!("{}/{:?}={}", e.prefix_len, e.data, e.value))
+                    .collect(),
+            )
+        && v6
+            == sorted(
+                plan.cidrs_v6
+                    .iter()
+                    .map(|e| format!("{}/{:?}={}", e.prefix_len, e.data, e.value))
+                    .collect(),
+            )
         && addrs == sorted(plan.addrs.iter().map(|k| format!("{k:?}")).collect());
     if !same_entries {
         return Ok(Installed::Different);
     }
-    let inode = |path: &Path| fs::metadata(path).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).ok();
+    let inode = |path: &Path| {
+        fs::metadata(path)
+            .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+            .ok()
+    };
     let cgroup_id = inode(&plan.cgroup);
     let netns_ino = inode(Path::new("/proc/thread-self/ns/net"));
     let pod = obj.pod(cookie);
-    let links = sorted(fs::read_dir(pod.dir()).map_err(fs_err("listing", pod.dir()))?.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()).collect());
+    let links = sorted(
+        fs::read_dir(pod.dir())
+            .map_err(fs_err("listing", pod.dir()))?
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect(),
+    );
     if links != sorted(plan.programs.iter().map(|p| p.hook.to_owned()).collect()) {
         return Ok(Installed::Different);
     }

@@ -25,7 +25,12 @@ struct BpfAttr([u32; 32]);
 fn bpf(cmd: libc::c_long, attr: &mut BpfAttr) -> io::Result<libc::c_long> {
     // SAFETY: `attr` is a valid, fully initialised buffer of the size we pass.
     let ret = unsafe {
-        libc::syscall(libc::SYS_bpf, cmd, attr as *mut BpfAttr, size_of::<BpfAttr>() as u32)
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *mut BpfAttr,
+            size_of::<BpfAttr>() as u32,
+        )
     };
     if ret < 0 {
         Err(io::Error::last_os_error())

@@ -58,11 +58,17 @@ fn rule(reason: Reason, lookups: &LivePod, port: u16) -> &'static str {
             "the proxy calling its own pod through a local address goes to the inbound port"
         }
         Reason::PassedExcludedPort => "-o/--istio-local-outbound-ports-exclude excludes the port",
-        Reason::PassedInboundPassthrough => "source 127.0.0.6/::6 is the proxy's inbound passthrough",
+        Reason::PassedInboundPassthrough => {
+            "source 127.0.0.6/::6 is the proxy's inbound passthrough"
+        }
         Reason::PassedLocalNotProxy => "a local destination, from a process that is not the proxy",
         Reason::PassedProxyOwner => "the caller is the proxy (-u/--proxy-uid or -g/--proxy-gid)",
-        Reason::PassedOwnerGroup => "ISTIO_OUTBOUND_OWNER_GROUPS(_EXCLUDE) leaves the caller's group out",
-        Reason::PassedLoopback => "the destination is in the loopback CIDR (ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR, ::1)",
+        Reason::PassedOwnerGroup => {
+            "ISTIO_OUTBOUND_OWNER_GROUPS(_EXCLUDE) leaves the caller's group out"
+        }
+        Reason::PassedLoopback => {
+            "the destination is in the loopback CIDR (ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR, ::1)"
+        }
         Reason::PassedExcludedCidr => "-x/--istio-service-exclude-cidr excludes the destination",
         Reason::PassedNotIncluded => "the destination is not in -i and the port is not in -q",
         Reason::SteeredInbound => "-b/--istio-inbound-ports captures the port",
@@ -92,7 +98,9 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
         let dst = match (args.dst, args.dst_port) {
             (Some(dst), _) => dst,
             (None, Some(port)) => {
-                let addr = *pod::local_addresses()?.first().context("the pod has no address")?;
+                let addr = *pod::local_addresses()?
+                    .first()
+                    .context("the pod has no address")?;
                 SocketAddr::new(addr, port)
             }
             (None, None) => bail!("--inbound needs --dst IP:PORT or --dst-port PORT"),
@@ -102,7 +110,11 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
             .find(|(name, _)| *name == args.iface)
             .map(|(_, index)| index)
             .with_context(|| format!("--iface {}: no such interface in the pod", args.iface))?;
-        let attempt = InboundAttempt { dst: dst.ip(), dst_port: dst.port(), ifindex };
+        let attempt = InboundAttempt {
+            dst: dst.ip(),
+            dst_port: dst.port(),
+            ifindex,
+        };
         let verdict = decide_inbound(&cfg, &attempt, &live);
         println!("inbound TCP to {dst} on {}", args.iface);
         report(verdict, &live, dst, &cfg);
@@ -110,8 +122,19 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
         let dst = args.dst.context("--dst IP:PORT is required")?;
         let gid = args.gid.unwrap_or(args.uid);
         let src = args.src.unwrap_or(IpAddr::from([0, 0, 0, 0]));
-        let protocol = if args.udp { Protocol::Udp } else { Protocol::Tcp };
-        let attempt = OutboundAttempt { protocol, dst: dst.ip(), dst_port: dst.port(), src, uid: args.uid, gid };
+        let protocol = if args.udp {
+            Protocol::Udp
+        } else {
+            Protocol::Tcp
+        };
+        let attempt = OutboundAttempt {
+            protocol,
+            dst: dst.ip(),
+            dst_port: dst.port(),
+            src,
+            uid: args.uid,
+            gid,
+        };
         let verdict = decide_outbound(&cfg, &attempt, &live);
         let name = if args.udp { "UDP" } else { "TCP" };
         println!("outbound {name} to {dst} from uid {} gid {gid}", args.uid);
@@ -122,7 +145,11 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
 
 fn report(verdict: Verdict, live: &LivePod, dst: SocketAddr, cfg: &redirector_common::PodConfig) {
     let reason = verdict.reason();
-    println!("decided by: {} ({})", rule(reason, live, dst.port()), reason.name());
+    println!(
+        "decided by: {} ({})",
+        rule(reason, live, dst.port()),
+        reason.name()
+    );
     match verdict {
         Verdict::Capture => println!(
             "lands on: the proxy's outbound listener, port {} (-p); SO_ORIGINAL_DST = {dst}",

@@ -95,7 +95,12 @@ fn apply_rules(cfg: &IstioConfig, root: &PinRoot, cookie: u64) -> anyhow::Result
         routes: pod::routes().context("listing the pod's routes")?,
     };
     let plan = plan_pod(&cfg.capture, &facts);
-    for name in cfg.capture.exclude_interfaces.iter().chain(&cfg.capture.kube_virt_interfaces) {
+    for name in cfg
+        .capture
+        .exclude_interfaces
+        .iter()
+        .chain(&cfg.capture.kube_virt_interfaces)
+    {
         if !facts.interfaces.iter().any(|(n, _)| n == name) {
             warn!("interface {name} does not exist in the pod: its rule applies to nothing (set the pod up again once it exists)");
         }
@@ -154,7 +159,10 @@ fn apply_rules(cfg: &IstioConfig, root: &PinRoot, cookie: u64) -> anyhow::Result
 }
 
 fn require_bpffs(root: &Path) -> anyhow::Result<()> {
-    let probe = root.ancestors().find(|p| p.exists()).context("pin root has no existing ancestor")?;
+    let probe = root
+        .ancestors()
+        .find(|p| p.exists())
+        .context("pin root has no existing ancestor")?;
     if !pod::is_bpffs(probe) && !pod::is_bpffs(root) {
         bail!(
             "{} is not on a bpffs mount: mount one with `mount -t bpf bpf {BPFFS_MOUNT}` (in a container, mount the host's {BPFFS_MOUNT})",

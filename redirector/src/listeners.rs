@@ -29,7 +29,11 @@ fn listeners_on(ports: &[u16]) -> Vec<Listener> {
                 tracing::warn!("listing listening sockets: {err}");
                 Vec::new()
             });
-            found.into_iter().map(move |s| Listener { port: s.port, family, inode: s.inode })
+            found.into_iter().map(move |s| Listener {
+                port: s.port,
+                family,
+                inode: s.inode,
+            })
         })
         .filter(|l| ports.contains(&l.port))
         .collect()
@@ -63,7 +67,12 @@ fn duplicate_fd(pid: i32, fd: i32) -> io::Result<OwnedFd> {
             return Err(io::Error::last_os_error());
         }
         let pidfd = OwnedFd::from_raw_fd(pidfd as i32);
-        let dup = libc::syscall(libc::SYS_pidfd_getfd, std::os::fd::AsRawFd::as_raw_fd(&pidfd), fd, 0);
+        let dup = libc::syscall(
+            libc::SYS_pidfd_getfd,
+            std::os::fd::AsRawFd::as_raw_fd(&pidfd),
+            fd,
+            0,
+        );
         if dup < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -83,12 +92,24 @@ pub fn register_existing(maps: &mut NodeMaps, netns_cookie: u64, ports: &[u16]) 
             );
             continue;
         };
-        let key = ListenerKey { netns_cookie, port: listener.port, family: listener.family, _pad: 0 };
-        match duplicate_fd(pid, fd).map_err(|e| e.to_string()).and_then(|sock| {
-            maps.listeners.insert(key, std::os::fd::AsRawFd::as_raw_fd(&sock), 0).map_err(|e| e.to_string())
-        }) {
+        let key = ListenerKey {
+            netns_cookie,
+            port: listener.port,
+            family: listener.family,
+            _pad: 0,
+        };
+        match duplicate_fd(pid, fd)
+            .map_err(|e| e.to_string())
+            .and_then(|sock| {
+                maps.listeners
+                    .insert(key, std::os::fd::AsRawFd::as_raw_fd(&sock), 0)
+                    .map_err(|e| e.to_string())
+            }) {
             Ok(()) => registered.push(format!("port {} (pid {pid})", listener.port)),
-            Err(err) => tracing::warn!("registering the listener on port {} of pid {pid}: {err}", listener.port),
+            Err(err) => tracing::warn!(
+                "registering the listener on port {} of pid {pid}: {err}",
+                listener.port
+            ),
         }
     }
     registered

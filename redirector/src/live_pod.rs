@@ -42,7 +42,12 @@ impl LivePod {
             let Ok(config) = maps.pod_config.get(&netns_cookie, 0) else {
                 continue;
             };
-            return Ok(LivePod { netns_cookie, object, maps, config });
+            return Ok(LivePod {
+                netns_cookie,
+                object,
+                maps,
+                config,
+            });
         }
         Err(LivePodError::NotFound(netns_cookie))
     }
@@ -65,18 +70,27 @@ impl LivePod {
 /// Lookups the kernel programs make, made the same way from user space.
 impl PodLookups for LivePod {
     fn port_in(&self, set: PortSet, port: u16) -> bool {
-        self.maps.port_sets.get(&PortKey::new(self.netns_cookie, set, port), 0).is_ok()
+        self.maps
+            .port_sets
+            .get(&PortKey::new(self.netns_cookie, set, port), 0)
+            .is_ok()
     }
 
     fn cidr_value(&self, list: CidrList, addr: IpAddr) -> Option<u8> {
         match addr {
             IpAddr::V4(v4) => {
                 let data = Cidr4Key::new(self.netns_cookie, list, v4.octets());
-                self.maps.cidrs_v4.get(&Key::new(CIDR_KEY_FIXED_BITS + 32, data), 0).ok()
+                self.maps
+                    .cidrs_v4
+                    .get(&Key::new(CIDR_KEY_FIXED_BITS + 32, data), 0)
+                    .ok()
             }
             IpAddr::V6(v6) => {
                 let data = Cidr6Key::new(self.netns_cookie, list, v6.octets());
-                self.maps.cidrs_v6.get(&Key::new(CIDR_KEY_FIXED_BITS + 128, data), 0).ok()
+                self.maps
+                    .cidrs_v6
+                    .get(&Key::new(CIDR_KEY_FIXED_BITS + 128, data), 0)
+                    .ok()
             }
         }
     }

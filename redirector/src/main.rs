@@ -27,8 +27,14 @@ const EXIT_ERROR: u8 = 1;
 
 /// Commands other than `istio-iptables` (which parses istio's own flag syntax itself).
 #[derive(clap::Parser, Debug)]
-#[command(name = "redirector", version, about = "eBPF transparent traffic redirection for service-mesh sidecars")]
-#[command(after_help = "Also: `redirector istio-iptables [FLAGS]`, the drop-in for istio-iptables (or invoke the binary as `istio-iptables`); see `redirector istio-iptables --help`.")]
+#[command(
+    name = "redirector",
+    version,
+    about = "eBPF transparent traffic redirection for service-mesh sidecars"
+)]
+#[command(
+    after_help = "Also: `redirector istio-iptables [FLAGS]`, the drop-in for istio-iptables (or invoke the binary as `istio-iptables`); see `redirector istio-iptables --help`."
+)]
 enum Command {
     /// Show what is attached and pinned, map fill and per-pod counters.
     Status(status::StatusArgs),
@@ -46,7 +52,15 @@ struct GcArgs {
 
 fn gc(args: &GcArgs) -> anyhow::Result<()> {
     let removed = apply::collect_stale(&pins::PinRoot::new(&args.pin_root))?;
-    println!("removed {} stale pod(s){}", removed.len(), if removed.is_empty() { String::new() } else { format!(": netns cookies {removed:?}") });
+    println!(
+        "removed {} stale pod(s){}",
+        removed.len(),
+        if removed.is_empty() {
+            String::new()
+        } else {
+            format!(": netns cookies {removed:?}")
+        }
+    );
     Ok(())
 }
 
@@ -87,7 +101,11 @@ fn run_command(argv: Vec<OsString>) -> ExitCode {
         Ok(command) => command,
         Err(err) => {
             let _ = err.print();
-            return if err.use_stderr() { ExitCode::from(EXIT_ERROR) } else { ExitCode::SUCCESS };
+            return if err.use_stderr() {
+                ExitCode::from(EXIT_ERROR)
+            } else {
+                ExitCode::SUCCESS
+            };
         }
     };
     init_logging(false, "default:warn");
@@ -123,9 +141,17 @@ fn init_logging(json: bool, istio_levels: &str) {
 fn log_level(istio_levels: &str) -> &'static str {
     let level = istio_levels
         .split(',')
-        .map(|item| item.rsplit_once(':').map_or(("default", item), |(s, l)| (s, l)))
+        .map(|item| {
+            item.rsplit_once(':')
+                .map_or(("default", item), |(s, l)| (s, l))
+        })
         .find(|(scope, _)| scope.trim() == "default")
-        .or_else(|| istio_levels.split(',').next().map(|i| ("", i.rsplit(':').next().unwrap_or(i))))
+        .or_else(|| {
+            istio_levels
+                .split(',')
+                .next()
+                .map(|i| ("", i.rsplit(':').next().unwrap_or(i)))
+        })
         .map(|(_, level)| level.trim().to_ascii_lowercase())
         .unwrap_or_default();
     match level.as_str() {

@@ -29,9 +29,19 @@ pub fn message(kind: u16, flags: u16, body: &[u8]) -> Vec<u8> {
 
 /// Send `request` on a new `protocol` socket of the current network namespace and pass
 /// each reply (type, body) to `on_reply`, until NLMSG_DONE or an acknowledgement.
-pub fn exchange(protocol: i32, request: &[u8], mut on_reply: impl FnMut(u16, &[u8])) -> io::Result<()> {
+pub fn exchange(
+    protocol: i32,
+    request: &[u8],
+    mut on_reply: impl FnMut(u16, &[u8]),
+) -> io::Result<()> {
     // SAFETY: socket(2); the descriptor is owned right below.
-    let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, protocol) };
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+            protocol,
+        )
+    };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -59,7 +69,11 @@ pub fn exchange(protocol: i32, request: &[u8], mut on_reply: impl FnMut(u16, &[u
                 NLMSG_DONE => return Ok(()),
                 NLMSG_ERROR => {
                     let errno = i32::from_ne_bytes(rest[16..20].try_into().expect("4 bytes"));
-                    return if errno == 0 { Ok(()) } else { Err(io::Error::from_raw_os_error(-errno)) };
+                    return if errno == 0 {
+                        Ok(())
+                    } else {
+                        Err(io::Error::from_raw_os_error(-errno))
+                    };
                 }
                 _ => on_reply(kind, &rest[HEADER_LEN..len]),
             }

@@ -32,7 +32,11 @@ where
     T: TryFrom<Map, Error = aya::maps::MapError>,
 {
     let path = pins.map(name);
-    let err = |source| OpenMapError { name, path: path.display().to_string(), source };
+    let err = |source| OpenMapError {
+        name,
+        path: path.display().to_string(),
+        source,
+    };
     let data = MapData::from_pin(&path).map_err(err)?;
     let map = Map::from_map_data(data).map_err(err)?;
     T::try_from(map).map_err(err)

@@ -1,8 +1,7 @@
 //! The node's eBPF object: loaded once, pinned, and reused by every later run.
 
 use std::{
-    fs,
-    io,
+    fs, io,
     os::fd::{AsRawFd, OwnedFd},
     path::Path,
 };
@@ -32,17 +31,34 @@ pub enum ObjectError {
     #[error("loading the eBPF object: {0}")]
     Load(#[from] aya::EbpfError),
     #[error("loading program {name}: {source}")]
-    Program { name: &'static str, source: aya::programs::ProgramError },
+    Program {
+        name: &'static str,
+        source: aya::programs::ProgramError,
+    },
     #[error("pinning {what} at {path}: {source}")]
-    Pin { what: String, path: String, source: io::Error },
-    #[error("pinned object at {path} is incomplete (missing {missing}); remove it with --cleanup-only")]
+    Pin {
+        what: String,
+        path: String,
+        source: io::Error,
+    },
+    #[error(
+        "pinned object at {path} is incomplete (missing {missing}); remove it with --cleanup-only"
+    )]
     Incomplete { path: String, missing: String },
     #[error("{action} {path}: {source}")]
-    Fs { action: &'static str, path: String, source: io::Error },
+    Fs {
+        action: &'static str,
+        path: String,
+        source: io::Error,
+    },
 }
 
 fn fs_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> ObjectError + 'a {
-    move |source| ObjectError::Fs { action, path: path.display().to_string(), source }
+    move |source| ObjectError::Fs {
+        action,
+        path: path.display().to_string(),
+        source,
+    }
 }
 
 /// A stable id for an object's bytes (FNV-1a, 64 bit): a changed object gets new pins.
@@ -105,7 +121,10 @@ fn load_and_pin(bytes: &[u8], staging: &ObjectPins) -> Result<(), ObjectError> {
                 missing: spec.function.into(),
             })?;
         let path = staging.program(spec.function);
-        let prog_err = |source| ObjectError::Program { name: spec.function, source };
+        let prog_err = |source| ObjectError::Program {
+            name: spec.function,
+            source,
+        };
         let pin_err = |source: aya::pin::PinError| ObjectError::Pin {
             what: spec.function.into(),
             path: path.display().to_string(),

@@ -39,7 +39,10 @@ impl PinRoot {
 
     /// Where an object is pinned while it is being loaded, before it is renamed into place.
     pub fn staging_object(&self, id: &str) -> ObjectPins {
-        ObjectPins(self.objects_dir().join(format!("{STAGING_PREFIX}{id}-{}", std::process::id())))
+        ObjectPins(
+            self.objects_dir()
+                .join(format!("{STAGING_PREFIX}{id}-{}", std::process::id())),
+        )
     }
 }
 
@@ -53,7 +56,10 @@ impl ObjectPins {
     }
 
     pub fn id(&self) -> String {
-        self.0.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+        self.0
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
     }
 
     pub fn progs_dir(&self) -> PathBuf {

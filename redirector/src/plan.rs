@@ -5,9 +5,9 @@ use std::{fmt, net::IpAddr, path::PathBuf};
 
 use ipnet::IpNet;
 use redirector_common::{
-    decision::ROUTE_VIA_EXCLUDED_INTERFACE, inbound_capture, owner_group_mode, pod_flags,
-    PodAddrKey, RawIp, Cidr4Key, Cidr6Key, CidrList, PodConfig, PodLookups, PortKey,
-    PortSet, AF_INET, AF_INET6, CIDR_KEY_FIXED_BITS,
+    decision::ROUTE_VIA_EXCLUDED_INTERFACE, inbound_capture, owner_group_mode, pod_flags, Cidr4Key,
+    Cidr6Key, CidrList, PodAddrKey, PodConfig, PodLookups, PortKey, PortSet, RawIp, AF_INET,
+    AF_INET6, CIDR_KEY_FIXED_BITS,
 };
 
 use crate::{
@@ -58,7 +58,12 @@ impl PodPlan {
 fn ifindexes(names: &[String], interfaces: &[(String, u32)]) -> Vec<u32> {
     names
         .iter()
-        .filter_map(|name| interfaces.iter().find(|(n, _)| n == name).map(|&(_, index)| index))
+        .filter_map(|name| {
+            interfaces
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|&(_, index)| index)
+        })
         .collect()
 }
 
@@ -159,7 +164,11 @@ pub fn plan_pod(cfg: &CaptureConfig, facts: &PodFacts) -> PodPlan {
         cidrs_v4: Vec::new(),
         cidrs_v6: Vec::new(),
         addrs: Vec::new(),
-        programs: if cfg.redirect_dns { &POD_PROGRAMS } else { &POD_PROGRAMS[..BASE_PROGRAMS] },
+        programs: if cfg.redirect_dns {
+            &POD_PROGRAMS
+        } else {
+            &POD_PROGRAMS[..BASE_PROGRAMS]
+        },
     };
     let inbound_include: &[u16] = match &cfg.inbound_ports {
         PortSelection::List(ports) => ports,
@@ -202,7 +211,10 @@ pub fn plan_pod(cfg: &CaptureConfig, facts: &PodFacts) -> PodPlan {
     for &addr in &facts.local_addrs {
         cidr_entry(cookie, CidrList::Local, IpNet::from(addr), &mut plan);
         let family = if addr.is_ipv6() { AF_INET6 } else { AF_INET };
-        plan.addrs.push(PodAddrKey { addr: RawIp::from_ip(addr), family: u32::from(family) });
+        plan.addrs.push(PodAddrKey {
+            addr: RawIp::from_ip(addr),
+            family: u32::from(family),
+        });
     }
     plan
 }
@@ -217,20 +229,43 @@ fn prefix_match(entry_bits: &[u8], addr_bits: &[u8], prefix: u32) -> bool {
 /// The plan answers set membership the way the kernel's maps would.
 impl PodLookups for PodPlan {
     fn port_in(&self, set: PortSet, port: u16) -> bool {
-        self.ports.contains(&PortKey::new(self.netns_cookie, set, port))
+        self.ports
+            .contains(&PortKey::new(self.netns_cookie, set, port))
     }
 
     fn cidr_value(&self, list: CidrList, addr: IpAddr) -> Option<u8> {
-        let longest = |entries: &mut dyn Iterator<Item = (u32, u8)>| entries.max_by_key(|&(len, _)| len).map(|(_, v)| v);
+        let longest = |entries: &mut dyn Iterator<Item = (u32, u8)>| {
+            entries.max_by_key(|&(len, _)| len).map(|(_, v)| v)
+        };
         match addr {
-            IpAddr::V4(v4) => longest(&mut self.cidrs_v4.iter().filter(|e| {
-                e.data.list == list as u32
-                    && prefix_match(&e.data.addr, &v4.octets(), e.prefix_len - CIDR_KEY_FIXED_BITS)
-            }).map(|e| (e.prefix_len, e.value))),
-            IpAddr::V6(v6) => longest(&mut self.cidrs_v6.iter().filter(|e| {
-                e.data.list == list as u32
-                    && prefix_match(&e.data.addr, &v6.octets(), e.prefix_len - CIDR_KEY_FIXED_BITS)
-            }).map(|e| (e.prefix_len, e.value))),
+            IpAddr::V4(v4) => longest(
+                &mut self
+                    .cidrs_v4
+                    .iter()
+                    .filter(|e| {
+                        e.data.list == list as u32
+                            && prefix_match(
+                                &e.data.addr,
+                                &v4.octets(),
+                                e.prefix_len - CIDR_KEY_FIXED_BITS,
+                            )
+                    })
+                    .map(|e| (e.prefix_len, e.value)),
+            ),
+            IpAddr::V6(v6) => longest(
+                &mut self
+                    .cidrs_v6
+                    .iter()
+                    .filter(|e| {
+                        e.data.list == list as u32
+                            && prefix_match(
+                                &e.data.addr,
+                                &v6.octets(),
+                                e.prefix_len - CIDR_KEY_FIXED_BITS,
+                            )
+                    })
+                    .map(|e| (e.prefix_len, e.value)),
+            ),
         }
     }
 }
@@ -263,8 +298,18 @@ impl fmt::Display for PodPlan {
         writeln!(f, "pod netns cookie {}", self.netns_cookie)?;
         for p in self.programs {
             match p.target {
-                AttachTarget::Cgroup => writeln!(f, "attach {} ({}) to cgroup {}", p.function, p.hook, self.cgroup.display())?,
-                AttachTarget::Netns => writeln!(f, "attach {} ({}) to the pod's network namespace", p.function, p.hook)?,
+                AttachTarget::Cgroup => writeln!(
+                    f,
+                    "attach {} ({}) to cgroup {}",
+                    p.function,
+                    p.hook,
+                    self.cgroup.display()
+                )?,
+                AttachTarget::Netns => writeln!(
+                    f,
+                    "attach {} ({}) to the pod's network namespace",
+                    p.function, p.hook
+                )?,
             }
         }
         writeln!(
@@ -290,18 +335,43 @@ impl fmt::Display for PodPlan {
             &c.virt_ifaces[..c.virt_iface_count as usize],
         )?;
         for k in &self.ports {
-            writeln!(f, "PORT_SETS[{} {} {}]", k.netns_cookie, set_name(k.set), k.port)?;
+            writeln!(
+                f,
+                "PORT_SETS[{} {} {}]",
+                k.netns_cookie,
+                set_name(k.set),
+                k.port
+            )?;
         }
         for e in &self.cidrs_v4 {
             let ip = std::net::Ipv4Addr::from(e.data.addr);
-            writeln!(f, "CIDRS_V4[{} {} {ip}/{}] = {}", e.data.netns_cookie, list_name(e.data.list), e.prefix_len - CIDR_KEY_FIXED_BITS, e.value)?;
+            writeln!(
+                f,
+                "CIDRS_V4[{} {} {ip}/{}] = {}",
+                e.data.netns_cookie,
+                list_name(e.data.list),
+                e.prefix_len - CIDR_KEY_FIXED_BITS,
+                e.value
+            )?;
         }
         for e in &self.cidrs_v6 {
             let ip = std::net::Ipv6Addr::from(e.data.addr);
-            writeln!(f, "CIDRS_V6[{} {} {ip}/{}] = {}", e.data.netns_cookie, list_name(e.data.list), e.prefix_len - CIDR_KEY_FIXED_BITS, e.value)?;
+            writeln!(
+                f,
+                "CIDRS_V6[{} {} {ip}/{}] = {}",
+                e.data.netns_cookie,
+                list_name(e.data.list),
+                e.prefix_len - CIDR_KEY_FIXED_BITS,
+                e.value
+            )?;
         }
         for a in &self.addrs {
-            writeln!(f, "POD_BY_ADDR[{}] = {}", a.addr.ip(a.family as u16), self.netns_cookie)?;
+            writeln!(
+                f,
+                "POD_BY_ADDR[{}] = {}",
+                a.addr.ip(a.family as u16),
+                self.netns_cookie
+            )?;
         }
         writeln!(f, "COUNTERS[{}] = 0 (created if absent)", self.netns_cookie)
     }
@@ -320,8 +390,10 @@ mod tests {
     const POD_IP: &str = "10.244.1.5";
 
     fn plan(args: &[&str], env: &[(&str, &str)]) -> PodPlan {
-        let env: HashMap<String, String> =
-            env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let env: HashMap<String, String> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         let argv = std::iter::once("istio-iptables").chain(args.iter().copied());
         let cfg = parse_istio_iptables(argv, &env).expect("valid flags");
         let facts = PodFacts {
@@ -356,8 +428,22 @@ mod tests {
     }
 
     const STANDARD: [&str; 16] = [
-        "-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT", "-i", "*", "-x", "", "-b",
-        "*", "-d", "15090,15021,15020",
+        "-p",
+        "15001",
+        "-z",
+        "15006",
+        "-u",
+        "1337",
+        "-m",
+        "REDIRECT",
+        "-i",
+        "*",
+        "-x",
+        "",
+        "-b",
+        "*",
+        "-d",
+        "15090,15021,15020",
     ];
 
     #[test]
@@ -365,18 +451,39 @@ mod tests {
         let p = plan(&STANDARD, &[]);
         assert_eq!(decide(&p, 1000, "10.0.0.1", 80), Verdict::Capture);
         assert_eq!(decide(&p, 1000, "2001:db8::1", 443), Verdict::Capture);
-        assert_eq!(decide(&p, 1337, "10.0.0.1", 80), Verdict::Pass(Reason::PassedProxyOwner));
-        assert_eq!(decide_from(&p, 1000, 1337, "0.0.0.0", "10.0.0.1", 80), Verdict::Pass(Reason::PassedProxyOwner));
+        assert_eq!(
+            decide(&p, 1337, "10.0.0.1", 80),
+            Verdict::Pass(Reason::PassedProxyOwner)
+        );
+        assert_eq!(
+            decide_from(&p, 1000, 1337, "0.0.0.0", "10.0.0.1", 80),
+            Verdict::Pass(Reason::PassedProxyOwner)
+        );
         // The proxy calling its own pod goes back through the inbound port, except 15008.
         assert_eq!(decide(&p, 1337, POD_IP, 8080), Verdict::CaptureInbound);
         assert_eq!(decide(&p, 1337, "fd00::5", 8080), Verdict::CaptureInbound);
-        assert_eq!(decide(&p, 1337, POD_IP, 15008), Verdict::Pass(Reason::PassedProxyOwner));
-        assert_eq!(decide(&p, 1337, "127.0.0.1", 8080), Verdict::Pass(Reason::PassedProxyOwner));
+        assert_eq!(
+            decide(&p, 1337, POD_IP, 15008),
+            Verdict::Pass(Reason::PassedProxyOwner)
+        );
+        assert_eq!(
+            decide(&p, 1337, "127.0.0.1", 8080),
+            Verdict::Pass(Reason::PassedProxyOwner)
+        );
         assert_eq!(decide(&p, 1337, "127.0.0.2", 8080), Verdict::CaptureInbound);
         // The app calling a local address passes.
-        assert_eq!(decide(&p, 1000, POD_IP, 8080), Verdict::Pass(Reason::PassedLocalNotProxy));
-        assert_eq!(decide(&p, 1000, "127.0.0.1", 8080), Verdict::Pass(Reason::PassedLocalNotProxy));
-        assert_eq!(decide(&p, 1000, "::1", 8080), Verdict::Pass(Reason::PassedLocalNotProxy));
+        assert_eq!(
+            decide(&p, 1000, POD_IP, 8080),
+            Verdict::Pass(Reason::PassedLocalNotProxy)
+        );
+        assert_eq!(
+            decide(&p, 1000, "127.0.0.1", 8080),
+            Verdict::Pass(Reason::PassedLocalNotProxy)
+        );
+        assert_eq!(
+            decide(&p, 1000, "::1", 8080),
+            Verdict::Pass(Reason::PassedLocalNotProxy)
+        );
         // Inbound passthrough source.
         assert_eq!(
             decide_from(&p, 1337, 1337, "127.0.0.6", POD_IP, 8080),
@@ -386,22 +493,52 @@ mod tests {
 
     #[test]
     fn cidr_and_port_lists() {
-        let p = plan(&["-i", "10.0.0.0/8,2001:db8::/32", "-x", "10.96.0.0/12", "-q", "3306", "-o", "9000"], &[]);
+        let p = plan(
+            &[
+                "-i",
+                "10.0.0.0/8,2001:db8::/32",
+                "-x",
+                "10.96.0.0/12",
+                "-q",
+                "3306",
+                "-o",
+                "9000",
+            ],
+            &[],
+        );
         assert_eq!(decide(&p, 1000, "10.1.2.3", 80), Verdict::Capture);
-        assert_eq!(decide(&p, 1000, "10.96.0.10", 80), Verdict::Pass(Reason::PassedExcludedCidr));
+        assert_eq!(
+            decide(&p, 1000, "10.96.0.10", 80),
+            Verdict::Pass(Reason::PassedExcludedCidr)
+        );
         // -x is checked before -q, -o before everything.
-        assert_eq!(decide(&p, 1000, "10.96.0.10", 3306), Verdict::Pass(Reason::PassedExcludedCidr));
+        assert_eq!(
+            decide(&p, 1000, "10.96.0.10", 3306),
+            Verdict::Pass(Reason::PassedExcludedCidr)
+        );
         assert_eq!(decide(&p, 1000, "192.168.1.1", 3306), Verdict::Capture);
-        assert_eq!(decide(&p, 1000, "10.1.2.3", 9000), Verdict::Pass(Reason::PassedExcludedPort));
-        assert_eq!(decide(&p, 1000, "192.168.1.1", 80), Verdict::Pass(Reason::PassedNotIncluded));
+        assert_eq!(
+            decide(&p, 1000, "10.1.2.3", 9000),
+            Verdict::Pass(Reason::PassedExcludedPort)
+        );
+        assert_eq!(
+            decide(&p, 1000, "192.168.1.1", 80),
+            Verdict::Pass(Reason::PassedNotIncluded)
+        );
         assert_eq!(decide(&p, 1000, "2001:db8::1", 80), Verdict::Capture);
-        assert_eq!(decide(&p, 1000, "2001:db9::1", 80), Verdict::Pass(Reason::PassedNotIncluded));
+        assert_eq!(
+            decide(&p, 1000, "2001:db9::1", 80),
+            Verdict::Pass(Reason::PassedNotIncluded)
+        );
     }
 
     #[test]
     fn empty_include_list_captures_nothing() {
         let p = plan(&[], &[]);
-        assert_eq!(decide(&p, 1000, "10.0.0.1", 80), Verdict::Pass(Reason::PassedNotIncluded));
+        assert_eq!(
+            decide(&p, 1000, "10.0.0.1", 80),
+            Verdict::Pass(Reason::PassedNotIncluded)
+        );
     }
 
     #[test]
@@ -410,30 +547,71 @@ mod tests {
         // uid already returns at the first uid's "! --uid-owner" rule.
         let p = plan(&["-i", "*", "-u", "3,4", "-g", "5"], &[]);
         assert_eq!(decide(&p, 3, POD_IP, 80), Verdict::CaptureInbound);
-        assert_eq!(decide(&p, 4, POD_IP, 80), Verdict::Pass(Reason::PassedLocalNotProxy));
-        assert_eq!(decide(&p, 4, "10.0.0.1", 80), Verdict::Pass(Reason::PassedProxyOwner));
-        assert_eq!(decide_from(&p, 1000, 5, "0.0.0.0", "10.0.0.1", 80), Verdict::Pass(Reason::PassedProxyOwner));
+        assert_eq!(
+            decide(&p, 4, POD_IP, 80),
+            Verdict::Pass(Reason::PassedLocalNotProxy)
+        );
+        assert_eq!(
+            decide(&p, 4, "10.0.0.1", 80),
+            Verdict::Pass(Reason::PassedProxyOwner)
+        );
+        assert_eq!(
+            decide_from(&p, 1000, 5, "0.0.0.0", "10.0.0.1", 80),
+            Verdict::Pass(Reason::PassedProxyOwner)
+        );
     }
 
     #[test]
     fn owner_groups_and_loopback_cidr_from_env() {
         let p = plan(&["-i", "*"], &[("ISTIO_OUTBOUND_OWNER_GROUPS", "202")]);
-        assert_eq!(decide_from(&p, 1000, 202, "0.0.0.0", "10.0.0.1", 80), Verdict::Capture);
-        assert_eq!(decide_from(&p, 1000, 1000, "0.0.0.0", "10.0.0.1", 80), Verdict::Pass(Reason::PassedOwnerGroup));
-        let p = plan(&["-i", "*"], &[("ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE", "202")]);
-        assert_eq!(decide_from(&p, 1000, 202, "0.0.0.0", "10.0.0.1", 80), Verdict::Pass(Reason::PassedOwnerGroup));
-        let p = plan(&["-i", "*"], &[("ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", "127.0.0.1/8")]);
-        assert_eq!(p.config.loopback_v4_addr, u32::from_ne_bytes([127, 0, 0, 0]));
-        assert_eq!(p.config.loopback_v4_mask, u32::from_ne_bytes([255, 0, 0, 0]));
+        assert_eq!(
+            decide_from(&p, 1000, 202, "0.0.0.0", "10.0.0.1", 80),
+            Verdict::Capture
+        );
+        assert_eq!(
+            decide_from(&p, 1000, 1000, "0.0.0.0", "10.0.0.1", 80),
+            Verdict::Pass(Reason::PassedOwnerGroup)
+        );
+        let p = plan(
+            &["-i", "*"],
+            &[("ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE", "202")],
+        );
+        assert_eq!(
+            decide_from(&p, 1000, 202, "0.0.0.0", "10.0.0.1", 80),
+            Verdict::Pass(Reason::PassedOwnerGroup)
+        );
+        let p = plan(
+            &["-i", "*"],
+            &[("ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", "127.0.0.1/8")],
+        );
+        assert_eq!(
+            p.config.loopback_v4_addr,
+            u32::from_ne_bytes([127, 0, 0, 0])
+        );
+        assert_eq!(
+            p.config.loopback_v4_mask,
+            u32::from_ne_bytes([255, 0, 0, 0])
+        );
     }
 
     #[test]
     fn plan_holds_one_entry_per_list_item() {
         let p = plan(&STANDARD, &[]);
-        assert_eq!(p.config.flags & pod_flags::CAPTURE_ALL_OUTBOUND, pod_flags::CAPTURE_ALL_OUTBOUND);
-        assert_eq!(p.config.flags & pod_flags::IPV6, pod_flags::IPV6, "the pod has an IPv6 address");
-        let excluded: Vec<u16> =
-            p.ports.iter().filter(|k| k.set == PortSet::InboundExclude as u16).map(|k| k.port).collect();
+        assert_eq!(
+            p.config.flags & pod_flags::CAPTURE_ALL_OUTBOUND,
+            pod_flags::CAPTURE_ALL_OUTBOUND
+        );
+        assert_eq!(
+            p.config.flags & pod_flags::IPV6,
+            pod_flags::IPV6,
+            "the pod has an IPv6 address"
+        );
+        let excluded: Vec<u16> = p
+            .ports
+            .iter()
+            .filter(|k| k.set == PortSet::InboundExclude as u16)
+            .map(|k| k.port)
+            .collect();
         assert_eq!(excluded, [15090, 15021, 15020]);
         // The pod's own addresses, as /32 and /128.
         assert_eq!(p.cidrs_v4.len(), 1);
@@ -445,7 +623,11 @@ mod tests {
     }
 
     fn inbound(plan: &PodPlan, port: u16, ifindex: u32) -> Verdict {
-        let attempt = redirector_common::InboundAttempt { dst: POD_IP.parse().unwrap(), dst_port: port, ifindex };
+        let attempt = redirector_common::InboundAttempt {
+            dst: POD_IP.parse().unwrap(),
+            dst_port: port,
+            ifindex,
+        };
         redirector_common::decide_inbound(&plan.config, &attempt, plan)
     }
 
@@ -453,17 +635,44 @@ mod tests {
     fn inbound_decisions() {
         let p = plan(&STANDARD, &[]);
         assert_eq!(inbound(&p, 8080, 2), Verdict::CaptureInbound);
-        assert_eq!(inbound(&p, 15021, 2), Verdict::Pass(Reason::PassedInboundPort));
-        assert_eq!(inbound(&p, 15008, 2), Verdict::Pass(Reason::PassedInboundPort));
+        assert_eq!(
+            inbound(&p, 15021, 2),
+            Verdict::Pass(Reason::PassedInboundPort)
+        );
+        assert_eq!(
+            inbound(&p, 15008, 2),
+            Verdict::Pass(Reason::PassedInboundPort)
+        );
         let p = plan(&["-b", "8080,9090"], &[]);
         assert_eq!(inbound(&p, 9090, 2), Verdict::CaptureInbound);
-        assert_eq!(inbound(&p, 7070, 2), Verdict::Pass(Reason::PassedInboundPort));
-        assert_eq!(inbound(&plan(&[], &[]), 8080, 2), Verdict::Pass(Reason::PassedInboundPort));
+        assert_eq!(
+            inbound(&p, 7070, 2),
+            Verdict::Pass(Reason::PassedInboundPort)
+        );
+        assert_eq!(
+            inbound(&plan(&[], &[]), 8080, 2),
+            Verdict::Pass(Reason::PassedInboundPort)
+        );
         // -c eth0 and -k eth1 (ifindexes 2 and 3 in this pod).
-        let p = plan(&["-b", "*", "-i", "10.0.0.0/8", "-c", "eth0", "-k", "eth1,missing0"], &[]);
+        let p = plan(
+            &[
+                "-b",
+                "*",
+                "-i",
+                "10.0.0.0/8",
+                "-c",
+                "eth0",
+                "-k",
+                "eth1,missing0",
+            ],
+            &[],
+        );
         assert_eq!(inbound(&p, 8080, 2), Verdict::Pass(Reason::PassedInterface));
         assert_eq!(inbound(&p, 8080, 3), Verdict::Capture);
-        assert_eq!(p.config.virt_iface_count, 1, "an interface missing from the pod is left out");
+        assert_eq!(
+            p.config.virt_iface_count, 1,
+            "an interface missing from the pod is left out"
+        );
         let p = plan(&["-b", "*", "-i", "192.168.0.0/16", "-k", "eth1"], &[]);
         assert_eq!(inbound(&p, 8080, 3), Verdict::Pass(Reason::PassedInterface));
     }
@@ -485,33 +694,67 @@ mod tests {
         let p = plan(&["-i", "*", "--redirect-dns"], &[]);
         assert_eq!(decide_udp(&p, 1000, "10.96.0.10", 53), Verdict::CaptureDns);
         assert_eq!(decide(&p, 1000, "10.96.0.10", 53), Verdict::CaptureDns);
-        assert_eq!(decide_udp(&p, 1000, "8.8.8.8", 53), Verdict::Pass(Reason::PassedNotTcp));
+        assert_eq!(
+            decide_udp(&p, 1000, "8.8.8.8", 53),
+            Verdict::Pass(Reason::PassedNotTcp)
+        );
         assert_eq!(decide(&p, 1000, "8.8.8.8", 53), Verdict::Capture);
-        assert_eq!(decide_udp(&p, 1337, "10.96.0.10", 53), Verdict::Pass(Reason::PassedProxyOwner));
-        assert_eq!(decide_udp(&p, 1000, "10.96.0.10", 5353), Verdict::Pass(Reason::PassedNotTcp));
+        assert_eq!(
+            decide_udp(&p, 1337, "10.96.0.10", 53),
+            Verdict::Pass(Reason::PassedProxyOwner)
+        );
+        assert_eq!(
+            decide_udp(&p, 1000, "10.96.0.10", 5353),
+            Verdict::Pass(Reason::PassedNotTcp)
+        );
         assert_eq!(p.programs.len(), 9, "the UDP programs are attached");
         let all = plan(&["-i", "*", "--redirect-dns", "--capture-all-dns"], &[]);
         assert_eq!(decide_udp(&all, 1000, "8.8.8.8", 53), Verdict::CaptureDns);
         // Without --redirect-dns nothing of UDP is captured and no UDP program attached.
         let off = plan(&["-i", "*"], &[]);
-        assert_eq!(decide_udp(&off, 1000, "10.96.0.10", 53), Verdict::Pass(Reason::PassedNotTcp));
+        assert_eq!(
+            decide_udp(&off, 1000, "10.96.0.10", 53),
+            Verdict::Pass(Reason::PassedNotTcp)
+        );
         assert_eq!(off.programs.len(), 5);
         // istio keeps port 53 out of the uids' own-pod rule but not out of the gids'.
         let p = plan(&["-i", "*", "--redirect-dns", "-u", "3", "-g", "1"], &[]);
-        assert_eq!(decide_from(&p, 3, 9, "0.0.0.0", POD_IP, 53), Verdict::Pass(Reason::PassedProxyOwner));
-        assert_eq!(decide_from(&p, 5, 1, "0.0.0.0", POD_IP, 53), Verdict::CaptureInbound);
-        assert_eq!(decide_from(&p, 5, 9, "0.0.0.0", POD_IP, 53), Verdict::Capture);
+        assert_eq!(
+            decide_from(&p, 3, 9, "0.0.0.0", POD_IP, 53),
+            Verdict::Pass(Reason::PassedProxyOwner)
+        );
+        assert_eq!(
+            decide_from(&p, 5, 1, "0.0.0.0", POD_IP, 53),
+            Verdict::CaptureInbound
+        );
+        assert_eq!(
+            decide_from(&p, 5, 9, "0.0.0.0", POD_IP, 53),
+            Verdict::Capture
+        );
     }
 
     #[test]
     fn excluded_interface_routes_pass_outbound() {
         // Routes: default and 10.244.1.0/24 via eth0 (2), 172.16.0.0/12 via eth1 (3).
         let p = plan(&["-i", "*", "-c", "eth1"], &[]);
-        assert_eq!(decide(&p, 1000, "172.20.0.1", 80), Verdict::Pass(Reason::PassedInterface));
+        assert_eq!(
+            decide(&p, 1000, "172.20.0.1", 80),
+            Verdict::Pass(Reason::PassedInterface)
+        );
         assert_eq!(decide(&p, 1000, "10.0.0.1", 80), Verdict::Capture);
         let p = plan(&["-i", "*", "-c", "eth0"], &[]);
-        assert_eq!(decide(&p, 1000, "10.0.0.1", 80), Verdict::Pass(Reason::PassedInterface));
-        assert_eq!(decide(&p, 1000, "172.20.0.1", 80), Verdict::Capture, "the longer route wins");
-        assert!(plan(&["-i", "*"], &[]).cidrs_v4.iter().all(|e| e.data.list != CidrList::Route as u32));
+        assert_eq!(
+            decide(&p, 1000, "10.0.0.1", 80),
+            Verdict::Pass(Reason::PassedInterface)
+        );
+        assert_eq!(
+            decide(&p, 1000, "172.20.0.1", 80),
+            Verdict::Capture,
+            "the longer route wins"
+        );
+        assert!(plan(&["-i", "*"], &[])
+            .cidrs_v4
+            .iter()
+            .all(|e| e.data.list != CidrList::Route as u32));
     }
 }

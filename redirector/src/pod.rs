@@ -51,7 +51,10 @@ impl PodFacts {
 
 /// Move this (single-threaded) process into the network namespace at `path`.
 pub fn enter_netns(path: &Path) -> Result<(), PodError> {
-    let err = |source| PodError::EnterNetns { path: path.display().to_string(), source };
+    let err = |source| PodError::EnterNetns {
+        path: path.display().to_string(),
+        source,
+    };
     let ns = fs::File::open(path).map_err(err)?;
     // SAFETY: setns on a file descriptor we own; affects only the calling thread, and the
     // process has no other threads yet.
@@ -140,7 +143,9 @@ pub fn interfaces() -> Result<Vec<(String, u32)>, PodError> {
     // SAFETY: walking the array up to its terminating entry, then freeing it once.
     unsafe {
         while (*cur).if_index != 0 {
-            let name = std::ffi::CStr::from_ptr((*cur).if_name).to_string_lossy().into_owned();
+            let name = std::ffi::CStr::from_ptr((*cur).if_name)
+                .to_string_lossy()
+                .into_owned();
             out.push((name, (*cur).if_index));
             cur = cur.add(1);
         }
@@ -173,8 +178,11 @@ pub fn add_inbound_passthrough_v6() -> io::Result<()> {
         body.extend_from_slice(&addr);
     }
     use crate::netlink::{NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST};
-    let request =
-        crate::netlink::message(RTM_NEWADDR, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, &body);
+    let request = crate::netlink::message(
+        RTM_NEWADDR,
+        NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+        &body,
+    );
     match crate::netlink::exchange(NETLINK_ROUTE, &request, |_, _| {}) {
         Err(err) if err.raw_os_error() == Some(libc::EEXIST) => Ok(()),
         other => other,
@@ -213,9 +221,15 @@ pub fn routes() -> io::Result<Vec<(ipnet::IpNet, u32)>> {
                 }
                 let value = &attrs[4..len];
                 match (kind, value.len()) {
-                    (RTA_DST, 4) => dst = Some(IpAddr::from(<[u8; 4]>::try_from(value).expect("4 bytes"))),
-                    (RTA_DST, 16) => dst = Some(IpAddr::from(<[u8; 16]>::try_from(value).expect("16 bytes"))),
-                    (RTA_OIF, 4) => oif = Some(u32::from_ne_bytes(value.try_into().expect("4 bytes"))),
+                    (RTA_DST, 4) => {
+                        dst = Some(IpAddr::from(<[u8; 4]>::try_from(value).expect("4 bytes")))
+                    }
+                    (RTA_DST, 16) => {
+                        dst = Some(IpAddr::from(<[u8; 16]>::try_from(value).expect("16 bytes")))
+                    }
+                    (RTA_OIF, 4) => {
+                        oif = Some(u32::from_ne_bytes(value.try_into().expect("4 bytes")))
+                    }
                     _ => {}
                 }
                 attrs = &attrs[((len + 3) & !3).min(attrs.len())..];
@@ -269,11 +283,16 @@ pub fn pod_cgroup(explicit: Option<&Path>) -> Result<PathBuf, PodError> {
         Some(path) => path.to_path_buf(),
         None => {
             let mount = cgroup2_mount()?;
-            own_cgroup(&mount)?.parent().ok_or(PodError::RootCgroup)?.to_path_buf()
+            own_cgroup(&mount)?
+                .parent()
+                .ok_or(PodError::RootCgroup)?
+                .to_path_buf()
         }
     };
     if !is_cgroup2_dir(&path) {
-        return Err(PodError::NotCgroup2 { path: path.display().to_string() });
+        return Err(PodError::NotCgroup2 {
+            path: path.display().to_string(),
+        });
     }
     Ok(path)
 }
@@ -281,7 +300,11 @@ pub fn pod_cgroup(explicit: Option<&Path>) -> Result<PathBuf, PodError> {
 /// This process's cgroup, as a directory under `mount`.
 fn own_cgroup(mount: &Path) -> Result<PathBuf, PodError> {
     let own = fs::read_to_string("/proc/self/cgroup").map_err(PodError::OwnCgroup)?;
-    let rel = own.lines().find_map(|l| l.strip_prefix("0::")).ok_or(PodError::NoCgroup2)?.trim();
+    let rel = own
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .ok_or(PodError::NoCgroup2)?
+        .trim();
     if rel != "/" {
         return Ok(mount.join(rel.trim_start_matches('/')));
     }
@@ -303,7 +326,12 @@ fn find_cgroup_of(mount: &Path, pid: u32) -> Option<PathBuf> {
         let Ok(entries) = fs::read_dir(&dir) else {
             continue;
         };
-        queue.extend(entries.filter_map(Result::ok).filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| e.path()));
+        queue.extend(
+            entries
+                .filter_map(Result::ok)
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path()),
+        );
     }
     None
 }

@@ -35,9 +35,14 @@ pub fn tcp_listeners(family: u8) -> io::Result<Vec<ListeningSocket>> {
         if body.len() >= MSG_INODE_OFFSET + 4 {
             let port = u16::from_be_bytes([body[MSG_SPORT_OFFSET], body[MSG_SPORT_OFFSET + 1]]);
             let inode = u32::from_ne_bytes(
-                body[MSG_INODE_OFFSET..MSG_INODE_OFFSET + 4].try_into().expect("4 bytes"),
+                body[MSG_INODE_OFFSET..MSG_INODE_OFFSET + 4]
+                    .try_into()
+                    .expect("4 bytes"),
             );
-            found.push(ListeningSocket { port, inode: u64::from(inode) });
+            found.push(ListeningSocket {
+                port,
+                inode: u64::from(inode),
+            });
         }
     })?;
     Ok(found)

@@ -24,7 +24,11 @@ pub struct StatusArgs {
 
 fn names_in(dir: &std::path::Path) -> Vec<String> {
     let mut names: Vec<String> = fs::read_dir(dir)
-        .map(|d| d.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
         .unwrap_or_default();
     names.sort();
     names
@@ -34,17 +38,52 @@ fn names_in(dir: &std::path::Path) -> Vec<String> {
 fn map_fill(object: &ObjectPins) -> anyhow::Result<Vec<(&'static str, usize, u32)>> {
     let maps = NodeMaps::open(object)?;
     let capacity = |name: &str| {
-        aya::maps::MapData::from_pin(object.map(name)).ok().and_then(|m| m.info().ok()).map_or(0, |i| i.max_entries())
+        aya::maps::MapData::from_pin(object.map(name))
+            .ok()
+            .and_then(|m| m.info().ok())
+            .map_or(0, |i| i.max_entries())
     };
     Ok(vec![
-        (names::POD_CONFIG, maps.pod_config.keys().count(), capacity(names::POD_CONFIG)),
-        (names::PORT_SETS, maps.port_sets.keys().count(), capacity(names::PORT_SETS)),
-        (names::CIDRS_V4, maps.cidrs_v4.keys().count(), capacity(names::CIDRS_V4)),
-        (names::CIDRS_V6, maps.cidrs_v6.keys().count(), capacity(names::CIDRS_V6)),
-        (names::POD_BY_ADDR, maps.pod_by_addr.keys().count(), capacity(names::POD_BY_ADDR)),
-        (names::LISTENERS, maps.listeners.keys().count(), capacity(names::LISTENERS)),
-        (names::ORIG_DST_BY_CONN, maps.orig_dst_by_conn.keys().count(), capacity(names::ORIG_DST_BY_CONN)),
-        (names::COUNTERS, maps.counters.keys().count(), capacity(names::COUNTERS)),
+        (
+            names::POD_CONFIG,
+            maps.pod_config.keys().count(),
+            capacity(names::POD_CONFIG),
+        ),
+        (
+            names::PORT_SETS,
+            maps.port_sets.keys().count(),
+            capacity(names::PORT_SETS),
+        ),
+        (
+            names::CIDRS_V4,
+            maps.cidrs_v4.keys().count(),
+            capacity(names::CIDRS_V4),
+        ),
+        (
+            names::CIDRS_V6,
+            maps.cidrs_v6.keys().count(),
+            capacity(names::CIDRS_V6),
+        ),
+        (
+            names::POD_BY_ADDR,
+            maps.pod_by_addr.keys().count(),
+            capacity(names::POD_BY_ADDR),
+        ),
+        (
+            names::LISTENERS,
+            maps.listeners.keys().count(),
+            capacity(names::LISTENERS),
+        ),
+        (
+            names::ORIG_DST_BY_CONN,
+            maps.orig_dst_by_conn.keys().count(),
+            capacity(names::ORIG_DST_BY_CONN),
+        ),
+        (
+            names::COUNTERS,
+            maps.counters.keys().count(),
+            capacity(names::COUNTERS),
+        ),
     ])
 }
 
@@ -58,19 +97,29 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
     };
     let root = PinRoot::new(&args.pin_root);
     let objects = installed_objects(&root)?;
-    println!("pin root {}: {} object(s)", root.path().display(), objects.len());
+    println!(
+        "pin root {}: {} object(s)",
+        root.path().display(),
+        objects.len()
+    );
     for object in objects {
         println!("object {}", object.id());
         println!("  programs: {}", names_in(&object.progs_dir()).join(" "));
         for (name, entries, capacity) in map_fill(&object)? {
             println!("  map {name}: {entries}/{capacity}");
         }
-        for cookie in names_in(&object.pods_dir()).iter().filter_map(|c| c.parse::<u64>().ok()) {
+        for cookie in names_in(&object.pods_dir())
+            .iter()
+            .filter_map(|c| c.parse::<u64>().ok())
+        {
             if only.is_some_and(|o| o != cookie) {
                 continue;
             }
             println!("  pod netns cookie {cookie}");
-            println!("    links: {}", names_in(object.pod(cookie).dir()).join(" "));
+            println!(
+                "    links: {}",
+                names_in(object.pod(cookie).dir()).join(" ")
+            );
             match LivePod::open(&root, cookie) {
                 Ok(live) => {
                     let c = live.config;

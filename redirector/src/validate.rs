@@ -38,7 +38,13 @@ fn original_dst_port(stream: &TcpStream) -> Option<u16> {
     let mut len = buf.len() as libc::socklen_t;
     // SAFETY: the buffer and its length describe `buf`.
     let rc = unsafe {
-        libc::getsockopt(stream.as_raw_fd(), libc::SOL_IP, SO_ORIGINAL_DST, buf.as_mut_ptr().cast(), &mut len)
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_IP,
+            SO_ORIGINAL_DST,
+            buf.as_mut_ptr().cast(),
+            &mut len,
+        )
     };
     (rc == 0 && len >= 4).then(|| u16::from_be_bytes([buf[2], buf[3]]))
 }
@@ -62,21 +68,39 @@ fn dial(probe_port: u16) -> io::Result<()> {
     let bind = libc::sockaddr_in {
         sin_family: libc::AF_INET as u16,
         sin_port: 0,
-        sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes([127, 0, 0, 1]) },
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes([127, 0, 0, 1]),
+        },
         sin_zero: [0; 8],
     };
     // SAFETY: `bind` is a valid sockaddr_in of the length given.
-    if unsafe { libc::bind(fd, (&raw const bind).cast(), size_of::<libc::sockaddr_in>() as u32) } != 0 {
+    if unsafe {
+        libc::bind(
+            fd,
+            (&raw const bind).cast(),
+            size_of::<libc::sockaddr_in>() as u32,
+        )
+    } != 0
+    {
         return Err(io::Error::last_os_error());
     }
     let dst = libc::sockaddr_in {
         sin_family: libc::AF_INET as u16,
         sin_port: probe_port.to_be(),
-        sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(PASSTHROUGH.octets()) },
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(PASSTHROUGH.octets()),
+        },
         sin_zero: [0; 8],
     };
     // SAFETY: `dst` is a valid sockaddr_in of the length given.
-    if unsafe { libc::connect(fd, (&raw const dst).cast(), size_of::<libc::sockaddr_in>() as u32) } != 0 {
+    if unsafe {
+        libc::connect(
+            fd,
+            (&raw const dst).cast(),
+            size_of::<libc::sockaddr_in>() as u32,
+        )
+    } != 0
+    {
         return Err(io::Error::last_os_error());
     }
     drop(stream);
@@ -84,7 +108,12 @@ fn dial(probe_port: u16) -> io::Result<()> {
 }
 
 /// Run the validation; Ok when capture was observed within `timeout`.
-pub fn run(outbound_port: u16, inbound_port: u16, probe_port: u16, timeout: Duration) -> Result<(), ValidationError> {
+pub fn run(
+    outbound_port: u16,
+    inbound_port: u16,
+    probe_port: u16,
+    timeout: Duration,
+) -> Result<(), ValidationError> {
     let passed = Arc::new(AtomicBool::new(false));
     for port in [outbound_port, inbound_port] {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port))
@@ -107,7 +136,10 @@ pub fn run(outbound_port: u16, inbound_port: u16, probe_port: u16, timeout: Dura
             std::thread::sleep(Duration::from_millis(20));
         }
         if Instant::now() >= deadline {
-            return Err(ValidationError::NotCaptured { probe_port, timeout });
+            return Err(ValidationError::NotCaptured {
+                probe_port,
+                timeout,
+            });
         }
     }
 }

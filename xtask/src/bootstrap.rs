@@ -63,8 +63,11 @@ fn status(cmd: &mut Command) -> Result<()> {
 }
 
 fn packages() -> Result<()> {
-    let missing: Vec<&str> =
-        PACKAGES.iter().filter(|(_, proof)| !installed(proof)).map(|(pkg, _)| *pkg).collect();
+    let missing: Vec<&str> = PACKAGES
+        .iter()
+        .filter(|(_, proof)| !installed(proof))
+        .map(|(pkg, _)| *pkg)
+        .collect();
     if missing.is_empty() {
         return Ok(());
     }
@@ -84,7 +87,10 @@ fn nightly_sysroot() -> Result<PathBuf> {
         .output()
         .context("running rustc +nightly (is the nightly toolchain installed?)")?;
     if !out.status.success() {
-        bail!("rustc +nightly failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "rustc +nightly failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
 }
@@ -102,7 +108,9 @@ fn bpf_linker_works() -> bool {
     Command::new("bpf-linker")
         .arg("--version")
         .output()
-        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains(BPF_LINKER_VERSION))
+        .is_ok_and(|o| {
+            o.status.success() && String::from_utf8_lossy(&o.stdout).contains(BPF_LINKER_VERSION)
+        })
 }
 
 /// bpf-linker cannot be downloaded prebuilt here; it is built against the nightly
@@ -116,29 +124,52 @@ fn bpf_linker() -> Result<()> {
     let lib = fs::read_dir(sysroot.join("lib"))?
         .filter_map(Result::ok)
         .map(|e| e.path())
-        .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libLLVM.so.")))
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("libLLVM.so."))
+        })
         .context("the nightly toolchain has no libLLVM.so.* in its lib dir")?;
     let major = lib
         .file_name()
-        .and_then(|n| n.to_string_lossy().strip_prefix("libLLVM.so.").map(str::to_owned))
+        .and_then(|n| {
+            n.to_string_lossy()
+                .strip_prefix("libLLVM.so.")
+                .map(str::to_owned)
+        })
         .and_then(|v| v.split('.').next().map(str::to_owned))
         .context("cannot read the LLVM version")?;
-    let home = env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
+    let home = env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/root"));
     let prefix = home.join(".cache/redirector").join(format!("llvm-{major}"));
     let prefix_lib = prefix.join("lib");
     fs::create_dir_all(&prefix_lib)?;
-    for name in [Path::new("libLLVM.so"), Path::new(lib.file_name().unwrap_or_default())] {
+    for name in [
+        Path::new("libLLVM.so"),
+        Path::new(lib.file_name().unwrap_or_default()),
+    ] {
         let link = prefix_lib.join(name);
         let _ = fs::remove_file(&link);
         std::os::unix::fs::symlink(&lib, &link)
             .with_context(|| format!("linking {} to {}", link.display(), lib.display()))?;
     }
-    eprintln!("xtask: building bpf-linker {BPF_LINKER_VERSION} against {} (about a minute)", lib.display());
+    eprintln!(
+        "xtask: building bpf-linker {BPF_LINKER_VERSION} against {} (about a minute)",
+        lib.display()
+    );
     status(
         Command::new("cargo")
             .env("LLVM_PREFIX", &prefix)
-            .args(["install", &format!("bpf-linker@{BPF_LINKER_VERSION}"), "--locked"])
-            .args(["--no-default-features", "--features", &format!("llvm-{major}")]),
+            .args([
+                "install",
+                &format!("bpf-linker@{BPF_LINKER_VERSION}"),
+                "--locked",
+            ])
+            .args([
+                "--no-default-features",
+                "--features",
+                &format!("llvm-{major}"),
+            ]),
     )?;
     if !bpf_linker_works() {
         bail!("bpf-linker was installed but does not run; is ~/.cargo/bin on PATH?");
@@ -148,7 +179,10 @@ fn bpf_linker() -> Result<()> {
 
 fn bpffs() -> Result<()> {
     let mounts = fs::read_to_string("/proc/self/mounts").context("reading /proc/self/mounts")?;
-    if mounts.lines().any(|l| l.split_whitespace().nth(2) == Some("bpf")) {
+    if mounts
+        .lines()
+        .any(|l| l.split_whitespace().nth(2) == Some("bpf"))
+    {
         return Ok(());
     }
     if !is_root() {

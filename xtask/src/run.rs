@@ -8,11 +8,16 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
 }
 
 fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace_root().join("target"))
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
 }
 
 fn cargo() -> Command {
@@ -32,19 +37,35 @@ fn status(mut cmd: Command) -> Result<()> {
 /// Environment that points the test kit at the binaries just built.
 fn bin_env(cmd: &mut Command) {
     let bin = target_dir().join("debug");
-    cmd.env("REDIRECTOR_BIN", bin.join("redirector")).env("PROBE_BIN", bin.join("probe"));
+    cmd.env("REDIRECTOR_BIN", bin.join("redirector"))
+        .env("PROBE_BIN", bin.join("probe"));
 }
 
 pub fn build() -> Result<()> {
     let mut cmd = cargo();
-    cmd.args(["build", "--package", "redirector", "--package", "redirector-tests", "--bins"]);
+    cmd.args([
+        "build",
+        "--package",
+        "redirector",
+        "--package",
+        "redirector-tests",
+        "--bins",
+    ]);
     status(cmd)
 }
 
 pub fn test(filter: &[String]) -> Result<()> {
     // Unit tests: no root, any order.
     let mut unit = cargo();
-    unit.args(["test", "--package", "redirector-common", "--package", "redirector", "--package", "xtask"]);
+    unit.args([
+        "test",
+        "--package",
+        "redirector-common",
+        "--package",
+        "redirector",
+        "--package",
+        "xtask",
+    ]);
     status(unit)?;
     if !crate::bootstrap::is_root() && std::env::var_os("CI").is_none() {
         eprintln!("xtask: not root: skipping the privileged integration tests");
@@ -52,7 +73,15 @@ pub fn test(filter: &[String]) -> Result<()> {
     }
     // Privileged tests share kernel state (bpffs pins, cgroup2): one at a time.
     let mut integ = cargo();
-    integ.args(["test", "--package", "redirector-tests", "--", "--test-threads=1"]).args(filter);
+    integ
+        .args([
+            "test",
+            "--package",
+            "redirector-tests",
+            "--",
+            "--test-threads=1",
+        ])
+        .args(filter);
     bin_env(&mut integ);
     status(integ)
 }

@@ -168,7 +168,13 @@ pub(crate) fn interface_names(text: &str) -> Parsed<Vec<String>> {
         })
         .collect::<Parsed<_>>()?;
     if names.len() > MAX_IFACES {
-        return Err(Rejected::new(text, Problem::TooManyEntries { max: MAX_IFACES, got: names.len() }));
+        return Err(Rejected::new(
+            text,
+            Problem::TooManyEntries {
+                max: MAX_IFACES,
+                got: names.len(),
+            },
+        ));
     }
     Ok(names)
 }
