@@ -95,6 +95,12 @@ fn apply_rules(cfg: &IstioConfig, root: &PinRoot, cookie: u64) -> anyhow::Result
         routes: pod::routes().context("listing the pod's routes")?,
     };
     let plan = plan_pod(&cfg.capture, &facts);
+    if cfg.capture.redirect_dns && !crate::plan::dns_capture_enabled(&cfg.capture, &facts) {
+        warn!(
+            "--redirect-dns is set, but --capture-all-dns is not and {} names no DNS server: DNS capture disabled (as istio-iptables does)",
+            cfg.run.resolv_conf.display()
+        );
+    }
     for name in cfg
         .capture
         .exclude_interfaces

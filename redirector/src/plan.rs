@@ -95,9 +95,18 @@ fn cidr_entry_with(netns_cookie: u64, list: CidrList, net: IpNet, value: u8, pla
     }
 }
 
+/// Whether DNS is captured: `--redirect-dns`, unless the pod has no resolv.conf server and
+/// `--capture-all-dns` is off. istio-iptables then switches DNS capture off altogether
+/// ("REDIRECT_DNS is set, but CAPTURE_ALL_DNS is false, and no DNS servers provided",
+/// capture/run.go), which also keeps port 53 in its proxy-owner rules.
+pub fn dns_capture_enabled(cfg: &CaptureConfig, facts: &PodFacts) -> bool {
+    cfg.redirect_dns && (cfg.capture_all_dns || !facts.dns_servers.is_empty())
+}
+
 /// Plan the kernel state for one pod.
 pub fn plan_pod(cfg: &CaptureConfig, facts: &PodFacts) -> PodPlan {
     let cookie = facts.netns_cookie;
+    let redirect_dns = dns_capture_enabled(cfg, facts);
     let (proxy_uids, proxy_uid_count) = owner_array(&cfg.proxy_uids);
     let (proxy_gids, proxy_gid_count) = owner_array(&cfg.proxy_gids);
     let (owner_group_mode, groups) = match &cfg.owner_groups {
@@ -117,7 +126,7 @@ pub fn plan_pod(cfg: &CaptureConfig, facts: &PodFacts) -> PodPlan {
     if facts.has_ipv6() || cfg.dual_stack {
         flags |= pod_flags::IPV6;
     }
-    if cfg.redirect_dns {
+    if redirect_dns {
         flags |= pod_flags::DNS_CAPTURE;
     }
     if cfg.fail_open {
@@ -164,7 +173,7 @@ pub fn plan_pod(cfg: &CaptureConfig, facts: &PodFacts) -> PodPlan {
         cidrs_v4: Vec::new(),
         cidrs_v6: Vec::new(),
         addrs: Vec::new(),
-        programs: if cfg.redirect_dns {
+        programs: if redirect_dns {
             &POD_PROGRAMS
         } else {
             &POD_PROGRAMS[..BASE_PROGRAMS]
@@ -203,7 +212,7 @@ pub fn plan_pod(cfg: &CaptureConfig, facts: &PodFacts) -> PodPlan {
             cidr_entry_with(cookie, CidrList::Route, net, value, &mut plan);
         }
     }
-    if cfg.redirect_dns {
+    if redirect_dns {
         for &server in &facts.dns_servers {
             cidr_entry(cookie, CidrList::DnsServer, IpNet::from(server), &mut plan);
         }
@@ -390,6 +399,10 @@ mod tests {
     const POD_IP: &str = "10.244.1.5";
 
     fn plan(args: &[&str], env: &[(&str, &str)]) -> PodPlan {
+        plan_with_dns_servers(args, env, &["10.96.0.10"])
+    }
+
+    fn plan_with_dns_servers(args: &[&str], env: &[(&str, &str)], dns_servers: &[&str]) -> PodPlan {
         let env: HashMap<String, String> = env
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -401,7 +414,7 @@ mod tests {
             local_addrs: vec![POD_IP.parse().unwrap(), "fd00::5".parse().unwrap()],
             cgroup: "/sys/fs/cgroup/pod".into(),
             interfaces: vec![("lo".into(), 1), ("eth0".into(), 2), ("eth1".into(), 3)],
-            dns_servers: vec!["10.96.0.10".parse().unwrap()],
+            dns_servers: dns_servers.iter().map(|s| s.parse().unwrap()).collect(),
             routes: vec![
                 ("0.0.0.0/0".parse().unwrap(), 2),
                 ("10.244.1.0/24".parse().unwrap(), 2),
@@ -731,6 +744,35 @@ mod tests {
             decide_from(&p, 5, 9, "0.0.0.0", POD_IP, 53),
             Verdict::Capture
         );
+    }
+
+    #[test]
+    fn redirect_dns_without_servers_is_off_as_in_istio() {
+        // No resolv.conf server and no --capture-all-dns: no DNS capture, no UDP programs,
+        // and the proxy's own TCP to its pod on port 53 goes to the inbound port as usual.
+        let p = plan_with_dns_servers(
+            &["-i", "*", "--redirect-dns", "-u", "3", "-g", "1"],
+            &[],
+            &[],
+        );
+        assert_eq!(p.config.flags & pod_flags::DNS_CAPTURE, 0);
+        assert_eq!(p.programs.len(), BASE_PROGRAMS);
+        assert_eq!(
+            decide_from(&p, 3, 9, "0.0.0.0", POD_IP, 53),
+            Verdict::CaptureInbound
+        );
+        assert_eq!(
+            decide_from(&p, 5, 1, "0.0.0.0", "127.0.0.53", 53),
+            Verdict::Pass(Reason::PassedLocalNotProxy)
+        );
+        // --capture-all-dns needs no server.
+        let all = plan_with_dns_servers(
+            &["-i", "*", "--redirect-dns", "--capture-all-dns"],
+            &[],
+            &[],
+        );
+        assert_eq!(decide_udp(&all, 1000, "8.8.8.8", 53), Verdict::CaptureDns);
+        assert_eq!(all.programs.len(), POD_PROGRAMS.len());
     }
 
     #[test]

@@ -6,19 +6,24 @@
 //! 15001, the inbound one on 15006, the real destination, or an error) and the
 //! `SO_ORIGINAL_DST` the proxy read. The proxy's peer address is left out on purpose: with
 //! iptables' REDIRECT the proxy sees the app's pod IP, with redirector's connect-time
-//! rewrite it sees 127.0.0.1 / ::1 (docs/conformance.md).
+//! rewrite it sees 127.0.0.1 / ::1 (docs/conformance.md). DNS rows compare who answered a
+//! query (the DNS proxy on 15053, the real server, or an error) and, over UDP, the source
+//! address the client saw the reply come from.
 
 use std::ffi::OsStr;
 use std::fmt::Write as _;
-use std::net::{Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use crate::conformance_cases::Case;
+use crate::conformance_cases::{Case, DnsSetup};
+use crate::dns::{require_node, DnsClient, DnsServer, ResolvConf, DNS_PORT};
 use crate::iptables::{apply_golden, saved_rules};
 use crate::redirector::{redirector_bin, PinRoot};
 use crate::scenario::{
-    AddrBook, InboundScenario, Scenario, APP_PORTS, OUTSIDE_V4, OUTSIDE_V6, SERVICE_PORTS,
+    AddrBook, DnsRequest, DnsScenario, InboundScenario, Scenario, APP_PORTS, LOCAL_DNS_V4,
+    LOCAL_DNS_V6, OUTSIDE_V4, OUTSIDE_V6, POD_DNS_ANSWER, SERVICE_PORTS, SVC_DNS_ANSWER,
 };
 use crate::{connect_from, Cgroup, ChildGuard, NetNs, ProbeServer, Topology, APP_UID, PROXY_UID};
 
@@ -27,6 +32,7 @@ pub const OUTBOUND_PROXY: &str = "outbound";
 pub const INBOUND_PROXY: &str = "inbound";
 pub const APP: &str = "app";
 pub const SERVICE: &str = "svc";
+pub const DNS_PROXY: &str = "dns-proxy";
 
 /// Which implementation a pod is set up with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,13 +96,13 @@ impl CaseReport {
         }
         let _ = writeln!(
             out,
-            "   {:<42} {:<22} {:<18} {:<28} {:<28}",
+            "   {:<42} {:<22} {:<32} {:<30} {:<30}",
             "case", "who", "dst", "iptables", "redirector"
         );
         for row in &self.rows {
             let _ = writeln!(
                 out,
-                "   {:<42} {:<22} {:<18} {:<28} {:<28}{}",
+                "   {:<42} {:<22} {:<32} {:<30} {:<30}{}",
                 case.name,
                 row.who,
                 row.dst,
@@ -153,37 +159,64 @@ pub enum PassthroughV6 {
     LeftToRedirector,
 }
 
+/// The rows of one run: outbound TCP connections, inbound ones, DNS exchanges.
+#[derive(Clone, Debug, Default)]
+pub struct Scenarios {
+    pub outbound: Vec<Scenario>,
+    pub inbound: Vec<InboundScenario>,
+    pub dns: Vec<DnsScenario>,
+}
+
+impl Scenarios {
+    /// Every scenario of `case`.
+    pub fn of(case: &Case) -> Self {
+        Scenarios {
+            outbound: case.outbound_scenarios(),
+            inbound: case.inbound_scenarios(),
+            dns: case.dns_scenarios(),
+        }
+    }
+
+    /// (who, what) of every row, in run order.
+    fn labels(&self) -> Vec<(String, String)> {
+        let outbound = self
+            .outbound
+            .iter()
+            .map(|s| (s.who.name.clone(), s.dst.to_string()));
+        let inbound = self
+            .inbound
+            .iter()
+            .map(|s| ("peer(inbound)".to_owned(), s.dst.to_string()));
+        let dns = self
+            .dns
+            .iter()
+            .map(|s| (s.who.name.clone(), s.request.to_string()));
+        outbound.chain(inbound).chain(dns).collect()
+    }
+}
+
 /// Runs all of `case`'s scenarios on both sides (one fresh topology each, one after the
 /// other) and pairs the outcomes.
 pub fn run_case(case: &Case) -> CaseReport {
-    let inbound = case.inbound_scenarios();
-    run_scenarios(
-        case,
-        &case.outbound_scenarios(),
-        &inbound,
-        PassthroughV6::Given,
-    )
+    run_scenarios(case, &Scenarios::of(case), PassthroughV6::Given)
 }
 
 /// Runs the given scenarios of `case` on both sides and pairs the outcomes.
 pub fn run_scenarios(
     case: &Case,
-    outbound: &[Scenario],
-    inbound: &[InboundScenario],
+    scenarios: &Scenarios,
     passthrough_v6: PassthroughV6,
 ) -> CaseReport {
     let start = Instant::now();
-    let reference = SideRun::run(case, Side::Iptables, outbound, inbound, passthrough_v6);
-    let ours = SideRun::run(case, Side::Redirector, outbound, inbound, passthrough_v6);
-    let labels = outbound
-        .iter()
-        .map(|s| (s.who.name.clone(), s.dst))
-        .chain(inbound.iter().map(|s| ("peer(inbound)".to_owned(), s.dst)));
-    let rows = labels
+    let reference = SideRun::run(case, Side::Iptables, scenarios, passthrough_v6);
+    let ours = SideRun::run(case, Side::Redirector, scenarios, passthrough_v6);
+    let rows = scenarios
+        .labels()
+        .into_iter()
         .zip(reference.outcomes.iter().zip(&ours.outcomes))
         .map(|((who, dst), (iptables, redirector))| Row {
             who,
-            dst: dst.to_string(),
+            dst,
             iptables: iptables.clone(),
             redirector: redirector.clone(),
         })
@@ -205,17 +238,11 @@ struct SideRun {
 }
 
 impl SideRun {
-    fn run(
-        case: &Case,
-        side: Side,
-        outbound: &[Scenario],
-        inbound: &[InboundScenario],
-        passthrough_v6: PassthroughV6,
-    ) -> Self {
+    fn run(case: &Case, side: Side, scenarios: &Scenarios, passthrough_v6: PassthroughV6) -> Self {
         let pod = PodUnderTest::new(case, side, passthrough_v6);
         let book = AddrBook::of(&pod.topo);
         let mut outcomes = Vec::new();
-        for scenario in outbound {
+        for scenario in &scenarios.outbound {
             let dst = book.resolve(scenario.dst);
             let bind = book.bind(&scenario.who, scenario.dst);
             let (uid, gid) = (scenario.who.uid, scenario.who.gid);
@@ -223,18 +250,48 @@ impl SideRun {
             let outcome = connect_from(topo, Some(&topo.pod_cgroup), uid, gid, dst, bind);
             outcomes.push(book.render(&outcome.landing()));
         }
-        for scenario in inbound {
+        for scenario in &scenarios.inbound {
             // A client outside the pod: the service netns, no cgroup of the pod.
             let dst = book.resolve(scenario.dst);
             let outcome = connect_from(&pod.topo.service, None, APP_UID, APP_UID, dst, None);
             outcomes.push(book.render(&outcome.landing()));
         }
+        let node = if scenarios.dns.is_empty() {
+            None
+        } else {
+            require_node()
+        };
+        for scenario in &scenarios.dns {
+            let (uid, gid) = (scenario.who.uid, scenario.who.gid);
+            let client = DnsClient::new(&pod.topo, Some(&pod.topo.pod_cgroup), uid, gid);
+            let resolv_conf = || {
+                pod.resolv_conf
+                    .as_ref()
+                    .expect("a DNS case has a resolv.conf")
+            };
+            let outcome = match scenario.request {
+                DnsRequest::Query { dst, mode } => client.query(book.resolve(dst), mode),
+                DnsRequest::Glibc { tcp } => client.resolve(&resolv_conf()[usize::from(tcp)]),
+                DnsRequest::CAres => match &node {
+                    Some(node) => client.resolve_c_ares(node, &resolv_conf()[0]),
+                    None => {
+                        outcomes.push("skipped(no node)".to_owned());
+                        continue;
+                    }
+                },
+            };
+            outcomes.push(book.render_dns(&outcome));
+        }
+        let tables: &[&str] = if case.dns.is_some() {
+            &["nat", "raw"]
+        } else {
+            &["nat"]
+        };
         let log = match side {
-            Side::Iptables => format!(
-                "{}{}",
-                saved_rules(&pod.topo.pod, false, "nat"),
-                saved_rules(&pod.topo.pod, true, "nat")
-            ),
+            Side::Iptables => tables
+                .iter()
+                .flat_map(|table| [false, true].map(|v6| saved_rules(&pod.topo.pod, v6, table)))
+                .collect(),
             Side::Redirector => pod.install_log.clone(),
         };
         SideRun { outcomes, log }
@@ -247,6 +304,8 @@ impl SideRun {
 struct PodUnderTest {
     _servers: Vec<ChildGuard>,
     _pins: Option<PinRoot>,
+    /// DNS cases: the pod's resolv.conf, for UDP and (`use-vc`) for TCP.
+    resolv_conf: Option<[ResolvConf; 2]>,
     topo: Topology,
     install_log: String,
 }
@@ -265,6 +324,19 @@ impl PodUnderTest {
             topo.pod
                 .run(&["ip", "-6", "addr", "add", "::6/128", "dev", "lo"]);
         }
+        let resolv_conf = case.dns.as_ref().map(|dns| {
+            // The pod's node-local DNS address: part of the pod before its capture setup.
+            topo.pod.run(&[
+                "ip",
+                "-6",
+                "addr",
+                "add",
+                &format!("{LOCAL_DNS_V6}/128"),
+                "dev",
+                "lo",
+            ]);
+            [false, true].map(|use_vc| ResolvConf::new(hint, &dns.servers, use_vc))
+        });
         let (pins, install_log) = match side {
             Side::Iptables => {
                 apply_golden(&topo.pod, &case.rules.v4, Some(&case.rules.v6));
@@ -273,7 +345,8 @@ impl PodUnderTest {
             Side::Redirector => {
                 // Set up first, as an init container runs before the sidecar and the app.
                 let pins = PinRoot::new(hint);
-                let out = install_with_env(&topo.pod, &topo.pod_cgroup, &pins, case);
+                let resolv = resolv_conf.as_ref().map(|[udp, _]| udp.path());
+                let out = install_with_env(&topo.pod, &topo.pod_cgroup, &pins, case, resolv);
                 (
                     Some(pins),
                     String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -281,13 +354,43 @@ impl PodUnderTest {
             }
         };
         servers.extend(start_pod_servers(&topo));
+        if let Some(dns) = &case.dns {
+            servers.extend(start_dns_servers(&topo, dns));
+        }
         PodUnderTest {
             _servers: servers,
             _pins: pins,
+            resolv_conf,
             topo,
             install_log,
         }
     }
+}
+
+/// The DNS servers of a DNS case: the pod's own (on 127.0.0.53, ::127.0.0.53 and the pod's
+/// addresses; in the pod cgroup as root, for port 53: it only receives and replies, which
+/// no capture rule matches), the service's, and the stand-in DNS proxy on 15053 forwarding
+/// to the pod's server, as the case's proxy owner in the pod cgroup.
+fn start_dns_servers(topo: &Topology, dns: &DnsSetup) -> [ChildGuard; 3] {
+    let on = |ip: IpAddr| SocketAddr::new(ip, DNS_PORT);
+    let pod_dns = DnsServer::server(&topo.pod, "pod-dns", POD_DNS_ANSWER, None)
+        .listen(on(LOCAL_DNS_V4.into()))
+        .listen(on(LOCAL_DNS_V6.into()))
+        .listen(on(topo.pod_ip4().into()))
+        .listen(on(topo.pod_ip6().into()))
+        .cgroup(&topo.pod_cgroup)
+        .start();
+    let svc_dns = DnsServer::server(&topo.service, "svc-dns", SVC_DNS_ANSWER, None)
+        .listen(on(topo.service_ip4().into()))
+        .listen(on(topo.service_ip6().into()))
+        .start();
+    let (uid, gid) = dns.proxy_owner;
+    let proxy = DnsServer::proxy(&topo.pod, DNS_PROXY, on(LOCAL_DNS_V4.into()))
+        .listen_proxy_port()
+        .cgroup(&topo.pod_cgroup)
+        .user(uid, gid)
+        .start();
+    [pod_dns, svc_dns, proxy]
 }
 
 fn wildcard(v6: bool, port: u16) -> SocketAddr {
@@ -359,8 +462,15 @@ fn is_istio_setting(name: &OsStr) -> bool {
 }
 
 /// `redirector istio-iptables` for the pod with the case's flags and env vars (the kit's
-/// `redirector::install` sets no env); panics with the log unless it exits 0.
-pub fn install_with_env(netns: &NetNs, cgroup: &Cgroup, root: &PinRoot, case: &Case) -> Output {
+/// `redirector::install` sets no env), and the pod's resolv.conf if it has one of the
+/// test's; panics with the log unless it exits 0.
+pub fn install_with_env(
+    netns: &NetNs,
+    cgroup: &Cgroup,
+    root: &PinRoot,
+    case: &Case,
+    resolv_conf: Option<&Path>,
+) -> Output {
     let mut cmd = Command::new(redirector_bin());
     cmd.arg("istio-iptables")
         .arg("--network-namespace")
@@ -370,6 +480,9 @@ pub fn install_with_env(netns: &NetNs, cgroup: &Cgroup, root: &PinRoot, case: &C
         .arg("--pin-root")
         .arg(root.path())
         .args(&case.flags);
+    if let Some(path) = resolv_conf {
+        cmd.arg("--resolv-conf").arg(path);
+    }
     for (name, _) in std::env::vars_os() {
         if is_istio_setting(&name) {
             cmd.env_remove(name);

@@ -1,36 +1,41 @@
 //! The conformance cases: every configuration of istio's golden rule sets (CASES.md) that
-//! needs neither TPROXY nor DNS capture, the standard sidecar injection, and a few cases
-//! derived from the golden files where those alone would capture nothing and so could not
-//! tell a wrong filter from a right one (docs/conformance.md lists them).
+//! does not need TPROXY, the standard sidecar injection, and a few cases derived from the
+//! golden files where those alone would capture nothing and so could not tell a wrong
+//! filter from a right one (docs/conformance.md lists them).
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use crate::conformance_rules::{
     drop_lines, existing_group, substitute_group, RuleSet, V6Origin, CAPTURE_ALL,
     DEFAULT_LOOPBACK_V4,
 };
+use crate::dns::{DnsMode, DNS_PORT};
 use crate::golden_dir;
 use crate::iptables::{append_rules, insert_after, standard_injection};
 use crate::redirector::STANDARD_INJECTION;
 use crate::scenario::{
-    Dst, Family, Host, InboundScenario, Scenario, Who, APP_PORT, APP_PORTS, TUNNEL_PORT,
+    DnsRequest, DnsScenario, Dst, Family, Host, InboundScenario, Scenario, Who, APP_PORT,
+    APP_PORTS, LOCAL_DNS_V4, LOCAL_DNS_V6, TUNNEL_PORT,
 };
 
 /// CASES.md cases that are not run, and why.
-pub const SKIPPED_GOLDEN_CASES: [(&str, &str); 9] = [
+pub const SKIPPED_GOLDEN_CASES: [(&str, &str); 3] = [
     ("inbound-ports-tproxy", "TPROXY interception"),
     ("inbound-ports-wildcard-tproxy", "TPROXY interception"),
-    ("tproxy", "TPROXY interception and DNS capture"),
-    ("ip-range", "DNS capture"),
-    (
-        "loopback-outbound-iprange",
-        "DNS capture (its loopback -i is covered by loopback-include)",
-    ),
-    ("dns-uid-gid", "DNS capture"),
-    ("ipv6-dns-uid-gid", "DNS capture"),
-    ("ipv6-dns-outbound-owner-groups", "DNS capture"),
-    ("ipv6-dns-outbound-owner-groups-exclude", "DNS capture"),
+    ("tproxy", "TPROXY interception (with DNS capture)"),
 ];
+
+/// The DNS side of a case with `--redirect-dns`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DnsSetup {
+    /// The pod's resolv.conf nameservers (istio reads them from /etc/resolv.conf;
+    /// redirector gets the same file with `--resolv-conf`).
+    pub servers: Vec<IpAddr>,
+    /// Who runs the stand-in DNS proxy: the case's first proxy uid and gid, as istio's agent
+    /// runs as the proxy user (its upstream queries must pass, and on the iptables side its
+    /// replies must match the CT zone rules written for those owners).
+    pub proxy_owner: (u32, u32),
+}
 
 /// The IPv4 include CIDR of `loopback-include` (the one `loopback-outbound-iprange` uses).
 pub const LOOPBACK_INCLUDE: Ipv4Addr = Ipv4Addr::new(127, 1, 2, 3);
@@ -54,6 +59,8 @@ pub struct Case {
     pub extra_dsts: Vec<Dst>,
     /// Adaptations to this machine, for the report.
     pub notes: Vec<String>,
+    /// DNS capture: the pod's DNS servers and proxy, and DNS rows.
+    pub dns: Option<DnsSetup>,
 }
 
 impl Case {
@@ -68,6 +75,7 @@ impl Case {
             extra_who: Vec::new(),
             extra_dsts: Vec::new(),
             notes: Vec::new(),
+            dns: None,
         }
     }
 
@@ -104,6 +112,15 @@ impl Case {
 
     fn note(mut self, note: String) -> Self {
         self.notes.push(note);
+        self
+    }
+
+    /// A DNS case: resolv.conf names `servers`, the DNS proxy runs as `proxy_owner`.
+    fn dns(mut self, servers: &[IpAddr], proxy_owner: (u32, u32)) -> Self {
+        self.dns = Some(DnsSetup {
+            servers: servers.to_vec(),
+            proxy_owner,
+        });
         self
     }
 
@@ -171,6 +188,47 @@ impl Case {
             .collect()
     }
 
+    /// The DNS rows (none without [`DnsSetup`]): every client but the passthrough one sends a
+    /// query over each [`DnsMode`] to port 53 of the pod's DNS server on `lo`, of the pod's
+    /// own address and of the service, in both families; and the app resolves through glibc
+    /// (UDP and TCP) and c-ares with the case's resolv.conf.
+    pub fn dns_scenarios(&self) -> Vec<DnsScenario> {
+        if self.dns.is_none() {
+            return Vec::new();
+        }
+        let mut dsts = Vec::new();
+        for family in Family::BOTH {
+            for host in [Host::LocalDns, Host::Pod, Host::Service] {
+                dsts.push(Dst::new(host, family, DNS_PORT));
+            }
+        }
+        let mut rows: Vec<DnsScenario> = self
+            .clients()
+            .into_iter()
+            .filter(|who| !who.passthrough)
+            .flat_map(|who| {
+                dsts.iter()
+                    .flat_map(|&dst| DnsMode::ALL.map(|mode| DnsRequest::Query { dst, mode }))
+                    .map(|request| DnsScenario {
+                        who: who.clone(),
+                        request,
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        for request in [
+            DnsRequest::Glibc { tcp: false },
+            DnsRequest::Glibc { tcp: true },
+            DnsRequest::CAres,
+        ] {
+            rows.push(DnsScenario {
+                who: Who::app(),
+                request,
+            });
+        }
+        rows
+    }
+
     /// The inbound rows: a peer connecting to each port the app serves in the pod (which
     /// covers the ports the cases put in `-b` and `-d`, an unlisted port and the tunnel
     /// port), over both families.
@@ -199,8 +257,9 @@ fn uid_gid_clients(case: Case) -> Case {
         .who(Who::new("app:gid2", crate::APP_UID, 2))
 }
 
-/// The owner-group cases, with group names this machine has.
-fn owner_group_cases() -> Vec<Case> {
+/// The owner-group cases (`outbound-owner-groups[-exclude]` with `prefix` "", or the
+/// `ipv6-dns-` ones with `--redirect-dns`), with group names this machine has.
+fn owner_group_cases(prefix: &str, flags: &[&str]) -> Vec<Case> {
     let java = existing_group("java", &["games", "users", "staff"]);
     let ftp = existing_group("ftp", &["mail", "news", "uucp"]);
     let stand_in = |wanted: &str, group: &crate::conformance_rules::Group| {
@@ -211,7 +270,7 @@ fn owner_group_cases() -> Vec<Case> {
         )
     };
     let include = || {
-        let mut case = Case::golden("outbound-owner-groups", &[])
+        let mut case = Case::golden(&format!("{prefix}outbound-owner-groups"), flags)
             .env("ISTIO_OUTBOUND_OWNER_GROUPS", &format!("{},202", java.name))
             .who(app_in_group(202, "202"))
             .who(app_in_group(java.gid, &java.name));
@@ -222,7 +281,7 @@ fn owner_group_cases() -> Vec<Case> {
         case
     };
     let exclude = || {
-        let mut case = Case::golden("outbound-owner-groups-exclude", &[])
+        let mut case = Case::golden(&format!("{prefix}outbound-owner-groups-exclude"), flags)
             .env(
                 "ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE",
                 &format!("888,{}", ftp.name),
@@ -235,12 +294,62 @@ fn owner_group_cases() -> Vec<Case> {
         }
         case
     };
-    vec![
-        include(),
-        exclude(),
-        include().with_capture_all(),
-        exclude().with_capture_all(),
-    ]
+    vec![include(), exclude()]
+}
+
+/// The CASES.md cases with `--redirect-dns`. Their DNS server is 127.0.0.53 (and
+/// ::127.0.0.53 for `dns-uid-gid`); the `ipv6-dns-*` ones have none, so istio switches DNS
+/// capture off ("REDIRECT_DNS is set, but CAPTURE_ALL_DNS is false, and no DNS servers
+/// provided", capture/run.go) and their golden rules have no DNS rule at all.
+fn dns_cases() -> Vec<Case> {
+    let v4: IpAddr = LOCAL_DNS_V4.into();
+    let v6: IpAddr = LOCAL_DNS_V6.into();
+    let uid_gid = ["--redirect-dns", "-g", "1,2", "-u", "3,4"];
+    let mut cases = vec![
+        // A dry run in istio's own test; here its flags are applied.
+        uid_gid_clients(Case::golden(
+            "ip-range",
+            &[
+                "-x",
+                "1.1.0.0/16",
+                "-i",
+                "9.9.0.0/16",
+                "--redirect-dns",
+                "-g",
+                "1,2",
+                "-u",
+                "3,4",
+            ],
+        ))
+        .dns(&[v4], (3, 1)),
+        uid_gid_clients(Case::golden(
+            "loopback-outbound-iprange",
+            &[
+                "-i",
+                "127.1.2.3/32",
+                "--redirect-dns",
+                "-g",
+                "1,2",
+                "-u",
+                "3,4",
+            ],
+        ))
+        .dst(Dst::new(
+            Host::OtherLoopback(LOOPBACK_INCLUDE),
+            Family::V4,
+            APP_PORT,
+        ))
+        .dns(&[v4], (3, 1)),
+        uid_gid_clients(Case::golden("dns-uid-gid", &uid_gid)).dns(&[v4, v6], (3, 1)),
+        uid_gid_clients(Case::golden("ipv6-dns-uid-gid", &uid_gid)).dns(&[], (3, 1)),
+    ];
+    let proxy = (crate::PROXY_UID, crate::PROXY_UID);
+    cases.extend(
+        owner_group_cases("ipv6-dns-", &["--redirect-dns"])
+            .into_iter()
+            .map(|case| case.dns(&[], proxy)),
+    );
+    cases
 }
 
 /// `-i '*' -x 192.0.2.0/24,2001:db8::/32 -o 8081 -q 32000`: the outbound exclusions no
@@ -407,7 +516,10 @@ pub fn cases() -> Vec<Case> {
         )),
         Case::golden("ipv6-outbound-ports", &["-b", "", "-q", "32000,31000"]),
     ];
-    cases.extend(owner_group_cases());
+    let owner_groups = owner_group_cases("", &[]);
+    cases.extend(owner_groups.iter().cloned());
+    cases.extend(owner_groups.into_iter().map(Case::with_capture_all));
+    cases.extend(dns_cases());
     cases.extend([
         outbound_exclusions(),
         loopback_include(),

@@ -88,8 +88,71 @@ fn is_v6_token(token: &str) -> bool {
 /// follows: `AppendVersionedRule` rules carry `127.0.0.6/32` → `::6/128` and the IPv4
 /// loopback CIDR → `::1/128`; rules with any other IPv4 address are IPv4-only
 /// (`AppendRuleV4`: `-x`/`-i` CIDRs and DNS servers, split by family); everything else is
-/// written to both families unchanged.
+/// written to both families unchanged — except the jumps to the DNS chains, which istio
+/// adds per family only when that family has DNS rules (`SetupDNSRedir`), so they go
+/// when the IPv4 DNS servers were all the chain had ([`drop_empty_dns_jumps`]).
 pub fn derive_v6(v4: &str, loopback_v4: &str) -> String {
+    drop_empty_dns_jumps(&map_v4_rules_to_v6(v4, loopback_v4))
+}
+
+/// The chains istio jumps to only for a family with DNS servers (or with
+/// `--capture-all-dns`): (table, chain, the jump).
+const PER_FAMILY_DNS_JUMPS: [(&str, &str, &str); 2] = [
+    (
+        "nat",
+        "ISTIO_OUTPUT_DNS",
+        "-A ISTIO_OUTPUT -j ISTIO_OUTPUT_DNS",
+    ),
+    ("raw", "ISTIO_INBOUND", "-A PREROUTING -j ISTIO_INBOUND"),
+];
+
+/// Without the chain's rules, the jump to it and its declaration go too.
+fn drop_empty_dns_jumps(section: &str) -> String {
+    let mut out = section.to_owned();
+    for (table_name, chain, jump) in PER_FAMILY_DNS_JUMPS {
+        let has_rules = table(&out, table_name)
+            .lines()
+            .any(|line| line.starts_with(&format!("-A {chain} ")));
+        if !has_rules {
+            let declaration = format!("-N {chain}");
+            out = edit_table(&out, table_name, |line| line != declaration && line != jump);
+        }
+    }
+    out
+}
+
+/// The `* <name>` … `COMMIT` block of a restore input (empty if there is none).
+pub fn table(section: &str, name: &str) -> String {
+    let mut current = None;
+    section
+        .lines()
+        .filter(|line| {
+            if let Some(header) = line.strip_prefix('*') {
+                current = Some(header.trim().to_owned());
+            }
+            current.as_deref() == Some(name)
+        })
+        .map(|line| format!("{line}\n"))
+        .collect()
+}
+
+/// `section` keeping, inside table `name`, only the lines `keep` accepts.
+fn edit_table(section: &str, name: &str, keep: impl Fn(&str) -> bool) -> String {
+    let mut current = None;
+    section
+        .lines()
+        .filter(|line| {
+            if let Some(header) = line.strip_prefix('*') {
+                current = Some(header.trim().to_owned());
+            }
+            current.as_deref() != Some(name) || keep(line)
+        })
+        .map(|line| format!("{line}\n"))
+        .collect()
+}
+
+/// [`derive_v6`]'s address mapping, line by line.
+fn map_v4_rules_to_v6(v4: &str, loopback_v4: &str) -> String {
     let mut out = String::new();
     'lines: for line in v4.lines() {
         let mut tokens = Vec::new();

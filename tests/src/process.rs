@@ -1,6 +1,6 @@
 //! Processes started inside a netns and a cgroup, as a given user, and killed on drop.
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::{CString, OsStr, OsString};
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read};
 use std::os::fd::AsRawFd;
@@ -19,10 +19,12 @@ use crate::{Cgroup, NetNs};
 /// program is in place from its first instruction — a cgroup program sees its very first
 /// socket:
 /// 1. write its own pid to the cgroup's `cgroup.procs` (needs root, so before dropping ids);
-/// 2. `setns` into the netns (a direct `setns`, not `ip netns exec`, which would hide the
+/// 2. with [`bind_file`](Self::bind_file): a private mount namespace and the bind mounts
+///    (needs root, so before dropping ids);
+/// 3. `setns` into the netns (a direct `setns`, not `ip netns exec`, which would hide the
 ///    cgroup2 and bpffs mounts);
-/// 3. `setgroups([])`, `setgid`, `setuid`;
-/// 4. `PR_SET_PDEATHSIG(SIGKILL)` (after the id change, which would clear it), so nothing
+/// 4. `setgroups([])`, `setgid`, `setuid`;
+/// 5. `PR_SET_PDEATHSIG(SIGKILL)` (after the id change, which would clear it), so nothing
 ///    outlives a test process that dies without running its destructors.
 ///
 /// The death signal follows the *thread* that spawned the process: spawn long-lived
@@ -35,6 +37,7 @@ pub struct Spawn {
     netns: Option<PathBuf>,
     cgroup: Option<PathBuf>,
     user: Option<(u32, u32)>,
+    binds: Vec<(PathBuf, PathBuf)>,
 }
 
 impl Spawn {
@@ -46,6 +49,7 @@ impl Spawn {
             netns: None,
             cgroup: None,
             user: None,
+            binds: Vec::new(),
         }
     }
 
@@ -82,6 +86,14 @@ impl Spawn {
         self
     }
 
+    /// Run in a private mount namespace with `source` bind-mounted over `target`, e.g. a
+    /// test's resolv.conf over /etc/resolv.conf for a resolver library. The namespace is the
+    /// child's alone and ends with it; nothing changes in the test's own mounts.
+    pub fn bind_file(mut self, source: impl Into<PathBuf>, target: impl Into<PathBuf>) -> Self {
+        self.binds.push((source.into(), target.into()));
+        self
+    }
+
     /// A short description for panic messages.
     pub fn describe(&self) -> String {
         let mut text = self.program.to_string_lossy().into_owned();
@@ -111,6 +123,11 @@ impl Spawn {
                 .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()))
         });
         let user = self.user;
+        let binds: Vec<(CString, CString)> = self
+            .binds
+            .iter()
+            .map(|(source, target)| (c_path(source), c_path(target)))
+            .collect();
         // SAFETY: getpid has no preconditions.
         let parent = unsafe { libc::getpid() };
         // SAFETY: the hook only makes async-signal-safe system calls on fds opened above and
@@ -119,6 +136,9 @@ impl Spawn {
             cmd.pre_exec(move || {
                 if let Some(procs) = &procs {
                     join_cgroup(procs.as_raw_fd())?;
+                }
+                if !binds.is_empty() {
+                    private_mounts(&binds)?;
                 }
                 if let Some(netns) = &netns {
                     check(libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET))?;
@@ -188,6 +208,39 @@ impl Spawn {
             stderr,
         }
     }
+}
+
+fn c_path(path: &std::path::Path) -> CString {
+    CString::new(path.as_os_str().as_encoded_bytes())
+        .unwrap_or_else(|_| panic!("path with a NUL byte: {}", path.display()))
+}
+
+/// Moves the calling process into a mount namespace of its own, where `binds` (source,
+/// target) are bind-mounted. Only system calls on prepared C strings: safe after fork.
+fn private_mounts(binds: &[(CString, CString)]) -> std::io::Result<()> {
+    let none = std::ptr::null();
+    // SAFETY: plain system calls with NUL-terminated strings that outlive them.
+    unsafe {
+        check(libc::unshare(libc::CLONE_NEWNS))?;
+        // Private first, so that the bind mounts never propagate to the test's namespace.
+        check(libc::mount(
+            none,
+            c"/".as_ptr(),
+            none,
+            libc::MS_REC | libc::MS_PRIVATE,
+            none.cast(),
+        ))?;
+        for (source, target) in binds {
+            check(libc::mount(
+                source.as_ptr(),
+                target.as_ptr(),
+                none,
+                libc::MS_BIND,
+                none.cast(),
+            ))?;
+        }
+    }
+    Ok(())
 }
 
 /// Writes the calling process's pid to an open `cgroup.procs`, without allocating.

@@ -8,7 +8,9 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use crate::{Landing, Topology, APP_UID, PROXY_UID};
+use crate::dns::{DnsMode, PROXY_ANSWER_V4, PROXY_ANSWER_V6};
+use crate::dns_protocol::DnsOutcome;
+use crate::{ConnOutcome, Landing, Topology, APP_UID, PROXY_UID};
 
 /// An address outside the pod's subnet and outside 10.0.0.0/8, added to the service netns
 /// (TEST-NET-1; it exists only inside the test's namespaces).
@@ -18,6 +20,16 @@ pub const OUTSIDE_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 3);
 /// The source the proxy binds for inbound passthrough (istio's 127.0.0.6 / ::6).
 pub const PASSTHROUGH_V4: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 6);
 pub const PASSTHROUGH_V6: Ipv6Addr = Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6);
+
+/// The DNS server address of istio's DNS cases (CASES.md), on the pod's `lo`.
+pub const LOCAL_DNS_V4: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 53);
+/// Its IPv6 counterpart in `dns-uid-gid` (an IPv4-compatible address: not loopback to IPv6,
+/// so the pod gets it on `lo` like any local address).
+pub const LOCAL_DNS_V6: Ipv6Addr = Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0x7f00, 0x35);
+/// What the real DNS server in the pod (on every [`Host::LocalDns`] and [`Host::Pod`]
+/// address) answers, and the one in the service netns.
+pub const POD_DNS_ANSWER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
+pub const SVC_DNS_ANSWER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 2);
 
 /// Ports the service netns answers on, on all its addresses: a plain one, the tunnel port,
 /// the `-q` ports of `outbound-ports-include`, and the `-o` port of `outbound-exclusions`.
@@ -107,12 +119,17 @@ pub enum Host {
     Loopback,
     /// Another 127/8 address (IPv4 only: IPv6 has no loopback range).
     OtherLoopback(Ipv4Addr),
+    /// [`LOCAL_DNS_V4`] / [`LOCAL_DNS_V6`]: a DNS server on the pod's `lo`.
+    LocalDns,
 }
 
 impl Host {
     /// Whether a connection to it stays inside the pod (leaves through `lo`).
     pub fn is_local(self) -> bool {
-        matches!(self, Host::Pod | Host::Loopback | Host::OtherLoopback(_))
+        matches!(
+            self,
+            Host::Pod | Host::Loopback | Host::OtherLoopback(_) | Host::LocalDns
+        )
     }
 }
 
@@ -146,6 +163,8 @@ impl fmt::Display for Dst {
             Host::Loopback if self.family.is_v6() => write!(f, "[::1]:{}", self.port),
             Host::Loopback => write!(f, "127.0.0.1:{}", self.port),
             Host::OtherLoopback(ip) => write!(f, "{ip}:{}", self.port),
+            Host::LocalDns if self.family.is_v6() => write!(f, "[::127.0.0.53]:{}", self.port),
+            Host::LocalDns => write!(f, "{LOCAL_DNS_V4}:{}", self.port),
         }
     }
 }
@@ -162,6 +181,54 @@ pub struct Scenario {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct InboundScenario {
     pub dst: Dst,
+}
+
+/// What a DNS client does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DnsRequest {
+    /// `dnsprobe query` to `dst` (port 53) over `mode`.
+    Query { dst: Dst, mode: DnsMode },
+    /// glibc's `getaddrinfo` with the case's resolv.conf (`use-vc` for TCP).
+    Glibc { tcp: bool },
+    /// c-ares (node) with the case's resolv.conf.
+    CAres,
+}
+
+impl fmt::Display for DnsRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DnsRequest::Query { dst, mode } => write!(f, "dns/{mode} {dst}"),
+            DnsRequest::Glibc { tcp: false } => f.write_str("glibc/udp resolv.conf"),
+            DnsRequest::Glibc { tcp: true } => f.write_str("glibc/tcp resolv.conf"),
+            DnsRequest::CAres => f.write_str("c-ares/udp resolv.conf"),
+        }
+    }
+}
+
+/// One DNS row: `who` in the pod makes `request`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DnsScenario {
+    pub who: Who,
+    pub request: DnsRequest,
+}
+
+/// Who gave an answer, by the address it answers with.
+fn answerer(addr: IpAddr) -> String {
+    match addr {
+        a if a == IpAddr::from(PROXY_ANSWER_V4) || a == IpAddr::from(PROXY_ANSWER_V6) => {
+            "dns-proxy".to_owned()
+        }
+        a if a == IpAddr::from(POD_DNS_ANSWER) => "pod-dns".to_owned(),
+        a if a == IpAddr::from(SVC_DNS_ANSWER) => "svc-dns".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// The answerers of `addrs`, without repeats (a resolver asks for A and AAAA).
+fn answerers(addrs: &[IpAddr]) -> String {
+    let mut names: Vec<String> = addrs.iter().map(|a| answerer(*a)).collect();
+    names.dedup();
+    names.join("+")
 }
 
 /// The addresses of one topology, to turn roles into addresses and back.
@@ -195,6 +262,8 @@ impl AddrBook {
             Host::Loopback if v6 => Ipv6Addr::LOCALHOST.into(),
             Host::Loopback => Ipv4Addr::LOCALHOST.into(),
             Host::OtherLoopback(ip) => ip.into(),
+            Host::LocalDns if v6 => LOCAL_DNS_V6.into(),
+            Host::LocalDns => LOCAL_DNS_V4.into(),
         };
         SocketAddr::new(ip, dst.port)
     }
@@ -218,9 +287,38 @@ impl AddrBook {
             IpAddr::V6(ip) if ip == self.pod6 => "pod6",
             IpAddr::V6(ip) if ip == self.svc6 => "svc6",
             IpAddr::V6(ip) if ip == OUTSIDE_V6 => "outside6",
+            // As istio and CASES.md write it (Rust would write ::7f00:35).
+            IpAddr::V6(ip) if ip == LOCAL_DNS_V6 => {
+                return format!("[::127.0.0.53]:{}", addr.port())
+            }
             _ => return addr.to_string(),
         };
         format!("{role}:{}", addr.port())
+    }
+
+    /// A DNS client's outcome as a topology-independent string: who answered
+    /// (`dns-proxy`, `pod-dns`, `svc-dns`) and, over UDP, the source the reply came from
+    /// (`dns-proxy from=127.0.0.53:53`); a resolver library's answer (`resolved:dns-proxy`);
+    /// the landing of a TCP connection taken by a non-DNS listener (`inbound orig=pod4:53`);
+    /// or `error:<kind>`.
+    pub fn render_dns(&self, outcome: &DnsOutcome) -> String {
+        match outcome {
+            DnsOutcome::Reply {
+                rcode: 0,
+                addrs,
+                from,
+            } => {
+                let mut text = answerers(addrs);
+                if let Some(from) = from {
+                    text.push_str(&format!(" from={}", self.name(*from)));
+                }
+                text
+            }
+            DnsOutcome::Reply { rcode, .. } => format!("rcode={rcode}"),
+            DnsOutcome::Resolved { addrs, .. } => format!("resolved:{}", answerers(addrs)),
+            DnsOutcome::NotDns(line) => self.render(&ConnOutcome::from_server_line(line).landing()),
+            DnsOutcome::Error { kind, .. } => format!("error:{kind}"),
+        }
     }
 
     /// A landing as a topology-independent string: `outbound orig=svc4:80`,
@@ -292,6 +390,42 @@ mod tests {
         };
         assert_eq!(book.render(&served), "app@pod4:8080");
         assert_eq!(book.render(&Landing::Refused), "refused");
+    }
+
+    #[test]
+    fn dns_outcomes_render_by_answerer_and_source() {
+        let book = book();
+        let v6 = Dst::new(Host::LocalDns, Family::V6, 53);
+        assert_eq!(v6.to_string(), "[::127.0.0.53]:53");
+        assert_eq!(book.name(book.resolve(v6)), v6.to_string());
+        assert_eq!(LOCAL_DNS_V6, "::127.0.0.53".parse::<Ipv6Addr>().unwrap());
+        let via_proxy = DnsOutcome::Reply {
+            rcode: 0,
+            addrs: vec![PROXY_ANSWER_V4.into()],
+            from: Some(book.resolve(Dst::new(Host::Service, Family::V4, 53))),
+        };
+        assert_eq!(book.render_dns(&via_proxy), "dns-proxy from=svc4:53");
+        let resolved = DnsOutcome::Resolved {
+            addrs: vec![PROXY_ANSWER_V4.into(), PROXY_ANSWER_V6.into()],
+            servers: vec![],
+        };
+        assert_eq!(book.render_dns(&resolved), "resolved:dns-proxy");
+        let tcp_direct = DnsOutcome::Reply {
+            rcode: 0,
+            addrs: vec![POD_DNS_ANSWER.into()],
+            from: None,
+        };
+        assert_eq!(book.render_dns(&tcp_direct), "pod-dns");
+        let inbound = DnsOutcome::NotDns(
+            "proxied name=inbound local=127.0.0.1:15006 peer=127.0.0.1:4000 orig=10.200.7.1:53"
+                .into(),
+        );
+        assert_eq!(book.render_dns(&inbound), "inbound orig=pod4:53");
+        let failed = DnsOutcome::Error {
+            kind: "timeout".into(),
+            detail: String::new(),
+        };
+        assert_eq!(book.render_dns(&failed), "error:timeout");
     }
 
     #[test]

@@ -1,9 +1,10 @@
-//! The conformance suite (outbound): for each configuration of istio's golden rule sets
-//! that needs neither TPROXY nor DNS capture, plus the standard sidecar injection and a few
-//! derived configurations, every scenario (who connects, to which address and port) runs
-//! against istio's own iptables rules and against redirector, each in a fresh pod, and must
-//! land on the same listener with the same SO_ORIGINAL_DST. A case fails listing every
-//! scenario that differs. See docs/conformance.md.
+//! The conformance suite: for each configuration of istio's golden rule sets that does not
+//! need TPROXY, plus the standard sidecar injection and a few derived configurations, every
+//! scenario (who connects, to which address and port; for DNS cases, who sends which DNS
+//! query how) runs against istio's own iptables rules and against redirector, each in a
+//! fresh pod, and must land on the same listener with the same SO_ORIGINAL_DST (DNS: get
+//! the same answerer, from the same source). A case fails listing every scenario that
+//! differs. See docs/conformance.md.
 //!
 //! Run as root, one thread:
 //! `cargo build -p redirector -p redirector-tests --bins && REDIRECTOR_BIN=$PWD/target/debug/redirector
@@ -11,11 +12,12 @@
 
 use std::collections::BTreeSet;
 
-use redirector_tests::conformance::{run_case, run_scenarios, PassthroughV6};
+use redirector_tests::conformance::{run_case, run_scenarios, PassthroughV6, Scenarios};
 use redirector_tests::conformance_cases::{case, cases, cases_md_names, SKIPPED_GOLDEN_CASES};
 use redirector_tests::conformance_rules::{
-    derive_v6, without_v6_only_rules, V6Origin, DEFAULT_LOOPBACK_V4,
+    derive_v6, table, without_v6_only_rules, V6Origin, DEFAULT_LOOPBACK_V4,
 };
+use redirector_tests::dns::use_dnsprobe_bin;
 use redirector_tests::golden_dir;
 use redirector_tests::iptables::golden;
 use redirector_tests::scenario::{Family, Scenario};
@@ -27,6 +29,7 @@ fn check(name: &str) {
         return;
     }
     use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    use_dnsprobe_bin(env!("CARGO_BIN_EXE_dnsprobe"));
     let report = run_case(&case(name));
     println!("{}", report.table());
     if let Some(failure) = report.failure() {
@@ -69,6 +72,12 @@ conformance_cases! {
     outbound_owner_groups_exclude => "outbound-owner-groups-exclude",
     outbound_owner_groups_capture_all => "outbound-owner-groups+capture-all",
     outbound_owner_groups_exclude_capture_all => "outbound-owner-groups-exclude+capture-all",
+    ip_range => "ip-range",
+    loopback_outbound_iprange => "loopback-outbound-iprange",
+    dns_uid_gid => "dns-uid-gid",
+    ipv6_dns_uid_gid => "ipv6-dns-uid-gid",
+    ipv6_dns_outbound_owner_groups => "ipv6-dns-outbound-owner-groups",
+    ipv6_dns_outbound_owner_groups_exclude => "ipv6-dns-outbound-owner-groups-exclude",
     outbound_exclusions => "outbound-exclusions",
     loopback_include => "loopback-include",
     uid_gid_capture_all => "uid-gid+capture-all",
@@ -92,7 +101,11 @@ fn ipv6_passthrough_source_works_after_setup() {
         .filter(|s| s.who.passthrough && s.dst.family == Family::V6)
         .collect();
     assert!(scenarios.len() >= 3, "{scenarios:?}");
-    let report = run_scenarios(&case, &scenarios, &[], PassthroughV6::LeftToRedirector);
+    let scenarios = Scenarios {
+        outbound: scenarios,
+        ..Scenarios::default()
+    };
+    let report = run_scenarios(&case, &scenarios, PassthroughV6::LeftToRedirector);
     println!("{}", report.table());
     if let Some(failure) = report.failure() {
         panic!("{failure}");
@@ -118,6 +131,20 @@ fn every_case_of_the_table_has_a_test() {
             "{}: no inbound rows",
             case.name
         );
+        // Every case whose flags capture DNS has DNS rows, and only those.
+        let redirects_dns = case.flags.iter().any(|f| f == "--redirect-dns");
+        assert_eq!(
+            case.dns.is_some(),
+            redirects_dns,
+            "{}: DNS setup",
+            case.name
+        );
+        assert_eq!(
+            !case.dns_scenarios().is_empty(),
+            redirects_dns,
+            "{}: DNS rows",
+            case.name
+        );
     }
 }
 
@@ -140,8 +167,8 @@ fn every_golden_case_is_run_or_skipped_with_a_reason() {
     assert_eq!(covered, listed, "CASES.md cases neither run nor skipped");
     for (name, reason) in SKIPPED_GOLDEN_CASES {
         assert!(
-            reason.contains("TPROXY") || reason.contains("DNS"),
-            "{name} is skipped for {reason:?}: only TPROXY and DNS cases may be"
+            reason.starts_with("TPROXY"),
+            "{name} is skipped for {reason:?}: only TPROXY cases may be"
         );
     }
 }
@@ -189,6 +216,41 @@ fn derived_ipv6_sections_match_istios() {
                 case.name
             );
         }
+    }
+}
+
+/// For a DNS configuration with IPv4 servers only, the derivation reproduces the IPv6 nat
+/// and raw tables istio writes: `tproxy.golden` is the one golden file with IPv6 on and an
+/// IPv4-only DNS server (its mangle table is TPROXY's, not derived here).
+#[test]
+fn derived_ipv6_dns_tables_match_istios() {
+    let (v4, Some(v6)) = golden("tproxy") else {
+        panic!("tproxy.golden has an IPv6 section");
+    };
+    assert!(
+        v4.contains("-d 127.0.0.53/32"),
+        "tproxy.golden has an IPv4 DNS server"
+    );
+    let derived = derive_v6(&v4, DEFAULT_LOOPBACK_V4);
+    for name in ["nat", "raw"] {
+        assert_eq!(
+            table(&derived, name),
+            without_v6_only_rules(&table(&v6, name)),
+            "tproxy: derived IPv6 {name} table differs from istio's"
+        );
+    }
+    // The cases derived this way keep no jump to an empty DNS chain.
+    for case in ["ip-range", "loopback-outbound-iprange"] {
+        let rules = &redirector_tests::conformance_cases::case(case).rules;
+        assert_eq!(rules.v6_origin, V6Origin::Derived, "{case}");
+        let (nat, raw) = (table(&rules.v6, "nat"), table(&rules.v6, "raw"));
+        assert!(!nat.contains("ISTIO_OUTPUT_DNS"), "{case}:\n{nat}");
+        assert!(!raw.contains("ISTIO_INBOUND"), "{case}:\n{raw}");
+        assert!(
+            rules.v6.contains("--dport 53"),
+            "{case}: port-53 owner rules:\n{}",
+            rules.v6
+        );
     }
 }
 

@@ -11,7 +11,7 @@ use anyhow::{bail, Context as _, Result};
 
 /// Debian packages the tests and demo use, with what proves each is installed: a binary on
 /// PATH, or an absolute path for files installed elsewhere.
-const PACKAGES: [(&str, &str); 10] = [
+const PACKAGES: [(&str, &str); 11] = [
     ("bpftool", "bpftool"),
     ("iptables", "iptables-restore"),
     ("iproute2", "ip"),
@@ -26,6 +26,9 @@ const PACKAGES: [(&str, &str); 10] = [
     ("catatonit", "catatonit"),
     ("containernetworking-plugins", "/usr/lib/cni/host-local"),
     ("busybox-static", "busybox"),
+    // c-ares (node's dns.Resolver) checks that a DNS reply comes from the server it asked:
+    // the strict client of the DNS tests.
+    ("nodejs", "node"),
 ];
 
 /// bpf-linker version that builds against the nightly toolchain's LLVM here.

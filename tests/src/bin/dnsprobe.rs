@@ -1,0 +1,748 @@
+//! `dnsprobe`: a DNS server, a stand-in for istio's DNS proxy, and DNS clients for
+//! redirector's tests. One line per event on stdout, in the formats of
+//! `redirector_tests::dns_protocol`.
+//!
+//! ```text
+//! dnsprobe server  --listen ADDR:PORT [--listen …] --answer IP [--answer IP6] [--name NAME]
+//! dnsprobe proxy   --listen ADDR:PORT [--listen …] --upstream ADDR:PORT --answer IP [--answer IP6]
+//!                  [--name NAME] [--timeout-ms N]
+//! dnsprobe resolve NAME [--tcp] [--family 4|6|any]
+//! dnsprobe query   SERVER:PORT NAME [--tcp] [--connect] [--aaaa] [--bind IP] [--timeout-ms N]
+//! ```
+//! Servers listen on UDP and TCP at every `--listen` address. `server` answers A queries with
+//! its IPv4 `--answer` and AAAA ones with its IPv6 `--answer` (none without one). `proxy`
+//! relays each query to `--upstream` over the same protocol and replaces the addresses in
+//! the answer with its own, so a client can tell that its query went through it.
+//! `resolve` uses glibc (`getaddrinfo`) with the /etc/resolv.conf it sees; `--tcp` only
+//! checks that it says `options use-vc`. `query` sends one hand-built query, over UDP with
+//! `sendto` on an unconnected socket (or `connect` + `send` with `--connect`) and prints the
+//! reply's source as `recvfrom` returns it, or over TCP.
+//! Clients exit 0 on an answer, 2 on an error, 64 on a usage error.
+
+use std::ffi::{CStr, CString};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redirector_tests::dns_net::{bind_udp, read_frame, write_frame, Frame};
+use redirector_tests::dns_protocol::{self as protocol, dns_error_kind, error_kind};
+use redirector_tests::dns_wire::{self as wire, TYPE_A, TYPE_AAAA};
+use redirector_tests::sockaddr;
+
+const USAGE: &str = "usage:
+  dnsprobe server  --listen ADDR:PORT [--listen ...] --answer IP [--answer IP6] [--name NAME]
+  dnsprobe proxy   --listen ADDR:PORT [--listen ...] --upstream ADDR:PORT --answer IP [--answer IP6] [--name NAME] [--timeout-ms N]
+  dnsprobe resolve NAME [--tcp] [--family 4|6|any]
+  dnsprobe query   SERVER:PORT NAME [--tcp] [--connect] [--aaaa] [--bind IP] [--timeout-ms N]";
+
+const DEFAULT_TIMEOUT: Duration = Duration::from_millis(2000);
+/// How long a server waits for the next query on an idle TCP connection.
+const TCP_IDLE: Duration = Duration::from_secs(10);
+
+/// The addresses a server or proxy puts in its answers.
+#[derive(Clone, Copy, Debug)]
+struct Answers {
+    v4: Ipv4Addr,
+    v6: Option<Ipv6Addr>,
+}
+
+/// `dnsprobe query`'s arguments.
+#[derive(Debug)]
+struct QueryArgs {
+    server: SocketAddr,
+    name: String,
+    tcp: bool,
+    connect: bool,
+    qtype: u16,
+    bind: Option<IpAddr>,
+    timeout: Duration,
+}
+
+#[derive(Debug)]
+enum Cmd {
+    Server {
+        name: String,
+        listen: Vec<SocketAddr>,
+        answers: Answers,
+    },
+    Proxy {
+        name: String,
+        listen: Vec<SocketAddr>,
+        upstream: SocketAddr,
+        answers: Answers,
+        timeout: Duration,
+    },
+    Resolve {
+        name: String,
+        tcp: bool,
+        family: libc::c_int,
+    },
+    Query(QueryArgs),
+}
+
+#[derive(Default)]
+struct Flags {
+    listen: Vec<SocketAddr>,
+    answers: Vec<IpAddr>,
+    name: Option<String>,
+    upstream: Option<SocketAddr>,
+    bind: Option<IpAddr>,
+    timeout: Option<Duration>,
+    family: Option<String>,
+    tcp: bool,
+    connect: bool,
+    aaaa: bool,
+    positional: Vec<String>,
+}
+
+fn parse_value<T: std::str::FromStr>(flag: &str, value: &str) -> Result<T, String>
+where
+    T::Err: std::fmt::Display,
+{
+    value.parse().map_err(|e| format!("{flag} {value}: {e}"))
+}
+
+fn parse_flags(rest: &[String]) -> Result<Flags, String> {
+    let mut f = Flags::default();
+    let mut it = rest.iter();
+    while let Some(arg) = it.next() {
+        let mut value = |flag: &str| it.next().cloned().ok_or(format!("{flag} needs a value"));
+        match arg.as_str() {
+            "--listen" => f.listen.push(parse_value("--listen", &value("--listen")?)?),
+            "--answer" => f
+                .answers
+                .push(parse_value("--answer", &value("--answer")?)?),
+            "--name" => f.name = Some(value("--name")?),
+            "--upstream" => f.upstream = Some(parse_value("--upstream", &value("--upstream")?)?),
+            "--bind" => f.bind = Some(parse_value("--bind", &value("--bind")?)?),
+            "--timeout-ms" => {
+                f.timeout = Some(Duration::from_millis(parse_value(
+                    "--timeout-ms",
+                    &value("--timeout-ms")?,
+                )?))
+            }
+            "--family" => f.family = Some(value("--family")?),
+            "--tcp" => f.tcp = true,
+            "--connect" => f.connect = true,
+            "--aaaa" => f.aaaa = true,
+            flag if flag.starts_with("--") => return Err(format!("unknown flag {flag}")),
+            _ => f.positional.push(arg.clone()),
+        }
+    }
+    Ok(f)
+}
+
+fn answers(list: &[IpAddr]) -> Result<Answers, String> {
+    let v4 = list.iter().find_map(|a| match a {
+        IpAddr::V4(v4) => Some(*v4),
+        IpAddr::V6(_) => None,
+    });
+    let v6 = list.iter().find_map(|a| match a {
+        IpAddr::V6(v6) => Some(*v6),
+        IpAddr::V4(_) => None,
+    });
+    if list.len() > 2 || list.len() != usize::from(v4.is_some()) + usize::from(v6.is_some()) {
+        return Err("--answer: at most one IPv4 and one IPv6 address".into());
+    }
+    Ok(Answers {
+        v4: v4.ok_or("--answer with an IPv4 address is required")?,
+        v6,
+    })
+}
+
+fn server_name(f: &Flags, default: &str) -> Result<String, String> {
+    let name = f.name.clone().unwrap_or_else(|| default.to_owned());
+    // Names are written as `name=NAME` in space-separated lines.
+    if name.is_empty() || name.contains(|c: char| c.is_whitespace() || c == '=') {
+        return Err(format!(
+            "--name {name:?}: must be non-empty, without spaces or '='"
+        ));
+    }
+    Ok(name)
+}
+
+fn parse_args(args: &[String]) -> Result<Cmd, String> {
+    let (sub, rest) = args.split_first().ok_or("missing subcommand")?;
+    let f = parse_flags(rest)?;
+    let no_positional = |f: &Flags| {
+        if f.positional.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("unexpected arguments {:?}", f.positional))
+        }
+    };
+    match sub.as_str() {
+        "server" | "proxy" => {
+            no_positional(&f)?;
+            if f.listen.is_empty() {
+                return Err("at least one --listen is required".into());
+            }
+            let answers = answers(&f.answers)?;
+            if sub == "server" {
+                Ok(Cmd::Server {
+                    name: server_name(&f, "dns")?,
+                    listen: f.listen,
+                    answers,
+                })
+            } else {
+                Ok(Cmd::Proxy {
+                    name: server_name(&f, "dns-proxy")?,
+                    upstream: f.upstream.ok_or("--upstream is required")?,
+                    listen: f.listen,
+                    answers,
+                    timeout: f.timeout.unwrap_or(DEFAULT_TIMEOUT),
+                })
+            }
+        }
+        "resolve" => {
+            let [name] = f.positional.as_slice() else {
+                return Err("resolve takes exactly one NAME".into());
+            };
+            let family = match f.family.as_deref().unwrap_or("any") {
+                "4" => libc::AF_INET,
+                "6" => libc::AF_INET6,
+                "any" => libc::AF_UNSPEC,
+                other => return Err(format!("--family {other}: expected 4, 6 or any")),
+            };
+            Ok(Cmd::Resolve {
+                name: name.clone(),
+                tcp: f.tcp,
+                family,
+            })
+        }
+        "query" => {
+            let [server, name] = f.positional.as_slice() else {
+                return Err("query takes SERVER:PORT and NAME".into());
+            };
+            if f.tcp && f.connect {
+                return Err("--connect is for UDP (TCP always connects)".into());
+            }
+            Ok(Cmd::Query(QueryArgs {
+                server: parse_value("SERVER", server)?,
+                name: name.clone(),
+                tcp: f.tcp,
+                connect: f.connect,
+                qtype: if f.aaaa { TYPE_AAAA } else { TYPE_A },
+                bind: f.bind,
+                timeout: f.timeout.unwrap_or(DEFAULT_TIMEOUT),
+            }))
+        }
+        other => Err(format!("unknown subcommand {other}")),
+    }
+}
+
+/// One event line to stdout, flushed at once so a test reading the pipe sees it now.
+fn emit(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    // A test that stopped reading is no reason to stop serving.
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+fn io_error_line(err: &std::io::Error) -> String {
+    let kind = match err.kind() {
+        std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => error_kind::TIMEOUT,
+        _ => error_kind::from_errno(err.raw_os_error()),
+    };
+    let detail = match err.raw_os_error() {
+        Some(errno) => format!("errno={errno} {err}"),
+        None => err.to_string(),
+    };
+    protocol::error_line(kind, &detail)
+}
+
+/// The kind word of an error line, for `result=` fields.
+fn kind_of(line: &str) -> String {
+    line.split_whitespace().nth(1).unwrap_or("io").to_owned()
+}
+
+// ---------------------------------------------------------------------------------------
+// Servers
+
+/// How a server role answers one query; `None` drops a query that is not DNS.
+trait Responder: Send + Sync + 'static {
+    fn respond(
+        &self,
+        proto: &str,
+        peer: SocketAddr,
+        local: SocketAddr,
+        query: &[u8],
+    ) -> Option<Vec<u8>>;
+}
+
+struct Authority {
+    name: String,
+    answers: Answers,
+}
+
+impl Responder for Authority {
+    fn respond(
+        &self,
+        proto: &str,
+        peer: SocketAddr,
+        local: SocketAddr,
+        query: &[u8],
+    ) -> Option<Vec<u8>> {
+        let parsed = wire::parse(query).ok()?;
+        let reply = wire::answer(query, self.answers.v4, self.answers.v6).ok()?;
+        let q = &parsed.question;
+        emit(&protocol::answered_line(
+            &self.name, proto, local, peer, &q.name, q.qtype,
+        ));
+        Some(reply)
+    }
+}
+
+struct Relay {
+    name: String,
+    upstream: SocketAddr,
+    answers: Answers,
+    timeout: Duration,
+}
+
+impl Relay {
+    /// The upstream's reply to `query` over UDP, or an error line.
+    fn ask_udp(&self, query: &[u8], id: u16) -> Result<Vec<u8>, String> {
+        let local = SocketAddr::new(unspecified(self.upstream.is_ipv6()), 0);
+        let sock = UdpSocket::bind(local).map_err(|e| io_error_line(&e))?;
+        sock.set_read_timeout(Some(self.timeout))
+            .map_err(|e| io_error_line(&e))?;
+        sock.connect(self.upstream).map_err(|e| io_error_line(&e))?;
+        sock.send(query).map_err(|e| io_error_line(&e))?;
+        let mut buf = [0u8; 4096];
+        let n = sock.recv(&mut buf).map_err(|e| io_error_line(&e))?;
+        check_reply(&buf[..n], id)
+    }
+
+    /// The upstream's reply to `query` over TCP, or an error line.
+    fn ask_tcp(&self, query: &[u8], id: u16) -> Result<Vec<u8>, String> {
+        let mut stream = sockaddr::connect_tcp(self.upstream, None, self.timeout)
+            .map_err(|e| io_error_line(&e))?;
+        stream
+            .set_read_timeout(Some(self.timeout))
+            .map_err(|e| io_error_line(&e))?;
+        write_frame(&mut stream, query).map_err(|e| io_error_line(&e))?;
+        match read_frame(&mut stream).map_err(|e| io_error_line(&e))? {
+            Frame::Message(reply) => check_reply(&reply, id),
+            Frame::Short(_) => Err(protocol::error_line(error_kind::EMPTY, "upstream closed")),
+        }
+    }
+}
+
+impl Responder for Relay {
+    fn respond(
+        &self,
+        proto: &str,
+        peer: SocketAddr,
+        _local: SocketAddr,
+        query: &[u8],
+    ) -> Option<Vec<u8>> {
+        let parsed = wire::parse(query).ok()?;
+        let upstream = if proto == "tcp" {
+            self.ask_tcp(query, parsed.id)
+        } else {
+            self.ask_udp(query, parsed.id)
+        };
+        let (reply, result) = match upstream {
+            Ok(mut reply) => {
+                match wire::rewrite_addrs(&mut reply, self.answers.v4, self.answers.v6) {
+                    Ok(_) => (reply, "ok".to_owned()),
+                    Err(e) => (
+                        wire::servfail(query).ok()?,
+                        format!("{}:{e}", dns_error_kind::MALFORMED),
+                    ),
+                }
+            }
+            Err(line) => (wire::servfail(query).ok()?, kind_of(&line)),
+        };
+        let q = &parsed.question;
+        emit(&protocol::forwarded_line(
+            &self.name,
+            proto,
+            peer,
+            &q.name,
+            q.qtype,
+            self.upstream,
+            &result,
+        ));
+        Some(reply)
+    }
+}
+
+fn unspecified(v6: bool) -> IpAddr {
+    if v6 {
+        Ipv6Addr::UNSPECIFIED.into()
+    } else {
+        Ipv4Addr::UNSPECIFIED.into()
+    }
+}
+
+/// A server's listeners: UDP and TCP on every address, all bound before the first
+/// `listening` line so those lines mean "ready".
+fn serve(name: &str, listen: &[SocketAddr], responder: impl Responder) -> ExitCode {
+    // Lives as long as the process: every listener thread answers through it.
+    let responder: &'static dyn Responder = Box::leak(Box::new(responder));
+    let mut sockets = Vec::new();
+    for &addr in listen {
+        match (bind_udp(addr), sockaddr::listen_tcp(addr)) {
+            (Ok(udp), Ok(tcp)) => sockets.push((udp, tcp)),
+            (Err(e), _) | (_, Err(e)) => {
+                eprintln!("dnsprobe: listen {addr}: {e}");
+                return ExitCode::from(1);
+            }
+        }
+    }
+    let mut threads = Vec::new();
+    for (udp, tcp) in sockets {
+        let addr = udp.local_addr().expect("bound socket has an address");
+        emit(&protocol::listening_line(name, "udp", addr));
+        emit(&protocol::listening_line(
+            name,
+            "tcp",
+            tcp.local_addr().expect("bound listener"),
+        ));
+        threads.push(std::thread::spawn(move || udp_loop(udp, responder)));
+        threads.push(std::thread::spawn(move || tcp_loop(tcp, responder)));
+    }
+    for thread in threads {
+        let _ = thread.join();
+    }
+    ExitCode::SUCCESS
+}
+
+fn udp_loop(sock: UdpSocket, responder: &'static dyn Responder) {
+    let local = sock.local_addr().expect("bound socket has an address");
+    let mut buf = [0u8; 4096];
+    loop {
+        let (n, peer) = match sock.recv_from(&mut buf) {
+            Ok(got) => got,
+            Err(e) => {
+                eprintln!("dnsprobe: recv on {local}: {e}");
+                continue;
+            }
+        };
+        let query = buf[..n].to_vec();
+        let out = sock.try_clone().expect("clone socket");
+        // A thread per query: a relay waits on its upstream, and glibc sends A and AAAA at once.
+        std::thread::spawn(move || {
+            if let Some(reply) = responder.respond("udp", peer, local, &query) {
+                if let Err(e) = out.send_to(&reply, peer) {
+                    eprintln!("dnsprobe: reply to {peer}: {e}");
+                }
+            }
+        });
+    }
+}
+
+fn tcp_loop(listener: TcpListener, responder: &'static dyn Responder) {
+    for stream in listener.incoming() {
+        match stream {
+            Ok(stream) => {
+                std::thread::spawn(move || tcp_conn(stream, responder));
+            }
+            Err(e) => eprintln!("dnsprobe: accept: {e}"),
+        }
+    }
+}
+
+/// Answers length-prefixed queries until the client closes.
+fn tcp_conn(mut stream: TcpStream, responder: &'static dyn Responder) {
+    let (Ok(local), Ok(peer)) = (stream.local_addr(), stream.peer_addr()) else {
+        return;
+    };
+    let _ = stream.set_read_timeout(Some(TCP_IDLE));
+    while let Ok(Frame::Message(query)) = read_frame(&mut stream) {
+        let Some(reply) = responder.respond("tcp", peer, local, &query) else {
+            return;
+        };
+        if write_frame(&mut stream, &reply).is_err() {
+            return;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Clients
+
+/// `reply` as the answer to query `id`, or an error line.
+fn check_reply(reply: &[u8], id: u16) -> Result<Vec<u8>, String> {
+    match wire::parse(reply) {
+        Ok(parsed) if parsed.is_response && parsed.id == id => Ok(reply.to_vec()),
+        Ok(parsed) => Err(protocol::error_line(
+            dns_error_kind::MALFORMED,
+            &format!(
+                "reply id {} response={} for query id {id}",
+                parsed.id, parsed.is_response
+            ),
+        )),
+        Err(e) => Err(protocol::error_line(
+            dns_error_kind::MALFORMED,
+            &e.to_string(),
+        )),
+    }
+}
+
+fn query_id() -> u16 {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    (nanos ^ std::process::id()) as u16
+}
+
+/// One hand-built query; `Ok(reply line)` or `Err(error or notdns line)`.
+fn query(args: &QueryArgs) -> Result<String, String> {
+    let QueryArgs {
+        server,
+        name,
+        tcp,
+        connect,
+        qtype,
+        bind,
+        timeout,
+    } = args;
+    let id = query_id();
+    let msg = wire::query(id, name, *qtype)
+        .map_err(|e| protocol::error_line(dns_error_kind::MALFORMED, &e.to_string()))?;
+    let (reply, from) = if *tcp {
+        let mut stream =
+            sockaddr::connect_tcp(*server, *bind, *timeout).map_err(|e| io_error_line(&e))?;
+        stream
+            .set_read_timeout(Some(*timeout))
+            .map_err(|e| io_error_line(&e))?;
+        write_frame(&mut stream, &msg).map_err(|e| io_error_line(&e))?;
+        match read_frame(&mut stream).map_err(|e| io_error_line(&e))? {
+            Frame::Message(reply) => (reply, None),
+            Frame::Short(bytes) if bytes.is_empty() => {
+                return Err(protocol::error_line(
+                    error_kind::EMPTY,
+                    "connection closed without a reply",
+                ))
+            }
+            Frame::Short(bytes) => {
+                return Err(protocol::notdns_line(&String::from_utf8_lossy(&bytes)))
+            }
+        }
+    } else {
+        let local = SocketAddr::new(bind.unwrap_or(unspecified(server.is_ipv6())), 0);
+        let sock = UdpSocket::bind(local).map_err(|e| io_error_line(&e))?;
+        sock.set_read_timeout(Some(*timeout))
+            .map_err(|e| io_error_line(&e))?;
+        if *connect {
+            sock.connect(server).map_err(|e| io_error_line(&e))?;
+            sock.send(&msg).map_err(|e| io_error_line(&e))?;
+        } else {
+            sock.send_to(&msg, server).map_err(|e| io_error_line(&e))?;
+        }
+        let mut buf = [0u8; 4096];
+        let (n, from) = sock.recv_from(&mut buf).map_err(|e| io_error_line(&e))?;
+        (buf[..n].to_vec(), Some(from))
+    };
+    let reply = check_reply(&reply, id)?;
+    let parsed = wire::parse(&reply).expect("checked");
+    if parsed.question.qtype != *qtype
+        || !parsed
+            .question
+            .name
+            .eq_ignore_ascii_case(name.trim_end_matches('.'))
+    {
+        return Err(protocol::error_line(
+            dns_error_kind::MALFORMED,
+            &format!("reply for {:?}, asked {name:?}", parsed.question),
+        ));
+    }
+    Ok(protocol::reply_line(parsed.rcode, &parsed.addrs, from))
+}
+
+/// The nameservers and whether `options use-vc` is set, from /etc/resolv.conf.
+fn read_resolv_conf() -> (Vec<IpAddr>, bool) {
+    let text = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+    let mut servers = Vec::new();
+    let mut use_vc = false;
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        match words.next() {
+            Some("nameserver") => {
+                servers.extend(words.next().and_then(|w| w.parse::<IpAddr>().ok()))
+            }
+            Some("options") => use_vc |= words.any(|w| w == "use-vc"),
+            _ => {}
+        }
+    }
+    (servers, use_vc)
+}
+
+fn gai_error(code: libc::c_int) -> String {
+    let name = match code {
+        libc::EAI_AGAIN => "again",
+        libc::EAI_NONAME => "noname",
+        libc::EAI_FAIL => "fail",
+        libc::EAI_NODATA => "nodata",
+        libc::EAI_SYSTEM => "system",
+        _ => "other",
+    };
+    // SAFETY: gai_strerror returns a static NUL-terminated string for any code.
+    let text = unsafe { CStr::from_ptr(libc::gai_strerror(code)) }.to_string_lossy();
+    protocol::error_line(
+        &format!("{}{name}", dns_error_kind::GAI_PREFIX),
+        &format!("code={code} {text}"),
+    )
+}
+
+/// glibc's resolver: `Ok(resolved line)` or `Err(error line)`.
+fn resolve(name: &str, family: libc::c_int) -> Result<String, String> {
+    let (servers, _) = read_resolv_conf();
+    let cname =
+        CString::new(name).map_err(|e| protocol::error_line(error_kind::IO, &e.to_string()))?;
+    // SAFETY: all-zero is a valid addrinfo hints value.
+    let mut hints: libc::addrinfo = unsafe { std::mem::zeroed() };
+    hints.ai_family = family;
+    // One entry per address instead of one per socket type.
+    hints.ai_socktype = libc::SOCK_STREAM;
+    let mut res: *mut libc::addrinfo = std::ptr::null_mut();
+    // SAFETY: valid C string, hints and out pointer; the list is freed below.
+    let rc = unsafe { libc::getaddrinfo(cname.as_ptr(), std::ptr::null(), &hints, &mut res) };
+    if rc != 0 {
+        return Err(gai_error(rc));
+    }
+    let mut addrs = Vec::new();
+    let mut cur = res;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getaddrinfo returned.
+        let ai = unsafe { &*cur };
+        if !ai.ai_addr.is_null() {
+            // SAFETY: all-zero is valid; the copy is bounded by ai_addrlen.
+            let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+            let len = (ai.ai_addrlen as usize).min(size_of::<libc::sockaddr_storage>());
+            // SAFETY: ai_addr points to ai_addrlen valid bytes; storage has room for len.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    ai.ai_addr.cast::<u8>(),
+                    (&raw mut storage).cast(),
+                    len,
+                )
+            };
+            if let Some(addr) = sockaddr::from_raw(&storage) {
+                if !addrs.contains(&addr.ip()) {
+                    addrs.push(addr.ip());
+                }
+            }
+        }
+        cur = ai.ai_next;
+    }
+    // SAFETY: `res` came from a successful getaddrinfo and is freed once.
+    unsafe { libc::freeaddrinfo(res) };
+    Ok(protocol::resolved_line(&addrs, &servers))
+}
+
+fn client_exit(result: Result<String, String>) -> ExitCode {
+    match result {
+        Ok(line) => {
+            emit(&line);
+            ExitCode::SUCCESS
+        }
+        Err(line) => {
+            emit(&line);
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let cmd = match parse_args(&args) {
+        Ok(cmd) => cmd,
+        Err(msg) => {
+            eprintln!("dnsprobe: {msg}\n{USAGE}");
+            return ExitCode::from(64);
+        }
+    };
+    match cmd {
+        Cmd::Server {
+            name,
+            listen,
+            answers,
+        } => {
+            let authority = Authority {
+                name: name.clone(),
+                answers,
+            };
+            serve(&name, &listen, authority)
+        }
+        Cmd::Proxy {
+            name,
+            listen,
+            upstream,
+            answers,
+            timeout,
+        } => {
+            let relay = Relay {
+                name: name.clone(),
+                upstream,
+                answers,
+                timeout,
+            };
+            serve(&name, &listen, relay)
+        }
+        Cmd::Resolve { name, tcp, family } => {
+            if tcp && !read_resolv_conf().1 {
+                // Otherwise a "TCP" test would quietly test UDP.
+                eprintln!("dnsprobe: resolve --tcp: /etc/resolv.conf has no `options use-vc`");
+                return ExitCode::from(64);
+            }
+            client_exit(resolve(&name, family))
+        }
+        Cmd::Query(args) => client_exit(query(&args)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn parses_each_subcommand_and_rejects_bad_answers() {
+        let cmd = parse_args(&args("proxy --listen 127.0.0.1:15053 --listen [::1]:15053 --upstream 127.0.0.53:53 --answer 192.0.2.53 --answer 2001:db8::53")).unwrap();
+        assert!(
+            matches!(cmd, Cmd::Proxy { ref listen, answers: Answers { v6: Some(_), .. }, .. } if listen.len() == 2)
+        );
+        assert!(matches!(
+            parse_args(&args("query 10.0.0.1:53 a.test --connect")),
+            Ok(Cmd::Query(QueryArgs {
+                connect: true,
+                tcp: false,
+                ..
+            }))
+        ));
+        assert!(matches!(
+            parse_args(&args("resolve a.test --tcp --family 6")),
+            Ok(Cmd::Resolve {
+                tcp: true,
+                family: libc::AF_INET6,
+                ..
+            })
+        ));
+        assert!(parse_args(&args("server --listen 127.0.0.1:53 --answer 2001:db8::1")).is_err());
+        assert!(parse_args(&args(
+            "server --listen 127.0.0.1:53 --answer 192.0.2.1 --answer 192.0.2.2"
+        ))
+        .is_err());
+        assert!(parse_args(&args("proxy --listen 127.0.0.1:53 --answer 192.0.2.1")).is_err());
+        assert!(parse_args(&args("query 10.0.0.1:53 a.test --tcp --connect")).is_err());
+    }
+
+    #[test]
+    fn replies_must_answer_our_query() {
+        let q = wire::query(42, "a.test", TYPE_A).unwrap();
+        let reply = wire::answer(&q, Ipv4Addr::new(192, 0, 2, 1), None).unwrap();
+        assert!(check_reply(&reply, 42).is_ok());
+        assert!(check_reply(&reply, 43)
+            .unwrap_err()
+            .starts_with("error malformed"));
+        assert!(check_reply(&q, 42).is_err(), "a query is no reply");
+    }
+}
