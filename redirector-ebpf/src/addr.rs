@@ -37,3 +37,34 @@ pub fn raw(ip: IpAddr) -> (u16, RawIp) {
 pub fn unspecified() -> IpAddr {
     IpAddr::V4(Ipv4Addr::UNSPECIFIED)
 }
+
+/// Write `orig` as the address of a sock_addr context: user_ip4 in an IPv4 program
+/// (`V6 = false`), user_ip6 in an IPv6 one (IPv4-mapped for an IPv4 address). The verifier
+/// rejects any access to the other family's field, so the family is a constant of the
+/// program, not a runtime branch. Each field is written on its own: a merged 8-byte store
+/// is rejected too.
+#[inline(always)]
+pub fn write_sock_addr<const V6: bool>(
+    sa: *mut aya_ebpf::bindings::bpf_sock_addr,
+    orig: redirector_common::OrigDst,
+) {
+    use core::ptr::{addr_of_mut, write_volatile};
+    unsafe {
+        if V6 {
+            let words = if orig.family == AF_INET6 {
+                orig.addr.0
+            } else {
+                [0, 0, u32::from_ne_bytes([0, 0, 0xff, 0xff]), orig.addr.0[0]]
+            };
+            write_volatile(addr_of_mut!((*sa).user_ip6[0]), words[0]);
+            write_volatile(addr_of_mut!((*sa).user_ip6[1]), words[1]);
+            write_volatile(addr_of_mut!((*sa).user_ip6[2]), words[2]);
+            write_volatile(addr_of_mut!((*sa).user_ip6[3]), words[3]);
+        } else if orig.family == AF_INET {
+            write_volatile(addr_of_mut!((*sa).user_ip4), orig.addr.0[0]);
+        } else {
+            return;
+        }
+        write_volatile(addr_of_mut!((*sa).user_port), u32::from(orig.port.to_be()));
+    }
+}

@@ -48,6 +48,18 @@ pub fn restore_recvmsg6(ctx: SockAddrContext) -> i32 {
     dns::recvmsg6(&ctx)
 }
 
+#[cgroup_sock_addr(getpeername4)]
+pub fn restore_getpeername4(ctx: SockAddrContext) -> i32 {
+    orig_dst::getpeername::<false>(&ctx);
+    1
+}
+
+#[cgroup_sock_addr(getpeername6)]
+pub fn restore_getpeername6(ctx: SockAddrContext) -> i32 {
+    orig_dst::getpeername::<true>(&ctx);
+    1
+}
+
 #[sock_ops]
 pub fn track_sock_ops(ctx: SockOpsContext) -> u32 {
     if ctx.op() == aya_ebpf::bindings::BPF_SOCK_OPS_TCP_LISTEN_CB {

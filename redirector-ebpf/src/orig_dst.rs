@@ -13,7 +13,7 @@ use aya_ebpf::{
         BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG,
     },
     helpers::generated::{bpf_get_netns_cookie, bpf_get_socket_cookie},
-    programs::{SockOpsContext, SockoptContext},
+    programs::{SockAddrContext, SockOpsContext, SockoptContext},
     EbpfContext,
 };
 use redirector_common::{ConnKey, OrigDst, Reason, AF_INET, AF_INET6};
@@ -21,10 +21,11 @@ use redirector_common::{ConnKey, OrigDst, Reason, AF_INET, AF_INET6};
 use crate::{
     addr,
     counters::count,
-    maps::{ORIG_DST_BY_CONN, ORIG_DST_BY_COOKIE},
+    maps::{DNS_ORIG_BY_COOKIE, ORIG_DST_BY_CONN, ORIG_DST_BY_COOKIE},
 };
 
 const TCP_CLOSE: u32 = 7;
+const IPPROTO_UDP: u32 = 17;
 const SOL_IP: i32 = 0;
 const SOL_IPV6: i32 = 41;
 /// `SO_ORIGINAL_DST` (SOL_IP) and `IP6T_SO_ORIGINAL_DST` (SOL_IPV6) share the number.
@@ -196,4 +197,44 @@ fn write_sockaddr_in6(ctx: &SockoptContext, orig: &OrigDst) -> bool {
         write_volatile(addr_of_mut!((*so).retval), 0);
     }
     true
+}
+
+/// cgroup/getpeername4 and 6: the app's redirected socket reports the peer it connected
+/// to, as it does with iptables' REDIRECT (whose NAT the socket never sees), not the proxy.
+pub fn getpeername<const V6: bool>(ctx: &SockAddrContext) {
+    let sa = ctx.sock_addr;
+    let sk = unsafe { (*sa).__bindgen_anon_1.sk };
+    if sk.is_null() {
+        return;
+    }
+    let orig = unsafe {
+        if (*sk).protocol == IPPROTO_UDP {
+            let cookie = bpf_get_socket_cookie(ctx.as_ptr());
+            DNS_ORIG_BY_COOKIE.get(&cookie).copied()
+        } else {
+            let (local_ip, remote_ip) = if (*sk).family == u32::from(AF_INET6) {
+                (
+                    addr::v6_or_mapped((*sk).src_ip6),
+                    addr::v6_or_mapped((*sk).dst_ip6),
+                )
+            } else {
+                (addr::v4((*sk).src_ip4), addr::v4((*sk).dst_ip4))
+            };
+            let local = Endpoint {
+                ip: local_ip,
+                port: (*sk).src_port as u16,
+            };
+            let remote = Endpoint {
+                ip: remote_ip,
+                port: u16::from_be((*sk).dst_port),
+            };
+            let netns_cookie = bpf_get_netns_cookie(ctx.as_ptr());
+            ORIG_DST_BY_CONN
+                .get(&conn_key(netns_cookie, local, remote))
+                .copied()
+        }
+    };
+    if let Some(orig) = orig {
+        addr::write_sock_addr::<V6>(sa, orig);
+    }
 }

@@ -1,7 +1,6 @@
 //! cgroup/connect4, connect6 and UDP sendmsg4/6: outbound capture (TCP, and DNS over UDP).
 
 use core::net::IpAddr;
-use core::ptr::{addr_of_mut, write_volatile};
 
 use aya_ebpf::{
     helpers::{
@@ -84,7 +83,7 @@ pub fn connect4(ctx: &SockAddrContext) -> i32 {
     let Some(protocol) = protocol(sa) else {
         return ALLOW;
     };
-    capture(ctx, protocol, addr::v4(sa.user_ip4), bound_v4(sa), false)
+    capture::<false>(ctx, protocol, addr::v4(sa.user_ip4), bound_v4(sa))
 }
 
 pub fn connect6(ctx: &SockAddrContext) -> i32 {
@@ -93,46 +92,37 @@ pub fn connect6(ctx: &SockAddrContext) -> i32 {
         return ALLOW;
     };
     let src = unsafe { (*sa.__bindgen_anon_1.sk).src_ip6 };
-    capture(
+    capture::<true>(
         ctx,
         protocol,
         addr::v6_or_mapped(sa.user_ip6),
         addr::v6_or_mapped(src),
-        true,
     )
 }
 
 /// UDP `sendto()` on an unconnected socket (connected ones went through connect).
 pub fn sendmsg4(ctx: &SockAddrContext) -> i32 {
     let sa = unsafe { &*ctx.sock_addr };
-    capture(
-        ctx,
-        Protocol::Udp,
-        addr::v4(sa.user_ip4),
-        bound_v4(sa),
-        false,
-    )
+    capture::<false>(ctx, Protocol::Udp, addr::v4(sa.user_ip4), bound_v4(sa))
 }
 
 pub fn sendmsg6(ctx: &SockAddrContext) -> i32 {
     let sa = unsafe { &*ctx.sock_addr };
     let src = unsafe { (*sa.__bindgen_anon_1.sk).src_ip6 };
-    capture(
+    capture::<true>(
         ctx,
         Protocol::Udp,
         addr::v6_or_mapped(sa.user_ip6),
         addr::v6_or_mapped(src),
-        true,
     )
 }
 
 #[inline(always)]
-fn capture(
+fn capture<const V6: bool>(
     ctx: &SockAddrContext,
     protocol: Protocol,
     dst: IpAddr,
     src: IpAddr,
-    v6_socket: bool,
 ) -> i32 {
     let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
     let Some(cfg) = (unsafe { POD_CONFIG.get(netns_cookie) }) else {
@@ -161,25 +151,16 @@ fn capture(
         Verdict::CaptureInbound => cfg.inbound_port,
         Verdict::CaptureDns => DNS_CAPTURE_PORT,
     };
-    redirect(
-        ctx,
-        cfg,
-        netns_cookie,
-        &attempt,
-        port,
-        v6_socket,
-        verdict.reason(),
-    )
+    redirect::<V6>(ctx, cfg, netns_cookie, &attempt, port, verdict.reason())
 }
 
 #[inline(always)]
-fn redirect(
+fn redirect<const V6: bool>(
     ctx: &SockAddrContext,
     cfg: &PodConfig,
     netns_cookie: u64,
     attempt: &OutboundAttempt,
     port: u16,
-    v6_socket: bool,
     reason: Reason,
 ) -> i32 {
     let (family, raw) = addr::raw(attempt.dst);
@@ -202,33 +183,20 @@ fn redirect(
             REFUSE
         };
     }
-    let sa = ctx.sock_addr;
-    let port_be = u32::from(port.to_be());
-    // Each field is written on its own: a merged 8-byte store is rejected by the verifier.
-    unsafe {
-        if !v6_socket {
-            write_volatile(
-                addr_of_mut!((*sa).user_ip4),
-                u32::from_ne_bytes([127, 0, 0, 1]),
-            );
-        } else {
-            // The v6 loopback, or the v4 one mapped when the socket speaks IPv4.
-            let words = match attempt.dst {
-                IpAddr::V4(_) => [
-                    0,
-                    0,
-                    u32::from_ne_bytes([0, 0, 0xff, 0xff]),
-                    u32::from_ne_bytes([127, 0, 0, 1]),
-                ],
-                IpAddr::V6(_) => [0, 0, 0, u32::from_ne_bytes([0, 0, 0, 1])],
-            };
-            write_volatile(addr_of_mut!((*sa).user_ip6[0]), words[0]);
-            write_volatile(addr_of_mut!((*sa).user_ip6[1]), words[1]);
-            write_volatile(addr_of_mut!((*sa).user_ip6[2]), words[2]);
-            write_volatile(addr_of_mut!((*sa).user_ip6[3]), words[3]);
-        }
-        write_volatile(addr_of_mut!((*sa).user_port), port_be);
-    }
+    // The proxy on this host: 127.0.0.1 (IPv4-mapped on an IPv6 socket) or ::1.
+    let loopback = match attempt.dst {
+        IpAddr::V4(_) => IpAddr::V4(core::net::Ipv4Addr::LOCALHOST),
+        IpAddr::V6(_) => IpAddr::V6(core::net::Ipv6Addr::LOCALHOST),
+    };
+    let (family, raw) = addr::raw(loopback);
+    addr::write_sock_addr::<V6>(
+        ctx.sock_addr,
+        OrigDst {
+            addr: raw,
+            port,
+            family,
+        },
+    );
     count(netns_cookie, reason);
     ALLOW
 }

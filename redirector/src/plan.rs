@@ -720,7 +720,7 @@ mod tests {
             decide_udp(&p, 1000, "10.96.0.10", 5353),
             Verdict::Pass(Reason::PassedNotTcp)
         );
-        assert_eq!(p.programs.len(), 9, "the UDP programs are attached");
+        assert_eq!(p.programs.len(), POD_PROGRAMS.len(), "the UDP programs are attached");
         let all = plan(&["-i", "*", "--redirect-dns", "--capture-all-dns"], &[]);
         assert_eq!(decide_udp(&all, 1000, "8.8.8.8", 53), Verdict::CaptureDns);
         // Without --redirect-dns nothing of UDP is captured and no UDP program attached.
@@ -729,7 +729,7 @@ mod tests {
             decide_udp(&off, 1000, "10.96.0.10", 53),
             Verdict::Pass(Reason::PassedNotTcp)
         );
-        assert_eq!(off.programs.len(), 5);
+        assert_eq!(off.programs.len(), BASE_PROGRAMS);
         // istio keeps port 53 out of the uids' own-pod rule but not out of the gids'.
         let p = plan(&["-i", "*", "--redirect-dns", "-u", "3", "-g", "1"], &[]);
         assert_eq!(

@@ -11,6 +11,8 @@ pub mod attach_type {
     pub const CGROUP_UDP4_RECVMSG: u32 = 19;
     pub const CGROUP_UDP6_RECVMSG: u32 = 20;
     pub const CGROUP_GETSOCKOPT: u32 = 21;
+    pub const CGROUP_INET4_GETPEERNAME: u32 = 29;
+    pub const CGROUP_INET6_GETPEERNAME: u32 = 30;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,7 +46,7 @@ pub struct ProgramSpec {
 /// Every program of the object. A pod gets the first [`BASE_PROGRAMS`], in this order (the
 /// programs that record state — sock_ops, getsockopt — before those that create it), and
 /// the UDP DNS programs after them when it captures DNS.
-pub const POD_PROGRAMS: [ProgramSpec; 9] = [
+pub const POD_PROGRAMS: [ProgramSpec; 11] = [
     ProgramSpec {
         function: "track_sock_ops",
         hook: "sock_ops",
@@ -81,6 +83,20 @@ pub const POD_PROGRAMS: [ProgramSpec; 9] = [
         target: AttachTarget::Cgroup,
     },
     ProgramSpec {
+        function: "restore_getpeername4",
+        hook: "getpeername4",
+        kind: ProgramKind::CgroupSockAddr,
+        attach_type: attach_type::CGROUP_INET4_GETPEERNAME,
+        target: AttachTarget::Cgroup,
+    },
+    ProgramSpec {
+        function: "restore_getpeername6",
+        hook: "getpeername6",
+        kind: ProgramKind::CgroupSockAddr,
+        attach_type: attach_type::CGROUP_INET6_GETPEERNAME,
+        target: AttachTarget::Cgroup,
+    },
+    ProgramSpec {
         function: "restore_recvmsg4",
         hook: "recvmsg4",
         kind: ProgramKind::CgroupSockAddr,
@@ -111,4 +127,4 @@ pub const POD_PROGRAMS: [ProgramSpec; 9] = [
 ];
 
 /// How many of [`POD_PROGRAMS`] every pod gets.
-pub const BASE_PROGRAMS: usize = 5;
+pub const BASE_PROGRAMS: usize = 7;

@@ -104,7 +104,7 @@ fn explain_matches_real_connections_and_status_counts_them() {
     assert_eq!(redirected, 2, "two of the outbound connections are captured");
 
     let status = redirector(&["status", "--netns", netns, "--pin-root", pin_root]);
-    assert!(status.contains("links: connect4 connect6 getsockopt sk_lookup sock_ops"), "{status}");
+    assert!(status.contains("links: connect4 connect6 getpeername4 getpeername6 getsockopt sk_lookup sock_ops"), "{status}");
     let counters: Vec<&str> = status
         .lines()
         .find_map(|l| l.trim().strip_prefix("counters (non-zero): "))

@@ -30,7 +30,7 @@ fn gc_removes_pods_that_are_gone_and_keeps_live_ones() {
         .filter(|p| p.to_string_lossy().contains(&format!("/pods/{gone_cookie}/")))
         .map(|p| pinned_id("link", p))
         .collect();
-    assert_eq!(gone_links.len(), 5);
+    assert_eq!(gone_links.len(), 7);
     assert_eq!(gc(&root).trim(), "removed 0 stale pod(s)", "nothing is stale while both pods exist");
 
     // The pod goes away (cgroup and netns removed), as when a pod is deleted. The kernel
@@ -48,6 +48,6 @@ fn gc_removes_pods_that_are_gone_and_keeps_live_ones() {
     assert!(wait_gone("link", &gone_links, Duration::from_secs(5)).is_empty());
     // The live pod keeps its links and its object.
     let live_links = left.iter().filter(|p| p.to_string_lossy().contains("/pods/")).count();
-    assert_eq!(live_links, 5, "{left:?}");
+    assert_eq!(live_links, 7, "{left:?}");
     assert!(!loaded_ids("prog").is_empty());
 }

@@ -185,8 +185,8 @@ fn pins_survive_the_loader_and_a_rerun_replaces_instead_of_doubling() {
     // The loader has exited; its pins hold the links.
     let pins = pins_under(root.path());
     let links: Vec<_> = pins.iter().filter(|p| p.to_string_lossy().contains("/pods/")).collect();
-    assert_eq!(links.len(), 5, "five link pins for the pod (4 cgroup, 1 netns): {pins:?}");
-    assert_eq!(cgroup_attachments(pod.topo.pod_cgroup.path()).len(), 4);
+    assert_eq!(links.len(), 7, "seven link pins for the pod (6 cgroup, 1 netns): {pins:?}");
+    assert_eq!(cgroup_attachments(pod.topo.pod_cgroup.path()).len(), 6);
     let dst = pod.service(false);
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
 
@@ -199,7 +199,7 @@ fn pins_survive_the_loader_and_a_rerun_replaces_instead_of_doubling() {
     let log = pod.install(&root, &forced);
     assert!(log.contains("pod attached in"), "{log}");
     let attached = cgroup_attachments(pod.topo.pod_cgroup.path());
-    assert_eq!(attached.len(), 4, "re-running must replace, not add: {attached:?}");
+    assert_eq!(attached.len(), 6, "re-running must replace, not add: {attached:?}");
     assert_eq!(pins_under(root.path()), pins, "same pins after re-running");
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
 }
@@ -219,7 +219,7 @@ fn cleanup_only_leaves_no_program_link_map_or_pin() {
     let progs = ids("prog", "/progs/");
     let maps = ids("map", "/maps/");
     let links = ids("link", "/pods/");
-    assert_eq!(links.len(), 5, "the pod's links");
+    assert_eq!(links.len(), 7, "the pod's links");
     assert!(progs.len() >= links.len() && !maps.is_empty(), "the node's programs and maps");
     assert!(progs.iter().all(|id| loaded_ids("prog").contains(id)));
 
@@ -282,4 +282,36 @@ fn traffic_leaving_through_an_excluded_interface_passes() {
     }
     pod.install(&root, &STANDARD_INJECTION);
     assert_proxied(&pod.connect(APP_UID, APP_UID, pod.service(false)), pod.service(false));
+}
+
+/// What `getpeername()` says on an app's socket connected to `dst`, by a Python client in
+/// the pod (uid 1000, pod cgroup); the connection stays open while it asks.
+fn peer_seen_by_app(pod: &Pod, dst: SocketAddr) -> String {
+    let script = "import socket, sys\n\
+                  s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3)\n\
+                  p = s.getpeername()\n\
+                  print(f'{p[0]} {p[1]}')";
+    let out = redirector_tests::Spawn::new("/usr/bin/python3")
+        .args(["-c", script, &dst.ip().to_string(), &dst.port().to_string()])
+        .netns(&pod.topo.pod)
+        .cgroup(&pod.topo.pod_cgroup)
+        .user(APP_UID, APP_UID)
+        .output();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+#[test]
+fn a_redirected_socket_reports_its_original_peer() {
+    if !require_root() {
+        return;
+    }
+    let pod = Pod::new("peername");
+    let root = PinRoot::new("peername");
+    pod.install(&root, &STANDARD_INJECTION);
+    for v6 in [false, true] {
+        let dst = pod.service(v6);
+        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+        assert_eq!(peer_seen_by_app(&pod, dst), format!("{} {}", dst.ip(), dst.port()));
+    }
 }
