@@ -32,6 +32,9 @@ pub struct Podman {
     dir: PathBuf,
     cgroup_parent: CgroupParent,
     image_cache: RemoveIfCreated,
+    /// podman's own `libpod_parent` (where it puts conmon), in the hierarchies where it did
+    /// not exist before: removed on drop.
+    libpod_parent: Vec<PathBuf>,
 }
 
 impl Podman {
@@ -42,6 +45,11 @@ impl Podman {
         let podman = Podman {
             cgroup_parent: CgroupParent::new(&name),
             image_cache: RemoveIfCreated::new(IMAGE_CACHE_DIR, &["cache"]),
+            libpod_parent: CgroupParent::new(LIBPOD_PARENT)
+                .dirs()
+                .into_iter()
+                .filter(|d| !d.exists())
+                .collect(),
             dir,
         };
         for sub in ["cni", "storage", "run", "tmp", "runc"] {
@@ -187,6 +195,8 @@ runc = [{wrapper}]
                         &["cache"],
                         !created_cache,
                     ),
+                    // Whether podman's own parent predates that run is not known: kept.
+                    libpod_parent: Vec::new(),
                     dir: path.clone(),
                 });
                 removed.push(path.display().to_string());
@@ -235,8 +245,16 @@ impl Drop for Podman {
         } else if let Err(e) = fs::remove_dir_all(&self.dir) {
             eprintln!("warning: cannot remove {}: {e}", self.dir.display());
         }
+        for dir in &self.libpod_parent {
+            if let Err(e) = crate::podman_cgroup::rmdir_tree(dir) {
+                eprintln!("warning: cannot remove {}: {e}", dir.display());
+            }
+        }
     }
 }
+
+/// The cgroup podman creates for its conmon processes, in every hierarchy.
+const LIBPOD_PARENT: &str = "libpod_parent";
 
 /// Absolute path of `name` on PATH (or in /usr/sbin, /sbin); panics naming the package.
 fn require_binary(name: &str) -> PathBuf {

@@ -82,7 +82,7 @@ pub fn hierarchy_mounts() -> Vec<PathBuf> {
     mounts
 }
 
-fn rmdir_tree(dir: &Path) -> std::io::Result<()> {
+pub(crate) fn rmdir_tree(dir: &Path) -> std::io::Result<()> {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
