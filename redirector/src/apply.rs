@@ -16,6 +16,7 @@ use redirector_common::{Counters, PodConfig};
 
 use crate::{
     bpf_sys,
+    fs_error::{fs_err, FsError},
     node_maps::{NodeMaps, OpenMapError},
     object::{ensure_loaded, open_program, NodeLock, ObjectError},
     pins::{ObjectPins, PinRoot, PodPins, STAGING_PREFIX},
@@ -39,20 +40,8 @@ pub enum ApplyError {
         target: String,
         source: io::Error,
     },
-    #[error("{action} {path}: {source}")]
-    Fs {
-        action: &'static str,
-        path: String,
-        source: io::Error,
-    },
-}
-
-fn fs_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> ApplyError + 'a {
-    move |source| ApplyError::Fs {
-        action,
-        path: path.display().to_string(),
-        source,
-    }
+    #[error(transparent)]
+    Fs(#[from] FsError),
 }
 
 fn write_err(map: &'static str) -> impl FnOnce(MapError) -> ApplyError {
@@ -193,18 +182,10 @@ fn stage(
         }
     }
     if maps.counters.get(&cookie, 0).is_err() {
-        let cpus = aya::util::nr_cpus().map_err(|(path, source)| ApplyError::Fs {
-            action: "reading",
-            path: path.to_owned(),
-            source,
-        })?;
-        let zero = aya::maps::PerCpuValues::try_from(vec![Counters::default(); cpus]).map_err(
-            |source| ApplyError::Fs {
-                action: "sizing",
-                path: "COUNTERS".into(),
-                source,
-            },
-        )?;
+        let cpus =
+            aya::util::nr_cpus().map_err(|(path, source)| FsError::new("reading", path, source))?;
+        let zero = aya::maps::PerCpuValues::try_from(vec![Counters::default(); cpus])
+            .map_err(|source| FsError::new("sizing per-CPU values of", "COUNTERS", source))?;
         maps.counters
             .insert(cookie, zero, 0)
             .map_err(write_err("COUNTERS"))?;
@@ -381,7 +362,7 @@ pub fn installed_objects(root: &PinRoot) -> Result<Vec<ObjectPins>, ApplyError> 
     let entries = match fs::read_dir(&dir) {
         Ok(entries) => entries,
         Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(err) => return Err(fs_err("listing", &dir)(err)),
+        Err(err) => return Err(fs_err("listing", &dir)(err).into()),
     };
     let mut objects: Vec<_> = entries
         .filter_map(Result::ok)

@@ -4,6 +4,7 @@ mod apply;
 mod bpf_sys;
 mod config;
 mod explain;
+mod fs_error;
 mod istio_iptables;
 mod listeners;
 mod live_pod;

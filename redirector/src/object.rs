@@ -3,7 +3,6 @@
 use std::{
     fs, io,
     os::fd::{AsRawFd, OwnedFd},
-    path::Path,
 };
 
 use aya::{
@@ -14,6 +13,7 @@ use redirector_common::names;
 
 use crate::{
     bpf_sys,
+    fs_error::{fs_err, FsError},
     pins::{ObjectPins, PinRoot},
     programs::{ProgramKind, POD_PROGRAMS},
 };
@@ -45,20 +45,8 @@ pub enum ObjectError {
         "pinned object at {path} is incomplete (missing {missing}); remove it with --cleanup-only"
     )]
     Incomplete { path: String, missing: String },
-    #[error("{action} {path}: {source}")]
-    Fs {
-        action: &'static str,
-        path: String,
-        source: io::Error,
-    },
-}
-
-fn fs_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> ObjectError + 'a {
-    move |source| ObjectError::Fs {
-        action,
-        path: path.display().to_string(),
-        source,
-    }
+    #[error(transparent)]
+    Fs(#[from] FsError),
 }
 
 /// A stable id for an object's bytes (FNV-1a, 64 bit): a changed object gets new pins.
@@ -171,7 +159,7 @@ fn load_and_pin(bytes: &[u8], staging: &ObjectPins) -> Result<(), ObjectError> {
 /// Open a pinned program of an object.
 pub fn open_program(pins: &ObjectPins, function: &str) -> Result<OwnedFd, ObjectError> {
     let path = pins.program(function);
-    bpf_sys::obj_get(&path).map_err(fs_err("opening pinned program", &path))
+    Ok(bpf_sys::obj_get(&path).map_err(fs_err("opening pinned program", &path))?)
 }
 
 /// Exclusive lock over everything under the pin root, held for the life of the value.
@@ -186,7 +174,7 @@ impl NodeLock {
         let dir = fs::File::open(root.path()).map_err(fs_err("opening", root.path()))?;
         // SAFETY: flock on a file descriptor we own.
         if unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(fs_err("locking", root.path())(io::Error::last_os_error()));
+            return Err(fs_err("locking", root.path())(io::Error::last_os_error()).into());
         }
         Ok(NodeLock { _dir: dir })
     }

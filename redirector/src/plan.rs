@@ -720,7 +720,11 @@ mod tests {
             decide_udp(&p, 1000, "10.96.0.10", 5353),
             Verdict::Pass(Reason::PassedNotTcp)
         );
-        assert_eq!(p.programs.len(), POD_PROGRAMS.len(), "the UDP programs are attached");
+        assert_eq!(
+            p.programs.len(),
+            POD_PROGRAMS.len(),
+            "the UDP programs are attached"
+        );
         let all = plan(&["-i", "*", "--redirect-dns", "--capture-all-dns"], &[]);
         assert_eq!(decide_udp(&all, 1000, "8.8.8.8", 53), Verdict::CaptureDns);
         // Without --redirect-dns nothing of UDP is captured and no UDP program attached.
