@@ -54,6 +54,35 @@ fn conn_key(netns_cookie: u64, client: Endpoint, proxy: Endpoint) -> ConnKey {
     }
 }
 
+/// (local, remote) endpoints of a socket seen through `struct bpf_sock`.
+///
+/// # Safety
+/// `sk` is a non-null socket pointer from the program's context.
+#[inline(always)]
+unsafe fn sock_endpoints(sk: *const aya_ebpf::bindings::bpf_sock) -> (Endpoint, Endpoint) {
+    unsafe {
+        let (local_ip, remote_ip) = if (*sk).family == u32::from(AF_INET6) {
+            (
+                addr::v6_or_mapped((*sk).src_ip6),
+                addr::v6_or_mapped((*sk).dst_ip6),
+            )
+        } else {
+            (addr::v4((*sk).src_ip4), addr::v4((*sk).dst_ip4))
+        };
+        (
+            Endpoint {
+                ip: local_ip,
+                port: (*sk).src_port as u16,
+            },
+            // dst_port is the network-order port.
+            Endpoint {
+                ip: remote_ip,
+                port: u16::from_be((*sk).dst_port),
+            },
+        )
+    }
+}
+
 /// (local, remote) endpoints of a sock_ops socket.
 #[inline(always)]
 fn sock_ops_endpoints(ctx: &SockOpsContext) -> (Endpoint, Endpoint) {
@@ -121,24 +150,7 @@ pub fn getsockopt(ctx: &SockoptContext) {
     if sk.is_null() {
         return;
     }
-    let (local_ip, remote_ip) = unsafe {
-        if (*sk).family == u32::from(AF_INET6) {
-            (
-                addr::v6_or_mapped((*sk).src_ip6),
-                addr::v6_or_mapped((*sk).dst_ip6),
-            )
-        } else {
-            (addr::v4((*sk).src_ip4), addr::v4((*sk).dst_ip4))
-        }
-    };
-    let local = Endpoint {
-        ip: local_ip,
-        port: unsafe { (*sk).src_port } as u16,
-    };
-    let remote = Endpoint {
-        ip: remote_ip,
-        port: u16::from_be(unsafe { (*sk).dst_port }),
-    };
+    let (local, remote) = unsafe { sock_endpoints(sk) };
     let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
     let Some(orig) = (unsafe { ORIG_DST_BY_CONN.get(conn_key(netns_cookie, remote, local)) })
     else {
@@ -212,22 +224,7 @@ pub fn getpeername<const V6: bool>(ctx: &SockAddrContext) {
             let cookie = bpf_get_socket_cookie(ctx.as_ptr());
             DNS_ORIG_BY_COOKIE.get(&cookie).copied()
         } else {
-            let (local_ip, remote_ip) = if (*sk).family == u32::from(AF_INET6) {
-                (
-                    addr::v6_or_mapped((*sk).src_ip6),
-                    addr::v6_or_mapped((*sk).dst_ip6),
-                )
-            } else {
-                (addr::v4((*sk).src_ip4), addr::v4((*sk).dst_ip4))
-            };
-            let local = Endpoint {
-                ip: local_ip,
-                port: (*sk).src_port as u16,
-            };
-            let remote = Endpoint {
-                ip: remote_ip,
-                port: u16::from_be((*sk).dst_port),
-            };
+            let (local, remote) = sock_endpoints(sk);
             let netns_cookie = bpf_get_netns_cookie(ctx.as_ptr());
             ORIG_DST_BY_CONN
                 .get(&conn_key(netns_cookie, local, remote))
