@@ -30,7 +30,10 @@ fn ids(value: &Value) -> Vec<u64> {
         Value::Array(items) => items.clone(),
         other => vec![other.clone()],
     };
-    items.iter().filter_map(|v| v.get("id").and_then(Value::as_u64)).collect()
+    items
+        .iter()
+        .filter_map(|v| v.get("id").and_then(Value::as_u64))
+        .collect()
 }
 
 /// Programs attached to a cgroup (its own attachments, not inherited ones): (id, attach type, name).
@@ -43,8 +46,14 @@ pub fn cgroup_attachments(cgroup: &Path) -> Vec<(u64, String, String)> {
         .map(|a| {
             (
                 a.get("id").and_then(Value::as_u64).unwrap_or_default(),
-                a.get("attach_type").and_then(Value::as_str).unwrap_or_default().to_owned(),
-                a.get("name").and_then(Value::as_str).unwrap_or_default().to_owned(),
+                a.get("attach_type")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
+                a.get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
             )
         })
         .collect()
@@ -53,7 +62,10 @@ pub fn cgroup_attachments(cgroup: &Path) -> Vec<(u64, String, String)> {
 /// The kernel id of the object pinned at `path` (`kind`: prog, map or link).
 pub fn pinned_id(kind: &str, path: &Path) -> u64 {
     let v = bpftool_json(&[kind, "show", "pinned", &path.to_string_lossy()]);
-    ids(&v).first().copied().unwrap_or_else(|| panic!("no {kind} id for {}", path.display()))
+    ids(&v)
+        .first()
+        .copied()
+        .unwrap_or_else(|| panic!("no {kind} id for {}", path.display()))
 }
 
 /// Ids of every loaded object of `kind` (prog, map or link).
@@ -67,7 +79,11 @@ pub fn wait_gone(kind: &str, ids: &[u64], timeout: Duration) -> Vec<u64> {
     let deadline = Instant::now() + timeout;
     loop {
         let loaded = loaded_ids(kind);
-        let left: Vec<u64> = ids.iter().copied().filter(|id| loaded.contains(id)).collect();
+        let left: Vec<u64> = ids
+            .iter()
+            .copied()
+            .filter(|id| loaded.contains(id))
+            .collect();
         if left.is_empty() || Instant::now() > deadline {
             return left;
         }

@@ -112,6 +112,19 @@ fn read_pids(dir: &Path) -> Vec<u32> {
 
 /// Depth first: children before parents; each directory is emptied into the root first.
 pub(crate) fn remove_tree(dir: &Path) -> std::io::Result<()> {
+    let root_procs = cgroup2_root().join("cgroup.procs");
+    rmdir_tree_with(dir, &|dir| {
+        for pid in read_pids(dir) {
+            // Fails harmlessly when the process has exited meanwhile.
+            let _ = std::fs::write(&root_procs, pid.to_string());
+        }
+    })
+}
+
+/// Removes the cgroup directory `dir` and every cgroup below it, children first; a missing
+/// one is no error. `before_rmdir` runs before each attempt on a directory, which is retried
+/// for up to 5 s while the kernel reports it busy (EBUSY: killed tasks still leaving it).
+pub(crate) fn rmdir_tree_with(dir: &Path, before_rmdir: &dyn Fn(&Path)) -> std::io::Result<()> {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
@@ -119,20 +132,15 @@ pub(crate) fn remove_tree(dir: &Path) -> std::io::Result<()> {
     };
     for entry in entries.flatten() {
         if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            remove_tree(&entry.path())?;
+            rmdir_tree_with(&entry.path(), before_rmdir)?;
         }
     }
-    let root_procs = cgroup2_root().join("cgroup.procs");
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        for pid in read_pids(dir) {
-            // Fails harmlessly when the process has exited meanwhile.
-            let _ = std::fs::write(&root_procs, pid.to_string());
-        }
+        before_rmdir(dir);
         match std::fs::remove_dir(dir) {
             Ok(()) => return Ok(()),
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
-            // EBUSY: tasks that were killed are still leaving the cgroup.
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(20));
             }

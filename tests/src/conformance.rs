@@ -14,13 +14,13 @@ use std::ffi::OsStr;
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use crate::conformance_cases::{Case, DnsSetup};
 use crate::dns::{require_node, DnsClient, DnsServer, ResolvConf, DNS_PORT};
 use crate::iptables::{apply_golden, saved_rules};
-use crate::redirector::{redirector_bin, PinRoot};
+use crate::redirector::{istio_iptables_command, PinRoot};
 use crate::scenario::{
     AddrBook, DnsRequest, DnsScenario, InboundScenario, Scenario, APP_PORTS, LOCAL_DNS_V4,
     LOCAL_DNS_V6, OUTSIDE_V4, OUTSIDE_V6, POD_DNS_ANSWER, SERVICE_PORTS, SVC_DNS_ANSWER,
@@ -471,15 +471,8 @@ pub fn install_with_env(
     case: &Case,
     resolv_conf: Option<&Path>,
 ) -> Output {
-    let mut cmd = Command::new(redirector_bin());
-    cmd.arg("istio-iptables")
-        .arg("--network-namespace")
-        .arg(netns.path())
-        .arg("--cgroup")
-        .arg(cgroup.path())
-        .arg("--pin-root")
-        .arg(root.path())
-        .args(&case.flags);
+    let mut cmd = istio_iptables_command(netns, cgroup, root);
+    cmd.args(&case.flags);
     if let Some(path) = resolv_conf {
         cmd.arg("--resolv-conf").arg(path);
     }

@@ -6,7 +6,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use crate::conformance_rules::{
-    drop_lines, existing_group, substitute_group, RuleSet, V6Origin, CAPTURE_ALL,
+    drop_lines, existing_group, substitute_group, Group, RuleSet, V6Origin, CAPTURE_ALL,
     DEFAULT_LOOPBACK_V4,
 };
 use crate::dns::{DnsMode, DNS_PORT};
@@ -262,39 +262,44 @@ fn uid_gid_clients(case: Case) -> Case {
 fn owner_group_cases(prefix: &str, flags: &[&str]) -> Vec<Case> {
     let java = existing_group("java", &["games", "users", "staff"]);
     let ftp = existing_group("ftp", &["mail", "news", "uucp"]);
-    let stand_in = |wanted: &str, group: &crate::conformance_rules::Group| {
+    let stand_in = |wanted: &str, group: &Group| {
         format!(
             "group {wanted} does not exist on this machine (iptables-restore could not load the \
              golden rule): {} (gid {}) stands in for it, in the rules and in the env var",
             group.name, group.gid
         )
     };
-    let include = || {
-        let mut case = Case::golden(&format!("{prefix}outbound-owner-groups"), flags)
-            .env("ISTIO_OUTBOUND_OWNER_GROUPS", &format!("{},202", java.name))
-            .who(app_in_group(202, "202"))
-            .who(app_in_group(java.gid, &java.name));
-        if java.name != "java" {
-            case.rules = case.rules.map(|s| substitute_group(s, "java", &java.name));
-            case = case.note(stand_in("java", &java));
+    // A golden case whose env var lists a numeric gid and group `wanted` (stood in for by
+    // `group`); its clients are in either group.
+    let case = |golden: &str, var: &str, value: String, gid: u32, wanted: &str, group: &Group| {
+        let mut case = Case::golden(&format!("{prefix}{golden}"), flags)
+            .env(var, &value)
+            .who(app_in_group(gid, &gid.to_string()))
+            .who(app_in_group(group.gid, &group.name));
+        if group.name != wanted {
+            case.rules = case.rules.map(|s| substitute_group(s, wanted, &group.name));
+            case = case.note(stand_in(wanted, group));
         }
         case
     };
-    let exclude = || {
-        let mut case = Case::golden(&format!("{prefix}outbound-owner-groups-exclude"), flags)
-            .env(
-                "ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE",
-                &format!("888,{}", ftp.name),
-            )
-            .who(app_in_group(888, "888"))
-            .who(app_in_group(ftp.gid, &ftp.name));
-        if ftp.name != "ftp" {
-            case.rules = case.rules.map(|s| substitute_group(s, "ftp", &ftp.name));
-            case = case.note(stand_in("ftp", &ftp));
-        }
-        case
-    };
-    vec![include(), exclude()]
+    vec![
+        case(
+            "outbound-owner-groups",
+            "ISTIO_OUTBOUND_OWNER_GROUPS",
+            format!("{},202", java.name),
+            202,
+            "java",
+            &java,
+        ),
+        case(
+            "outbound-owner-groups-exclude",
+            "ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE",
+            format!("888,{}", ftp.name),
+            888,
+            "ftp",
+            &ftp,
+        ),
+    ]
 }
 
 /// The CASES.md cases with `--redirect-dns`. Their DNS server is 127.0.0.53 (and

@@ -123,21 +123,17 @@ fn drop_empty_dns_jumps(section: &str) -> String {
 
 /// The `* <name>` … `COMMIT` block of a restore input (empty if there is none).
 pub fn table(section: &str, name: &str) -> String {
-    let mut current = None;
-    section
-        .lines()
-        .filter(|line| {
-            if let Some(header) = line.strip_prefix('*') {
-                current = Some(header.trim().to_owned());
-            }
-            current.as_deref() == Some(name)
-        })
-        .map(|line| format!("{line}\n"))
-        .collect()
+    filter_lines(section, |table, _| table == Some(name))
 }
 
 /// `section` keeping, inside table `name`, only the lines `keep` accepts.
 fn edit_table(section: &str, name: &str, keep: impl Fn(&str) -> bool) -> String {
+    filter_lines(section, |table, line| table != Some(name) || keep(line))
+}
+
+/// The lines of `section` that `keep` accepts, given the table each is in (the last `*<table>`
+/// header at or before it), each ending in a newline.
+fn filter_lines(section: &str, keep: impl Fn(Option<&str>, &str) -> bool) -> String {
     let mut current = None;
     section
         .lines()
@@ -145,7 +141,7 @@ fn edit_table(section: &str, name: &str, keep: impl Fn(&str) -> bool) -> String 
             if let Some(header) = line.strip_prefix('*') {
                 current = Some(header.trim().to_owned());
             }
-            current.as_deref() != Some(name) || keep(line)
+            keep(current.as_deref(), line)
         })
         .map(|line| format!("{line}\n"))
         .collect()

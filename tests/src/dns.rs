@@ -12,12 +12,12 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::dns_protocol::{parse_listening, DnsOutcome};
-use crate::probe::InNetNs;
-use crate::{bin_path, unique_name, Cgroup, ChildGuard, NetNs, Spawn};
+use crate::paths::BinChoice;
+use crate::probe::{run_client, InNetNs};
+use crate::{unique_name, Cgroup, ChildGuard, NetNs, Spawn};
 
 pub const DNS_PORT: u16 = 53;
 /// istio's DNS proxy port (redirector's `DNS_CAPTURE_PORT`), where captured DNS lands.
@@ -33,22 +33,17 @@ const READY_TIMEOUT: Duration = Duration::from_secs(10);
 pub const PROXY_ANSWER_V4: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 53);
 pub const PROXY_ANSWER_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x53);
 
-static DNSPROBE_OVERRIDE: OnceLock<PathBuf> = OnceLock::new();
+static DNSPROBE: BinChoice = BinChoice::new("dnsprobe");
 
 /// Makes the kit use this dnsprobe binary (`use_dnsprobe_bin(env!("CARGO_BIN_EXE_dnsprobe"))`
 /// in an integration test of this crate). The first call wins.
 pub fn use_dnsprobe_bin(path: impl Into<PathBuf>) {
-    let path = path.into();
-    let chosen = DNSPROBE_OVERRIDE.get_or_init(|| path.clone());
-    assert_eq!(*chosen, path, "dnsprobe binary already chosen");
+    DNSPROBE.use_bin(path);
 }
 
 /// The binary given to [`use_dnsprobe_bin`], else env `DNSPROBE_BIN`, else the newest build.
 pub fn dnsprobe_bin() -> PathBuf {
-    DNSPROBE_OVERRIDE
-        .get()
-        .cloned()
-        .unwrap_or_else(|| bin_path("dnsprobe"))
+    DNSPROBE.path()
 }
 
 /// Builder for `dnsprobe server` / `dnsprobe proxy` inside a netns.
@@ -266,19 +261,7 @@ impl DnsClient<'_> {
 
 /// Runs a client to completion and parses its line; panics on a broken client.
 fn run(spawn: &Spawn) -> DnsOutcome {
-    let output = spawn.output();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    // Exit 0 = an answer, 2 = an error it reported; anything else is a broken client.
-    if !matches!(output.status.code(), Some(0 | 2)) {
-        panic!(
-            "`{}` failed ({}): {}{}",
-            spawn.describe(),
-            output.status,
-            stdout,
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    DnsOutcome::parse(&stdout)
+    DnsOutcome::parse(&run_client(spawn))
 }
 
 /// A resolv.conf for a test's clients (and redirector's `--resolv-conf`), in the temp dir,

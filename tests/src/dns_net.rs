@@ -3,52 +3,14 @@
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-use crate::sockaddr::to_raw;
-
-fn cvt(rc: libc::c_int) -> io::Result<libc::c_int> {
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(rc)
-    }
-}
-
-fn set_flag(fd: &OwnedFd, level: libc::c_int, name: libc::c_int) -> io::Result<()> {
-    let one: libc::c_int = 1;
-    // SAFETY: the pointer and length describe `one`.
-    cvt(unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            (&raw const one).cast(),
-            size_of::<libc::c_int>() as _,
-        )
-    })
-    .map(drop)
-}
+use crate::sockaddr::{bind_family_apart, socket};
 
 /// A UDP socket bound to `addr` with `SO_REUSEADDR`; IPv6 ones are `IPV6_V6ONLY`, so a
 /// server can listen on `127.0.0.1:P` and `[::1]:P` (or the wildcards) side by side.
 pub fn bind_udp(addr: SocketAddr) -> io::Result<UdpSocket> {
-    let family = if addr.is_ipv4() {
-        libc::AF_INET
-    } else {
-        libc::AF_INET6
-    };
-    // SAFETY: plain socket(2); the fd is owned right away.
-    let fd = cvt(unsafe { libc::socket(family, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
-    // SAFETY: fd was just returned by socket(2) and is owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    set_flag(&fd, libc::SOL_SOCKET, libc::SO_REUSEADDR)?;
-    if addr.is_ipv6() {
-        set_flag(&fd, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY)?;
-    }
-    let (raw, len) = to_raw(addr);
-    // SAFETY: raw/len come from to_raw.
-    cvt(unsafe { libc::bind(fd.as_raw_fd(), (&raw const raw).cast(), len) })?;
+    let fd = socket(&addr, libc::SOCK_DGRAM)?;
+    bind_family_apart(&fd, addr)?;
     Ok(UdpSocket::from(fd))
 }
 

@@ -19,6 +19,7 @@
 use std::net::{IpAddr, SocketAddr};
 
 pub use crate::probe_protocol::error_kind;
+use crate::probe_protocol::{first_line, Fields};
 
 /// DNS-specific client error kinds (besides [`error_kind`]'s).
 pub mod dns_error_kind {
@@ -40,7 +41,7 @@ pub fn parse_listening(line: &str) -> Option<(String, String, SocketAddr)> {
     Some((
         fields.get("name")?.to_owned(),
         fields.get("proto")?.to_owned(),
-        fields.get("addr")?.parse().ok()?,
+        fields.addr("addr")?,
     ))
 }
 
@@ -104,7 +105,7 @@ pub fn notdns_line(text: &str) -> String {
     )
 }
 
-pub use crate::probe_protocol::error_line;
+pub use crate::probe_protocol::{client_exit, emit, error_line, io_error_line};
 
 /// What a `dnsprobe query` or `dnsprobe resolve` reported.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -131,11 +132,7 @@ pub enum DnsOutcome {
 impl DnsOutcome {
     /// Parses a client's stdout (its first non-empty line).
     pub fn parse(output: &str) -> DnsOutcome {
-        let line = output
-            .lines()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("")
-            .trim();
+        let line = first_line(output);
         let unparsable = || DnsOutcome::Error {
             kind: error_kind::IO.to_owned(),
             detail: format!("unparsable dnsprobe output: {output:?}"),
@@ -185,21 +182,6 @@ impl DnsOutcome {
             | DnsOutcome::Resolved { addrs, .. } => Some(addrs),
             _ => None,
         }
-    }
-}
-
-/// `event key=value key=value …` with values free of spaces.
-struct Fields<'a>(Vec<(&'a str, &'a str)>);
-
-impl<'a> Fields<'a> {
-    fn parse(line: &'a str, event: &str) -> Option<Self> {
-        let mut words = line.split_whitespace();
-        (words.next()? == event).then_some(())?;
-        Some(Fields(words.filter_map(|w| w.split_once('=')).collect()))
-    }
-
-    fn get(&self, key: &str) -> Option<&'a str> {
-        self.0.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
     }
 }
 

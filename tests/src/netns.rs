@@ -148,10 +148,15 @@ pub(crate) fn run_checked(cmd: &mut Command, stdin: Option<&str>, what: &str) ->
 pub fn in_netns_at<R: Send + 'static>(path: &Path, f: impl FnOnce() -> R + Send + 'static) -> R {
     let path = path.to_path_buf();
     std::thread::spawn(move || {
-        let ns = File::open(&path).unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
+        let ns =
+            File::open(&path).unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
         // SAFETY: a valid namespace fd; CLONE_NEWNET checks that it is a net namespace.
         if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            panic!("setns({}): {}", path.display(), std::io::Error::last_os_error());
+            panic!(
+                "setns({}): {}",
+                path.display(),
+                std::io::Error::last_os_error()
+            );
         }
         f()
     })
@@ -176,7 +181,12 @@ pub fn cookie_at(path: &Path) -> u64 {
                 &mut len,
             )
         };
-        assert_eq!(rc, 0, "SO_NETNS_COOKIE: {}", std::io::Error::last_os_error());
+        assert_eq!(
+            rc,
+            0,
+            "SO_NETNS_COOKIE: {}",
+            std::io::Error::last_os_error()
+        );
         cookie
     })
 }

@@ -1,6 +1,7 @@
 //! Where the workspace, its build output and the istio reference rules are.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 /// The workspace root: the parent of this crate's directory.
 pub fn workspace_root() -> PathBuf {
@@ -49,6 +50,39 @@ pub fn bin_path(name: &str) -> PathBuf {
                 candidates[1].display()
             )
         })
+}
+
+/// Which build of a kit binary (`probe`, `dnsprobe`) the kit runs, held in a static: the path
+/// given to [`use_bin`](Self::use_bin), else [`bin_path`]'s choice.
+pub struct BinChoice {
+    name: &'static str,
+    chosen: OnceLock<PathBuf>,
+}
+
+impl BinChoice {
+    pub const fn new(name: &'static str) -> Self {
+        BinChoice {
+            name,
+            chosen: OnceLock::new(),
+        }
+    }
+
+    /// Makes the kit use this binary. The first call wins (later calls with another path
+    /// panic), so parallel tests agree.
+    pub fn use_bin(&self, path: impl Into<PathBuf>) {
+        let path = path.into();
+        let chosen = self.chosen.get_or_init(|| path.clone());
+        assert_eq!(*chosen, path, "{} binary already chosen", self.name);
+    }
+
+    /// The binary given to [`use_bin`](Self::use_bin), else env `<NAME>_BIN`, else the newest
+    /// build in the target dir.
+    pub fn path(&self) -> PathBuf {
+        self.chosen
+            .get()
+            .cloned()
+            .unwrap_or_else(|| bin_path(self.name))
+    }
 }
 
 /// Directory of istio's reference rule sets (`*.golden`): env `ISTIO_GOLDEN_DIR`, else

@@ -6,9 +6,7 @@
 //! hierarchies). Giving the pods a parent of our own (`--cgroup-parent`) keeps the host's
 //! shared `libpod_parent` untouched and lets the guard remove every directory podman made.
 
-use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 /// `/<name>` in every cgroup hierarchy; its subtree is removed on drop (empty directories
 /// only: `rmdir` never removes a cgroup that still has processes, so nothing is killed).
@@ -82,27 +80,8 @@ pub fn hierarchy_mounts() -> Vec<PathBuf> {
     mounts
 }
 
+/// Removes `dir` and the cgroups below it, children first (empty ones only: nothing is
+/// moved out or killed), retrying while exiting tasks keep one busy.
 pub(crate) fn rmdir_tree(dir: &Path) -> std::io::Result<()> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    for entry in entries.flatten() {
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            rmdir_tree(&entry.path())?;
-        }
-    }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        match std::fs::remove_dir(dir) {
-            Ok(()) => return Ok(()),
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
-            // EBUSY: killed container processes are still leaving the cgroup.
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(e) => return Err(e),
-        }
-    }
+    crate::cgroup::rmdir_tree_with(dir, &|_| {})
 }

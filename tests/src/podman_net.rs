@@ -7,13 +7,13 @@
 //! route, no NAT rule, no `ip_forward`), so the pod can reach only the service namespace,
 //! which does not forward.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::topology::PairAddresses;
 use crate::netns::run_checked;
-use crate::{next_id, NetNs};
+use crate::topology::{add_veth, address_iface, default_routes, PairAddresses};
+use crate::NetNs;
 
 /// Interface name on both ends, as in a real pod.
 pub const IFACE: &str = "eth0";
@@ -35,67 +35,19 @@ impl PodNetwork {
     pub fn link(pod_pid: u32, service: &NetNs) -> Self {
         let net = PodNetwork {
             pod_netns: PathBuf::from(format!("/proc/{pod_pid}/ns/net")),
-            subnet: ((std::process::id() + next_id()) % 250 + 1) as u8,
+            subnet: PairAddresses::fresh_subnet(),
         };
-        // Made inside the service netns, the peer moved straight into the pod's: the host
-        // namespace never sees either end.
-        service.run(&[
-            "ip",
-            "link",
-            "add",
-            IFACE,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            IFACE,
-            "netns",
-            &pod_pid.to_string(),
-        ]);
-        let ends = [
-            (net.pod_ip4(), net.pod_ip6()),
-            (net.service_ip4(), net.service_ip6()),
-        ];
-        for (in_pod, (v4, v6)) in [(true, ends[0]), (false, ends[1])] {
-            let run = |args: &[&str]| {
-                if in_pod {
-                    net.run_in_pod(args);
-                } else {
-                    service.run(args);
-                }
-            };
-            run(&["ip", "addr", "add", &format!("{v4}/24"), "dev", IFACE]);
-            // nodad: usable at once instead of "tentative" for a second or two.
-            run(&[
-                "ip",
-                "-6",
-                "addr",
-                "add",
-                &format!("{v6}/64"),
-                "dev",
-                IFACE,
-                "nodad",
-            ]);
-            run(&["ip", "link", "set", IFACE, "up"]);
-        }
+        add_veth(service, IFACE, IFACE, &pod_pid.to_string());
+        let pod_run = |args: &[&str]| {
+            net.run_in_pod(args);
+        };
+        let service_run = |args: &[&str]| {
+            service.run(args);
+        };
+        address_iface(pod_run, IFACE, net.pod_ip4(), net.pod_ip6());
+        address_iface(service_run, IFACE, net.service_ip4(), net.service_ip6());
         net.run_in_pod(&["ip", "link", "set", "lo", "up"]);
-        net.run_in_pod(&[
-            "ip",
-            "route",
-            "add",
-            "default",
-            "via",
-            &net.service_ip4().to_string(),
-        ]);
-        net.run_in_pod(&[
-            "ip",
-            "-6",
-            "route",
-            "add",
-            "default",
-            "via",
-            &net.service_ip6().to_string(),
-        ]);
+        default_routes(pod_run, net.service_ip4(), net.service_ip6());
         net
     }
 
@@ -134,12 +86,7 @@ impl PodNetwork {
     }
 
     pub fn pod_addr(&self, v6: bool, port: u16) -> SocketAddr {
-        let ip: IpAddr = if v6 {
-            self.pod_ip6().into()
-        } else {
-            self.pod_ip4().into()
-        };
-        SocketAddr::new(ip, port)
+        PairAddresses::PODMAN.pod_addr(self.subnet, v6, port)
     }
 }
 

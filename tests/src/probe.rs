@@ -2,11 +2,11 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::OnceLock;
 use std::time::Duration;
 
+use crate::paths::BinChoice;
 use crate::probe_protocol::{parse_listening, ConnOutcome};
-use crate::{bin_path, Cgroup, ChildGuard, NetNs, Spawn, Topology};
+use crate::{Cgroup, ChildGuard, NetNs, Spawn, Topology};
 
 /// How long a server may take to report all its listeners.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -31,24 +31,19 @@ impl InNetNs for Topology {
     }
 }
 
-static PROBE_OVERRIDE: OnceLock<PathBuf> = OnceLock::new();
+static PROBE: BinChoice = BinChoice::new("probe");
 
 /// Makes the kit use this probe binary, e.g. `use_probe_bin(env!("CARGO_BIN_EXE_probe"))` in
 /// an integration test of this crate: exactly the binary cargo built for the test run. The
 /// first call wins (later calls with another path panic), so parallel tests agree.
 pub fn use_probe_bin(path: impl Into<PathBuf>) {
-    let path = path.into();
-    let chosen = PROBE_OVERRIDE.get_or_init(|| path.clone());
-    assert_eq!(*chosen, path, "probe binary already chosen");
+    PROBE.use_bin(path);
 }
 
 /// Path of the probe binary: the one given to [`use_probe_bin`], else env `PROBE_BIN`, else
 /// the newest build in the target dir.
 pub fn probe_bin() -> PathBuf {
-    PROBE_OVERRIDE
-        .get()
-        .cloned()
-        .unwrap_or_else(|| bin_path("probe"))
+    PROBE.path()
 }
 
 /// Builder for `probe serve` / `probe proxy` inside a netns.
@@ -162,9 +157,15 @@ pub fn connect_from(
     if let Some(bind) = bind {
         spawn = spawn.arg("--bind").arg(bind.to_string());
     }
+    ConnOutcome::parse(&run_client(&spawn))
+}
+
+/// Runs a client (`probe connect`, a `dnsprobe` client) to completion and returns its stdout;
+/// panics on a broken client. Exit 0 = an answer, 2 = an error it reported (see
+/// [`client_exit`](crate::probe_protocol::client_exit)); anything else is a broken client.
+pub(crate) fn run_client(spawn: &Spawn) -> String {
     let output = spawn.output();
     let stdout = String::from_utf8_lossy(&output.stdout);
-    // Exit 0 = reply, 2 = a connection error it reported; anything else is a broken probe.
     if !matches!(output.status.code(), Some(0 | 2)) {
         panic!(
             "`{}` failed ({}): {}{}",
@@ -174,5 +175,5 @@ pub fn connect_from(
             String::from_utf8_lossy(&output.stderr)
         );
     }
-    ConnOutcome::parse(&stdout)
+    stdout.into_owned()
 }

@@ -72,6 +72,55 @@ pub fn error_line(kind: &str, detail: &str) -> String {
     format!("error {kind} {detail}")
 }
 
+/// `errno=N <message>`, or the message alone for an error without an errno.
+pub fn describe_io_error(err: &std::io::Error) -> String {
+    match err.raw_os_error() {
+        Some(errno) => format!("errno={errno} {err}"),
+        None => err.to_string(),
+    }
+}
+
+/// The `error <kind> <detail>` line of a failed socket operation.
+pub fn io_error_line(err: &std::io::Error) -> String {
+    let kind = match err.kind() {
+        std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => error_kind::TIMEOUT,
+        _ => error_kind::from_errno(err.raw_os_error()),
+    };
+    error_line(kind, &describe_io_error(err))
+}
+
+/// One event line to stdout, flushed at once so a test reading the pipe sees it now.
+pub fn emit(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    // A test that stopped reading is no reason to stop serving.
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// A client's exit: its line on stdout, then 0 for an answer, 2 for an error it reports.
+pub fn client_exit(result: Result<String, String>) -> std::process::ExitCode {
+    match result {
+        Ok(line) => {
+            emit(&line);
+            std::process::ExitCode::SUCCESS
+        }
+        Err(line) => {
+            emit(&line);
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+/// A client's report: the first non-empty line of its stdout, trimmed.
+pub(crate) fn first_line(output: &str) -> &str {
+    output
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim()
+}
+
 /// Parses a `listening` line into its name and address.
 pub fn parse_listening(line: &str) -> Option<(String, SocketAddr)> {
     let fields = Fields::parse(line, "listening")?;
@@ -106,11 +155,7 @@ pub enum ConnOutcome {
 impl ConnOutcome {
     /// Parses the stdout of `probe connect` (its one line).
     pub fn parse(output: &str) -> ConnOutcome {
-        let line = output
-            .lines()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("")
-            .trim();
+        let line = first_line(output);
         if let Some(server_line) = line.strip_prefix("reply ") {
             Self::from_server_line(server_line)
         } else if line.starts_with("error ") {
@@ -219,21 +264,21 @@ pub enum Landing {
     },
 }
 
-/// `event key=value key=value …` with values free of spaces.
-struct Fields<'a>(Vec<(&'a str, &'a str)>);
+/// `event key=value key=value …` with values free of spaces (also `dnsprobe`'s lines).
+pub(crate) struct Fields<'a>(Vec<(&'a str, &'a str)>);
 
 impl<'a> Fields<'a> {
-    fn parse(line: &'a str, event: &str) -> Option<Self> {
+    pub(crate) fn parse(line: &'a str, event: &str) -> Option<Self> {
         let mut words = line.split_whitespace();
         (words.next()? == event).then_some(())?;
         Some(Fields(words.filter_map(|w| w.split_once('=')).collect()))
     }
 
-    fn get(&self, key: &str) -> Option<&'a str> {
+    pub(crate) fn get(&self, key: &str) -> Option<&'a str> {
         self.0.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
     }
 
-    fn addr(&self, key: &str) -> Option<SocketAddr> {
+    pub(crate) fn addr(&self, key: &str) -> Option<SocketAddr> {
         self.get(key)?.parse().ok()
     }
 }

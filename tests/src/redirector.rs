@@ -8,8 +8,22 @@ use crate::{bin_path, unique_name, Cgroup, NetNs};
 
 /// The flags istio's sidecar injector passes to istio-iptables.
 pub const STANDARD_INJECTION: [&str; 16] = [
-    "-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT", "-i", "*", "-x", "", "-b", "*",
-    "-d", "15090,15021,15020",
+    "-p",
+    "15001",
+    "-z",
+    "15006",
+    "-u",
+    "1337",
+    "-m",
+    "REDIRECT",
+    "-i",
+    "*",
+    "-x",
+    "",
+    "-b",
+    "*",
+    "-d",
+    "15090,15021,15020",
 ];
 
 /// A bpffs directory for one test's pins; removed (with anything left in it) on drop.
@@ -20,7 +34,9 @@ pub struct PinRoot {
 impl PinRoot {
     pub fn new(hint: &str) -> Self {
         mount_bpffs_if_missing();
-        PinRoot { path: Path::new("/sys/fs/bpf").join(unique_name(hint)) }
+        PinRoot {
+            path: Path::new("/sys/fs/bpf").join(unique_name(hint)),
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -37,8 +53,13 @@ impl Drop for PinRoot {
 
 fn mount_bpffs_if_missing() {
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-    if !mounts.lines().any(|l| l.split_whitespace().nth(2) == Some("bpf")) {
-        let st = Command::new("mount").args(["-t", "bpf", "bpf", "/sys/fs/bpf"]).status();
+    if !mounts
+        .lines()
+        .any(|l| l.split_whitespace().nth(2) == Some("bpf"))
+    {
+        let st = Command::new("mount")
+            .args(["-t", "bpf", "bpf", "/sys/fs/bpf"])
+            .status();
         assert!(st.is_ok_and(|s| s.success()), "mounting bpffs failed");
     }
 }
@@ -47,9 +68,9 @@ pub fn redirector_bin() -> PathBuf {
     bin_path("redirector")
 }
 
-/// `redirector istio-iptables` for the pod in `netns` with cgroup `cgroup`, pins under
-/// `root`, plus `args`. Runs from the host namespace; the binary enters the pod's.
-pub fn istio_iptables(netns: &NetNs, cgroup: &Cgroup, root: &PinRoot, args: &[&str]) -> Output {
+/// `redirector istio-iptables` for the pod in `netns` with cgroup `cgroup` and pins under
+/// `root`, to add flags to. Runs from the host namespace; the binary enters the pod's.
+pub fn istio_iptables_command(netns: &NetNs, cgroup: &Cgroup, root: &PinRoot) -> Command {
     let mut cmd = Command::new(redirector_bin());
     cmd.arg("istio-iptables")
         .arg("--network-namespace")
@@ -57,9 +78,16 @@ pub fn istio_iptables(netns: &NetNs, cgroup: &Cgroup, root: &PinRoot, args: &[&s
         .arg("--cgroup")
         .arg(cgroup.path())
         .arg("--pin-root")
-        .arg(root.path())
-        .args(args);
-    cmd.output().unwrap_or_else(|e| panic!("running {cmd:?}: {e}"))
+        .arg(root.path());
+    cmd
+}
+
+/// [`istio_iptables_command`] plus `args`, run.
+pub fn istio_iptables(netns: &NetNs, cgroup: &Cgroup, root: &PinRoot, args: &[&str]) -> Output {
+    let mut cmd = istio_iptables_command(netns, cgroup, root);
+    cmd.args(args);
+    cmd.output()
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"))
 }
 
 /// Like [`istio_iptables`], panicking with the log unless it exits 0.

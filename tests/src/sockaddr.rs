@@ -85,14 +85,15 @@ fn cvt(rc: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
-fn tcp_socket(addr: &SocketAddr) -> io::Result<OwnedFd> {
+/// A socket of `kind` (`SOCK_STREAM`, `SOCK_DGRAM`) in the family of `addr`.
+pub(crate) fn socket(addr: &SocketAddr, kind: libc::c_int) -> io::Result<OwnedFd> {
     let family = if addr.is_ipv4() {
         libc::AF_INET
     } else {
         libc::AF_INET6
     };
     // SAFETY: plain socket(2); the fd is owned right away.
-    let fd = cvt(unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) })?;
+    let fd = cvt(unsafe { libc::socket(family, kind | libc::SOCK_CLOEXEC, 0) })?;
     // SAFETY: fd was just returned by socket(2) and is owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
@@ -116,18 +117,24 @@ fn set_int_opt(
     .map(drop)
 }
 
-/// A TCP listener on `addr` with `SO_REUSEADDR`; an IPv6 listener is `IPV6_V6ONLY`, so
-/// `0.0.0.0:P` and `[::]:P` can be served side by side and an accepted socket's family always
-/// matches the connection's.
-pub fn listen_tcp(addr: SocketAddr) -> io::Result<TcpListener> {
-    let fd = tcp_socket(&addr)?;
+/// Binds `fd` to `addr` with `SO_REUSEADDR`, and `IPV6_V6ONLY` when `addr` is IPv6, so
+/// that IPv4 and IPv6 listeners on one port (or the wildcards) stand side by side.
+pub(crate) fn bind_family_apart(fd: &OwnedFd, addr: SocketAddr) -> io::Result<()> {
     set_int_opt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
     if addr.is_ipv6() {
         set_int_opt(fd.as_raw_fd(), libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)?;
     }
     let (raw, len) = to_raw(addr);
     // SAFETY: raw/len come from to_raw.
-    cvt(unsafe { libc::bind(fd.as_raw_fd(), (&raw const raw).cast(), len) })?;
+    cvt(unsafe { libc::bind(fd.as_raw_fd(), (&raw const raw).cast(), len) }).map(drop)
+}
+
+/// A TCP listener on `addr` with `SO_REUSEADDR`; an IPv6 listener is `IPV6_V6ONLY`, so
+/// `0.0.0.0:P` and `[::]:P` can be served side by side and an accepted socket's family always
+/// matches the connection's.
+pub fn listen_tcp(addr: SocketAddr) -> io::Result<TcpListener> {
+    let fd = socket(&addr, libc::SOCK_STREAM)?;
+    bind_family_apart(&fd, addr)?;
     // SAFETY: plain listen(2) on a socket we own.
     cvt(unsafe { libc::listen(fd.as_raw_fd(), 128) })?;
     Ok(TcpListener::from(fd))
@@ -140,7 +147,7 @@ pub fn connect_tcp(
     bind: Option<IpAddr>,
     timeout: Duration,
 ) -> io::Result<TcpStream> {
-    let fd = tcp_socket(&dst)?;
+    let fd = socket(&dst, libc::SOCK_STREAM)?;
     let raw_fd = fd.as_raw_fd();
     if let Some(ip) = bind {
         let (raw, len) = to_raw(SocketAddr::new(ip, 0));

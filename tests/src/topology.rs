@@ -39,56 +39,28 @@ impl Topology {
             pod: NetNs::new(&format!("{hint}pod")),
             service: NetNs::new(&format!("{hint}svc")),
             pod_cgroup: Cgroup::new(&format!("{hint}pod")),
-            // Distinct per topology in this process and, very likely, across processes, so
-            // addresses in logs say which test they belong to (the namespaces are isolated
-            // anyway, so a clash would be harmless).
-            subnet: ((std::process::id() + next_id()) % 250 + 1) as u8,
+            subnet: PairAddresses::fresh_subnet(),
         };
-        topology.pod.run(&[
-            "ip",
-            "link",
-            "add",
+        add_veth(
+            &topology.pod,
             POD_IFACE,
-            "type",
-            "veth",
-            "peer",
-            "name",
             SERVICE_IFACE,
-            "netns",
             topology.service.name(),
-        ]);
-        let (pod4, svc4) = (
-            topology.pod_ip4().to_string(),
-            topology.service_ip4().to_string(),
         );
-        let (pod6, svc6) = (
-            topology.pod_ip6().to_string(),
-            topology.service_ip6().to_string(),
+        let pod_run = |args: &[&str]| {
+            topology.pod.run(args);
+        };
+        let service_run = |args: &[&str]| {
+            topology.service.run(args);
+        };
+        address_iface(pod_run, POD_IFACE, topology.pod_ip4(), topology.pod_ip6());
+        address_iface(
+            service_run,
+            SERVICE_IFACE,
+            topology.service_ip4(),
+            topology.service_ip6(),
         );
-        for (netns, iface, v4, v6) in [
-            (&topology.pod, POD_IFACE, &pod4, &pod6),
-            (&topology.service, SERVICE_IFACE, &svc4, &svc6),
-        ] {
-            netns.run(&["ip", "addr", "add", &format!("{v4}/24"), "dev", iface]);
-            // nodad: usable at once instead of "tentative" for a second or two.
-            netns.run(&[
-                "ip",
-                "-6",
-                "addr",
-                "add",
-                &format!("{v6}/64"),
-                "dev",
-                iface,
-                "nodad",
-            ]);
-            netns.run(&["ip", "link", "set", iface, "up"]);
-        }
-        topology
-            .pod
-            .run(&["ip", "route", "add", "default", "via", &svc4]);
-        topology
-            .pod
-            .run(&["ip", "-6", "route", "add", "default", "via", &svc6]);
+        default_routes(pod_run, topology.service_ip4(), topology.service_ip6());
         topology
     }
 
@@ -135,6 +107,46 @@ impl Topology {
     }
 }
 
+/// A veth pair made inside `netns` (`iface`), its peer (`peer`) moved straight into
+/// `peer_netns` (a netns name or a pid): the host namespace never sees either end.
+pub(crate) fn add_veth(netns: &NetNs, iface: &str, peer: &str, peer_netns: &str) {
+    netns.run(&[
+        "ip", "link", "add", iface, "type", "veth", "peer", "name", peer, "netns", peer_netns,
+    ]);
+}
+
+/// `v4`/24 and `v6`/64 on `iface`, then `iface` up; `run` runs an `ip` command in the
+/// interface's namespace.
+pub(crate) fn address_iface(run: impl Fn(&[&str]), iface: &str, v4: Ipv4Addr, v6: Ipv6Addr) {
+    run(&["ip", "addr", "add", &format!("{v4}/24"), "dev", iface]);
+    // nodad: usable at once instead of "tentative" for a second or two.
+    run(&[
+        "ip",
+        "-6",
+        "addr",
+        "add",
+        &format!("{v6}/64"),
+        "dev",
+        iface,
+        "nodad",
+    ]);
+    run(&["ip", "link", "set", iface, "up"]);
+}
+
+/// Default routes via `v4` and `v6`; `run` runs an `ip` command in the pod's namespace.
+pub(crate) fn default_routes(run: impl Fn(&[&str]), v4: Ipv4Addr, v6: Ipv6Addr) {
+    run(&["ip", "route", "add", "default", "via", &v4.to_string()]);
+    run(&[
+        "ip",
+        "-6",
+        "route",
+        "add",
+        "default",
+        "via",
+        &v6.to_string(),
+    ]);
+}
+
 fn add_host_addr(netns: &NetNs, iface: &str, ip: IpAddr) {
     match ip {
         IpAddr::V4(ip) => netns.run(&["ip", "addr", "add", &format!("{ip}/32"), "dev", iface]),
@@ -174,15 +186,53 @@ impl PairAddresses {
     }
 
     pub fn pod_ip6(self, subnet: u8) -> Ipv6Addr {
-        Ipv6Addr::new(0xfd00, 0x200 + u16::from(self.net - 200), subnet.into(), 0, 0, 0, 0, 1)
+        Ipv6Addr::new(
+            0xfd00,
+            0x200 + u16::from(self.net - 200),
+            subnet.into(),
+            0,
+            0,
+            0,
+            0,
+            1,
+        )
     }
 
     pub fn service_ip6(self, subnet: u8) -> Ipv6Addr {
-        Ipv6Addr::new(0xfd00, 0x200 + u16::from(self.net - 200), subnet.into(), 0, 0, 0, 0, 2)
+        Ipv6Addr::new(
+            0xfd00,
+            0x200 + u16::from(self.net - 200),
+            subnet.into(),
+            0,
+            0,
+            0,
+            0,
+            2,
+        )
+    }
+
+    /// A subnet N distinct per pair in this process and, very likely, across processes, so
+    /// addresses in logs say which test they belong to (the namespaces are isolated anyway,
+    /// so a clash would be harmless).
+    pub fn fresh_subnet() -> u8 {
+        ((std::process::id() + next_id()) % 250 + 1) as u8
+    }
+
+    pub fn pod_addr(self, subnet: u8, v6: bool, port: u16) -> SocketAddr {
+        let ip: IpAddr = if v6 {
+            self.pod_ip6(subnet).into()
+        } else {
+            self.pod_ip4(subnet).into()
+        };
+        SocketAddr::new(ip, port)
     }
 
     pub fn service_addr(self, subnet: u8, v6: bool, port: u16) -> SocketAddr {
-        let ip: IpAddr = if v6 { self.service_ip6(subnet).into() } else { self.service_ip4(subnet).into() };
+        let ip: IpAddr = if v6 {
+            self.service_ip6(subnet).into()
+        } else {
+            self.service_ip4(subnet).into()
+        };
         SocketAddr::new(ip, port)
     }
 }

@@ -45,7 +45,11 @@ fn dry_run_prints_the_plan_and_changes_nothing() {
     let mut args: Vec<&str> = STANDARD_INJECTION.to_vec();
     args.extend(["--dry-run", "--redirect-dns", "--log_as_json"]);
     let out = istio_iptables(&topo.pod, &topo.pod_cgroup, &root, &args);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let after = snapshot(&topo, root.path());
     for (kind, was, now) in [
         ("program", &before.progs, &after.progs),
@@ -56,8 +60,18 @@ fn dry_run_prints_the_plan_and_changes_nothing() {
         assert!(new.is_empty(), "a dry run loaded {kind}s {new:?}");
     }
     assert_eq!(
-        (after.attached, &after.pins, after.pin_root_exists, &after.lo_addrs),
-        (before.attached, &before.pins, before.pin_root_exists, &before.lo_addrs),
+        (
+            after.attached,
+            &after.pins,
+            after.pin_root_exists,
+            &after.lo_addrs
+        ),
+        (
+            before.attached,
+            &before.pins,
+            before.pin_root_exists,
+            &before.lo_addrs
+        ),
         "a dry run changed the pod"
     );
 
@@ -79,7 +93,10 @@ fn dry_run_prints_the_plan_and_changes_nothing() {
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(log.lines().count() > 10, "{log}");
     for line in log.lines() {
-        assert!(line.starts_with('{') && line.ends_with('}'), "not a JSON line: {line}");
+        assert!(
+            line.starts_with('{') && line.ends_with('}'),
+            "not a JSON line: {line}"
+        );
     }
     assert!(log.contains("dry run: nothing applied"), "{log}");
 }

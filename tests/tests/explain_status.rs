@@ -11,14 +11,24 @@ use redirector_tests::{
 };
 
 fn redirector(args: &[&str]) -> String {
-    let out = Command::new(redirector_bin()).args(args).output().expect("running redirector");
-    assert!(out.status.success(), "redirector {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(redirector_bin())
+        .args(args)
+        .output()
+        .expect("running redirector");
+    assert!(
+        out.status.success(),
+        "redirector {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Where explain says the connection lands, in the terms of a probe outcome.
 fn explained_landing(explain: &str) -> &'static str {
-    let lands = explain.lines().find(|l| l.starts_with("lands on:")).expect("a 'lands on' line");
+    let lands = explain
+        .lines()
+        .find(|l| l.starts_with("lands on:"))
+        .expect("a 'lands on' line");
     if lands.contains("outbound listener") {
         "outbound"
     } else if lands.contains("inbound listener") {
@@ -50,9 +60,13 @@ fn explain_matches_real_connections_and_status_counts_them() {
     let any4 = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
     let any6 = IpAddr::V6(Ipv6Addr::UNSPECIFIED);
     let mut service = ProbeServer::serve(&topo.service, "svc");
-    let mut app = ProbeServer::serve(&topo.pod, "app").cgroup(&topo.pod_cgroup).user(APP_UID, APP_UID);
+    let mut app = ProbeServer::serve(&topo.pod, "app")
+        .cgroup(&topo.pod_cgroup)
+        .user(APP_UID, APP_UID);
     for port in [80, 8080] {
-        service = service.listen(SocketAddr::new(any4, port)).listen(SocketAddr::new(any6, port));
+        service = service
+            .listen(SocketAddr::new(any4, port))
+            .listen(SocketAddr::new(any6, port));
     }
     for port in [8080, 15021] {
         app = app.listen(SocketAddr::new(any4, port));
@@ -72,7 +86,23 @@ fn explain_matches_real_connections_and_status_counts_them() {
     }
     let root = PinRoot::new("explain");
     let excluded_cidr = format!("{excluded}/32");
-    install(&topo.pod, &topo.pod_cgroup, &root, &["-i", "*", "-x", &excluded_cidr, "-o", "8080", "-b", "*", "-d", "15021"]);
+    install(
+        &topo.pod,
+        &topo.pod_cgroup,
+        &root,
+        &[
+            "-i",
+            "*",
+            "-x",
+            &excluded_cidr,
+            "-o",
+            "8080",
+            "-b",
+            "*",
+            "-d",
+            "15021",
+        ],
+    );
     let netns = topo.pod.path();
     let (netns, pin_root) = (netns.to_str().unwrap(), root.path().to_str().unwrap());
 
@@ -88,23 +118,63 @@ fn explain_matches_real_connections_and_status_counts_them() {
     let mut redirected = 0;
     for (uid, dst) in outbound {
         let (uid_s, dst_s) = (uid.to_string(), dst.to_string());
-        let explain = redirector(&["explain", "--netns", netns, "--pin-root", pin_root, "--uid", &uid_s, "--dst", &dst_s]);
+        let explain = redirector(&[
+            "explain",
+            "--netns",
+            netns,
+            "--pin-root",
+            pin_root,
+            "--uid",
+            &uid_s,
+            "--dst",
+            &dst_s,
+        ]);
         let real = real_landing(&topo.connect(uid, uid, dst));
-        assert_eq!(explained_landing(&explain), real, "uid {uid} -> {dst}; explain said:\n{explain}");
+        assert_eq!(
+            explained_landing(&explain),
+            real,
+            "uid {uid} -> {dst}; explain said:\n{explain}"
+        );
         redirected += usize::from(real == "outbound");
     }
     for port in [8080u16, 15021] {
         let dst = SocketAddr::new(topo.pod_ip4().into(), port);
         let explain = redirector(&[
-            "explain", "--netns", netns, "--pin-root", pin_root, "--inbound", "--dst", &dst.to_string(),
+            "explain",
+            "--netns",
+            netns,
+            "--pin-root",
+            pin_root,
+            "--inbound",
+            "--dst",
+            &dst.to_string(),
         ]);
-        let real = real_landing(&connect_from(&topo.service, None, APP_UID, APP_UID, dst, None));
-        assert_eq!(explained_landing(&explain), real, "inbound {dst}; explain said:\n{explain}");
+        let real = real_landing(&connect_from(
+            &topo.service,
+            None,
+            APP_UID,
+            APP_UID,
+            dst,
+            None,
+        ));
+        assert_eq!(
+            explained_landing(&explain),
+            real,
+            "inbound {dst}; explain said:\n{explain}"
+        );
     }
-    assert_eq!(redirected, 2, "two of the outbound connections are captured");
+    assert_eq!(
+        redirected, 2,
+        "two of the outbound connections are captured"
+    );
 
     let status = redirector(&["status", "--netns", netns, "--pin-root", pin_root]);
-    assert!(status.contains("links: connect4 connect6 getpeername4 getpeername6 getsockopt sk_lookup sock_ops"), "{status}");
+    assert!(
+        status.contains(
+            "links: connect4 connect6 getpeername4 getpeername6 getsockopt sk_lookup sock_ops"
+        ),
+        "{status}"
+    );
     let counters: Vec<&str> = status
         .lines()
         .find_map(|l| l.trim().strip_prefix("counters (non-zero): "))
@@ -118,6 +188,9 @@ fn explain_matches_real_connections_and_status_counts_them() {
         "passed_excluded_port=1".to_owned(),
         format!("orig_dst_answered={}", redirected + 1),
     ] {
-        assert!(counters.contains(&expected.as_str()), "{expected} in {counters:?}");
+        assert!(
+            counters.contains(&expected.as_str()),
+            "{expected} in {counters:?}"
+        );
     }
 }

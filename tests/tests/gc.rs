@@ -5,12 +5,23 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use redirector_tests::bpftool::{loaded_ids, pinned_id, wait_gone};
-use redirector_tests::redirector::{install, pins_under, redirector_bin, PinRoot, STANDARD_INJECTION};
+use redirector_tests::redirector::{
+    install, pins_under, redirector_bin, PinRoot, STANDARD_INJECTION,
+};
 use redirector_tests::{require_root, Topology};
 
 fn gc(root: &PinRoot) -> String {
-    let out = Command::new(redirector_bin()).arg("gc").arg("--pin-root").arg(root.path()).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(redirector_bin())
+        .arg("gc")
+        .arg("--pin-root")
+        .arg(root.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -27,11 +38,18 @@ fn gc_removes_pods_that_are_gone_and_keeps_live_ones() {
     let gone_cookie = gone.pod.cookie();
     let gone_links: Vec<u64> = pins_under(root.path())
         .iter()
-        .filter(|p| p.to_string_lossy().contains(&format!("/pods/{gone_cookie}/")))
+        .filter(|p| {
+            p.to_string_lossy()
+                .contains(&format!("/pods/{gone_cookie}/"))
+        })
         .map(|p| pinned_id("link", p))
         .collect();
     assert_eq!(gone_links.len(), 7);
-    assert_eq!(gc(&root).trim(), "removed 0 stale pod(s)", "nothing is stale while both pods exist");
+    assert_eq!(
+        gc(&root).trim(),
+        "removed 0 stale pod(s)",
+        "nothing is stale while both pods exist"
+    );
 
     // The pod goes away (cgroup and netns removed), as when a pod is deleted. The kernel
     // detaches its links a moment after the cgroup is released.
@@ -42,12 +60,23 @@ fn gc_removes_pods_that_are_gone_and_keeps_live_ones() {
         std::thread::sleep(Duration::from_millis(200));
         said = gc(&root);
     }
-    assert!(said.contains(&format!("netns cookies [{gone_cookie}]")), "{said}");
+    assert!(
+        said.contains(&format!("netns cookies [{gone_cookie}]")),
+        "{said}"
+    );
     let left = pins_under(root.path());
-    assert!(!left.iter().any(|p| p.to_string_lossy().contains(&format!("/pods/{gone_cookie}"))), "{left:?}");
+    assert!(
+        !left.iter().any(|p| p
+            .to_string_lossy()
+            .contains(&format!("/pods/{gone_cookie}"))),
+        "{left:?}"
+    );
     assert!(wait_gone("link", &gone_links, Duration::from_secs(5)).is_empty());
     // The live pod keeps its links and its object.
-    let live_links = left.iter().filter(|p| p.to_string_lossy().contains("/pods/")).count();
+    let live_links = left
+        .iter()
+        .filter(|p| p.to_string_lossy().contains("/pods/"))
+        .count();
     assert_eq!(live_links, 7, "{left:?}");
     assert!(!loaded_ids("prog").is_empty());
 }

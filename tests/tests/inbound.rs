@@ -19,7 +19,10 @@ fn start_app(topo: &Topology) -> ChildGuard {
     let mut app = ProbeServer::serve(&topo.pod, "app");
     for port in [APP_PORT, EXCLUDED_PORT, TUNNEL_PORT] {
         app = app.listen(SocketAddr::new([0, 0, 0, 0].into(), port));
-        app = app.listen(SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), port));
+        app = app.listen(SocketAddr::new(
+            std::net::Ipv6Addr::UNSPECIFIED.into(),
+            port,
+        ));
     }
     app.cgroup(&topo.pod_cgroup).user(APP_UID, APP_UID).start()
 }
@@ -50,8 +53,14 @@ fn pod_addr(topo: &Topology, v6: bool, port: u16) -> SocketAddr {
 #[track_caller]
 fn assert_inbound_proxy(outcome: &ConnOutcome, orig: SocketAddr) {
     match outcome {
-        ConnOutcome::Proxied { name, orig: got, .. } if name == "inbound" => {
-            assert_eq!(*got, Some(orig), "SO_ORIGINAL_DST seen by the inbound listener")
+        ConnOutcome::Proxied {
+            name, orig: got, ..
+        } if name == "inbound" => {
+            assert_eq!(
+                *got,
+                Some(orig),
+                "SO_ORIGINAL_DST seen by the inbound listener"
+            )
         }
         other => panic!("expected the inbound proxy with orig {orig}, got {other:?}"),
     }
@@ -60,7 +69,9 @@ fn assert_inbound_proxy(outcome: &ConnOutcome, orig: SocketAddr) {
 #[track_caller]
 fn assert_app(outcome: &ConnOutcome, local: SocketAddr) {
     match outcome {
-        ConnOutcome::Served { name, local: got, .. } if name == "app" => assert_eq!(*got, local),
+        ConnOutcome::Served {
+            name, local: got, ..
+        } if name == "app" => assert_eq!(*got, local),
         other => panic!("expected the app at {local} directly, got {other:?}"),
     }
 }
@@ -99,7 +110,12 @@ fn inbound_port_list_captures_only_listed_ports() {
     let _app = start_app(&topo);
     let _proxy = start_inbound_proxy(&topo);
     let root = PinRoot::new("inlist");
-    install(&topo.pod, &topo.pod_cgroup, &root, &["-b", &EXCLUDED_PORT.to_string()]);
+    install(
+        &topo.pod,
+        &topo.pod_cgroup,
+        &root,
+        &["-b", &EXCLUDED_PORT.to_string()],
+    );
     let listed = pod_addr(&topo, false, EXCLUDED_PORT);
     assert_inbound_proxy(&from_outside(&topo, listed), listed);
     let other = pod_addr(&topo, false, APP_PORT);
@@ -164,9 +180,16 @@ fn excluded_and_virtual_interfaces() {
     args.extend(["-k", "eth0"]);
     install(&topo.pod, &topo.pod_cgroup, &root, &args);
     match from_outside(&topo, dst) {
-        ConnOutcome::Proxied { name, orig, .. } if name == "outbound" => assert_eq!(orig, Some(dst)),
+        ConnOutcome::Proxied { name, orig, .. } if name == "outbound" => {
+            assert_eq!(orig, Some(dst))
+        }
         other => panic!("expected the outbound listener with orig {dst}, got {other:?}"),
     }
-    install(&topo.pod, &topo.pod_cgroup, &root, &["-b", "*", "-i", "10.255.0.0/16", "-k", "eth0"]);
+    install(
+        &topo.pod,
+        &topo.pod_cgroup,
+        &root,
+        &["-b", "*", "-i", "10.255.0.0/16", "-k", "eth0"],
+    );
     assert_app(&from_outside(&topo, dst), dst);
 }

@@ -34,7 +34,11 @@ fn run_in_child(topo: &Topology, root: &PinRoot, child: &ChildCgroup, cgroupns: 
         .args(STANDARD_INJECTION)
         .output()
         .expect("running redirector");
-    assert!(out.status.success(), "cgroupns={cgroupns}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "cgroupns={cgroupns}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -49,8 +53,16 @@ fn attaches_to_the_parent_of_its_own_cgroup_also_in_a_private_cgroup_namespace()
         let root = PinRoot::new("initctr");
         run_in_child(&topo, &root, &child, cgroupns);
         let attached = cgroup_attachments(topo.pod_cgroup.path());
-        assert_eq!(attached.len(), 6, "cgroupns={cgroupns}: pod cgroup attachments {attached:?}");
-        assert_eq!(cgroup_attachments(&child.0), vec![], "cgroupns={cgroupns}: nothing on the child");
+        assert_eq!(
+            attached.len(),
+            6,
+            "cgroupns={cgroupns}: pod cgroup attachments {attached:?}"
+        );
+        assert_eq!(
+            cgroup_attachments(&child.0),
+            vec![],
+            "cgroupns={cgroupns}: nothing on the child"
+        );
         drop(root);
     }
 }

@@ -8,10 +8,11 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use redirector_tests::bpftool::{cgroup_attachments, loaded_ids, pinned_id, wait_gone};
-use redirector_tests::redirector::{install, istio_iptables, pins_under, PinRoot, STANDARD_INJECTION};
+use redirector_tests::redirector::{
+    install, istio_iptables, pins_under, PinRoot, STANDARD_INJECTION,
+};
 use redirector_tests::{
-    require_root, use_probe_bin, ChildGuard, ConnOutcome, ProbeServer, Topology, APP_UID,
-    PROXY_UID,
+    require_root, use_probe_bin, ChildGuard, ConnOutcome, ProbeServer, Topology, APP_UID, PROXY_UID,
 };
 
 const SERVICE_PORT: u16 = 80;
@@ -39,7 +40,11 @@ impl Pod {
             .cgroup(&topo.pod_cgroup)
             .user(PROXY_UID, PROXY_UID)
             .start();
-        Pod { topo, _service: service, _proxy: proxy }
+        Pod {
+            topo,
+            _service: service,
+            _proxy: proxy,
+        }
     }
 
     fn install(&self, root: &PinRoot, args: &[&str]) -> String {
@@ -59,7 +64,9 @@ impl Pod {
 #[track_caller]
 fn assert_proxied(outcome: &ConnOutcome, orig: SocketAddr) {
     match outcome {
-        ConnOutcome::Proxied { name, orig: got, .. } if name == "proxy" => {
+        ConnOutcome::Proxied {
+            name, orig: got, ..
+        } if name == "proxy" => {
             assert_eq!(*got, Some(orig), "SO_ORIGINAL_DST seen by the proxy");
         }
         other => panic!("expected the proxy with orig {orig}, got {other:?}"),
@@ -82,7 +89,10 @@ fn app_connection_redirected_with_original_destination_v4_and_v6() {
     let pod = Pod::new("origdst");
     let root = PinRoot::new("origdst");
     // Before: straight to the service.
-    assert_direct(&pod.connect(APP_UID, APP_UID, pod.service(false)), pod.service(false));
+    assert_direct(
+        &pod.connect(APP_UID, APP_UID, pod.service(false)),
+        pod.service(false),
+    );
     pod.install(&root, &STANDARD_INJECTION);
     for v6 in [false, true] {
         let dst = pod.service(v6);
@@ -101,7 +111,10 @@ fn proxy_uid_and_gid_are_not_redirected() {
     let dst = pod.service(false);
     assert_direct(&pod.connect(PROXY_UID, APP_UID, dst), dst);
     assert_direct(&pod.connect(APP_UID, PROXY_UID, dst), dst);
-    assert_direct(&pod.connect(PROXY_UID, PROXY_UID, pod.service(true)), pod.service(true));
+    assert_direct(
+        &pod.connect(PROXY_UID, PROXY_UID, pod.service(true)),
+        pod.service(true),
+    );
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
 }
 
@@ -117,14 +130,20 @@ fn excluded_cidr_and_excluded_port_pass_untouched() {
     let excluded = format!("{}/32", pod.topo.service_ip4());
     pod.install(&root, &["-i", "*", "-x", &excluded, "-o", "8080"]);
     // -x: the excluded address goes direct, on any port.
-    assert_direct(&pod.connect(APP_UID, APP_UID, pod.service(false)), pod.service(false));
+    assert_direct(
+        &pod.connect(APP_UID, APP_UID, pod.service(false)),
+        pod.service(false),
+    );
     // -o: the excluded port goes direct, to any address.
     let other_8080 = SocketAddr::new(other, 8080);
     assert_direct(&pod.connect(APP_UID, APP_UID, other_8080), other_8080);
     // Everything else is captured; IPv6 is unaffected by an IPv4 exclusion.
     let other_80 = SocketAddr::new(other, SERVICE_PORT);
     assert_proxied(&pod.connect(APP_UID, APP_UID, other_80), other_80);
-    assert_proxied(&pod.connect(APP_UID, APP_UID, pod.service(true)), pod.service(true));
+    assert_proxied(
+        &pod.connect(APP_UID, APP_UID, pod.service(true)),
+        pod.service(true),
+    );
 }
 
 #[test]
@@ -139,8 +158,14 @@ fn include_list_is_respected() {
     pod.install(&root, &["-i", "10.201.0.0/16"]);
     let other_80 = SocketAddr::new(other, SERVICE_PORT);
     assert_proxied(&pod.connect(APP_UID, APP_UID, other_80), other_80);
-    assert_direct(&pod.connect(APP_UID, APP_UID, pod.service(false)), pod.service(false));
-    assert_direct(&pod.connect(APP_UID, APP_UID, pod.service(true)), pod.service(true));
+    assert_direct(
+        &pod.connect(APP_UID, APP_UID, pod.service(false)),
+        pod.service(false),
+    );
+    assert_direct(
+        &pod.connect(APP_UID, APP_UID, pod.service(true)),
+        pod.service(true),
+    );
     // An empty -i captures nothing, as in istio (8080 is served on every service address).
     let other_8080 = SocketAddr::new(other, 8080);
     assert_proxied(&pod.connect(APP_UID, APP_UID, other_8080), other_8080);
@@ -159,18 +184,41 @@ fn two_pods_with_different_config_share_one_object_and_do_not_interfere() {
     let log_a = a.install(&root, &STANDARD_INJECTION);
     let excluded = format!("{}/32", b.topo.service_ip4());
     let log_b = b.install(&root, &["-i", "*", "-x", &excluded, "-u", "4242"]);
-    assert!(log_a.contains("loaded now"), "first pod loads the object:\n{log_a}");
-    assert!(log_b.contains("already loaded"), "second pod reuses it:\n{log_b}");
-    let objects = std::fs::read_dir(root.path().join("objects")).unwrap().count();
+    assert!(
+        log_a.contains("loaded now"),
+        "first pod loads the object:\n{log_a}"
+    );
+    assert!(
+        log_b.contains("already loaded"),
+        "second pod reuses it:\n{log_b}"
+    );
+    let objects = std::fs::read_dir(root.path().join("objects"))
+        .unwrap()
+        .count();
     assert_eq!(objects, 1, "one object for the node");
 
     // A: captured, proxy uid 1337 passes.
-    assert_proxied(&a.connect(APP_UID, APP_UID, a.service(false)), a.service(false));
-    assert_direct(&a.connect(PROXY_UID, PROXY_UID, a.service(false)), a.service(false));
+    assert_proxied(
+        &a.connect(APP_UID, APP_UID, a.service(false)),
+        a.service(false),
+    );
+    assert_direct(
+        &a.connect(PROXY_UID, PROXY_UID, a.service(false)),
+        a.service(false),
+    );
     // B: its service address is excluded, and 1337 is not its proxy uid (4242 is).
-    assert_direct(&b.connect(APP_UID, APP_UID, b.service(false)), b.service(false));
-    assert_proxied(&b.connect(APP_UID, APP_UID, b.service(true)), b.service(true));
-    assert_proxied(&b.connect(PROXY_UID, PROXY_UID, b.service(true)), b.service(true));
+    assert_direct(
+        &b.connect(APP_UID, APP_UID, b.service(false)),
+        b.service(false),
+    );
+    assert_proxied(
+        &b.connect(APP_UID, APP_UID, b.service(true)),
+        b.service(true),
+    );
+    assert_proxied(
+        &b.connect(PROXY_UID, PROXY_UID, b.service(true)),
+        b.service(true),
+    );
     assert_direct(&b.connect(4242, 4242, b.service(true)), b.service(true));
 }
 
@@ -184,8 +232,15 @@ fn pins_survive_the_loader_and_a_rerun_replaces_instead_of_doubling() {
     pod.install(&root, &STANDARD_INJECTION);
     // The loader has exited; its pins hold the links.
     let pins = pins_under(root.path());
-    let links: Vec<_> = pins.iter().filter(|p| p.to_string_lossy().contains("/pods/")).collect();
-    assert_eq!(links.len(), 7, "seven link pins for the pod (6 cgroup, 1 netns): {pins:?}");
+    let links: Vec<_> = pins
+        .iter()
+        .filter(|p| p.to_string_lossy().contains("/pods/"))
+        .collect();
+    assert_eq!(
+        links.len(),
+        7,
+        "seven link pins for the pod (6 cgroup, 1 netns): {pins:?}"
+    );
     assert_eq!(cgroup_attachments(pod.topo.pod_cgroup.path()).len(), 6);
     let dst = pod.service(false);
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
@@ -199,7 +254,11 @@ fn pins_survive_the_loader_and_a_rerun_replaces_instead_of_doubling() {
     let log = pod.install(&root, &forced);
     assert!(log.contains("pod attached in"), "{log}");
     let attached = cgroup_attachments(pod.topo.pod_cgroup.path());
-    assert_eq!(attached.len(), 6, "re-running must replace, not add: {attached:?}");
+    assert_eq!(
+        attached.len(),
+        6,
+        "re-running must replace, not add: {attached:?}"
+    );
     assert_eq!(pins_under(root.path()), pins, "same pins after re-running");
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
 }
@@ -214,28 +273,55 @@ fn cleanup_only_leaves_no_program_link_map_or_pin() {
     pod.install(&root, &STANDARD_INJECTION);
     let pins = pins_under(root.path());
     let ids = |kind: &str, part: &str| -> Vec<u64> {
-        pins.iter().filter(|p| p.to_string_lossy().contains(part)).map(|p| pinned_id(kind, p)).collect()
+        pins.iter()
+            .filter(|p| p.to_string_lossy().contains(part))
+            .map(|p| pinned_id(kind, p))
+            .collect()
     };
     let progs = ids("prog", "/progs/");
     let maps = ids("map", "/maps/");
     let links = ids("link", "/pods/");
     assert_eq!(links.len(), 7, "the pod's links");
-    assert!(progs.len() >= links.len() && !maps.is_empty(), "the node's programs and maps");
+    assert!(
+        progs.len() >= links.len() && !maps.is_empty(),
+        "the node's programs and maps"
+    );
     assert!(progs.iter().all(|id| loaded_ids("prog").contains(id)));
 
-    let out = istio_iptables(&pod.topo.pod, &pod.topo.pod_cgroup, &root, &["--cleanup-only"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = istio_iptables(
+        &pod.topo.pod,
+        &pod.topo.pod_cgroup,
+        &root,
+        &["--cleanup-only"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
-    assert!(!root.path().exists(), "pin root left behind: {:?}", pins_under(root.path()));
+    assert!(
+        !root.path().exists(),
+        "pin root left behind: {:?}",
+        pins_under(root.path())
+    );
     assert_eq!(cgroup_attachments(pod.topo.pod_cgroup.path()), vec![]);
     for (kind, ids) in [("link", &links), ("prog", &progs), ("map", &maps)] {
         let left = wait_gone(kind, ids, Duration::from_secs(5));
-        assert!(left.is_empty(), "{kind}s still loaded after cleanup: {left:?}");
+        assert!(
+            left.is_empty(),
+            "{kind}s still loaded after cleanup: {left:?}"
+        );
     }
     let dst = pod.service(false);
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     // Cleaning up a clean pod is not an error.
-    let again = istio_iptables(&pod.topo.pod, &pod.topo.pod_cgroup, &root, &["--cleanup-only"]);
+    let again = istio_iptables(
+        &pod.topo.pod,
+        &pod.topo.pod_cgroup,
+        &root,
+        &["--cleanup-only"],
+    );
     assert!(again.status.success());
 }
 
@@ -247,20 +333,46 @@ fn invalid_values_exit_1_naming_the_flag_and_attach_nothing() {
     let pod = Pod::new("invalid");
     let root = PinRoot::new("invalid");
     let cases: [(&[&str], &str, &str); 5] = [
-        (&["-i", "*", "-x", "10.0.0.0/33"], "istio-service-exclude-cidr", "10.0.0.0/33"),
+        (
+            &["-i", "*", "-x", "10.0.0.0/33"],
+            "istio-service-exclude-cidr",
+            "10.0.0.0/33",
+        ),
         (&["-i", "*", "-x", "*"], "istio-service-exclude-cidr", "*"),
         (&["-p", "70000", "-i", "*"], "envoy-port", "70000"),
-        (&["-i", "10.0.0.300/8"], "istio-service-cidr", "10.0.0.300/8"),
-        (&["-i", "*", "-o", "80,70000"], "istio-local-outbound-ports-exclude", "70000"),
+        (
+            &["-i", "10.0.0.300/8"],
+            "istio-service-cidr",
+            "10.0.0.300/8",
+        ),
+        (
+            &["-i", "*", "-o", "80,70000"],
+            "istio-local-outbound-ports-exclude",
+            "70000",
+        ),
     ];
     for (args, flag, value) in cases {
         let out = istio_iptables(&pod.topo.pod, &pod.topo.pod_cgroup, &root, args);
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{args:?}: exit code; stderr:\n{stderr}");
-        assert!(stderr.contains(flag), "{args:?}: message should name {flag}:\n{stderr}");
-        assert!(stderr.contains(value), "{args:?}: message should name {value}:\n{stderr}");
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{args:?}: exit code; stderr:\n{stderr}"
+        );
+        assert!(
+            stderr.contains(flag),
+            "{args:?}: message should name {flag}:\n{stderr}"
+        );
+        assert!(
+            stderr.contains(value),
+            "{args:?}: message should name {value}:\n{stderr}"
+        );
         assert!(!root.path().exists(), "{args:?}: something was pinned");
-        assert_eq!(cgroup_attachments(pod.topo.pod_cgroup.path()), vec![], "{args:?}: attached");
+        assert_eq!(
+            cgroup_attachments(pod.topo.pod_cgroup.path()),
+            vec![],
+            "{args:?}: attached"
+        );
     }
     let dst = pod.service(false);
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
@@ -278,10 +390,16 @@ fn traffic_leaving_through_an_excluded_interface_passes() {
     args.extend(["-c", "eth0"]);
     pod.install(&root, &args);
     for v6 in [false, true] {
-        assert_direct(&pod.connect(APP_UID, APP_UID, pod.service(v6)), pod.service(v6));
+        assert_direct(
+            &pod.connect(APP_UID, APP_UID, pod.service(v6)),
+            pod.service(v6),
+        );
     }
     pod.install(&root, &STANDARD_INJECTION);
-    assert_proxied(&pod.connect(APP_UID, APP_UID, pod.service(false)), pod.service(false));
+    assert_proxied(
+        &pod.connect(APP_UID, APP_UID, pod.service(false)),
+        pod.service(false),
+    );
 }
 
 /// What `getpeername()` says on an app's socket connected to `dst`, by a Python client in
@@ -297,7 +415,11 @@ fn peer_seen_by_app(pod: &Pod, dst: SocketAddr) -> String {
         .cgroup(&pod.topo.pod_cgroup)
         .user(APP_UID, APP_UID)
         .output();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
@@ -312,6 +434,9 @@ fn a_redirected_socket_reports_its_original_peer() {
     for v6 in [false, true] {
         let dst = pod.service(v6);
         assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
-        assert_eq!(peer_seen_by_app(&pod, dst), format!("{} {}", dst.ip(), dst.port()));
+        assert_eq!(
+            peer_seen_by_app(&pod, dst),
+            format!("{} {}", dst.ip(), dst.port())
+        );
     }
 }

@@ -10,13 +10,22 @@ use redirector_tests::{require_root, Spawn, Topology, PROXY_UID};
 /// pod's netns and cgroup; returns the exit code and the log.
 fn validate(topo: &Topology, extra: &[&str]) -> (Option<i32>, String) {
     let out = Spawn::new(redirector_bin())
-        .args(["istio-iptables", "--run-validation", "--skip-rule-apply", "--probe-timeout", "2s"])
+        .args([
+            "istio-iptables",
+            "--run-validation",
+            "--skip-rule-apply",
+            "--probe-timeout",
+            "2s",
+        ])
         .args(extra)
         .netns(&topo.pod)
         .cgroup(&topo.pod_cgroup)
         .user(PROXY_UID, PROXY_UID)
         .output();
-    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[test]
@@ -41,6 +50,12 @@ fn validation_fails_with_126_on_a_pod_without_capture() {
     let started = Instant::now();
     let (code, log) = validate(&topo, &[]);
     assert_eq!(code, Some(126), "validation must fail with 126:\n{log}");
-    assert!(log.contains("127.0.0.6:15002"), "the message says what was tried:\n{log}");
-    assert!(started.elapsed() < Duration::from_secs(10), "--probe-timeout is honoured");
+    assert!(
+        log.contains("127.0.0.6:15002"),
+        "the message says what was tried:\n{log}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "--probe-timeout is honoured"
+    );
 }

@@ -25,7 +25,9 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redirector_tests::dns_net::{bind_udp, read_frame, write_frame, Frame};
-use redirector_tests::dns_protocol::{self as protocol, dns_error_kind, error_kind};
+use redirector_tests::dns_protocol::{
+    self as protocol, client_exit, dns_error_kind, emit, error_kind, io_error_line,
+};
 use redirector_tests::dns_wire::{self as wire, TYPE_A, TYPE_AAAA};
 use redirector_tests::sockaddr;
 
@@ -229,27 +231,6 @@ fn parse_args(args: &[String]) -> Result<Cmd, String> {
         }
         other => Err(format!("unknown subcommand {other}")),
     }
-}
-
-/// One event line to stdout, flushed at once so a test reading the pipe sees it now.
-fn emit(line: &str) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    // A test that stopped reading is no reason to stop serving.
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
-}
-
-fn io_error_line(err: &std::io::Error) -> String {
-    let kind = match err.kind() {
-        std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => error_kind::TIMEOUT,
-        _ => error_kind::from_errno(err.raw_os_error()),
-    };
-    let detail = match err.raw_os_error() {
-        Some(errno) => format!("errno={errno} {err}"),
-        None => err.to_string(),
-    };
-    protocol::error_line(kind, &detail)
 }
 
 /// The kind word of an error line, for `result=` fields.
@@ -633,19 +614,6 @@ fn resolve(name: &str, family: libc::c_int) -> Result<String, String> {
     // SAFETY: `res` came from a successful getaddrinfo and is freed once.
     unsafe { libc::freeaddrinfo(res) };
     Ok(protocol::resolved_line(&addrs, &servers))
-}
-
-fn client_exit(result: Result<String, String>) -> ExitCode {
-    match result {
-        Ok(line) => {
-            emit(&line);
-            ExitCode::SUCCESS
-        }
-        Err(line) => {
-            emit(&line);
-            ExitCode::from(2)
-        }
-    }
 }
 
 fn main() -> ExitCode {

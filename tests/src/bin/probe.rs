@@ -13,7 +13,9 @@ use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use redirector_tests::probe_protocol::{self as protocol, error_kind};
+use redirector_tests::probe_protocol::{
+    self as protocol, client_exit, describe_io_error, emit, error_kind, io_error_line,
+};
 use redirector_tests::sockaddr;
 
 const USAGE: &str = "usage:
@@ -116,39 +118,16 @@ fn parse_args(args: &[String]) -> Result<Cmd, String> {
     }
 }
 
-/// One event line to stdout, flushed at once so a test reading the pipe sees it now.
-fn emit(line: &str) {
-    let mut out = std::io::stdout().lock();
-    // A test that stopped reading is no reason to stop serving.
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
-}
-
-fn describe(err: &std::io::Error) -> String {
-    match err.raw_os_error() {
-        Some(errno) => format!("errno={errno} {err}"),
-        None => err.to_string(),
-    }
-}
-
-fn error_line(err: &std::io::Error) -> String {
-    let kind = match err.kind() {
-        std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => error_kind::TIMEOUT,
-        _ => error_kind::from_errno(err.raw_os_error()),
-    };
-    protocol::error_line(kind, &describe(err))
-}
-
 /// Connects, reads the whole reply, and returns the `reply …` or `error …` line.
 fn connect(dst: SocketAddr, bind: Option<IpAddr>, timeout: Duration) -> Result<String, String> {
-    let mut stream = sockaddr::connect_tcp(dst, bind, timeout).map_err(|e| error_line(&e))?;
+    let mut stream = sockaddr::connect_tcp(dst, bind, timeout).map_err(|e| io_error_line(&e))?;
     stream
         .set_read_timeout(Some(timeout))
-        .map_err(|e| error_line(&e))?;
+        .map_err(|e| io_error_line(&e))?;
     let mut reply = String::new();
     stream
         .read_to_string(&mut reply)
-        .map_err(|e| error_line(&e))?;
+        .map_err(|e| io_error_line(&e))?;
     let reply = reply.trim();
     if reply.is_empty() {
         return Err(protocol::error_line(
@@ -206,7 +185,7 @@ fn serve(role: Role, name: String, listen: Vec<SocketAddr>, timeout: Duration) -
         match sockaddr::listen_tcp(addr) {
             Ok(listener) => listeners.push(listener),
             Err(e) => {
-                eprintln!("probe: listen {addr}: {}", describe(&e));
+                eprintln!("probe: listen {addr}: {}", describe_io_error(&e));
                 return ExitCode::from(1);
             }
         }
@@ -237,16 +216,7 @@ fn main() -> ExitCode {
             listen,
             timeout,
         }) => serve(role, name, listen, timeout),
-        Ok(Cmd::Connect { dst, bind, timeout }) => match connect(dst, bind, timeout) {
-            Ok(line) => {
-                emit(&line);
-                ExitCode::SUCCESS
-            }
-            Err(line) => {
-                emit(&line);
-                ExitCode::from(2)
-            }
-        },
+        Ok(Cmd::Connect { dst, bind, timeout }) => client_exit(connect(dst, bind, timeout)),
         Err(msg) => {
             eprintln!("probe: {msg}\n{USAGE}");
             ExitCode::from(64)
