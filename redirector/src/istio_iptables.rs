@@ -10,7 +10,7 @@ use tracing::{info, warn};
 use crate::{
     apply::{apply, installed_objects, installed_state, teardown, Installed},
     config::IstioConfig,
-    object::OBJECT,
+    object::object_bytes,
     pins::{PinRoot, BPFFS_MOUNT},
     plan::plan_pod,
     pod::{self, PodFacts},
@@ -18,7 +18,7 @@ use crate::{
 };
 
 /// Environment variables istio-iptables reads, logged as its "Environment" section.
-const LOGGED_ENV: [&str; 20] = [
+const LOGGED_ENV: [&str; 21] = [
     "ENVOY_PORT",
     "INBOUND_CAPTURE_PORT",
     "ISTIO_INBOUND_INTERCEPTION_MODE",
@@ -39,6 +39,7 @@ const LOGGED_ENV: [&str; 20] = [
     "PROXY_UID",
     "PROXY_GID",
     "REDIRECTOR_PIN_ROOT",
+    crate::object::OBJECT_OVERRIDE_ENV,
 ];
 
 pub fn run(cfg: &IstioConfig) -> anyhow::Result<()> {
@@ -120,7 +121,8 @@ fn apply_rules(cfg: &IstioConfig, root: &PinRoot, cookie: u64) -> anyhow::Result
     if plan.config.flags & redirector_common::pod_flags::IPV6 != 0 {
         pod::add_inbound_passthrough_v6().context("adding ::6/128 to lo")?;
     }
-    match installed_state(root, OBJECT, &plan)? {
+    let object = object_bytes()?;
+    match installed_state(root, &object, &plan)? {
         Installed::Same if !cfg.run.force_apply => {
             info!("found this exact state already installed for the pod: nothing to apply (--force-apply applies it again)");
             return Ok(());
@@ -130,7 +132,7 @@ fn apply_rules(cfg: &IstioConfig, root: &PinRoot, cookie: u64) -> anyhow::Result
         ),
         _ => {}
     }
-    let report = apply(root, OBJECT, &plan)?;
+    let report = apply(root, &object, &plan)?;
     info!("Applied:");
     for line in plan.to_string().lines() {
         info!("{line}");

@@ -20,7 +20,22 @@ use crate::{
 
 /// The object built from redirector-ebpf, embedded at build time (empty when the binary
 /// was built without bpf-linker).
-pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/redirector"));
+static EMBEDDED: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/redirector"));
+
+/// Env var naming an eBPF object file to use instead of the embedded one: to roll a node
+/// to a rebuilt kernel side without a new binary, and to test that pods move over.
+pub const OBJECT_OVERRIDE_ENV: &str = "REDIRECTOR_EBPF_OBJECT";
+
+/// The eBPF object to load: the embedded one, or the file named by [`OBJECT_OVERRIDE_ENV`].
+pub fn object_bytes() -> Result<std::borrow::Cow<'static, [u8]>, ObjectError> {
+    match std::env::var_os(OBJECT_OVERRIDE_ENV) {
+        Some(path) if !path.is_empty() => {
+            let path = std::path::PathBuf::from(path);
+            Ok(fs::read(&path).map_err(fs_err("reading eBPF object", &path))?.into())
+        }
+        _ => Ok(EMBEDDED.into()),
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ObjectError {

@@ -440,3 +440,76 @@ fn a_redirected_socket_reports_its_original_peer() {
         );
     }
 }
+
+/// The eBPF object of the redirector binary under test, as its build left it.
+fn built_object() -> std::path::PathBuf {
+    let profile_dir = redirector_tests::redirector::redirector_bin()
+        .parent()
+        .expect("the binary's directory")
+        .to_path_buf();
+    std::fs::read_dir(profile_dir.join("build"))
+        .expect("the build directory beside the binary")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("redirector-"))
+        .map(|e| e.path().join("out").join("redirector"))
+        .filter(|p| p.metadata().is_ok_and(|m| m.len() > 0))
+        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
+        .expect("a built eBPF object")
+}
+
+#[test]
+fn a_new_object_takes_over_the_pod_without_doubling() {
+    if !require_root() {
+        return;
+    }
+    let pod = Pod::new("upgrade");
+    let root = PinRoot::new("upgrade");
+    pod.install(&root, &STANDARD_INJECTION);
+    let dst = pod.service(false);
+    assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+    let objects = |root: &PinRoot| -> Vec<String> {
+        let mut ids: Vec<String> = std::fs::read_dir(root.path().join("objects"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        ids.sort();
+        ids
+    };
+    let before = objects(&root);
+    assert_eq!(before.len(), 1);
+
+    // A rebuilt kernel side: the same programs, different bytes, so a different object.
+    let next = std::env::temp_dir().join(format!("rdt-{}-object", std::process::id()));
+    let mut bytes = std::fs::read(built_object()).unwrap();
+    bytes.push(0);
+    std::fs::write(&next, bytes).unwrap();
+    let mut cmd = redirector_tests::redirector::istio_iptables_command(
+        &pod.topo.pod,
+        &pod.topo.pod_cgroup,
+        &root,
+    );
+    cmd.args(STANDARD_INJECTION)
+        .env("REDIRECTOR_EBPF_OBJECT", &next);
+    let out = cmd.output().unwrap();
+    let _ = std::fs::remove_file(&next);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(
+        log.contains(&format!("moved from objects [\"{}\"]", before[0])),
+        "{log}"
+    );
+
+    let after = objects(&root);
+    assert_eq!(
+        after.len(),
+        1,
+        "the old object goes once no pod uses it: {after:?}"
+    );
+    assert_ne!(after, before);
+    assert_eq!(
+        cgroup_attachments(pod.topo.pod_cgroup.path()).len(),
+        6,
+        "replaced, not added"
+    );
+    assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+}
