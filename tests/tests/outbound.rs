@@ -513,3 +513,49 @@ fn a_new_object_takes_over_the_pod_without_doubling() {
     );
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
 }
+
+#[test]
+fn a_failed_apply_leaves_the_pod_as_it_was() {
+    if !require_root() {
+        return;
+    }
+    let pod = Pod::new("rollback");
+    let root = PinRoot::new("rollback");
+    let other: IpAddr = Ipv4Addr::new(10, 201, pod.topo.subnet(), 3).into();
+    pod.topo.add_service_addr(other);
+    pod.install(&root, &["-i", "10.201.0.0/16"]);
+    let included = SocketAddr::new(other, 8080);
+    let excluded = SocketAddr::new(pod.topo.service_ip4().into(), 8080);
+    assert_proxied(&pod.connect(APP_UID, APP_UID, included), included);
+    assert_direct(&pod.connect(APP_UID, APP_UID, excluded), excluded);
+    let pins = pins_under(root.path());
+    let links = cgroup_attachments(pod.topo.pod_cgroup.path());
+
+    // Make the last step fail: a directory where a new link is staged before the swap.
+    let pod_dir = pins
+        .iter()
+        .find(|p| p.ends_with("connect4"))
+        .and_then(|p| p.parent())
+        .expect("the pod's link directory")
+        .to_path_buf();
+    std::fs::create_dir(pod_dir.join("staging-connect4")).unwrap();
+    let out = istio_iptables(
+        &pod.topo.pod,
+        &pod.topo.pod_cgroup,
+        &root,
+        &["-i", "*", "-o", "9999"],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_dir(pod_dir.join("staging-connect4")).unwrap();
+
+    // Same pins, same links, same decisions: nothing of the new config took effect.
+    assert_eq!(pins_under(root.path()), pins);
+    assert_eq!(cgroup_attachments(pod.topo.pod_cgroup.path()), links);
+    assert_proxied(&pod.connect(APP_UID, APP_UID, included), included);
+    assert_direct(&pod.connect(APP_UID, APP_UID, excluded), excluded);
+}
