@@ -121,7 +121,9 @@ pub fn decide_outbound<L: PodLookups>(
 ) -> Verdict {
     // 0. -c: nat OUTPUT's `-o IFACE -j RETURN` comes before ISTIO_OUTPUT. The pod's route
     //    for the destination says which interface it leaves through.
-    if lookups.cidr_value(CidrList::Route, conn.dst) == Some(ROUTE_VIA_EXCLUDED_INTERFACE) {
+    if cfg.exclude_iface_count > 0
+        && lookups.cidr_value(CidrList::Route, conn.dst) == Some(ROUTE_VIA_EXCLUDED_INTERFACE)
+    {
         return Verdict::Pass(Reason::PassedInterface);
     }
     // 1. -o
