@@ -31,7 +31,9 @@ pub fn object_bytes() -> Result<std::borrow::Cow<'static, [u8]>, ObjectError> {
     match std::env::var_os(OBJECT_OVERRIDE_ENV) {
         Some(path) if !path.is_empty() => {
             let path = std::path::PathBuf::from(path);
-            Ok(fs::read(&path).map_err(fs_err("reading eBPF object", &path))?.into())
+            Ok(fs::read(&path)
+                .map_err(fs_err("reading eBPF object", &path))?
+                .into())
         }
         _ => Ok(EMBEDDED.into()),
     }

@@ -115,20 +115,16 @@ fn explain_matches_real_connections_and_status_counts_them() {
         (APP_UID, SocketAddr::new(excluded, 80)),
         (APP_UID, topo.service_addr(false, 8080)),
     ];
+    // `redirector explain` for this pod, plus `args`.
+    let explain = |args: &[&str]| {
+        let mut all = vec!["explain", "--netns", netns, "--pin-root", pin_root];
+        all.extend_from_slice(args);
+        redirector(&all)
+    };
     let mut redirected = 0;
     for (uid, dst) in outbound {
         let (uid_s, dst_s) = (uid.to_string(), dst.to_string());
-        let explain = redirector(&[
-            "explain",
-            "--netns",
-            netns,
-            "--pin-root",
-            pin_root,
-            "--uid",
-            &uid_s,
-            "--dst",
-            &dst_s,
-        ]);
+        let explain = explain(&["--uid", &uid_s, "--dst", &dst_s]);
         let real = real_landing(&topo.connect(uid, uid, dst));
         assert_eq!(
             explained_landing(&explain),
@@ -139,16 +135,7 @@ fn explain_matches_real_connections_and_status_counts_them() {
     }
     for port in [8080u16, 15021] {
         let dst = SocketAddr::new(topo.pod_ip4().into(), port);
-        let explain = redirector(&[
-            "explain",
-            "--netns",
-            netns,
-            "--pin-root",
-            pin_root,
-            "--inbound",
-            "--dst",
-            &dst.to_string(),
-        ]);
+        let explain = explain(&["--inbound", "--dst", &dst.to_string()]);
         let real = real_landing(&connect_from(
             &topo.service,
             None,

@@ -9,37 +9,32 @@ const MAX_BUFFER: usize = 1 << 20;
 
 /// The uid of user `name`, `None` if there is no such user or the lookup fails.
 pub(crate) fn uid_by_name(name: &str) -> Option<u32> {
-    let name = CString::new(name).ok()?;
-    with_growing_buffer(|buf| {
-        let mut entry = MaybeUninit::<libc::passwd>::uninit();
-        let mut found: *mut libc::passwd = ptr::null_mut();
-        // SAFETY: every pointer is valid for the call and `buf.len()` is the buffer's real size.
-        let rc = unsafe {
-            libc::getpwnam_r(
-                name.as_ptr(),
-                entry.as_mut_ptr(),
-                buf.as_mut_ptr(),
-                buf.len(),
-                &mut found,
-            )
-        };
-        if rc != 0 {
-            return Err(rc);
-        }
-        // SAFETY: on success `found` is either null or points to the now initialised `entry`.
-        Ok((!found.is_null()).then(|| unsafe { (*found).pw_uid }))
-    })
+    id_by_name(name, libc::getpwnam_r, |entry: &libc::passwd| entry.pw_uid)
 }
 
 /// The gid of group `name`, `None` if there is no such group or the lookup fails.
 pub(crate) fn gid_by_name(name: &str) -> Option<u32> {
+    id_by_name(name, libc::getgrnam_r, |entry: &libc::group| entry.gr_gid)
+}
+
+/// The shape shared by `getpwnam_r` and `getgrnam_r`.
+type GetByName<E> = unsafe extern "C" fn(
+    *const libc::c_char,
+    *mut E,
+    *mut libc::c_char,
+    libc::size_t,
+    *mut *mut E,
+) -> libc::c_int;
+
+/// Looks `name` up with a `get*nam_r` call and reads the id out of the entry found.
+fn id_by_name<E>(name: &str, get: GetByName<E>, id: fn(&E) -> u32) -> Option<u32> {
     let name = CString::new(name).ok()?;
     with_growing_buffer(|buf| {
-        let mut entry = MaybeUninit::<libc::group>::uninit();
-        let mut found: *mut libc::group = ptr::null_mut();
+        let mut entry = MaybeUninit::<E>::uninit();
+        let mut found: *mut E = ptr::null_mut();
         // SAFETY: every pointer is valid for the call and `buf.len()` is the buffer's real size.
         let rc = unsafe {
-            libc::getgrnam_r(
+            get(
                 name.as_ptr(),
                 entry.as_mut_ptr(),
                 buf.as_mut_ptr(),
@@ -51,7 +46,7 @@ pub(crate) fn gid_by_name(name: &str) -> Option<u32> {
             return Err(rc);
         }
         // SAFETY: on success `found` is either null or points to the now initialised `entry`.
-        Ok((!found.is_null()).then(|| unsafe { (*found).gr_gid }))
+        Ok((!found.is_null()).then(|| id(unsafe { &*found })))
     })
 }
 
