@@ -6,6 +6,8 @@
 #![no_std]
 
 pub mod decision;
+pub mod identity;
+pub mod kernel_abi;
 pub mod maps;
 pub mod reason;
 
@@ -13,5 +15,6 @@ pub use decision::{
     decide_inbound, decide_outbound, InboundAttempt, OutboundAttempt, PodLookups, Protocol,
     Verdict, DNS_CAPTURE_PORT,
 };
+pub use identity::NetnsCookie;
 pub use maps::*;
 pub use reason::Reason;

@@ -343,6 +343,7 @@ mod pod_impls {
     unsafe impl aya::Pod for Counters {}
     unsafe impl aya::Pod for PodAddrKey {}
     unsafe impl aya::Pod for ListenerKey {}
+    unsafe impl aya::Pod for crate::NetnsCookie {}
 }
 
 #[cfg(test)]

@@ -11,9 +11,9 @@ use std::{
 
 use redirector_common::{ListenerKey, AF_INET, AF_INET6};
 
-use crate::{node_maps::NodeMaps, sock_diag};
+use crate::{netns::Netns, sock_diag, store::NodeMaps};
 
-/// A listening socket of the current network namespace.
+/// A listening socket of a pod's network namespace.
 #[derive(Debug, PartialEq, Eq)]
 struct Listener {
     port: u16,
@@ -80,11 +80,16 @@ fn duplicate_fd(pid: i32, fd: i32) -> io::Result<OwnedFd> {
     }
 }
 
-/// Register the listeners on `ports` that already exist in this network namespace;
-/// returns what was registered, for the log.
-pub fn register_existing(maps: &mut NodeMaps, netns_cookie: u64, ports: &[u16]) -> Vec<String> {
+/// Register the listeners on `ports` that already exist in `netns`; returns what was
+/// registered, for the log.
+pub fn register_existing(maps: &mut NodeMaps, netns: &Netns, ports: &[u16]) -> Vec<String> {
+    let found = netns.run(|| listeners_on(ports)).unwrap_or_else(|err| {
+        tracing::warn!("listing listening sockets: {err}");
+        Vec::new()
+    });
+    let netns_cookie = netns.cookie().get();
     let mut registered = Vec::new();
-    for listener in listeners_on(ports) {
+    for listener in found {
         let Some((pid, fd)) = socket_owner(listener.inode) else {
             tracing::warn!(
                 "a listener on port {} exists but its process is not visible here; it is captured once it listens again",

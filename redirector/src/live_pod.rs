@@ -4,28 +4,27 @@ use std::net::IpAddr;
 
 use aya::maps::lpm_trie::Key;
 use redirector_common::{
-    Cidr4Key, Cidr6Key, CidrList, Counters, PodConfig, PodLookups, PortKey, PortSet,
+    Cidr4Key, Cidr6Key, CidrList, Counters, NetnsCookie, PodConfig, PodLookups, PortKey, PortSet,
     CIDR_KEY_FIXED_BITS, COUNTER_SLOTS,
 };
 
 use crate::{
-    apply::{installed_objects, ApplyError},
-    node_maps::{NodeMaps, OpenMapError},
-    pins::{ObjectPins, PinRoot},
+    fs_error::{fs_err, FsError},
+    store::{NodeMaps, ObjectPins, OpenMapError, PinRoot},
 };
 
 #[derive(Debug, thiserror::Error)]
 pub enum LivePodError {
     #[error(transparent)]
-    Objects(#[from] ApplyError),
+    Objects(#[from] FsError),
     #[error(transparent)]
     OpenMap(#[from] OpenMapError),
     #[error("pod with netns cookie {0} is not set up under this pin root")]
-    NotFound(u64),
+    NotFound(NetnsCookie),
 }
 
 pub struct LivePod {
-    pub netns_cookie: u64,
+    pub netns_cookie: NetnsCookie,
     pub object: ObjectPins,
     pub maps: NodeMaps,
     pub config: PodConfig,
@@ -33,8 +32,11 @@ pub struct LivePod {
 
 impl LivePod {
     /// The pod with this netns cookie, under whichever object holds its links.
-    pub fn open(root: &PinRoot, netns_cookie: u64) -> Result<Self, LivePodError> {
-        for object in installed_objects(root)? {
+    pub fn open(root: &PinRoot, netns_cookie: NetnsCookie) -> Result<Self, LivePodError> {
+        for object in root
+            .objects()
+            .map_err(fs_err("listing", &root.objects_dir()))?
+        {
             if !object.pod(netns_cookie).dir().exists() {
                 continue;
             }
@@ -72,21 +74,21 @@ impl PodLookups for LivePod {
     fn port_in(&self, set: PortSet, port: u16) -> bool {
         self.maps
             .port_sets
-            .get(&PortKey::new(self.netns_cookie, set, port), 0)
+            .get(&PortKey::new(self.netns_cookie.get(), set, port), 0)
             .is_ok()
     }
 
     fn cidr_value(&self, list: CidrList, addr: IpAddr) -> Option<u8> {
         match addr {
             IpAddr::V4(v4) => {
-                let data = Cidr4Key::new(self.netns_cookie, list, v4.octets());
+                let data = Cidr4Key::new(self.netns_cookie.get(), list, v4.octets());
                 self.maps
                     .cidrs_v4
                     .get(&Key::new(CIDR_KEY_FIXED_BITS + 32, data), 0)
                     .ok()
             }
             IpAddr::V6(v6) => {
-                let data = Cidr6Key::new(self.netns_cookie, list, v6.octets());
+                let data = Cidr6Key::new(self.netns_cookie.get(), list, v6.octets());
                 self.maps
                     .cidrs_v6
                     .get(&Key::new(CIDR_KEY_FIXED_BITS + 128, data), 0)

@@ -6,14 +6,14 @@ use std::{fmt, net::IpAddr, path::PathBuf};
 use ipnet::IpNet;
 use redirector_common::{
     decision::ROUTE_VIA_EXCLUDED_INTERFACE, inbound_capture, owner_group_mode, pod_flags, Cidr4Key,
-    Cidr6Key, CidrList, PodAddrKey, PodConfig, PodLookups, PortKey, PortSet, RawIp, AF_INET,
-    AF_INET6, CIDR_KEY_FIXED_BITS,
+    Cidr6Key, CidrList, NetnsCookie, PodAddrKey, PodConfig, PodLookups, PortKey, PortSet, RawIp,
+    AF_INET, AF_INET6, CIDR_KEY_FIXED_BITS,
 };
 
 use crate::{
-    config::{CaptureConfig, CidrSelection, OwnerGroups, PortSelection},
-    pod::PodFacts,
-    programs::{AttachTarget, ProgramSpec, BASE_PROGRAMS, POD_PROGRAMS},
+    facts::PodFacts,
+    spec::{CaptureConfig, CidrSelection, OwnerGroups, PortSelection},
+    store::programs::{AttachTarget, ProgramSpec, BASE_PROGRAMS, POD_PROGRAMS},
 };
 
 /// One LPM-trie entry: a prefix length (including the fixed cookie/list bits) and data.
@@ -27,7 +27,7 @@ pub struct CidrEntry<K> {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodPlan {
-    pub netns_cookie: u64,
+    pub netns_cookie: NetnsCookie,
     pub cgroup: PathBuf,
     pub config: PodConfig,
     pub ports: Vec<PortKey>,
@@ -36,22 +36,6 @@ pub struct PodPlan {
     /// The pod's addresses, so inbound connections find the pod.
     pub addrs: Vec<PodAddrKey>,
     pub programs: &'static [ProgramSpec],
-}
-
-impl PodPlan {
-    /// A plan with no entries: what a removed pod is reconciled to.
-    pub fn empty(netns_cookie: u64) -> Self {
-        PodPlan {
-            netns_cookie,
-            cgroup: PathBuf::new(),
-            config: PodConfig::default(),
-            ports: Vec::new(),
-            cidrs_v4: Vec::new(),
-            cidrs_v6: Vec::new(),
-            addrs: Vec::new(),
-            programs: &[],
-        }
-    }
 }
 
 /// The ifindexes of the named interfaces that exist in the pod.
@@ -75,21 +59,27 @@ fn owner_array<const N: usize>(ids: &[u32]) -> ([u32; N], u32) {
     (out, n as u32)
 }
 
-fn cidr_entry(netns_cookie: u64, list: CidrList, net: IpNet, plan: &mut PodPlan) {
+fn cidr_entry(netns_cookie: NetnsCookie, list: CidrList, net: IpNet, plan: &mut PodPlan) {
     cidr_entry_with(netns_cookie, list, net, 1, plan);
 }
 
-fn cidr_entry_with(netns_cookie: u64, list: CidrList, net: IpNet, value: u8, plan: &mut PodPlan) {
+fn cidr_entry_with(
+    netns_cookie: NetnsCookie,
+    list: CidrList,
+    net: IpNet,
+    value: u8,
+    plan: &mut PodPlan,
+) {
     let prefix_len = CIDR_KEY_FIXED_BITS + u32::from(net.prefix_len());
     match net.trunc() {
         IpNet::V4(v4) => plan.cidrs_v4.push(CidrEntry {
             prefix_len,
-            data: Cidr4Key::new(netns_cookie, list, v4.addr().octets()),
+            data: Cidr4Key::new(netns_cookie.get(), list, v4.addr().octets()),
             value,
         }),
         IpNet::V6(v6) => plan.cidrs_v6.push(CidrEntry {
             prefix_len,
-            data: Cidr6Key::new(netns_cookie, list, v6.addr().octets()),
+            data: Cidr6Key::new(netns_cookie.get(), list, v6.addr().octets()),
             value,
         }),
     }
@@ -190,7 +180,7 @@ pub fn plan_pod(cfg: &CaptureConfig, facts: &PodFacts) -> PodPlan {
         (PortSet::InboundExclude, &cfg.inbound_exclude_ports[..]),
     ] {
         for &port in ports {
-            let key = PortKey::new(cookie, set, port);
+            let key = PortKey::new(cookie.get(), set, port);
             if !plan.ports.contains(&key) {
                 plan.ports.push(key);
             }
@@ -239,7 +229,7 @@ fn prefix_match(entry_bits: &[u8], addr_bits: &[u8], prefix: u32) -> bool {
 impl PodLookups for PodPlan {
     fn port_in(&self, set: PortSet, port: u16) -> bool {
         self.ports
-            .contains(&PortKey::new(self.netns_cookie, set, port))
+            .contains(&PortKey::new(self.netns_cookie.get(), set, port))
     }
 
     fn cidr_value(&self, list: CidrList, addr: IpAddr) -> Option<u8> {
@@ -394,7 +384,7 @@ mod tests {
     use redirector_common::{decide_outbound, OutboundAttempt, Reason, Verdict};
 
     use super::*;
-    use crate::config::parse_istio_iptables;
+    use crate::cli::config::parse_istio_iptables;
 
     const POD_IP: &str = "10.244.1.5";
 
@@ -410,7 +400,7 @@ mod tests {
         let argv = std::iter::once("istio-iptables").chain(args.iter().copied());
         let cfg = parse_istio_iptables(argv, &env).expect("valid flags");
         let facts = PodFacts {
-            netns_cookie: 42,
+            netns_cookie: NetnsCookie(42),
             local_addrs: vec![POD_IP.parse().unwrap(), "fd00::5".parse().unwrap()],
             cgroup: "/sys/fs/cgroup/pod".into(),
             interfaces: vec![("lo".into(), 1), ("eth0".into(), 2), ("eth1".into(), 3)],

@@ -16,11 +16,15 @@ use std::{
     time::{Duration, Instant},
 };
 
+use redirector_common::{
+    decision::INBOUND_PASSTHROUGH_V4,
+    kernel_abi::{SOL_IP, SO_ORIGINAL_DST},
+};
+
 /// istio-iptables' exit code when validation fails.
 pub const EXIT_VALIDATION_FAILED: u8 = 126;
 
-const PASSTHROUGH: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 6);
-const SO_ORIGINAL_DST: i32 = 80;
+const PASSTHROUGH: Ipv4Addr = INBOUND_PASSTHROUGH_V4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ValidationError {
@@ -40,7 +44,7 @@ fn original_dst_port(stream: &TcpStream) -> Option<u16> {
     let rc = unsafe {
         libc::getsockopt(
             stream.as_raw_fd(),
-            libc::SOL_IP,
+            SOL_IP,
             SO_ORIGINAL_DST,
             buf.as_mut_ptr().cast(),
             &mut len,

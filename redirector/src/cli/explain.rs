@@ -12,14 +12,19 @@ use redirector_common::{
     Protocol, Reason, Verdict, DNS_CAPTURE_PORT,
 };
 
-use crate::{live_pod::LivePod, pins::PinRoot, pod};
+use crate::{
+    facts::{interfaces, local_addresses},
+    live_pod::LivePod,
+    netns::Netns,
+    store::PinRoot,
+};
 
 #[derive(clap::Args, Debug)]
 pub struct ExplainArgs {
     /// The pod's network namespace (default: the current one).
     #[arg(long, value_name = "PATH")]
     netns: Option<PathBuf>,
-    #[arg(long, value_name = "PATH", env = "REDIRECTOR_PIN_ROOT", default_value = crate::pins::DEFAULT_ROOT)]
+    #[arg(long, value_name = "PATH", env = "REDIRECTOR_PIN_ROOT", default_value = crate::store::pins::DEFAULT_ROOT)]
     pin_root: PathBuf,
     /// Explain a connection arriving at the pod instead of one it makes.
     #[arg(long)]
@@ -87,10 +92,11 @@ fn rule(reason: Reason, lookups: &LivePod, port: u16) -> &'static str {
 }
 
 pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
-    if let Some(ns) = &args.netns {
-        pod::enter_netns(ns)?;
-    }
-    let cookie = pod::netns_cookie()?;
+    let netns = match &args.netns {
+        Some(path) => Netns::open(path)?,
+        None => Netns::current()?,
+    };
+    let cookie = netns.cookie();
     let live = LivePod::open(&PinRoot::new(&args.pin_root), cookie)?;
     let cfg = live.config;
     println!("pod netns cookie {cookie} (object {})", live.object.id());
@@ -98,14 +104,16 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
         let dst = match (args.dst, args.dst_port) {
             (Some(dst), _) => dst,
             (None, Some(port)) => {
-                let addr = *pod::local_addresses()?
+                let addr = *netns
+                    .run(local_addresses)??
                     .first()
                     .context("the pod has no address")?;
                 SocketAddr::new(addr, port)
             }
             (None, None) => bail!("--inbound needs --dst IP:PORT or --dst-port PORT"),
         };
-        let ifindex = pod::interfaces()?
+        let ifindex = netns
+            .run(interfaces)??
             .into_iter()
             .find(|(name, _)| *name == args.iface)
             .map(|(_, index)| index)

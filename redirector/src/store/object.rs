@@ -1,9 +1,6 @@
 //! The node's eBPF object: loaded once, pinned, and reused by every later run.
 
-use std::{
-    fs, io,
-    os::fd::{AsRawFd, OwnedFd},
-};
+use std::{fs, io, os::fd::OwnedFd};
 
 use aya::{
     programs::{CgroupSockAddr, CgroupSockopt, SkLookup, SockOps},
@@ -11,12 +8,12 @@ use aya::{
 };
 use redirector_common::names;
 
-use crate::{
+use super::{
     bpf_sys,
-    fs_error::{fs_err, FsError},
-    pins::{ObjectPins, PinRoot},
+    pins::{ObjectId, ObjectPins, PinRoot},
     programs::{ProgramKind, POD_PROGRAMS},
 };
+use crate::fs_error::{fs_err, FsError};
 
 /// The object built from redirector-ebpf, embedded at build time (empty when the binary
 /// was built without bpf-linker).
@@ -66,21 +63,13 @@ pub enum ObjectError {
     Fs(#[from] FsError),
 }
 
-/// A stable id for an object's bytes (FNV-1a, 64 bit): a changed object gets new pins.
-pub fn object_id(bytes: &[u8]) -> String {
-    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    format!("{hash:016x}")
-}
-
 /// Make sure the object is loaded and pinned under `root`; load and pin it if not.
 /// The caller holds the node lock.
 pub fn ensure_loaded(root: &PinRoot, bytes: &[u8]) -> Result<(ObjectPins, bool), ObjectError> {
     if bytes.is_empty() {
         return Err(ObjectError::NotEmbedded);
     }
-    let id = object_id(bytes);
+    let id = ObjectId::of(bytes);
     let pins = root.object(&id);
     if pins.dir().exists() {
         check_complete(&pins)?;
@@ -177,22 +166,4 @@ fn load_and_pin(bytes: &[u8], staging: &ObjectPins) -> Result<(), ObjectError> {
 pub fn open_program(pins: &ObjectPins, function: &str) -> Result<OwnedFd, ObjectError> {
     let path = pins.program(function);
     Ok(bpf_sys::obj_get(&path).map_err(fs_err("opening pinned program", &path))?)
-}
-
-/// Exclusive lock over everything under the pin root, held for the life of the value.
-/// Concurrent init containers on one node serialise here.
-pub struct NodeLock {
-    _dir: fs::File,
-}
-
-impl NodeLock {
-    pub fn acquire(root: &PinRoot) -> Result<Self, ObjectError> {
-        fs::create_dir_all(root.objects_dir()).map_err(fs_err("creating", root.path()))?;
-        let dir = fs::File::open(root.path()).map_err(fs_err("opening", root.path()))?;
-        // SAFETY: flock on a file descriptor we own.
-        if unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(fs_err("locking", root.path())(io::Error::last_os_error()).into());
-        }
-        Ok(NodeLock { _dir: dir })
-    }
 }

@@ -1,16 +1,15 @@
 //! `redirector status`: what is attached and pinned, each map's fill, and each pod's
 //! decision counters — read from bpffs and the kernel, not from any record of ours.
 
-use std::{fs, path::PathBuf};
+use std::path::PathBuf;
 
+use anyhow::Context as _;
 use redirector_common::{names, Reason};
 
 use crate::{
-    apply::installed_objects,
     live_pod::LivePod,
-    node_maps::NodeMaps,
-    pins::{ObjectPins, PinRoot},
-    pod,
+    netns::Netns,
+    store::{pins::names_in, NodeMaps, ObjectPins, PinRoot},
 };
 
 #[derive(clap::Args, Debug)]
@@ -18,20 +17,8 @@ pub struct StatusArgs {
     /// Only the pod in this network namespace (default: every pod).
     #[arg(long, value_name = "PATH")]
     netns: Option<PathBuf>,
-    #[arg(long, value_name = "PATH", env = "REDIRECTOR_PIN_ROOT", default_value = crate::pins::DEFAULT_ROOT)]
+    #[arg(long, value_name = "PATH", env = "REDIRECTOR_PIN_ROOT", default_value = crate::store::pins::DEFAULT_ROOT)]
     pin_root: PathBuf,
-}
-
-fn names_in(dir: &std::path::Path) -> Vec<String> {
-    let mut names: Vec<String> = fs::read_dir(dir)
-        .map(|d| {
-            d.filter_map(Result::ok)
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    names.sort();
-    names
 }
 
 /// Entries in each map: (name, entries, capacity).
@@ -89,14 +76,11 @@ fn map_fill(object: &ObjectPins) -> anyhow::Result<Vec<(&'static str, usize, u32
 
 pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
     let only = match &args.netns {
-        Some(ns) => {
-            pod::enter_netns(ns)?;
-            Some(pod::netns_cookie()?)
-        }
+        Some(path) => Some(Netns::open(path)?.cookie()),
         None => None,
     };
     let root = PinRoot::new(&args.pin_root);
-    let objects = installed_objects(&root)?;
+    let objects = root.objects().context("listing pinned objects")?;
     println!(
         "pin root {}: {} object(s)",
         root.path().display(),
@@ -104,21 +88,27 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
     );
     for object in objects {
         println!("object {}", object.id());
-        println!("  programs: {}", names_in(&object.progs_dir()).join(" "));
+        println!(
+            "  programs: {}",
+            names_in(&object.progs_dir())
+                .context("listing programs")?
+                .join(" ")
+        );
         for (name, entries, capacity) in map_fill(&object)? {
             println!("  map {name}: {entries}/{capacity}");
         }
-        for cookie in names_in(&object.pods_dir())
-            .iter()
-            .filter_map(|c| c.parse::<u64>().ok())
-        {
+        for cookie in object.pods().context("listing pods")? {
             if only.is_some_and(|o| o != cookie) {
                 continue;
             }
             println!("  pod netns cookie {cookie}");
             println!(
                 "    links: {}",
-                names_in(object.pod(cookie).dir()).join(" ")
+                object
+                    .pod(cookie)
+                    .hooks()
+                    .context("listing links")?
+                    .join(" ")
             );
             match LivePod::open(&root, cookie) {
                 Ok(live) => {

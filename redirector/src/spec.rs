@@ -1,4 +1,5 @@
-//! What to capture: the istio-iptables settings that decide where connections go.
+//! A pod's capture spec: what to capture and where it goes. istio-iptables' flags are
+//! one way to write it (`cli::config`); the engine knows only this.
 
 use std::fmt;
 

@@ -7,7 +7,6 @@
 
 mod accounts;
 mod args;
-mod capture;
 mod duration;
 mod effective;
 mod env;
@@ -23,8 +22,8 @@ use std::ffi::OsString;
 
 use clap::FromArgMatches;
 
+pub use crate::spec::{CaptureConfig, CidrSelection, InterceptionMode, OwnerGroups, PortSelection};
 pub use args::{istio_iptables_command, IstioIptablesArgs};
-pub use capture::{CaptureConfig, CidrSelection, InterceptionMode, OwnerGroups, PortSelection};
 pub use env::{Env, ProcessEnv};
 pub use error::{ConfigError, Problem};
 pub use run::RunOptions;

@@ -7,14 +7,18 @@ use std::path::Path;
 use anyhow::{bail, Context as _};
 use tracing::{info, warn};
 
+use super::{config::IstioConfig, validate};
 use crate::{
-    apply::{apply, installed_objects, installed_state, teardown, Installed},
-    config::IstioConfig,
-    object::object_bytes,
-    pins::{PinRoot, BPFFS_MOUNT},
-    plan::plan_pod,
-    pod::{self, PodFacts},
-    validate,
+    apply::{apply, Outcome},
+    cgroup::pod_cgroup,
+    diff::Mode,
+    facts::PodFacts,
+    fs_kind::is_bpffs,
+    gc::teardown,
+    loopback,
+    netns::Netns,
+    plan::{dns_capture_enabled, plan_pod},
+    store::{object_bytes, pins::BPFFS_MOUNT, PinRoot, OBJECT_OVERRIDE_ENV},
 };
 
 /// Environment variables istio-iptables reads, logged as its "Environment" section.
@@ -39,17 +43,17 @@ const LOGGED_ENV: [&str; 21] = [
     "PROXY_UID",
     "PROXY_GID",
     "REDIRECTOR_PIN_ROOT",
-    crate::object::OBJECT_OVERRIDE_ENV,
+    OBJECT_OVERRIDE_ENV,
 ];
 
 pub fn run(cfg: &IstioConfig) -> anyhow::Result<()> {
     for flag in &cfg.run.ignored_flags {
         info!("{flag} is accepted for compatibility and ignored: redirector does not use iptables");
     }
-    // Before anything else: setns only moves the calling thread, and we have one.
-    if let Some(ns) = &cfg.run.network_namespace {
-        pod::enter_netns(ns)?;
-    }
+    let netns = match &cfg.run.network_namespace {
+        Some(path) => Netns::open(path)?,
+        None => Netns::current()?,
+    };
     info!("Environment:");
     for name in LOGGED_ENV {
         info!("{name}={}", std::env::var(name).unwrap_or_default());
@@ -60,43 +64,40 @@ pub fn run(cfg: &IstioConfig) -> anyhow::Result<()> {
     }
 
     let root = PinRoot::new(&cfg.run.pin_root);
-    let cookie = pod::netns_cookie()?;
+    let cookie = netns.cookie();
     if cfg.run.cleanup_only {
         if cfg.run.dry_run {
             info!("dry run: would remove every pin, link and map entry of pod netns {cookie}");
             return Ok(());
         }
         let removed = teardown(&root, cookie)?;
+        let removed: Vec<&str> = removed.iter().map(|id| id.as_str()).collect();
         info!("cleaned up pod netns {cookie} (from objects {removed:?})");
         return Ok(());
     }
     if cfg.run.skip_rule_apply {
         info!("--skip-rule-apply: nothing applied");
     } else {
-        apply_rules(cfg, &root, cookie)?;
+        apply_rules(cfg, &root, &netns)?;
     }
     if cfg.run.run_validation && !cfg.run.dry_run {
-        validate::run(
-            cfg.capture.outbound_port,
-            cfg.capture.inbound_port,
-            cfg.run.probe_port,
-            cfg.run.probe_timeout,
-        )?;
+        netns.run(|| {
+            validate::run(
+                cfg.capture.outbound_port,
+                cfg.capture.inbound_port,
+                cfg.run.probe_port,
+                cfg.run.probe_timeout,
+            )
+        })??;
     }
     Ok(())
 }
 
-fn apply_rules(cfg: &IstioConfig, root: &PinRoot, cookie: u64) -> anyhow::Result<()> {
-    let facts = PodFacts {
-        netns_cookie: cookie,
-        local_addrs: pod::local_addresses()?,
-        cgroup: pod::pod_cgroup(cfg.run.cgroup.as_deref())?,
-        interfaces: pod::interfaces()?,
-        dns_servers: pod::dns_servers(&cfg.run.resolv_conf),
-        routes: pod::routes().context("listing the pod's routes")?,
-    };
+fn apply_rules(cfg: &IstioConfig, root: &PinRoot, netns: &Netns) -> anyhow::Result<()> {
+    let cgroup = pod_cgroup(cfg.run.cgroup.as_deref())?;
+    let facts = PodFacts::gather(netns, cgroup, &cfg.run.resolv_conf)?;
     let plan = plan_pod(&cfg.capture, &facts);
-    if cfg.capture.redirect_dns && !crate::plan::dns_capture_enabled(&cfg.capture, &facts) {
+    if cfg.capture.redirect_dns && !dns_capture_enabled(&cfg.capture, &facts) {
         warn!(
             "--redirect-dns is set, but --capture-all-dns is not and {} names no DNS server: DNS capture disabled (as istio-iptables does)",
             cfg.run.resolv_conf.display()
@@ -119,20 +120,27 @@ fn apply_rules(cfg: &IstioConfig, root: &PinRoot, cookie: u64) -> anyhow::Result
     }
     require_bpffs(root.path())?;
     if plan.config.flags & redirector_common::pod_flags::IPV6 != 0 {
-        pod::add_inbound_passthrough_v6().context("adding ::6/128 to lo")?;
+        loopback::add_inbound_passthrough(netns)?;
     }
     let object = object_bytes()?;
-    match installed_state(root, &object, &plan)? {
-        Installed::Same if !cfg.run.force_apply => {
+    let mode = if cfg.run.force_apply {
+        Mode::Everything
+    } else {
+        Mode::Changes
+    };
+    let report = match apply(root, &object, &plan, netns, mode)? {
+        Outcome::Unchanged => {
             info!("found this exact state already installed for the pod: nothing to apply (--force-apply applies it again)");
             return Ok(());
         }
-        Installed::Different if !cfg.run.reconcile => info!(
-            "the pod has a different earlier state: replacing it (as --reconcile would; the swap is atomic, nothing doubles)"
-        ),
-        _ => {}
-    }
-    let report = apply(root, &object, &plan)?;
+        Outcome::Replaced(report) => {
+            if !cfg.run.reconcile {
+                info!("the pod had a different earlier state: replaced it (as --reconcile would; the swap is atomic, nothing doubles)");
+            }
+            report
+        }
+        Outcome::New(report) => report,
+    };
     info!("Applied:");
     for line in plan.to_string().lines() {
         info!("{line}");
@@ -148,19 +156,18 @@ fn apply_rules(cfg: &IstioConfig, root: &PinRoot, cookie: u64) -> anyhow::Result
         if report.moved_from.is_empty() {
             String::new()
         } else {
-            format!(", moved from objects {:?}", report.moved_from)
+            let ids: Vec<&str> = report.moved_from.iter().map(|id| id.as_str()).collect();
+            format!(", moved from objects {ids:?}")
         }
     );
     for listener in &report.listeners {
         info!("registered the proxy's existing listener on {listener}");
     }
     info!("Final state:");
-    for obj in installed_objects(root)? {
-        let pod_dir = obj.pod(cookie);
-        if let Ok(links) = std::fs::read_dir(pod_dir.dir()) {
-            for link in links.filter_map(Result::ok) {
-                info!("pinned link {}", link.path().display());
-            }
+    for obj in root.objects().context("listing pinned objects")? {
+        let pod = obj.pod(plan.netns_cookie);
+        for hook in pod.hooks().unwrap_or_default() {
+            info!("pinned link {}", pod.link(&hook).display());
         }
     }
     Ok(())
@@ -171,7 +178,7 @@ fn require_bpffs(root: &Path) -> anyhow::Result<()> {
         .ancestors()
         .find(|p| p.exists())
         .context("pin root has no existing ancestor")?;
-    if !pod::is_bpffs(probe) && !pod::is_bpffs(root) {
+    if !is_bpffs(probe) && !is_bpffs(root) {
         bail!(
             "{} is not on a bpffs mount: mount one with `mount -t bpf bpf {BPFFS_MOUNT}` (in a container, mount the host's {BPFFS_MOUNT})",
             root.display()

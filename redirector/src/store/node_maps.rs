@@ -2,11 +2,11 @@
 
 use aya::maps::{HashMap, LpmTrie, Map, MapData, PerCpuHashMap, SockHash};
 use redirector_common::{
-    names, Cidr4Key, Cidr6Key, ConnKey, Counters, ListenerKey, OrigDst, PodAddrKey, PodConfig,
-    PortKey,
+    names, Cidr4Key, Cidr6Key, ConnKey, Counters, ListenerKey, NetnsCookie, OrigDst, PodAddrKey,
+    PodConfig, PortKey,
 };
 
-use crate::pins::ObjectPins;
+use super::pins::ObjectPins;
 
 #[derive(Debug, thiserror::Error)]
 #[error("opening pinned map {name} at {path}: {source}")]
@@ -16,14 +16,15 @@ pub struct OpenMapError {
     source: aya::maps::MapError,
 }
 
+/// The maps every pod on a node shares, keyed by netns cookie.
 pub struct NodeMaps {
-    pub pod_config: HashMap<MapData, u64, PodConfig>,
+    pub pod_config: HashMap<MapData, NetnsCookie, PodConfig>,
     pub port_sets: HashMap<MapData, PortKey, u8>,
     pub cidrs_v4: LpmTrie<MapData, Cidr4Key, u8>,
     pub cidrs_v6: LpmTrie<MapData, Cidr6Key, u8>,
     pub orig_dst_by_conn: HashMap<MapData, ConnKey, OrigDst>,
-    pub counters: PerCpuHashMap<MapData, u64, Counters>,
-    pub pod_by_addr: HashMap<MapData, PodAddrKey, u64>,
+    pub counters: PerCpuHashMap<MapData, NetnsCookie, Counters>,
+    pub pod_by_addr: HashMap<MapData, PodAddrKey, NetnsCookie>,
     pub listeners: SockHash<MapData, ListenerKey>,
 }
 

@@ -1,0 +1,11 @@
+//! Numbers of the kernel's ABI that the programs and user space both use, defined once.
+
+/// `SO_ORIGINAL_DST` (linux/netfilter_ipv4.h; `IP6T_SO_ORIGINAL_DST` has the same value),
+/// asked at `SOL_IP` or `SOL_IPV6`.
+pub const SO_ORIGINAL_DST: i32 = 80;
+pub const SOL_IP: i32 = 0;
+pub const SOL_IPV6: i32 = 41;
+
+/// The third 32-bit word of an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`), in network
+/// byte order as the kernel stores it.
+pub const V4_MAPPED_WORD: u32 = u32::from_ne_bytes([0, 0, 0xff, 0xff]);

@@ -1,0 +1,92 @@
+//! Cgroup v2: where the hierarchy is mounted and which cgroup is the pod's.
+
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+};
+
+use crate::fs_kind::is_cgroup2_dir;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("no cgroup v2 mount found in /proc/self/mountinfo")]
+    NoCgroup2,
+    #[error("reading /proc/self/cgroup: {0}")]
+    OwnCgroup(io::Error),
+    #[error("this process runs in the root cgroup (or its cgroup cannot be found in the mounted hierarchy), which has no parent to attach to; pass --cgroup")]
+    RootCgroup,
+    #[error("--cgroup {path} is not a cgroup v2 directory")]
+    NotCgroup2 { path: String },
+}
+
+/// The cgroup v2 mount point, from /proc/self/mountinfo.
+pub fn cgroup2_mount() -> Result<PathBuf, CgroupError> {
+    let info = fs::read_to_string("/proc/self/mountinfo").map_err(|_| CgroupError::NoCgroup2)?;
+    info.lines()
+        .find_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            (right.split_whitespace().next()? == "cgroup2")
+                .then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
+        })
+        .ok_or(CgroupError::NoCgroup2)
+}
+
+/// The pod cgroup: `explicit` if given, else the parent of this process's own cgroup
+/// (an init container runs in a child of its pod's cgroup).
+pub fn pod_cgroup(explicit: Option<&Path>) -> Result<PathBuf, CgroupError> {
+    let path = match explicit {
+        Some(path) => path.to_path_buf(),
+        None => {
+            let mount = cgroup2_mount()?;
+            own_cgroup(&mount)?
+                .parent()
+                .ok_or(CgroupError::RootCgroup)?
+                .to_path_buf()
+        }
+    };
+    if !is_cgroup2_dir(&path) {
+        return Err(CgroupError::NotCgroup2 {
+            path: path.display().to_string(),
+        });
+    }
+    Ok(path)
+}
+
+/// This process's cgroup, as a directory under `mount`.
+fn own_cgroup(mount: &Path) -> Result<PathBuf, CgroupError> {
+    let own = fs::read_to_string("/proc/self/cgroup").map_err(CgroupError::OwnCgroup)?;
+    let rel = own
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .ok_or(CgroupError::NoCgroup2)?
+        .trim();
+    if rel != "/" {
+        return Ok(mount.join(rel.trim_start_matches('/')));
+    }
+    // "/" is the root of our cgroup namespace: with a private cgroup namespace (the default
+    // for containers on cgroup v2) and the host's hierarchy mounted, our cgroup is the
+    // directory that lists our pid.
+    find_cgroup_of(mount, std::process::id()).ok_or(CgroupError::RootCgroup)
+}
+
+/// The cgroup under `mount` whose cgroup.procs lists `pid` (breadth first; pod cgroups
+/// are shallow).
+fn find_cgroup_of(mount: &Path, pid: u32) -> Option<PathBuf> {
+    let pid = pid.to_string();
+    let mut queue = std::collections::VecDeque::from([mount.to_path_buf()]);
+    while let Some(dir) = queue.pop_front() {
+        if fs::read_to_string(dir.join("cgroup.procs")).is_ok_and(|p| p.lines().any(|l| l == pid)) {
+            return Some(dir);
+        }
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        queue.extend(
+            entries
+                .filter_map(Result::ok)
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path()),
+        );
+    }
+    None
+}

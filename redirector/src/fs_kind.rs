@@ -1,0 +1,23 @@
+//! Which filesystem a path is on (cgroup2, bpffs), from statfs.
+
+use std::path::Path;
+
+/// The filesystem magic number of the filesystem holding `path`.
+fn fs_magic(path: &Path) -> Option<i64> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: statfs into a zeroed struct we own, with a NUL-terminated path.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; the kernel writes only into `st`.
+    (unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0).then_some(st.f_type as i64)
+}
+
+pub fn is_cgroup2_dir(path: &Path) -> bool {
+    const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+    path.is_dir() && fs_magic(path) == Some(CGROUP2_SUPER_MAGIC)
+}
+
+/// Whether `path` is on a mounted bpffs.
+pub fn is_bpffs(path: &Path) -> bool {
+    const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+    fs_magic(path) == Some(BPF_FS_MAGIC)
+}

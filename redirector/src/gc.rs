@@ -1,0 +1,106 @@
+//! Removing pods: one pod on request (`--cleanup-only`), and every pod whose cgroup and
+//! network namespace are gone (`redirector gc`).
+
+use std::{collections::BTreeSet, fs};
+
+use redirector_common::NetnsCookie;
+
+use crate::{
+    apply::{collect_if_unused, remove, retire, ApplyError},
+    diff,
+    fs_error::fs_err,
+    observe::{self, observe_links, observe_pods},
+    store::{NodeLock, NodeMaps, ObjectId, PinRoot},
+};
+
+/// Remove everything installed for the pod, under every object, and the pin root itself
+/// when nothing else is left in it. Returns the objects it was removed from.
+pub fn teardown(root: &PinRoot, cookie: NetnsCookie) -> Result<Vec<ObjectId>, ApplyError> {
+    if !root.path().exists() {
+        return Ok(Vec::new());
+    }
+    let removed_from = {
+        let _lock = NodeLock::acquire(root)?;
+        let state = observe::observe(root, cookie)?;
+        let removal = diff::remove_all(&state);
+        let failures: Vec<String> = removal
+            .retire
+            .iter()
+            .flat_map(|ops| retire(ops, cookie))
+            .collect();
+        if !failures.is_empty() {
+            return Err(ApplyError::Removals(failures));
+        }
+        removal.retired_objects()
+    };
+    remove_empty_root(root);
+    Ok(removed_from)
+}
+
+/// Remove every pod whose links are all detached — its cgroup and network namespace are
+/// gone, e.g. the pod was deleted without `--cleanup-only` — with its map entries, the
+/// entries of pods that have no links at all (left by an interrupted run), and any object
+/// left without pods. Each map is read once per object. Returns the removed pods.
+pub fn collect_stale(root: &PinRoot) -> Result<Vec<NetnsCookie>, ApplyError> {
+    if !root.path().exists() {
+        return Ok(Vec::new());
+    }
+    let mut removed = BTreeSet::new();
+    {
+        let _lock = NodeLock::acquire(root)?;
+        for object in root
+            .objects()
+            .map_err(fs_err("listing", &root.objects_dir()))?
+        {
+            let mut live = BTreeSet::new();
+            let mut stale = Vec::new();
+            for cookie in object
+                .pods()
+                .map_err(fs_err("listing", &object.pods_dir()))?
+            {
+                let links = observe_links(&object, cookie)?;
+                if links.iter().any(observe::ObservedLink::attached) {
+                    live.insert(cookie);
+                } else {
+                    stale.push((cookie, links));
+                }
+            }
+            let mut maps = NodeMaps::open(&object)?;
+            let mut found = observe_pods(&object, &maps, &|cookie| !live.contains(&cookie))?;
+            for (cookie, links) in stale {
+                let install = found
+                    .entry(cookie)
+                    .or_insert_with(|| observe::Installation::empty(object.clone()));
+                install.links = links;
+            }
+            let mut failures = Vec::new();
+            for (cookie, install) in &found {
+                failures.extend(remove(
+                    &object,
+                    &mut maps,
+                    *cookie,
+                    &diff::removal(install).removals,
+                ));
+                removed.insert(*cookie);
+            }
+            drop(maps);
+            if let Err(err) = collect_if_unused(&object) {
+                failures.push(err.to_string());
+            }
+            if !failures.is_empty() {
+                return Err(ApplyError::Removals(failures));
+            }
+        }
+    }
+    remove_empty_root(root);
+    Ok(removed.into_iter().collect())
+}
+
+/// Only empty directories go; another pod's pins keep the root in place.
+fn remove_empty_root(root: &PinRoot) {
+    for dir in [root.objects_dir(), root.path().to_path_buf()] {
+        if let Err(err) = fs::remove_dir(&dir) {
+            tracing::debug!("keeping {}: {err}", dir.display());
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! A handle on a network namespace, passed explicitly to everything that works in one.
+//!
+//! `setns` moves only the calling thread, so work inside a namespace runs on a short-lived
+//! thread that enters it ([`Netns::run`]); the caller's own threads never change namespace.
+//! Sockets made there stay in that namespace after the thread ends.
+
+use std::{
+    fs, io,
+    os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+};
+
+use redirector_common::NetnsCookie;
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetnsError {
+    #[error("opening network namespace {path}: {source}")]
+    Open { path: String, source: io::Error },
+    #[error("entering network namespace {path}: {source}")]
+    Enter { path: String, source: io::Error },
+    #[error("reading the cookie of network namespace {path} (needs Linux 5.14+): {source}")]
+    Cookie { path: String, source: io::Error },
+    #[error("a thread working in network namespace {path} panicked")]
+    Panicked { path: String },
+}
+
+/// The calling thread's network namespace.
+const THREAD_NETNS: &str = "/proc/thread-self/ns/net";
+
+/// An open network namespace: its nsfs file, inode and cookie.
+#[derive(Debug)]
+pub struct Netns {
+    file: fs::File,
+    path: PathBuf,
+    inode: u64,
+    cookie: NetnsCookie,
+}
+
+impl Netns {
+    /// The namespace at `path` (`/run/netns/NAME`, `/proc/PID/ns/net`, …).
+    pub fn open(path: &Path) -> Result<Self, NetnsError> {
+        let open_err = |source| NetnsError::Open {
+            path: path.display().to_string(),
+            source,
+        };
+        let file = fs::File::open(path).map_err(open_err)?;
+        let inode = file.metadata().map_err(open_err)?.ino();
+        let mut netns = Netns {
+            file,
+            path: path.to_path_buf(),
+            inode,
+            cookie: NetnsCookie(0),
+        };
+        netns.cookie = netns
+            .run(own_cookie)?
+            .map_err(|source| NetnsError::Cookie {
+                path: path.display().to_string(),
+                source,
+            })?;
+        Ok(netns)
+    }
+
+    /// The namespace of the calling thread.
+    pub fn current() -> Result<Self, NetnsError> {
+        Self::open(Path::new(THREAD_NETNS))
+    }
+
+    pub fn cookie(&self) -> NetnsCookie {
+        self.cookie
+    }
+
+    /// The nsfs inode, as the kernel reports it for a netns link's target.
+    pub fn inode(&self) -> u64 {
+        self.inode
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Run `work` on a thread inside this namespace and return its result.
+    pub fn run<T: Send>(&self, work: impl FnOnce() -> T + Send) -> Result<T, NetnsError> {
+        let fd = self.file.as_raw_fd();
+        let inode = self.inode;
+        std::thread::scope(|scope| {
+            scope
+                .spawn(move || {
+                    // Already there (the namespace of the caller): no setns, which needs
+                    // CAP_SYS_ADMIN, e.g. when validation runs as the proxy's uid.
+                    let here = fs::metadata(THREAD_NETNS).map(|m| m.ino());
+                    // SAFETY: setns on a descriptor that `self` keeps open for the scope;
+                    // it moves only this thread, which ends with the scope.
+                    if here.ok() != Some(inode)
+                        && unsafe { libc::setns(fd, libc::CLONE_NEWNET) } != 0
+                    {
+                        return Err(io::Error::last_os_error());
+                    }
+                    Ok(work())
+                })
+                .join()
+        })
+        .map_err(|_| NetnsError::Panicked {
+            path: self.path.display().to_string(),
+        })?
+        .map_err(|source| NetnsError::Enter {
+            path: self.path.display().to_string(),
+            source,
+        })
+    }
+}
+
+impl AsFd for Netns {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+}
+
+/// The cookie of the calling thread's network namespace, from a socket made in it.
+fn own_cookie() -> io::Result<NetnsCookie> {
+    // SAFETY: a plain socket(2); the descriptor is owned once below.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor nothing else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+    let mut cookie = 0u64;
+    let mut len = size_of::<u64>() as libc::socklen_t;
+    // SAFETY: the buffer and its length describe `cookie`.
+    let ret = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_NETNS_COOKIE,
+            (&raw mut cookie).cast(),
+            &mut len,
+        )
+    };
+    if ret != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(NetnsCookie(cookie))
+}

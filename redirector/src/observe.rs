@@ -1,0 +1,256 @@
+//! What is installed for a pod, read from bpffs and the kernel, in the shape of its plan.
+//!
+//! A pod that has neither links nor a configuration under an object has nothing there, so
+//! setting up a new pod reads no node-wide map beyond two point lookups per object. Only a
+//! pod that is installed somewhere has its entries collected, with one pass over each map
+//! for any number of pods ([`observe_pods`], which garbage collection uses for all the
+//! pods it removes at once).
+
+use std::collections::BTreeMap;
+
+use aya::maps::MapError;
+use redirector_common::{
+    Cidr4Key, Cidr6Key, ConnKey, ListenerKey, NetnsCookie, PodAddrKey, PodConfig, PortKey,
+};
+
+use crate::{
+    fs_error::{fs_err, FsError},
+    plan::CidrEntry,
+    store::{
+        bpf_sys::{pinned_link_target, LinkTarget},
+        NodeMaps, ObjectPins, OpenMapError, PinRoot,
+    },
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ObserveError {
+    #[error(transparent)]
+    Fs(#[from] FsError),
+    #[error(transparent)]
+    OpenMap(#[from] OpenMapError),
+    #[error("reading {map}: {source}")]
+    MapRead { map: &'static str, source: MapError },
+}
+
+fn read_err(map: &'static str) -> impl FnOnce(MapError) -> ObserveError {
+    move |source| ObserveError::MapRead { map, source }
+}
+
+/// A pod's pinned link: the hook it is pinned under and what the kernel says it is
+/// attached to (`None` when the pin cannot be read).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObservedLink {
+    pub hook: String,
+    pub target: Option<LinkTarget>,
+}
+
+impl ObservedLink {
+    /// A link whose cgroup or network namespace is gone is pinned but attached to nothing.
+    pub fn attached(&self) -> bool {
+        self.target.is_none_or(LinkTarget::attached)
+    }
+}
+
+/// What one object holds for a pod: the plan's entries and links, and the entries the
+/// kernel side made for it at run time (listeners, redirected connections).
+#[derive(Clone, Debug)]
+pub struct Installation {
+    pub object: ObjectPins,
+    pub config: Option<PodConfig>,
+    pub counters: bool,
+    pub ports: Vec<PortKey>,
+    pub cidrs_v4: Vec<CidrEntry<Cidr4Key>>,
+    pub cidrs_v6: Vec<CidrEntry<Cidr6Key>>,
+    pub addrs: Vec<PodAddrKey>,
+    pub links: Vec<ObservedLink>,
+    pub listeners: Vec<ListenerKey>,
+    pub connections: Vec<ConnKey>,
+}
+
+impl Installation {
+    pub fn empty(object: ObjectPins) -> Self {
+        Installation {
+            object,
+            config: None,
+            counters: false,
+            ports: Vec::new(),
+            cidrs_v4: Vec::new(),
+            cidrs_v6: Vec::new(),
+            addrs: Vec::new(),
+            links: Vec::new(),
+            listeners: Vec::new(),
+            connections: Vec::new(),
+        }
+    }
+
+    /// Whether every link is detached: the pod's cgroup and network namespace are gone.
+    pub fn all_links_detached(&self) -> bool {
+        !self.links.iter().any(ObservedLink::attached)
+    }
+}
+
+/// Everything installed for one pod, under every object (normally one; two while a pod
+/// moves to a new object).
+#[derive(Clone, Debug)]
+pub struct PodState {
+    pub netns_cookie: NetnsCookie,
+    pub installations: Vec<Installation>,
+}
+
+impl PodState {
+    pub fn is_empty(&self) -> bool {
+        self.installations.is_empty()
+    }
+}
+
+/// Read what is installed for the pod with this netns cookie.
+pub fn observe(root: &PinRoot, netns_cookie: NetnsCookie) -> Result<PodState, ObserveError> {
+    let mut installations = Vec::new();
+    for object in root
+        .objects()
+        .map_err(fs_err("listing", &root.objects_dir()))?
+    {
+        let maps = NodeMaps::open(&object)?;
+        let linked = object.pod(netns_cookie).dir().exists();
+        let configured = maps
+            .pod_config
+            .get(&netns_cookie, 0)
+            .map(Some)
+            .or_else(absent)
+            .map_err(read_err("POD_CONFIG"))?
+            .is_some();
+        if !linked && !configured {
+            continue;
+        }
+        let mut found = observe_pods(&object, &maps, &|cookie| cookie == netns_cookie)?;
+        let mut install = found
+            .remove(&netns_cookie)
+            .unwrap_or_else(|| Installation::empty(object.clone()));
+        install.links = observe_links(&object, netns_cookie)?;
+        installations.push(install);
+    }
+    Ok(PodState {
+        netns_cookie,
+        installations,
+    })
+}
+
+/// The installation of `cookie` in `found`, made on first use, if the pod is wanted.
+fn slot<'a>(
+    found: &'a mut BTreeMap<NetnsCookie, Installation>,
+    object: &ObjectPins,
+    wanted: &dyn Fn(NetnsCookie) -> bool,
+    cookie: NetnsCookie,
+) -> Option<&'a mut Installation> {
+    wanted(cookie).then(|| {
+        found
+            .entry(cookie)
+            .or_insert_with(|| Installation::empty(object.clone()))
+    })
+}
+
+/// `Ok(None)` for a missing key, so that only real failures are errors.
+fn absent<T>(err: MapError) -> Result<Option<T>, MapError> {
+    match err {
+        MapError::KeyNotFound => Ok(None),
+        err => Err(err),
+    }
+}
+
+/// The links pinned for a pod under an object, with what each is attached to.
+pub fn observe_links(
+    object: &ObjectPins,
+    netns_cookie: NetnsCookie,
+) -> Result<Vec<ObservedLink>, ObserveError> {
+    let pod = object.pod(netns_cookie);
+    let hooks = pod.hooks().map_err(fs_err("listing", pod.dir()))?;
+    Ok(hooks
+        .into_iter()
+        .map(|hook| ObservedLink {
+            target: pinned_link_target(&pod.link(&hook)).ok(),
+            hook,
+        })
+        .collect())
+}
+
+/// The map entries one object holds for every pod `wanted` accepts, reading each of its
+/// maps once (links are read separately, by [`observe_links`]). Pods with no entries
+/// are left out.
+pub fn observe_pods(
+    object: &ObjectPins,
+    maps: &NodeMaps,
+    wanted: &dyn Fn(NetnsCookie) -> bool,
+) -> Result<BTreeMap<NetnsCookie, Installation>, ObserveError> {
+    let mut found: BTreeMap<NetnsCookie, Installation> = BTreeMap::new();
+    for item in maps.pod_config.iter() {
+        let (cookie, config) = item.map_err(read_err("POD_CONFIG"))?;
+        if let Some(install) = slot(&mut found, object, wanted, cookie) {
+            install.config = Some(config);
+        }
+    }
+    for cookie in maps.counters.keys() {
+        if let Some(install) = slot(
+            &mut found,
+            object,
+            wanted,
+            cookie.map_err(read_err("COUNTERS"))?,
+        ) {
+            install.counters = true;
+        }
+    }
+    for key in maps.port_sets.keys() {
+        let key = key.map_err(read_err("PORT_SETS"))?;
+        if let Some(install) = slot(&mut found, object, wanted, NetnsCookie(key.netns_cookie)) {
+            install.ports.push(key);
+        }
+    }
+    for item in maps.cidrs_v4.iter() {
+        let (key, value) = item.map_err(read_err("CIDRS_V4"))?;
+        if let Some(install) = slot(
+            &mut found,
+            object,
+            wanted,
+            NetnsCookie(key.data().netns_cookie),
+        ) {
+            install.cidrs_v4.push(CidrEntry {
+                prefix_len: key.prefix_len(),
+                data: key.data(),
+                value,
+            });
+        }
+    }
+    for item in maps.cidrs_v6.iter() {
+        let (key, value) = item.map_err(read_err("CIDRS_V6"))?;
+        if let Some(install) = slot(
+            &mut found,
+            object,
+            wanted,
+            NetnsCookie(key.data().netns_cookie),
+        ) {
+            install.cidrs_v6.push(CidrEntry {
+                prefix_len: key.prefix_len(),
+                data: key.data(),
+                value,
+            });
+        }
+    }
+    for item in maps.pod_by_addr.iter() {
+        let (key, cookie) = item.map_err(read_err("POD_BY_ADDR"))?;
+        if let Some(install) = slot(&mut found, object, wanted, cookie) {
+            install.addrs.push(key);
+        }
+    }
+    for key in maps.listeners.keys() {
+        let key = key.map_err(read_err("LISTENERS"))?;
+        if let Some(install) = slot(&mut found, object, wanted, NetnsCookie(key.netns_cookie)) {
+            install.listeners.push(key);
+        }
+    }
+    for key in maps.orig_dst_by_conn.keys() {
+        let key = key.map_err(read_err("ORIG_DST_BY_CONN"))?;
+        if let Some(install) = slot(&mut found, object, wanted, NetnsCookie(key.netns_cookie)) {
+            install.connections.push(key);
+        }
+    }
+    Ok(found)
+}

@@ -1,0 +1,14 @@
+//! The node's kernel-side store: the eBPF object loaded once and pinned, its maps, the
+//! pin layout on bpffs, the node lock, and the few raw bpf(2) calls aya lacks.
+
+pub mod bpf_sys;
+pub mod lock;
+pub mod node_maps;
+pub mod object;
+pub mod pins;
+pub mod programs;
+
+pub use lock::NodeLock;
+pub use node_maps::{NodeMaps, OpenMapError};
+pub use object::{ensure_loaded, object_bytes, open_program, ObjectError, OBJECT_OVERRIDE_ENV};
+pub use pins::{ObjectId, ObjectPins, PinRoot, PodPins};

@@ -1,0 +1,182 @@
+//! Every bpffs path redirector uses. Nothing else builds a pin path.
+//!
+//! ```text
+//! <root>/                                  default /sys/fs/bpf/redirector
+//!   objects/<object id>/progs/<program>    the node's programs, loaded once
+//!   objects/<object id>/maps/<map>         the node's maps, shared by all pods
+//!   objects/<object id>/pods/<netns cookie>/<program>   a pod's cgroup links
+//! ```
+//! A new binary with a different eBPF object gets a new object id; pods move to it when
+//! their configuration is applied again, and an object with no pods left is removed.
+
+use std::{
+    fmt, fs, io,
+    path::{Path, PathBuf},
+};
+
+use redirector_common::NetnsCookie;
+
+pub const DEFAULT_ROOT: &str = "/sys/fs/bpf/redirector";
+/// Marks a pin that is not in place yet. bpffs rejects names containing '.', so no
+/// dotfiles.
+pub const STAGING_PREFIX: &str = "staging-";
+pub const BPFFS_MOUNT: &str = "/sys/fs/bpf";
+
+/// A loaded object's id: the hash of its bytes, also the name of its pin directory.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectId(String);
+
+impl ObjectId {
+    /// The id of an object's bytes (FNV-1a, 64 bit): a changed object gets new pins.
+    pub fn of(bytes: &[u8]) -> Self {
+        let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        ObjectId(format!("{hash:016x}"))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ObjectId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct PinRoot(PathBuf);
+
+impl PinRoot {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        PinRoot(root.into())
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    pub fn objects_dir(&self) -> PathBuf {
+        self.0.join("objects")
+    }
+
+    pub fn object(&self, id: &ObjectId) -> ObjectPins {
+        ObjectPins {
+            dir: self.objects_dir().join(id.as_str()),
+            id: id.clone(),
+        }
+    }
+
+    /// Where an object is pinned while it is being loaded, before it is renamed into place.
+    pub fn staging_object(&self, id: &ObjectId) -> ObjectPins {
+        ObjectPins {
+            dir: self
+                .objects_dir()
+                .join(format!("{STAGING_PREFIX}{id}-{}", std::process::id())),
+            id: id.clone(),
+        }
+    }
+
+    /// Every fully loaded object under the root (staging leftovers excluded), by id.
+    pub fn objects(&self) -> io::Result<Vec<ObjectPins>> {
+        let mut objects: Vec<ObjectPins> = names_in(&self.objects_dir())?
+            .into_iter()
+            .filter(|name| !name.starts_with(STAGING_PREFIX))
+            .map(|name| self.object(&ObjectId(name)))
+            .collect();
+        objects.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(objects)
+    }
+}
+
+/// The names in a directory, sorted; a missing directory has none.
+pub fn names_in(dir: &Path) -> io::Result<Vec<String>> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(err) => return Err(err),
+    };
+    let mut names = entries
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<io::Result<Vec<_>>>()?;
+    names.sort();
+    Ok(names)
+}
+
+/// The pins of one loaded object.
+#[derive(Clone, Debug)]
+pub struct ObjectPins {
+    dir: PathBuf,
+    id: ObjectId,
+}
+
+impl ObjectPins {
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn id(&self) -> &ObjectId {
+        &self.id
+    }
+
+    pub fn progs_dir(&self) -> PathBuf {
+        self.dir.join("progs")
+    }
+
+    pub fn program(&self, name: &str) -> PathBuf {
+        self.progs_dir().join(name)
+    }
+
+    pub fn maps_dir(&self) -> PathBuf {
+        self.dir.join("maps")
+    }
+
+    pub fn map(&self, name: &str) -> PathBuf {
+        self.maps_dir().join(name)
+    }
+
+    pub fn pods_dir(&self) -> PathBuf {
+        self.dir.join("pods")
+    }
+
+    /// The pods with a link directory under this object.
+    pub fn pods(&self) -> io::Result<Vec<NetnsCookie>> {
+        Ok(names_in(&self.pods_dir())?
+            .iter()
+            .filter_map(|name| name.parse().ok())
+            .collect())
+    }
+
+    pub fn pod(&self, netns_cookie: NetnsCookie) -> PodPins {
+        PodPins(self.pods_dir().join(netns_cookie.to_string()))
+    }
+}
+
+/// The link pins of one pod under one object.
+#[derive(Clone, Debug)]
+pub struct PodPins(PathBuf);
+
+impl PodPins {
+    pub fn dir(&self) -> &Path {
+        &self.0
+    }
+
+    /// The hooks this pod has a link pinned for (staged links excluded).
+    pub fn hooks(&self) -> io::Result<Vec<String>> {
+        Ok(names_in(&self.0)?
+            .into_iter()
+            .filter(|name| !name.starts_with(STAGING_PREFIX))
+            .collect())
+    }
+
+    pub fn link(&self, program: &str) -> PathBuf {
+        self.0.join(program)
+    }
+
+    /// Where a new link is pinned before it replaces the current one.
+    pub fn staging_link(&self, program: &str) -> PathBuf {
+        self.0.join(format!("{STAGING_PREFIX}{program}"))
+    }
+}
