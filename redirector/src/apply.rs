@@ -307,15 +307,28 @@ fn commit(pod: &PodPins, staged: Vec<Staged>) -> Result<(), ApplyError> {
     let mut swapped: Vec<(&'static str, Option<OwnedFd>)> = Vec::new();
     for link in &staged {
         let target = pod.link(link.hook);
-        let old = bpf_sys::obj_get(&target).ok();
-        if let Err(err) = fs::rename(&link.path, &target) {
-            for (hook, old) in swapped.into_iter().rev() {
-                if let Err(undo_err) = restore_link(pod, hook, old) {
-                    tracing::warn!("putting back the link of {hook}: {undo_err}");
+        // Held open until the swap is complete, so that it can be put back.
+        let old = match bpf_sys::obj_get(&target) {
+            Ok(old) => Ok(Some(old)),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(err) => Err(fs_err("opening link", &target)(err)),
+        };
+        let swap = old.and_then(|old| {
+            fs::rename(&link.path, &target)
+                .map(|()| old)
+                .map_err(fs_err("replacing link", &target))
+        });
+        let old = match swap {
+            Ok(old) => old,
+            Err(err) => {
+                for (hook, old) in swapped.into_iter().rev() {
+                    if let Err(undo_err) = restore_link(pod, hook, old) {
+                        tracing::warn!("putting back the link of {hook}: {undo_err}");
+                    }
                 }
+                return Err(err.into());
             }
-            return Err(fs_err("replacing link", &target)(err).into());
-        }
+        };
         swapped.push((link.hook, old));
     }
     Ok(())
@@ -356,8 +369,11 @@ fn rollback(maps: &mut NodeMaps, pod: &PodPins, cookie: NetnsCookie, undo: Vec<U
             tracing::warn!("rollback step failed: {err}");
         }
     }
-    // Removes the pod dir only if it is empty, i.e. the pod had no links before.
-    let _ = fs::remove_dir(pod.dir());
+    // Removes the pod dir only if it is empty, i.e. the pod had no links before; a
+    // non-empty one stays, as it should.
+    if fs::remove_dir(pod.dir()).is_ok() {
+        tracing::debug!("removed the new link directory {}", pod.dir().display());
+    }
 }
 
 fn e(err: MapError) -> String {

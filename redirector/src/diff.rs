@@ -252,3 +252,188 @@ pub fn removal(install: &Installation) -> ObjectOps {
         removals,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use redirector_common::{NetnsCookie, PortSet};
+
+    use super::*;
+    use crate::{
+        cli::config::parse_istio_iptables,
+        facts::PodFacts,
+        observe::ObservedLink,
+        plan::plan_pod,
+        store::{ObjectId, PinRoot},
+    };
+
+    const TARGETS: AttachTargets = AttachTargets {
+        cgroup_id: 7,
+        netns_inode: 9,
+    };
+
+    fn plan(args: &[&str]) -> PodPlan {
+        let argv = std::iter::once("istio-iptables").chain(args.iter().copied());
+        let cfg = parse_istio_iptables(argv, &HashMap::<String, String>::new()).unwrap();
+        let facts = PodFacts {
+            netns_cookie: NetnsCookie(42),
+            local_addrs: vec!["10.244.1.5".parse().unwrap()],
+            cgroup: "/sys/fs/cgroup/pod".into(),
+            interfaces: vec![("lo".into(), 1), ("eth0".into(), 2)],
+            dns_servers: Vec::new(),
+            routes: Vec::new(),
+        };
+        plan_pod(&cfg.capture, &facts)
+    }
+
+    fn object(name: &[u8]) -> ObjectPins {
+        PinRoot::new("/sys/fs/bpf/redirector-unit").object(&ObjectId::of(name))
+    }
+
+    /// What an apply of `plan` under `object` leaves behind.
+    fn installed(plan: &PodPlan, object: ObjectPins) -> Installation {
+        Installation {
+            config: Some(plan.config),
+            counters: true,
+            ports: plan.ports.clone(),
+            cidrs_v4: plan.cidrs_v4.clone(),
+            cidrs_v6: plan.cidrs_v6.clone(),
+            addrs: plan.addrs.clone(),
+            links: plan
+                .programs
+                .iter()
+                .map(|p| ObservedLink {
+                    hook: p.hook.to_owned(),
+                    target: Some(TARGETS.of(p)),
+                })
+                .collect(),
+            ..Installation::empty(object)
+        }
+    }
+
+    fn state(installations: Vec<Installation>) -> PodState {
+        PodState {
+            netns_cookie: NetnsCookie(42),
+            installations,
+        }
+    }
+
+    const STANDARD: [&str; 6] = ["-p", "15001", "-u", "1337", "-d", "15090,15021"];
+
+    #[test]
+    fn a_new_pod_gets_every_entry_and_link_with_the_config_after_the_sets() {
+        let plan = plan(&STANDARD);
+        let d = diff(&plan, &object(b"a"), TARGETS, &state(vec![]), Mode::Changes);
+        let ops = d.target.as_ref().unwrap();
+        assert!(ops.removals.is_empty() && d.retire.is_empty());
+        let config_at = ops
+            .writes
+            .iter()
+            .position(|w| matches!(w, Write::Config(_)))
+            .unwrap();
+        let last_set = ops
+            .writes
+            .iter()
+            .rposition(|w| matches!(w, Write::Port(_) | Write::Cidr4(_) | Write::Addr(_)))
+            .unwrap();
+        assert!(last_set < config_at);
+        assert!(ops.writes.contains(&Write::Counters));
+        let attached = ops
+            .writes
+            .iter()
+            .filter(|w| matches!(w, Write::Attach(_)))
+            .count();
+        assert_eq!(attached, plan.programs.len());
+    }
+
+    #[test]
+    fn the_installed_plan_diffs_to_nothing_unless_forced() {
+        let plan = plan(&STANDARD);
+        let obj = object(b"a");
+        let have = state(vec![installed(&plan, obj.clone())]);
+        assert!(diff(&plan, &obj, TARGETS, &have, Mode::Changes).is_empty());
+        let forced = diff(&plan, &obj, TARGETS, &have, Mode::Everything);
+        let writes = &forced.target.as_ref().unwrap().writes;
+        assert!(writes.contains(&Write::Config(plan.config)));
+        assert!(
+            !writes.contains(&Write::Counters),
+            "counters are never reset"
+        );
+    }
+
+    #[test]
+    fn a_link_attached_elsewhere_is_attached_again() {
+        let plan = plan(&STANDARD);
+        let obj = object(b"a");
+        let moved = AttachTargets {
+            cgroup_id: 8,
+            ..TARGETS
+        };
+        let d = diff(
+            &plan,
+            &obj,
+            moved,
+            &state(vec![installed(&plan, obj.clone())]),
+            Mode::Changes,
+        );
+        let ops = d.target.unwrap();
+        assert!(ops.writes.iter().all(|w| matches!(w, Write::Attach(_))));
+        assert_eq!(ops.writes.len(), plan.programs.len());
+    }
+
+    #[test]
+    fn what_the_plan_no_longer_has_is_removed_and_what_changed_rewritten() {
+        let old = plan(&["-o", "9000", "-d", "15090"]);
+        let new = plan(&["-d", "15090,15021"]);
+        let obj = object(b"a");
+        let mut have = installed(&old, obj.clone());
+        have.links.push(ObservedLink {
+            hook: "sendmsg4".into(),
+            target: Some(LinkTarget::Cgroup(7)),
+        });
+        let d = diff(&new, &obj, TARGETS, &state(vec![have]), Mode::Changes);
+        let ops = d.target.unwrap();
+        let stale = PortKey::new(42, PortSet::OutboundExclude, 9000);
+        assert!(ops.removals.contains(&Removal::Port(stale)));
+        assert!(ops.removals.contains(&Removal::Detach("sendmsg4".into())));
+        let added = PortKey::new(42, PortSet::InboundExclude, 15021);
+        assert!(ops.writes.contains(&Write::Port(added)));
+        assert!(!ops.writes.contains(&Write::Port(PortKey::new(
+            42,
+            PortSet::InboundExclude,
+            15090
+        ))));
+    }
+
+    #[test]
+    fn a_pod_under_another_object_moves_and_leaves_nothing_there() {
+        let plan = plan(&STANDARD);
+        let (old, new) = (object(b"old"), object(b"new"));
+        let mut there = installed(&plan, old.clone());
+        there.listeners.push(ListenerKey {
+            netns_cookie: 42,
+            port: 15006,
+            family: 2,
+            _pad: 0,
+        });
+        let d = diff(&plan, &new, TARGETS, &state(vec![there]), Mode::Changes);
+        assert_eq!(d.retired_objects(), vec![old.id().clone()]);
+        let removals = &d.retire[0].removals;
+        assert!(removals.contains(&Removal::Config));
+        assert!(removals.contains(&Removal::Counters));
+        assert!(removals.iter().any(|r| matches!(r, Removal::Listener(_))));
+        assert_eq!(
+            removals
+                .iter()
+                .filter(|r| matches!(r, Removal::Detach(_)))
+                .count(),
+            plan.programs.len()
+        );
+        assert!(d
+            .target
+            .unwrap()
+            .writes
+            .contains(&Write::Config(plan.config)));
+    }
+}

@@ -77,7 +77,9 @@ pub fn ensure_loaded(root: &PinRoot, bytes: &[u8]) -> Result<(ObjectPins, bool),
     }
     let staging = root.staging_object(&id);
     if let Err(err) = load_and_pin(bytes, &staging) {
-        let _ = fs::remove_dir_all(staging.dir());
+        if let Err(cleanup) = fs::remove_dir_all(staging.dir()) {
+            tracing::warn!("removing {}: {cleanup}", staging.dir().display());
+        }
         return Err(err);
     }
     fs::rename(staging.dir(), pins.dir()).map_err(fs_err("renaming into place", pins.dir()))?;
