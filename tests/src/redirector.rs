@@ -119,3 +119,50 @@ pub fn pins_under(dir: &Path) -> Vec<PathBuf> {
     out.sort();
     out
 }
+
+/// `redirector status --json` over the pins under `root`: what the tests ask about
+/// objects, pods and links, instead of reading the pin layout.
+pub fn status(root: &PinRoot) -> serde_json::Value {
+    let out = Command::new(redirector_bin())
+        .args(["status", "--json", "--pin-root"])
+        .arg(root.path())
+        .output()
+        .expect("running redirector status");
+    assert!(
+        out.status.success(),
+        "redirector status --json: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("status --json prints JSON")
+}
+
+/// The ids of the objects loaded under `root`, sorted.
+pub fn object_ids(root: &PinRoot) -> Vec<String> {
+    let status = status(root);
+    let mut ids: Vec<String> = status["objects"]
+        .as_array()
+        .expect("objects")
+        .iter()
+        .map(|o| o["id"].as_str().expect("object id").to_owned())
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// The hooks a pod has links for under any object, or `None` when no object has the pod.
+pub fn pod_links(root: &PinRoot, netns_cookie: u64) -> Option<Vec<String>> {
+    let status = status(root);
+    let pods = status["objects"]
+        .as_array()
+        .expect("objects")
+        .iter()
+        .flat_map(|o| o["pods"].as_array().expect("pods").clone())
+        .filter(|p| p["netns_cookie"].as_u64() == Some(netns_cookie))
+        .collect::<Vec<_>>();
+    (!pods.is_empty()).then(|| {
+        pods.iter()
+            .flat_map(|p| p["links"].as_array().expect("links").clone())
+            .map(|l| l.as_str().expect("hook").to_owned())
+            .collect()
+    })
+}

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use redirector_tests::bpftool::{loaded_ids, pinned_id, wait_gone};
 use redirector_tests::redirector::{
-    install, pins_under, redirector_bin, PinRoot, STANDARD_INJECTION,
+    install, pins_under, pod_links, redirector_bin, status, PinRoot, STANDARD_INJECTION,
 };
 use redirector_tests::{require_root, Topology};
 
@@ -64,19 +64,10 @@ fn gc_removes_pods_that_are_gone_and_keeps_live_ones() {
         said.contains(&format!("netns cookies [{gone_cookie}]")),
         "{said}"
     );
-    let left = pins_under(root.path());
-    assert!(
-        !left.iter().any(|p| p
-            .to_string_lossy()
-            .contains(&format!("/pods/{gone_cookie}"))),
-        "{left:?}"
-    );
+    assert_eq!(pod_links(&root, gone_cookie), None, "{:#}", status(&root));
     assert!(wait_gone("link", &gone_links, Duration::from_secs(5)).is_empty());
     // The live pod keeps its links and its object.
-    let live_links = left
-        .iter()
-        .filter(|p| p.to_string_lossy().contains("/pods/"))
-        .count();
-    assert_eq!(live_links, 7, "{left:?}");
+    let live_links = pod_links(&root, live.pod.cookie()).expect("the live pod");
+    assert_eq!(live_links.len(), 7, "{live_links:?}");
     assert!(!loaded_ids("prog").is_empty());
 }

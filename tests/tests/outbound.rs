@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use redirector_tests::bpftool::{cgroup_attachments, loaded_ids, pinned_id, wait_gone};
 use redirector_tests::redirector::{
-    install, istio_iptables, pins_under, PinRoot, STANDARD_INJECTION,
+    install, istio_iptables, object_ids, pins_under, pod_links, PinRoot, STANDARD_INJECTION,
 };
 use redirector_tests::{
     require_root, use_probe_bin, ChildGuard, ConnOutcome, ProbeServer, Topology, APP_UID, PROXY_UID,
@@ -192,10 +192,7 @@ fn two_pods_with_different_config_share_one_object_and_do_not_interfere() {
         log_b.contains("already loaded"),
         "second pod reuses it:\n{log_b}"
     );
-    let objects = std::fs::read_dir(root.path().join("objects"))
-        .unwrap()
-        .count();
-    assert_eq!(objects, 1, "one object for the node");
+    assert_eq!(object_ids(&root).len(), 1, "one object for the node");
 
     // A: captured, proxy uid 1337 passes.
     assert_proxied(
@@ -232,14 +229,11 @@ fn pins_survive_the_loader_and_a_rerun_replaces_instead_of_doubling() {
     pod.install(&root, &STANDARD_INJECTION);
     // The loader has exited; its pins hold the links.
     let pins = pins_under(root.path());
-    let links: Vec<_> = pins
-        .iter()
-        .filter(|p| p.to_string_lossy().contains("/pods/"))
-        .collect();
+    let links = pod_links(&root, pod.topo.pod.cookie()).expect("the pod is set up");
     assert_eq!(
         links.len(),
         7,
-        "seven link pins for the pod (6 cgroup, 1 netns): {pins:?}"
+        "seven links for the pod (6 cgroup, 1 netns): {links:?}"
     );
     assert_eq!(cgroup_attachments(pod.topo.pod_cgroup.path()).len(), 6);
     let dst = pod.service(false);
@@ -467,15 +461,7 @@ fn a_new_object_takes_over_the_pod_without_doubling() {
     pod.install(&root, &STANDARD_INJECTION);
     let dst = pod.service(false);
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
-    let objects = |root: &PinRoot| -> Vec<String> {
-        let mut ids: Vec<String> = std::fs::read_dir(root.path().join("objects"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        ids.sort();
-        ids
-    };
-    let before = objects(&root);
+    let before = object_ids(&root);
     assert_eq!(before.len(), 1);
 
     // A rebuilt kernel side: the same programs, different bytes, so a different object.
@@ -499,7 +485,7 @@ fn a_new_object_takes_over_the_pod_without_doubling() {
         "{log}"
     );
 
-    let after = objects(&root);
+    let after = object_ids(&root);
     assert_eq!(
         after.len(),
         1,

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use redirector_common::{names, Reason};
+use redirector_common::{names, NetnsCookie, Reason};
 
 use crate::{
     live_pod::LivePod,
@@ -19,6 +19,9 @@ pub struct StatusArgs {
     netns: Option<PathBuf>,
     #[arg(long, value_name = "PATH", env = "REDIRECTOR_PIN_ROOT", default_value = crate::store::pins::DEFAULT_ROOT)]
     pin_root: PathBuf,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 /// Entries in each map: (name, entries, capacity).
@@ -74,63 +77,152 @@ fn map_fill(object: &ObjectPins) -> anyhow::Result<Vec<(&'static str, usize, u32
     ])
 }
 
+/// What `status` shows, also its `--json` form.
+#[derive(Debug, serde::Serialize)]
+struct Status {
+    pin_root: PathBuf,
+    objects: Vec<ObjectStatus>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct ObjectStatus {
+    id: String,
+    programs: Vec<String>,
+    maps: Vec<MapFill>,
+    pods: Vec<PodStatus>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct MapFill {
+    name: &'static str,
+    entries: usize,
+    capacity: u32,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct PodStatus {
+    netns_cookie: u64,
+    links: Vec<String>,
+    /// `None` when the pod has links but no configuration (see `error`).
+    config: Option<PodConfigStatus>,
+    /// Non-zero decision counters by reason name.
+    counters: std::collections::BTreeMap<&'static str, u64>,
+    error: Option<String>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct PodConfigStatus {
+    outbound_port: u16,
+    inbound_port: u16,
+    tunnel_port: u16,
+    flags: u32,
+    proxy_uids: Vec<u32>,
+    proxy_gids: Vec<u32>,
+}
+
+fn read_status(root: &PinRoot, only: Option<NetnsCookie>) -> anyhow::Result<Status> {
+    let mut objects = Vec::new();
+    for object in root.objects().context("listing pinned objects")? {
+        let programs = names_in(&object.progs_dir()).context("listing programs")?;
+        let maps = map_fill(&object)?
+            .into_iter()
+            .map(|(name, entries, capacity)| MapFill {
+                name,
+                entries,
+                capacity,
+            })
+            .collect();
+        let mut pods = Vec::new();
+        for cookie in object.pods().context("listing pods")? {
+            if only.is_some_and(|o| o != cookie) {
+                continue;
+            }
+            let links = object.pod(cookie).hooks().context("listing links")?;
+            let mut pod = PodStatus {
+                netns_cookie: cookie.get(),
+                links,
+                config: None,
+                counters: Default::default(),
+                error: None,
+            };
+            match LivePod::open(root, cookie) {
+                Ok(live) => {
+                    let c = live.config;
+                    pod.config = Some(PodConfigStatus {
+                        outbound_port: c.outbound_port,
+                        inbound_port: c.inbound_port,
+                        tunnel_port: c.tunnel_port,
+                        flags: c.flags,
+                        proxy_uids: c.proxy_uids[..c.proxy_uid_count as usize].to_vec(),
+                        proxy_gids: c.proxy_gids[..c.proxy_gid_count as usize].to_vec(),
+                    });
+                    let counters = live.counters();
+                    pod.counters = Reason::ALL
+                        .iter()
+                        .filter(|r| counters[**r as usize] != 0)
+                        .map(|r| (r.name(), counters[*r as usize]))
+                        .collect();
+                }
+                Err(err) => pod.error = Some(err.to_string()),
+            }
+            pods.push(pod);
+        }
+        objects.push(ObjectStatus {
+            id: object.id().to_string(),
+            programs,
+            maps,
+            pods,
+        });
+    }
+    Ok(Status {
+        pin_root: root.path().to_path_buf(),
+        objects,
+    })
+}
+
 pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
     let only = match &args.netns {
         Some(path) => Some(Netns::open(path)?.cookie()),
         None => None,
     };
-    let root = PinRoot::new(&args.pin_root);
-    let objects = root.objects().context("listing pinned objects")?;
+    let status = read_status(&PinRoot::new(&args.pin_root), only)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&status)?);
+        return Ok(());
+    }
     println!(
         "pin root {}: {} object(s)",
-        root.path().display(),
-        objects.len()
+        status.pin_root.display(),
+        status.objects.len()
     );
-    for object in objects {
-        println!("object {}", object.id());
-        println!(
-            "  programs: {}",
-            names_in(&object.progs_dir())
-                .context("listing programs")?
-                .join(" ")
-        );
-        for (name, entries, capacity) in map_fill(&object)? {
-            println!("  map {name}: {entries}/{capacity}");
+    for object in &status.objects {
+        println!("object {}", object.id);
+        println!("  programs: {}", object.programs.join(" "));
+        for map in &object.maps {
+            println!("  map {}: {}/{}", map.name, map.entries, map.capacity);
         }
-        for cookie in object.pods().context("listing pods")? {
-            if only.is_some_and(|o| o != cookie) {
-                continue;
-            }
-            println!("  pod netns cookie {cookie}");
-            println!(
-                "    links: {}",
-                object
-                    .pod(cookie)
-                    .hooks()
-                    .context("listing links")?
-                    .join(" ")
-            );
-            match LivePod::open(&root, cookie) {
-                Ok(live) => {
-                    let c = live.config;
+        for pod in &object.pods {
+            println!("  pod netns cookie {}", pod.netns_cookie);
+            println!("    links: {}", pod.links.join(" "));
+            match (&pod.config, &pod.error) {
+                (Some(c), _) => {
                     println!(
                         "    config: -p {} -z {} -e {} flags {:#x} proxy uids {:?} gids {:?}",
                         c.outbound_port,
                         c.inbound_port,
                         c.tunnel_port,
                         c.flags,
-                        &c.proxy_uids[..c.proxy_uid_count as usize],
-                        &c.proxy_gids[..c.proxy_gid_count as usize],
+                        c.proxy_uids,
+                        c.proxy_gids,
                     );
-                    let counters = live.counters();
-                    let shown: Vec<String> = Reason::ALL
+                    let shown: Vec<String> = pod
+                        .counters
                         .iter()
-                        .filter(|r| counters[**r as usize] != 0)
-                        .map(|r| format!("{}={}", r.name(), counters[*r as usize]))
+                        .map(|(r, n)| format!("{r}={n}"))
                         .collect();
                     println!("    counters (non-zero): {}", shown.join(" "));
                 }
-                Err(err) => println!("    config: missing ({err})"),
+                (None, err) => println!("    config: missing ({})", err.as_deref().unwrap_or("")),
             }
         }
     }
