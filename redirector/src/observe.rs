@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use aya::maps::MapError;
+use aya::maps::{LpmTrie, MapData, MapError};
 use redirector_common::{
     Cidr4Key, Cidr6Key, ConnKey, ListenerKey, NetnsCookie, PodAddrKey, PodConfig, PortKey,
 };
@@ -149,6 +149,26 @@ fn slot<'a>(
     })
 }
 
+/// Every entry of an LPM trie, with the pod it belongs to.
+fn cidr_entries<K: aya::Pod>(
+    trie: &LpmTrie<MapData, K, u8>,
+    map: &'static str,
+    cookie_of: fn(&K) -> u64,
+) -> Result<Vec<(NetnsCookie, CidrEntry<K>)>, ObserveError> {
+    trie.iter()
+        .map(|item| {
+            let (key, value) = item.map_err(read_err(map))?;
+            let data = key.data();
+            let entry = CidrEntry {
+                prefix_len: key.prefix_len(),
+                data,
+                value,
+            };
+            Ok((NetnsCookie(cookie_of(&data)), entry))
+        })
+        .collect()
+}
+
 /// `Ok(None)` for a missing key, so that only real failures are errors.
 fn absent<T>(err: MapError) -> Result<Option<T>, MapError> {
     match err {
@@ -204,34 +224,14 @@ pub fn observe_pods(
             install.ports.push(key);
         }
     }
-    for item in maps.cidrs_v4.iter() {
-        let (key, value) = item.map_err(read_err("CIDRS_V4"))?;
-        if let Some(install) = slot(
-            &mut found,
-            object,
-            wanted,
-            NetnsCookie(key.data().netns_cookie),
-        ) {
-            install.cidrs_v4.push(CidrEntry {
-                prefix_len: key.prefix_len(),
-                data: key.data(),
-                value,
-            });
+    for (cookie, e) in cidr_entries(&maps.cidrs_v4, "CIDRS_V4", |k| k.netns_cookie)? {
+        if let Some(install) = slot(&mut found, object, wanted, cookie) {
+            install.cidrs_v4.push(e);
         }
     }
-    for item in maps.cidrs_v6.iter() {
-        let (key, value) = item.map_err(read_err("CIDRS_V6"))?;
-        if let Some(install) = slot(
-            &mut found,
-            object,
-            wanted,
-            NetnsCookie(key.data().netns_cookie),
-        ) {
-            install.cidrs_v6.push(CidrEntry {
-                prefix_len: key.prefix_len(),
-                data: key.data(),
-                value,
-            });
+    for (cookie, e) in cidr_entries(&maps.cidrs_v6, "CIDRS_V6", |k| k.netns_cookie)? {
+        if let Some(install) = slot(&mut found, object, wanted, cookie) {
+            install.cidrs_v6.push(e);
         }
     }
     for item in maps.pod_by_addr.iter() {

@@ -92,14 +92,7 @@ pub fn istio_iptables(netns: &NetNs, cgroup: &Cgroup, root: &PinRoot, args: &[&s
 
 /// Like [`istio_iptables`], panicking with the log unless it exits 0.
 pub fn install(netns: &NetNs, cgroup: &Cgroup, root: &PinRoot, args: &[&str]) -> Output {
-    let out = istio_iptables(netns, cgroup, root, args);
-    assert!(
-        out.status.success(),
-        "redirector istio-iptables {args:?} failed ({}):\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+    run_ok(istio_iptables_command(netns, cgroup, root).args(args))
 }
 
 /// Every file under `dir`, recursively (pins are files on bpffs).
@@ -123,17 +116,26 @@ pub fn pins_under(dir: &Path) -> Vec<PathBuf> {
 /// `redirector status --json` over the pins under `root`: what the tests ask about
 /// objects, pods and links, instead of reading the pin layout.
 pub fn status(root: &PinRoot) -> serde_json::Value {
-    let out = Command::new(redirector_bin())
-        .args(["status", "--json", "--pin-root"])
-        .arg(root.path())
-        .output()
-        .expect("running redirector status");
-    assert!(
-        out.status.success(),
-        "redirector status --json: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        Command::new(redirector_bin())
+            .args(["status", "--json", "--pin-root"])
+            .arg(root.path()),
     );
     serde_json::from_slice(&out.stdout).expect("status --json prints JSON")
+}
+
+/// Run `cmd`, panicking with its log unless it exits 0.
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
 }
 
 /// The ids of the objects loaded under `root`, sorted.

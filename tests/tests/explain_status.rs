@@ -4,22 +4,14 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::process::Command;
 
-use redirector_tests::redirector::{install, redirector_bin, PinRoot};
+use redirector_tests::redirector::{install, redirector_bin, run_ok, PinRoot};
 use redirector_tests::{
     connect_from, require_root, use_probe_bin, ConnOutcome, ProbeServer, Topology, APP_UID,
     PROXY_UID,
 };
 
 fn redirector(args: &[&str]) -> String {
-    let out = Command::new(redirector_bin())
-        .args(args)
-        .output()
-        .expect("running redirector");
-    assert!(
-        out.status.success(),
-        "redirector {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_ok(Command::new(redirector_bin()).args(args));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 

@@ -6,21 +6,16 @@ use std::time::{Duration, Instant};
 
 use redirector_tests::bpftool::{loaded_ids, pinned_id, wait_gone};
 use redirector_tests::redirector::{
-    install, pins_under, pod_links, redirector_bin, status, PinRoot, STANDARD_INJECTION,
+    install, pins_under, pod_links, redirector_bin, run_ok, status, PinRoot, STANDARD_INJECTION,
 };
 use redirector_tests::{require_root, Topology};
 
 fn gc(root: &PinRoot) -> String {
-    let out = Command::new(redirector_bin())
-        .arg("gc")
-        .arg("--pin-root")
-        .arg(root.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        Command::new(redirector_bin())
+            .arg("gc")
+            .arg("--pin-root")
+            .arg(root.path()),
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
