@@ -96,6 +96,7 @@ pub fn apply(
     let target = root.object(&ObjectId::of(object));
     let targets = attach_targets(plan, netns)?;
     let state = observe::observe(root, cookie)?;
+    tracing::debug!("observed pod {cookie} in {:?}", started.elapsed());
     let pod_diff = diff::diff(plan, &target, targets, &state, mode);
     if pod_diff.is_empty() {
         return Ok(Outcome::Unchanged);
@@ -114,12 +115,15 @@ pub fn apply(
         collect_if_unused(&obj)?;
         return Err(err);
     }
+    tracing::debug!("wrote and swapped in {:?}", started.elapsed());
     let mut failures = remove(&obj, &mut maps, cookie, &ops.removals);
     for retired in &pod_diff.retire {
         failures.extend(retire(retired, cookie));
     }
     let capture_ports = [plan.config.inbound_port, plan.config.outbound_port];
+    tracing::debug!("removed in {:?}", started.elapsed());
     let listeners = crate::listeners::register_existing(&mut maps, netns, &capture_ports);
+    tracing::debug!("registered listeners in {:?}", started.elapsed());
     if !failures.is_empty() {
         return Err(ApplyError::Removals(failures));
     }
