@@ -32,8 +32,10 @@ pub mod names {
     ];
 }
 
-/// Capacity of the maps. Hash maps are preallocated once per node; the LPM tries are
-/// allocated per entry, so an additional pod costs only its own entries.
+/// Capacity of the maps. The per-pod maps (`POD_CONFIG`, `PORT_SETS`, `POD_BY_ADDR`,
+/// `COUNTERS`: `BPF_F_NO_PREALLOC`) and the LPM tries allocate per entry, so an additional
+/// pod costs only its own entries; the LRU maps of connection state are preallocated once
+/// per node.
 pub mod capacity {
     /// Pods per node.
     pub const PODS: u32 = 4096;
@@ -171,6 +173,10 @@ pub mod owner_group_mode {
     pub const EXCLUDE: u32 = 2;
 }
 
+/// A discriminant read back from a map key that names no variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnknownDiscriminant(pub u32);
+
 /// Which port list of a pod a [`PortKey`] belongs to.
 #[repr(u16)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -183,6 +189,36 @@ pub enum PortSet {
     InboundInclude = 3,
     /// `-d`: inbound ports never captured (with `-b '*'`).
     InboundExclude = 4,
+}
+
+impl PortSet {
+    pub const ALL: [PortSet; 4] = [
+        PortSet::OutboundExclude,
+        PortSet::OutboundInclude,
+        PortSet::InboundInclude,
+        PortSet::InboundExclude,
+    ];
+
+    /// The list's name, with the istio-iptables flag that fills it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            PortSet::OutboundExclude => "outbound-exclude (-o)",
+            PortSet::OutboundInclude => "outbound-include (-q)",
+            PortSet::InboundInclude => "inbound-include (-b)",
+            PortSet::InboundExclude => "inbound-exclude (-d)",
+        }
+    }
+}
+
+impl TryFrom<u16> for PortSet {
+    type Error = UnknownDiscriminant;
+
+    fn try_from(value: u16) -> Result<Self, Self::Error> {
+        PortSet::ALL
+            .into_iter()
+            .find(|set| *set as u16 == value)
+            .ok_or(UnknownDiscriminant(u32::from(value)))
+    }
 }
 
 #[repr(C)]
@@ -220,6 +256,38 @@ pub enum CidrList {
     /// The pod's routes, when `-c` names interfaces: the value says whether the route
     /// leaves through one of them.
     Route = 5,
+}
+
+impl CidrList {
+    pub const ALL: [CidrList; 5] = [
+        CidrList::Include,
+        CidrList::Exclude,
+        CidrList::Local,
+        CidrList::DnsServer,
+        CidrList::Route,
+    ];
+
+    /// The list's name, with the istio-iptables flag that fills it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            CidrList::Include => "include (-i)",
+            CidrList::Exclude => "exclude (-x)",
+            CidrList::Local => "pod-local",
+            CidrList::DnsServer => "dns-server",
+            CidrList::Route => "route",
+        }
+    }
+}
+
+impl TryFrom<u32> for CidrList {
+    type Error = UnknownDiscriminant;
+
+    fn try_from(value: u32) -> Result<Self, Self::Error> {
+        CidrList::ALL
+            .into_iter()
+            .find(|list| *list as u32 == value)
+            .ok_or(UnknownDiscriminant(value))
+    }
 }
 
 /// Bits of a CIDR key that precede the address (the cookie and the list): always matched.
@@ -296,8 +364,26 @@ pub struct OrigDst {
     pub family: u16,
 }
 
+/// One end of a TCP connection: its address as the kernel stores it, and its port in host
+/// byte order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    pub addr: RawIp,
+    pub port: u16,
+}
+
+/// The end of a redirected connection that called `connect()`: the app (inbound: the
+/// remote peer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClientEnd(pub Endpoint);
+
+/// The end that accepted it: the proxy's listener.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProxyEnd(pub Endpoint);
+
 /// A redirected connection as both ends see it: the app's local address is the proxy's
-/// peer, the proxy's listener address is the app's peer.
+/// peer, the proxy's listener address is the app's peer. Built with [`ConnKey::new`], so
+/// which end is which is a matter of types, not of argument order.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ConnKey {
@@ -308,6 +394,19 @@ pub struct ConnKey {
     pub client_port: u16,
     pub proxy_port: u16,
     pub family: u32,
+}
+
+impl ConnKey {
+    pub const fn new(netns_cookie: u64, family: u16, client: ClientEnd, proxy: ProxyEnd) -> Self {
+        ConnKey {
+            netns_cookie,
+            client: client.0.addr,
+            proxy: proxy.0.addr,
+            client_port: client.0.port,
+            proxy_port: proxy.0.port,
+            family: family as u32,
+        }
+    }
 }
 
 /// Number of counter slots per pod: a power of two (the kernel masks indexes with it), with
@@ -364,6 +463,35 @@ mod tests {
         assert_eq!(size_of::<ConnKey>(), 48);
         assert_eq!(size_of::<PodAddrKey>(), 20);
         assert_eq!(size_of::<ListenerKey>(), 16);
+    }
+
+    #[test]
+    fn discriminants_round_trip_and_unknown_ones_are_errors() {
+        for set in PortSet::ALL {
+            assert_eq!(PortSet::try_from(set as u16), Ok(set));
+        }
+        for list in CidrList::ALL {
+            assert_eq!(CidrList::try_from(list as u32), Ok(list));
+        }
+        assert_eq!(PortSet::try_from(0), Err(UnknownDiscriminant(0)));
+        assert_eq!(CidrList::try_from(6), Err(UnknownDiscriminant(6)));
+        assert_eq!(PortSet::InboundExclude.name(), "inbound-exclude (-d)");
+    }
+
+    #[test]
+    fn conn_key_puts_each_end_in_its_place() {
+        let client = Endpoint {
+            addr: RawIp::from_v4_be(1),
+            port: 40000,
+        };
+        let proxy = Endpoint {
+            addr: RawIp::from_v4_be(2),
+            port: 15001,
+        };
+        let key = ConnKey::new(7, AF_INET, ClientEnd(client), ProxyEnd(proxy));
+        assert_eq!((key.client, key.client_port), (client.addr, client.port));
+        assert_eq!((key.proxy, key.proxy_port), (proxy.addr, proxy.port));
+        assert_eq!(key.family, u32::from(AF_INET));
     }
 
     #[test]

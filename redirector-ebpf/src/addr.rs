@@ -2,7 +2,10 @@
 
 use core::net::{IpAddr, Ipv4Addr};
 
-use redirector_common::{RawIp, AF_INET, AF_INET6};
+use redirector_common::{
+    kernel_abi::V4_MAPPED_WORD, ClientEnd, ConnKey, Endpoint, OrigDst, ProxyEnd, RawIp, AF_INET,
+    AF_INET6,
+};
 
 #[inline(always)]
 pub fn v4(be: u32) -> IpAddr {
@@ -21,7 +24,7 @@ pub fn v6_or_mapped(words: [u32; 4]) -> IpAddr {
 
 #[inline(always)]
 pub fn is_v4_mapped(words: [u32; 4]) -> bool {
-    words[0] == 0 && words[1] == 0 && words[2] == u32::from_ne_bytes([0, 0, 0xff, 0xff])
+    words[0] == 0 && words[1] == 0 && words[2] == V4_MAPPED_WORD
 }
 
 /// The (family, raw) pair stored in maps for an address.
@@ -44,17 +47,16 @@ pub fn unspecified() -> IpAddr {
 /// program, not a runtime branch. Each field is written on its own: a merged 8-byte store
 /// is rejected too.
 #[inline(always)]
-pub fn write_sock_addr<const V6: bool>(
-    sa: *mut aya_ebpf::bindings::bpf_sock_addr,
-    orig: redirector_common::OrigDst,
-) {
+pub fn write_sock_addr<const V6: bool>(sa: *mut aya_ebpf::bindings::bpf_sock_addr, orig: OrigDst) {
     use core::ptr::{addr_of_mut, write_volatile};
+    // SAFETY: `sa` is the program's sock_addr context; the verifier checks each field
+    // written (and rejects the other family's field, hence the constant V6).
     unsafe {
         if V6 {
             let words = if orig.family == AF_INET6 {
                 orig.addr.0
             } else {
-                [0, 0, u32::from_ne_bytes([0, 0, 0xff, 0xff]), orig.addr.0[0]]
+                [0, 0, V4_MAPPED_WORD, orig.addr.0[0]]
             };
             write_volatile(addr_of_mut!((*sa).user_ip6[0]), words[0]);
             write_volatile(addr_of_mut!((*sa).user_ip6[1]), words[1]);
@@ -66,5 +68,56 @@ pub fn write_sock_addr<const V6: bool>(
             return;
         }
         write_volatile(addr_of_mut!((*sa).user_port), u32::from(orig.port.to_be()));
+    }
+}
+
+/// The two ends of a TCP socket as that socket sees them. A connection key is made from
+/// the side it is seen by, so the client and proxy ends cannot be swapped by mistake.
+#[derive(Clone, Copy)]
+pub struct SocketEnds {
+    family: u16,
+    local: Endpoint,
+    remote: Endpoint,
+}
+
+impl SocketEnds {
+    /// From (address, host-order port) of the local and the remote end.
+    #[inline(always)]
+    pub fn new(local: (IpAddr, u16), remote: (IpAddr, u16)) -> Self {
+        let (family, local_addr) = raw(local.0);
+        let (_, remote_addr) = raw(remote.0);
+        SocketEnds {
+            family,
+            local: Endpoint {
+                addr: local_addr,
+                port: local.1,
+            },
+            remote: Endpoint {
+                addr: remote_addr,
+                port: remote.1,
+            },
+        }
+    }
+
+    /// The connection's key, seen from the client's socket (the app's): it is the local end.
+    #[inline(always)]
+    pub fn seen_by_client(self, netns_cookie: u64) -> ConnKey {
+        ConnKey::new(
+            netns_cookie,
+            self.family,
+            ClientEnd(self.local),
+            ProxyEnd(self.remote),
+        )
+    }
+
+    /// The connection's key, seen from the proxy's accepted socket: it is the local end.
+    #[inline(always)]
+    pub fn seen_by_proxy(self, netns_cookie: u64) -> ConnKey {
+        ConnKey::new(
+            netns_cookie,
+            self.family,
+            ClientEnd(self.remote),
+            ProxyEnd(self.local),
+        )
     }
 }

@@ -7,8 +7,9 @@ use crate::maps::COUNTERS;
 #[inline(always)]
 pub fn count(netns_cookie: u64, reason: Reason) {
     if let Some(counters) = COUNTERS.get_ptr_mut(netns_cookie) {
-        // Per-CPU value: no other CPU writes it, a plain increment is exact.
         let slot = (reason as usize) & (COUNTER_SLOTS - 1);
+        // SAFETY: a valid pointer to this CPU's value, which no other CPU writes, so a
+        // plain increment is exact; the slot is masked into bounds.
         unsafe { (*counters).by_reason[slot] += 1 };
     }
 }

@@ -11,15 +11,14 @@ use aya_ebpf::{
     EbpfContext,
 };
 use redirector_common::{
-    decide_inbound, decision::INBOUND_PASSTHROUGH_V6, pod_flags, CidrList, ConnKey, InboundAttempt,
+    decide_inbound, decision::INBOUND_PASSTHROUGH_V6, pod_flags, CidrList, InboundAttempt,
     ListenerKey, OrigDst, PodAddrKey, PodLookups, Reason, Verdict, AF_INET, AF_INET6,
 };
 
 use crate::{
-    addr,
+    addr::{self, SocketEnds},
     counters::count,
-    maps::{LISTENERS, ORIG_DST_BY_CONN, POD_BY_ADDR, POD_CONFIG},
-    outbound::PodMaps,
+    maps::{PodMaps, LISTENERS, ORIG_DST_BY_CONN, POD_BY_ADDR, POD_CONFIG},
 };
 
 const IPPROTO_TCP: u32 = 6;
@@ -28,6 +27,7 @@ const LOOPBACK_IFINDEX: u32 = 1;
 
 /// sock_ops TCP_LISTEN: a socket of a managed pod starts listening on a capture port.
 pub fn register_listener(ctx: &SockOpsContext) {
+    // SAFETY: called with the program's own context.
     let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
     let Some(cfg) = (unsafe { POD_CONFIG.get(netns_cookie) }) else {
         return;
@@ -48,10 +48,12 @@ pub fn register_listener(ctx: &SockOpsContext) {
         _pad: 0,
     };
     // A restarted proxy replaces its old listener.
+    // SAFETY: `ops` is the program's context, the socket the helper takes.
     let _ = LISTENERS.update(key, unsafe { &mut *ctx.ops }, 0);
 }
 
 pub fn sk_lookup(ctx: &SkLookupContext) -> u32 {
+    // SAFETY: `lookup` is the program's context; the verifier checks every field read.
     let lk = unsafe { &*ctx.lookup };
     if lk.protocol != IPPROTO_TCP {
         return SK_PASS;
@@ -66,6 +68,7 @@ pub fn sk_lookup(ctx: &SkLookupContext) -> u32 {
         (addr::v4(lk.local_ip4), addr::v4(lk.remote_ip4))
     };
     let (family, raw) = addr::raw(local);
+    // SAFETY: the value is copied out at once.
     let Some(&netns_cookie) = (unsafe {
         POD_BY_ADDR.get(PodAddrKey {
             addr: raw,
@@ -74,6 +77,7 @@ pub fn sk_lookup(ctx: &SkLookupContext) -> u32 {
     }) else {
         return SK_PASS;
     };
+    // SAFETY: the value stays valid (RCU) for this run of the program; it is only read.
     let Some(cfg) = (unsafe { POD_CONFIG.get(netns_cookie) }) else {
         return SK_PASS;
     };
@@ -139,19 +143,12 @@ pub fn sk_lookup(ctx: &SkLookupContext) -> u32 {
 }
 
 /// The proxy's accepted socket will ask SO_ORIGINAL_DST: its local address is the
-/// original destination, keyed like an outbound redirect (client = remote peer).
+/// original destination, keyed as that socket will see the connection.
 #[inline(always)]
 fn record(netns_cookie: u64, local: IpAddr, local_port: u16, remote: IpAddr, remote_port: u16) {
     let (family, local_raw) = addr::raw(local);
-    let (_, remote_raw) = addr::raw(remote);
-    let key = ConnKey {
-        netns_cookie,
-        client: remote_raw,
-        proxy: local_raw,
-        client_port: remote_port,
-        proxy_port: local_port,
-        family: u32::from(family),
-    };
+    let key =
+        SocketEnds::new((local, local_port), (remote, remote_port)).seen_by_proxy(netns_cookie);
     let orig = OrigDst {
         addr: local_raw,
         port: local_port,

@@ -87,6 +87,8 @@ fn panic(_info: &core::panic::PanicInfo) -> ! {
     loop {}
 }
 
+// SAFETY: the kernel reads the program license from this section; nothing else is
+// named LICENSE in the object.
 #[unsafe(link_section = "license")]
 #[unsafe(no_mangle)]
 static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

@@ -1,13 +1,15 @@
 //! The object's maps. Their names are the ones in `redirector_common::names`.
 
+use core::net::IpAddr;
+
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{HashMap, LpmTrie, LruHashMap, PerCpuHashMap, SockHash},
+    maps::{lpm_trie::Key, HashMap, LpmTrie, LruHashMap, PerCpuHashMap, SockHash},
 };
 use redirector_common::{
-    capacity, Cidr4Key, Cidr6Key, ConnKey, Counters, ListenerKey, OrigDst, PodAddrKey, PodConfig,
-    PortKey,
+    capacity, Cidr4Key, Cidr6Key, CidrList, ConnKey, Counters, ListenerKey, OrigDst, PodAddrKey,
+    PodConfig, PodLookups, PortKey, PortSet, CIDR_KEY_FIXED_BITS,
 };
 
 /// netns cookie → the pod's configuration. A miss means "not a managed pod".
@@ -54,3 +56,34 @@ pub static LISTENERS: SockHash<ListenerKey> = SockHash::with_max_entries(capacit
 #[map]
 pub static DNS_ORIG_BY_COOKIE: LruHashMap<u64, OrigDst> =
     LruHashMap::with_max_entries(capacity::DNS_SOCKETS, 0);
+
+/// One pod's sets, looked up in the shared maps under its netns cookie.
+pub struct PodMaps {
+    pub netns_cookie: u64,
+}
+
+impl PodLookups for PodMaps {
+    #[inline(always)]
+    fn port_in(&self, set: PortSet, port: u16) -> bool {
+        // SAFETY: only tested for presence; the value is never read.
+        unsafe { PORT_SETS.get(PortKey::new(self.netns_cookie, set, port)) }.is_some()
+    }
+
+    #[inline(always)]
+    fn cidr_value(&self, list: CidrList, ip: IpAddr) -> Option<u8> {
+        match ip {
+            IpAddr::V4(v4) => {
+                let data = Cidr4Key::new(self.netns_cookie, list, v4.octets());
+                CIDRS_V4
+                    .get(Key::new(CIDR_KEY_FIXED_BITS + 32, data))
+                    .copied()
+            }
+            IpAddr::V6(v6) => {
+                let data = Cidr6Key::new(self.netns_cookie, list, v6.octets());
+                CIDRS_V6
+                    .get(Key::new(CIDR_KEY_FIXED_BITS + 128, data))
+                    .copied()
+            }
+        }
+    }
+}

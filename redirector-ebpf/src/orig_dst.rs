@@ -4,7 +4,6 @@
 //! → getsockopt on the proxy's accepted socket. The proxy-side socket's close removes the
 //! entry; both maps are LRU, so connections that never reach a proxy age out.
 
-use core::net::IpAddr;
 use core::ptr::{addr_of_mut, write_volatile};
 
 use aya_ebpf::{
@@ -16,52 +15,32 @@ use aya_ebpf::{
     programs::{SockAddrContext, SockOpsContext, SockoptContext},
     EbpfContext,
 };
-use redirector_common::{ConnKey, OrigDst, Reason, AF_INET, AF_INET6};
+use redirector_common::{
+    kernel_abi::{SOL_IP, SOL_IPV6, SO_ORIGINAL_DST},
+    OrigDst, Reason, AF_INET, AF_INET6,
+};
 
 use crate::{
-    addr,
+    addr::{self, SocketEnds},
     counters::count,
     maps::{DNS_ORIG_BY_COOKIE, ORIG_DST_BY_CONN, ORIG_DST_BY_COOKIE},
 };
 
 const TCP_CLOSE: u32 = 7;
 const IPPROTO_UDP: u32 = 17;
-const SOL_IP: i32 = 0;
-const SOL_IPV6: i32 = 41;
-/// `SO_ORIGINAL_DST` (SOL_IP) and `IP6T_SO_ORIGINAL_DST` (SOL_IPV6) share the number.
-const SO_ORIGINAL_DST: i32 = 80;
 const SOCKADDR_IN_LEN: usize = 16;
 const SOCKADDR_IN6_LEN: usize = 28;
 
-/// An endpoint of a TCP socket: address and host-order port.
-#[derive(Clone, Copy)]
-struct Endpoint {
-    ip: IpAddr,
-    port: u16,
-}
-
-#[inline(always)]
-fn conn_key(netns_cookie: u64, client: Endpoint, proxy: Endpoint) -> ConnKey {
-    let (family, client_ip) = addr::raw(client.ip);
-    let (_, proxy_ip) = addr::raw(proxy.ip);
-    ConnKey {
-        netns_cookie,
-        client: client_ip,
-        proxy: proxy_ip,
-        client_port: client.port,
-        proxy_port: proxy.port,
-        family: u32::from(family),
-    }
-}
-
-/// (local, remote) endpoints of a socket seen through `struct bpf_sock`.
+/// The ends of a socket seen through `struct bpf_sock`.
 ///
 /// # Safety
 /// `sk` is a non-null socket pointer from the program's context.
 #[inline(always)]
-unsafe fn sock_endpoints(sk: *const aya_ebpf::bindings::bpf_sock) -> (Endpoint, Endpoint) {
+unsafe fn bpf_sock_ends(sk: *const aya_ebpf::bindings::bpf_sock) -> SocketEnds {
+    // SAFETY: the caller passes a non-null bpf_sock of the context; the verifier checks
+    // every field read.
     unsafe {
-        let (local_ip, remote_ip) = if (*sk).family == u32::from(AF_INET6) {
+        let (local, remote) = if (*sk).family == u32::from(AF_INET6) {
             (
                 addr::v6_or_mapped((*sk).src_ip6),
                 addr::v6_or_mapped((*sk).dst_ip6),
@@ -69,28 +48,23 @@ unsafe fn sock_endpoints(sk: *const aya_ebpf::bindings::bpf_sock) -> (Endpoint, 
         } else {
             (addr::v4((*sk).src_ip4), addr::v4((*sk).dst_ip4))
         };
-        (
-            Endpoint {
-                ip: local_ip,
-                port: (*sk).src_port as u16,
-            },
-            // dst_port is the network-order port.
-            Endpoint {
-                ip: remote_ip,
-                port: u16::from_be((*sk).dst_port),
-            },
+        // src_port is host order; dst_port is the network-order port.
+        SocketEnds::new(
+            (local, (*sk).src_port as u16),
+            (remote, u16::from_be((*sk).dst_port)),
         )
     }
 }
 
-/// (local, remote) endpoints of a sock_ops socket.
+/// The ends of a sock_ops socket.
 #[inline(always)]
-fn sock_ops_endpoints(ctx: &SockOpsContext) -> (Endpoint, Endpoint) {
+fn sock_ops_ends(ctx: &SockOpsContext) -> SocketEnds {
+    // SAFETY: `ops` is the program's context; the verifier checks every field read.
     let ops = unsafe { &*ctx.ops };
     // local_port is host order; remote_port is the network-order port in the upper half.
     let local_port = ops.local_port as u16;
     let remote_port = u16::from_be((ops.remote_port >> 16) as u16);
-    let (local_ip, remote_ip) = if ops.family == u32::from(AF_INET6) {
+    let (local, remote) = if ops.family == u32::from(AF_INET6) {
         (
             addr::v6_or_mapped(ops.local_ip6),
             addr::v6_or_mapped(ops.remote_ip6),
@@ -98,43 +72,39 @@ fn sock_ops_endpoints(ctx: &SockOpsContext) -> (Endpoint, Endpoint) {
     } else {
         (addr::v4(ops.local_ip4), addr::v4(ops.remote_ip4))
     };
-    (
-        Endpoint {
-            ip: local_ip,
-            port: local_port,
-        },
-        Endpoint {
-            ip: remote_ip,
-            port: remote_port,
-        },
-    )
+    SocketEnds::new((local, local_port), (remote, remote_port))
 }
 
 pub fn sock_ops(ctx: &SockOpsContext) {
     let op = ctx.op();
     if op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB {
         // The app's side: its connect() was redirected if its cookie has an entry.
+        // SAFETY (helpers): called with the program's own context.
         let socket_cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+        // SAFETY: the value is copied out at once.
         let Some(orig) = (unsafe { ORIG_DST_BY_COOKIE.get(socket_cookie) }) else {
             return;
         };
         let orig = *orig;
+        // SAFETY: called with the program's own context.
         let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
-        let (local, remote) = sock_ops_endpoints(ctx);
-        let _ = ORIG_DST_BY_CONN.insert(conn_key(netns_cookie, local, remote), orig, 0);
+        let key = sock_ops_ends(ctx).seen_by_client(netns_cookie);
+        let _ = ORIG_DST_BY_CONN.insert(key, orig, 0);
         let _ = ORIG_DST_BY_COOKIE.remove(socket_cookie);
     } else if op == BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB {
         // The proxy's side: watch its state so the entry goes when the connection closes.
+        // SAFETY: called with the program's own context.
         let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
-        let (local, remote) = sock_ops_endpoints(ctx);
-        let key = conn_key(netns_cookie, remote, local);
+        let key = sock_ops_ends(ctx).seen_by_proxy(netns_cookie);
+        // SAFETY: only tested for presence.
         if unsafe { ORIG_DST_BY_CONN.get(key) }.is_some() {
             let _ = ctx.set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32);
         }
     } else if op == BPF_SOCK_OPS_STATE_CB && ctx.arg(1) == TCP_CLOSE {
+        // Only the proxy's sockets ask for state callbacks (above).
+        // SAFETY: called with the program's own context.
         let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
-        let (local, remote) = sock_ops_endpoints(ctx);
-        let _ = ORIG_DST_BY_CONN.remove(conn_key(netns_cookie, remote, local));
+        let _ = ORIG_DST_BY_CONN.remove(sock_ops_ends(ctx).seen_by_proxy(netns_cookie));
     }
 }
 
@@ -142,18 +112,21 @@ pub fn sock_ops(ctx: &SockOpsContext) {
 /// a `sockaddr_in` (SOL_IP) or `sockaddr_in6` (SOL_IPV6) with the original address and port.
 pub fn getsockopt(ctx: &SockoptContext) {
     let so = ctx.sockopt;
+    // SAFETY: `sockopt` is the program's context; the verifier checks every field read.
     let (level, optname) = unsafe { ((*so).level, (*so).optname) };
     if optname != SO_ORIGINAL_DST || (level != SOL_IP && level != SOL_IPV6) {
         return;
     }
+    // SAFETY: as above.
     let sk = unsafe { (*so).__bindgen_anon_1.sk };
     if sk.is_null() {
         return;
     }
-    let (local, remote) = unsafe { sock_endpoints(sk) };
-    let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
-    let Some(orig) = (unsafe { ORIG_DST_BY_CONN.get(conn_key(netns_cookie, remote, local)) })
-    else {
+    // The proxy asks on its accepted socket.
+    // SAFETY: `sk` is the context's non-null socket; called with the program's context.
+    let (ends, netns_cookie) = unsafe { (bpf_sock_ends(sk), bpf_get_netns_cookie(ctx.as_ptr())) };
+    // SAFETY: the value is copied out at once.
+    let Some(orig) = (unsafe { ORIG_DST_BY_CONN.get(ends.seen_by_proxy(netns_cookie)) }) else {
         return;
     };
     let orig = *orig;
@@ -171,6 +144,8 @@ pub fn getsockopt(ctx: &SockoptContext) {
 #[inline(always)]
 fn write_sockaddr_in(ctx: &SockoptContext, orig: &OrigDst) -> bool {
     let so = ctx.sockopt;
+    // SAFETY: optval..optval_end is the buffer the kernel hands the program; every write
+    // is within SOCKADDR_IN_LEN of its start, checked against its end first.
     unsafe {
         let start = (*so).__bindgen_anon_2.optval as *mut u8;
         let end = (*so).__bindgen_anon_3.optval_end as *mut u8;
@@ -191,6 +166,7 @@ fn write_sockaddr_in(ctx: &SockoptContext, orig: &OrigDst) -> bool {
 #[inline(always)]
 fn write_sockaddr_in6(ctx: &SockoptContext, orig: &OrigDst) -> bool {
     let so = ctx.sockopt;
+    // SAFETY: as in write_sockaddr_in, within SOCKADDR_IN6_LEN.
     unsafe {
         let start = (*so).__bindgen_anon_2.optval as *mut u8;
         let end = (*so).__bindgen_anon_3.optval_end as *mut u8;
@@ -215,20 +191,21 @@ fn write_sockaddr_in6(ctx: &SockoptContext, orig: &OrigDst) -> bool {
 /// to, as it does with iptables' REDIRECT (whose NAT the socket never sees), not the proxy.
 pub fn getpeername<const V6: bool>(ctx: &SockAddrContext) {
     let sa = ctx.sock_addr;
+    // SAFETY: `sock_addr` is the program's context; the verifier checks the read.
     let sk = unsafe { (*sa).__bindgen_anon_1.sk };
     if sk.is_null() {
         return;
     }
+    // SAFETY: `sk` is the context's non-null socket; helpers get the program's context;
+    // map values are copied out at once.
     let orig = unsafe {
         if (*sk).protocol == IPPROTO_UDP {
             let cookie = bpf_get_socket_cookie(ctx.as_ptr());
             DNS_ORIG_BY_COOKIE.get(&cookie).copied()
         } else {
-            let (local, remote) = sock_endpoints(sk);
-            let netns_cookie = bpf_get_netns_cookie(ctx.as_ptr());
-            ORIG_DST_BY_CONN
-                .get(&conn_key(netns_cookie, local, remote))
-                .copied()
+            // The app asks on its own socket.
+            let key = bpf_sock_ends(sk).seen_by_client(bpf_get_netns_cookie(ctx.as_ptr()));
+            ORIG_DST_BY_CONN.get(&key).copied()
         }
     };
     if let Some(orig) = orig {

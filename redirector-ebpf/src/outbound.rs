@@ -6,19 +6,18 @@ use aya_ebpf::{
     helpers::{
         bpf_get_current_uid_gid, generated::bpf_get_netns_cookie, generated::bpf_get_socket_cookie,
     },
-    maps::lpm_trie::Key,
     programs::SockAddrContext,
     EbpfContext,
 };
 use redirector_common::{
-    decide_outbound, pod_flags, Cidr4Key, Cidr6Key, CidrList, OrigDst, OutboundAttempt, PodConfig,
-    PodLookups, PortKey, PortSet, Protocol, Reason, Verdict, CIDR_KEY_FIXED_BITS, DNS_CAPTURE_PORT,
+    decide_outbound, pod_flags, OrigDst, OutboundAttempt, PodConfig, Protocol, Reason, Verdict,
+    DNS_CAPTURE_PORT,
 };
 
 use crate::{
     addr,
     counters::count,
-    maps::{CIDRS_V4, CIDRS_V6, DNS_ORIG_BY_COOKIE, ORIG_DST_BY_COOKIE, POD_CONFIG, PORT_SETS},
+    maps::{PodMaps, DNS_ORIG_BY_COOKIE, ORIG_DST_BY_COOKIE, POD_CONFIG},
 };
 
 /// Let the connect() proceed (possibly rewritten).
@@ -27,36 +26,6 @@ const ALLOW: i32 = 1;
 const REFUSE: i32 = 0;
 const SOCK_STREAM: u32 = 1;
 const SOCK_DGRAM: u32 = 2;
-
-/// One pod's sets, looked up in the shared maps under its netns cookie.
-pub struct PodMaps {
-    pub netns_cookie: u64,
-}
-
-impl PodLookups for PodMaps {
-    #[inline(always)]
-    fn port_in(&self, set: PortSet, port: u16) -> bool {
-        unsafe { PORT_SETS.get(PortKey::new(self.netns_cookie, set, port)) }.is_some()
-    }
-
-    #[inline(always)]
-    fn cidr_value(&self, list: CidrList, ip: IpAddr) -> Option<u8> {
-        match ip {
-            IpAddr::V4(v4) => {
-                let data = Cidr4Key::new(self.netns_cookie, list, v4.octets());
-                CIDRS_V4
-                    .get(Key::new(CIDR_KEY_FIXED_BITS + 32, data))
-                    .copied()
-            }
-            IpAddr::V6(v6) => {
-                let data = Cidr6Key::new(self.netns_cookie, list, v6.octets());
-                CIDRS_V6
-                    .get(Key::new(CIDR_KEY_FIXED_BITS + 128, data))
-                    .copied()
-            }
-        }
-    }
-}
 
 #[inline(always)]
 fn protocol(sa: &aya_ebpf::bindings::bpf_sock_addr) -> Option<Protocol> {
@@ -70,6 +39,7 @@ fn protocol(sa: &aya_ebpf::bindings::bpf_sock_addr) -> Option<Protocol> {
 /// The socket's bound IPv4 address, if any.
 #[inline(always)]
 fn bound_v4(sa: &aya_ebpf::bindings::bpf_sock_addr) -> IpAddr {
+    // SAFETY: a connect/sendmsg context always has its socket; the verifier checks the read.
     let src = unsafe { (*sa.__bindgen_anon_1.sk).src_ip4 };
     if src == 0 {
         addr::unspecified()
@@ -79,6 +49,7 @@ fn bound_v4(sa: &aya_ebpf::bindings::bpf_sock_addr) -> IpAddr {
 }
 
 pub fn connect4(ctx: &SockAddrContext) -> i32 {
+    // SAFETY: `sock_addr` is the program's context; the verifier checks every field read.
     let sa = unsafe { &*ctx.sock_addr };
     let Some(protocol) = protocol(sa) else {
         return ALLOW;
@@ -87,10 +58,12 @@ pub fn connect4(ctx: &SockAddrContext) -> i32 {
 }
 
 pub fn connect6(ctx: &SockAddrContext) -> i32 {
+    // SAFETY: `sock_addr` is the program's context; the verifier checks every field read.
     let sa = unsafe { &*ctx.sock_addr };
     let Some(protocol) = protocol(sa) else {
         return ALLOW;
     };
+    // SAFETY: a connect/sendmsg context always has its socket; the verifier checks the read.
     let src = unsafe { (*sa.__bindgen_anon_1.sk).src_ip6 };
     capture::<true>(
         ctx,
@@ -102,11 +75,13 @@ pub fn connect6(ctx: &SockAddrContext) -> i32 {
 
 /// UDP `sendto()` on an unconnected socket (connected ones went through connect).
 pub fn sendmsg4(ctx: &SockAddrContext) -> i32 {
+    // SAFETY: `sock_addr` is the program's context; the verifier checks every field read.
     let sa = unsafe { &*ctx.sock_addr };
     capture::<false>(ctx, Protocol::Udp, addr::v4(sa.user_ip4), bound_v4(sa))
 }
 
 pub fn sendmsg6(ctx: &SockAddrContext) -> i32 {
+    // SAFETY: `sock_addr` is the program's context; the verifier checks every field read.
     let sa = unsafe { &*ctx.sock_addr };
     let src = unsafe { (*sa.__bindgen_anon_1.sk).src_ip6 };
     capture::<true>(
@@ -124,6 +99,7 @@ fn capture<const V6: bool>(
     dst: IpAddr,
     src: IpAddr,
 ) -> i32 {
+    // SAFETY: called with the program's own context.
     let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
     let Some(cfg) = (unsafe { POD_CONFIG.get(netns_cookie) }) else {
         return ALLOW;
@@ -131,6 +107,7 @@ fn capture<const V6: bool>(
     if dst.is_ipv6() && cfg.flags & pod_flags::IPV6 == 0 {
         return ALLOW;
     }
+    // SAFETY: `sock_addr` is the program's context; the verifier checks every field read.
     let sa = unsafe { &*ctx.sock_addr };
     let uid_gid = bpf_get_current_uid_gid();
     let attempt = OutboundAttempt {
@@ -169,6 +146,7 @@ fn redirect<const V6: bool>(
         port: attempt.dst_port,
         family,
     };
+    // SAFETY: called with the program's own context.
     let socket_cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     // TCP: for SO_ORIGINAL_DST once established; UDP (DNS): for the replies' source.
     let recorded = match attempt.protocol {

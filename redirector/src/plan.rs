@@ -270,24 +270,11 @@ impl PodLookups for PodPlan {
 }
 
 fn set_name(set: u16) -> &'static str {
-    match set {
-        s if s == PortSet::OutboundExclude as u16 => "outbound-exclude (-o)",
-        s if s == PortSet::OutboundInclude as u16 => "outbound-include (-q)",
-        s if s == PortSet::InboundInclude as u16 => "inbound-include (-b)",
-        s if s == PortSet::InboundExclude as u16 => "inbound-exclude (-d)",
-        _ => "unknown",
-    }
+    PortSet::try_from(set).map_or("unknown", PortSet::name)
 }
 
 fn list_name(list: u32) -> &'static str {
-    match list {
-        l if l == CidrList::Include as u32 => "include (-i)",
-        l if l == CidrList::Exclude as u32 => "exclude (-x)",
-        l if l == CidrList::Local as u32 => "pod-local",
-        l if l == CidrList::DnsServer as u32 => "dns-server",
-        l if l == CidrList::Route as u32 => "route",
-        _ => "unknown",
-    }
+    CidrList::try_from(list).map_or("unknown", CidrList::name)
 }
 
 /// The readable form printed by `--dry-run` and logged on apply.
