@@ -1,0 +1,160 @@
+//! The engine as a library, the way a node daemon uses it: one process sets up two pods
+//! at the same time from two threads, each through its own `Netns` handle, and the
+//! process itself never changes network namespace.
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use redirector::{
+    apply::{apply, Outcome},
+    cli::config::parse_istio_iptables,
+    diff::Mode,
+    facts::PodFacts,
+    gc::teardown,
+    netns::Netns,
+    plan::plan_pod,
+    store::{self, object_bytes},
+};
+use redirector_tests::redirector::{object_ids, PinRoot, STANDARD_INJECTION};
+use redirector_tests::{
+    require_root, use_probe_bin, ChildGuard, ConnOutcome, ProbeServer, Topology, APP_UID, PROXY_UID,
+};
+
+/// The network namespace inode of every thread of this process.
+fn thread_namespaces() -> Vec<u64> {
+    let mut inodes: Vec<u64> = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .map(|t| {
+            std::fs::metadata(t.unwrap().path().join("ns/net"))
+                .unwrap()
+                .ino()
+        })
+        .collect();
+    inodes.sort();
+    inodes.dedup();
+    inodes
+}
+
+struct Pod {
+    topo: Topology,
+    _service: ChildGuard,
+    _proxy: ChildGuard,
+}
+
+impl Pod {
+    fn new(hint: &str) -> Self {
+        let topo = Topology::new(hint);
+        let service = ProbeServer::serve(&topo.service, "svc")
+            .listen(topo.service_addr(false, 80))
+            .start();
+        let proxy = ProbeServer::proxy(&topo.pod, "proxy")
+            .listen(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 15001))
+            .cgroup(&topo.pod_cgroup)
+            .user(PROXY_UID, PROXY_UID)
+            .start();
+        Pod {
+            topo,
+            _service: service,
+            _proxy: proxy,
+        }
+    }
+
+    fn target(&self) -> Target {
+        Target {
+            netns: self.topo.pod.path(),
+            cgroup: self.topo.pod_cgroup.path().to_path_buf(),
+            cookie: self.topo.pod.cookie(),
+            ip: self.topo.pod_ip4(),
+        }
+    }
+}
+
+/// What the library needs to know of a pod: where its namespace and cgroup are.
+struct Target {
+    netns: PathBuf,
+    cgroup: PathBuf,
+    cookie: u64,
+    ip: Ipv4Addr,
+}
+
+impl Target {
+    /// Set the pod up through the library, as `redirector istio-iptables` would.
+    fn set_up(&self, root: &store::PinRoot, object: &[u8]) -> Outcome {
+        let netns = Netns::open(&self.netns).expect("opening the pod's netns");
+        assert_eq!(netns.cookie().get(), self.cookie);
+        let argv = std::iter::once("istio-iptables").chain(STANDARD_INJECTION);
+        let cfg = parse_istio_iptables(argv, &HashMap::<String, String>::new()).unwrap();
+        let facts = PodFacts::gather(
+            &netns,
+            self.cgroup.clone(),
+            Path::new("/nonexistent/resolv.conf"),
+        )
+        .expect("reading the pod");
+        assert!(
+            facts.local_addrs.contains(&self.ip.into()),
+            "the pod's own addresses, read inside its namespace: {facts:?}"
+        );
+        let plan = plan_pod(&cfg.capture, &facts);
+        apply(root, object, &plan, &netns, Mode::Changes).expect("applying")
+    }
+}
+
+#[test]
+fn one_process_sets_up_two_pods_at_once_without_changing_its_namespace() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let pins = PinRoot::new("engine");
+    let root = store::PinRoot::new(pins.path());
+    let pods = [Pod::new("enga"), Pod::new("engb")];
+    let object = object_bytes().expect("the embedded object");
+    let before = thread_namespaces();
+
+    let targets: Vec<Target> = pods.iter().map(Pod::target).collect();
+    let outcomes: Vec<Outcome> = std::thread::scope(|scope| {
+        let running: Vec<_> = targets
+            .iter()
+            .map(|target| scope.spawn(|| target.set_up(&root, &object)))
+            .collect();
+        running.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    assert!(
+        outcomes.iter().all(|o| matches!(o, Outcome::New(_))),
+        "{outcomes:?}"
+    );
+    assert_eq!(thread_namespaces(), before, "no thread moved for good");
+    assert_eq!(object_ids(&pins).len(), 1, "one object for both pods");
+
+    for pod in &pods {
+        let dst = pod.topo.service_addr(false, 80);
+        match pod.topo.connect(APP_UID, APP_UID, dst) {
+            ConnOutcome::Proxied { name, orig, .. } if name == "proxy" => {
+                assert_eq!(orig, Some(dst), "SO_ORIGINAL_DST")
+            }
+            other => panic!("expected the proxy with orig {dst}, got {other:?}"),
+        }
+        // The same plan again is no change.
+        assert!(matches!(
+            pod.target().set_up(&root, &object),
+            Outcome::Unchanged
+        ));
+    }
+
+    for pod in &pods {
+        let removed = teardown(&root, redirector_common::NetnsCookie(pod.topo.pod.cookie()))
+            .expect("removing the pod");
+        assert_eq!(removed.len(), 1);
+        let dst = pod.topo.service_addr(false, 80);
+        assert!(
+            matches!(pod.topo.connect(APP_UID, APP_UID, dst), ConnOutcome::Served { ref name, .. } if name == "svc"),
+            "uncaptured after teardown"
+        );
+    }
+    assert!(
+        !pins.path().exists(),
+        "the last pod's teardown removes the pin root"
+    );
+}
