@@ -23,8 +23,8 @@ use crate::{
     observe::{self, ObserveError},
     plan::{CidrEntry, PodPlan},
     store::{
-        bpf_sys, ensure_loaded, open_program, programs::AttachTarget, NodeLock, NodeMaps,
-        ObjectError, ObjectId, ObjectPins, OpenMapError, PinRoot, PodPins,
+        bpf_sys, ensure_loaded, open_program, programs::AttachTarget, EbpfObject, NodeLock,
+        NodeMaps, ObjectError, ObjectId, ObjectPins, OpenMapError, PinRoot, PodPins,
     },
 };
 
@@ -85,7 +85,7 @@ pub enum Outcome {
 /// pinned first if this node does not have it yet).
 pub fn apply(
     root: &PinRoot,
-    object: &[u8],
+    object: &EbpfObject,
     plan: &PodPlan,
     netns: &Netns,
     mode: Mode,
@@ -93,7 +93,7 @@ pub fn apply(
     let _lock = NodeLock::acquire(root)?;
     let started = Instant::now();
     let cookie = plan.netns_cookie;
-    let target = root.object(&ObjectId::of(object));
+    let target = root.object(object.id());
     let targets = attach_targets(plan, netns)?;
     let state = observe::observe(root, cookie)?;
     tracing::debug!("observed pod {cookie} in {:?}", started.elapsed());

@@ -15,7 +15,7 @@ use redirector::{
     gc::teardown,
     netns::Netns,
     plan::plan_pod,
-    store::{self, object_bytes},
+    store::{self, EbpfObject},
 };
 use redirector_tests::redirector::{object_ids, PinRoot, STANDARD_INJECTION};
 use redirector_tests::{
@@ -81,7 +81,7 @@ struct Target {
 
 impl Target {
     /// Set the pod up through the library, as `redirector istio-iptables` would.
-    fn set_up(&self, root: &store::PinRoot, object: &[u8]) -> Outcome {
+    fn set_up(&self, root: &store::PinRoot, object: &EbpfObject) -> Outcome {
         let netns = Netns::open(&self.netns).expect("opening the pod's netns");
         assert_eq!(netns.cookie().get(), self.cookie);
         let argv = std::iter::once("istio-iptables").chain(STANDARD_INJECTION);
@@ -110,7 +110,7 @@ fn one_process_sets_up_two_pods_at_once_without_changing_its_namespace() {
     let pins = PinRoot::new("engine");
     let root = store::PinRoot::new(pins.path());
     let pods = [Pod::new("enga"), Pod::new("engb")];
-    let object = object_bytes().expect("the embedded object");
+    let object = EbpfObject::configured().expect("the embedded object");
     let before = thread_namespaces();
 
     let targets: Vec<Target> = pods.iter().map(Pod::target).collect();

@@ -18,7 +18,7 @@ use crate::{
     loopback,
     netns::Netns,
     plan::{dns_capture_enabled, plan_pod},
-    store::{object_bytes, pins::BPFFS_MOUNT, PinRoot, OBJECT_OVERRIDE_ENV},
+    store::{pins::BPFFS_MOUNT, EbpfObject, PinRoot, OBJECT_OVERRIDE_ENV},
 };
 
 /// Environment variables istio-iptables reads, logged as its "Environment" section.
@@ -122,7 +122,7 @@ fn apply_rules(cfg: &IstioConfig, root: &PinRoot, netns: &Netns) -> anyhow::Resu
     if plan.config.flags & redirector_common::pod_flags::IPV6 != 0 {
         loopback::add_inbound_passthrough(netns)?;
     }
-    let object = object_bytes()?;
+    let object = EbpfObject::configured()?;
     let mode = if cfg.run.force_apply {
         Mode::Everything
     } else {

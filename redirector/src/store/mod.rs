@@ -10,5 +10,5 @@ pub mod programs;
 
 pub use lock::NodeLock;
 pub use node_maps::{NodeMaps, OpenMapError};
-pub use object::{ensure_loaded, object_bytes, open_program, ObjectError, OBJECT_OVERRIDE_ENV};
+pub use object::{ensure_loaded, open_program, EbpfObject, ObjectError, OBJECT_OVERRIDE_ENV};
 pub use pins::{ObjectId, ObjectPins, PinRoot, PodPins};

@@ -1,6 +1,6 @@
 //! The node's eBPF object: loaded once, pinned, and reused by every later run.
 
-use std::{fs, io, os::fd::OwnedFd};
+use std::{borrow::Cow, fs, io, os::fd::OwnedFd};
 
 use aya::{
     programs::{CgroupSockAddr, CgroupSockopt, SkLookup, SockOps},
@@ -23,16 +23,37 @@ static EMBEDDED: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/
 /// to a rebuilt kernel side without a new binary, and to test that pods move over.
 pub const OBJECT_OVERRIDE_ENV: &str = "REDIRECTOR_EBPF_OBJECT";
 
-/// The eBPF object to load: the embedded one, or the file named by [`OBJECT_OVERRIDE_ENV`].
-pub fn object_bytes() -> Result<std::borrow::Cow<'static, [u8]>, ObjectError> {
-    match std::env::var_os(OBJECT_OVERRIDE_ENV) {
-        Some(path) if !path.is_empty() => {
-            let path = std::path::PathBuf::from(path);
-            Ok(fs::read(&path)
-                .map_err(fs_err("reading eBPF object", &path))?
-                .into())
+/// An eBPF object to load: its bytes and their id, computed once.
+#[derive(Debug)]
+pub struct EbpfObject {
+    bytes: Cow<'static, [u8]>,
+    id: ObjectId,
+}
+
+impl EbpfObject {
+    pub fn new(bytes: Cow<'static, [u8]>) -> Self {
+        let id = ObjectId::of(&bytes);
+        EbpfObject { bytes, id }
+    }
+
+    /// The embedded object, or the file named by [`OBJECT_OVERRIDE_ENV`].
+    pub fn configured() -> Result<Self, ObjectError> {
+        match std::env::var_os(OBJECT_OVERRIDE_ENV) {
+            Some(path) if !path.is_empty() => {
+                let path = std::path::PathBuf::from(path);
+                let bytes = fs::read(&path).map_err(fs_err("reading eBPF object", &path))?;
+                Ok(Self::new(bytes.into()))
+            }
+            _ => Ok(Self::new(EMBEDDED.into())),
         }
-        _ => Ok(EMBEDDED.into()),
+    }
+
+    pub fn id(&self) -> &ObjectId {
+        &self.id
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
     }
 }
 
@@ -65,17 +86,21 @@ pub enum ObjectError {
 
 /// Make sure the object is loaded and pinned under `root`; load and pin it if not.
 /// The caller holds the node lock.
-pub fn ensure_loaded(root: &PinRoot, bytes: &[u8]) -> Result<(ObjectPins, bool), ObjectError> {
+pub fn ensure_loaded(
+    root: &PinRoot,
+    object: &EbpfObject,
+) -> Result<(ObjectPins, bool), ObjectError> {
+    let bytes = object.bytes();
     if bytes.is_empty() {
         return Err(ObjectError::NotEmbedded);
     }
-    let id = ObjectId::of(bytes);
-    let pins = root.object(&id);
+    let id = object.id();
+    let pins = root.object(id);
     if pins.dir().exists() {
         check_complete(&pins)?;
         return Ok((pins, false));
     }
-    let staging = root.staging_object(&id);
+    let staging = root.staging_object(id);
     if let Err(err) = load_and_pin(bytes, &staging) {
         if let Err(cleanup) = fs::remove_dir_all(staging.dir()) {
             tracing::warn!("removing {}: {cleanup}", staging.dir().display());

@@ -27,11 +27,21 @@ pub const BPFFS_MOUNT: &str = "/sys/fs/bpf";
 pub struct ObjectId(String);
 
 impl ObjectId {
-    /// The id of an object's bytes (FNV-1a, 64 bit): a changed object gets new pins.
+    /// The id of an object's bytes: a changed object gets new pins. FNV-1a over 64-bit
+    /// words, then the length (so that trailing zero bytes count): a content hash for
+    /// telling objects apart, computed once per process, not a cryptographic one.
     pub fn of(bytes: &[u8]) -> Self {
-        let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        const PRIME: u64 = 0x0100_0000_01b3;
+        let words = bytes.chunks(8).map(|chunk| {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            u64::from_le_bytes(word)
         });
+        let hash = words
+            .chain([bytes.len() as u64])
+            .fold(0xcbf2_9ce4_8422_2325_u64, |h, w| {
+                (h ^ w).wrapping_mul(PRIME)
+            });
         ObjectId(format!("{hash:016x}"))
     }
 
@@ -178,5 +188,23 @@ impl PodPins {
     /// Where a new link is pinned before it replaces the current one.
     pub fn staging_link(&self, program: &str) -> PathBuf {
         self.0.join(format!("{STAGING_PREFIX}{program}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ObjectId;
+
+    #[test]
+    fn object_ids_tell_objects_apart_including_trailing_zeros() {
+        let bytes = b"\x7fELF object bytes".to_vec();
+        assert_eq!(ObjectId::of(&bytes), ObjectId::of(&bytes.clone()));
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert_ne!(ObjectId::of(&bytes), ObjectId::of(&longer));
+        let mut changed = bytes.clone();
+        changed[3] ^= 1;
+        assert_ne!(ObjectId::of(&bytes), ObjectId::of(&changed));
+        assert_eq!(ObjectId::of(&bytes).as_str().len(), 16);
     }
 }
