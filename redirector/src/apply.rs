@@ -95,7 +95,7 @@ pub fn apply(
     let cookie = plan.netns_cookie;
     let target = root.object(object.id());
     let targets = attach_targets(plan, netns)?;
-    let state = observe::observe(root, cookie)?;
+    let state = observe::observe(root, cookie, Some(object.id()))?;
     tracing::debug!("observed pod {cookie} in {:?}", started.elapsed());
     let pod_diff = diff::diff(plan, &target, targets, &state, mode);
     if pod_diff.is_empty() {

@@ -9,7 +9,7 @@ use crate::{
     apply::{collect_if_unused, remove, retire, ApplyError},
     diff,
     fs_error::fs_err,
-    observe::{self, observe_links, observe_pods},
+    observe::{self, observe_links, observe_pods, Pods},
     store::{NodeLock, NodeMaps, ObjectId, PinRoot},
 };
 
@@ -21,7 +21,7 @@ pub fn teardown(root: &PinRoot, cookie: NetnsCookie) -> Result<Vec<ObjectId>, Ap
     }
     let removed_from = {
         let _lock = NodeLock::acquire(root)?;
-        let state = observe::observe(root, cookie)?;
+        let state = observe::observe(root, cookie, None)?;
         let removal = diff::remove_all(&state);
         let failures: Vec<String> = removal
             .retire
@@ -66,7 +66,7 @@ pub fn collect_stale(root: &PinRoot) -> Result<Vec<NetnsCookie>, ApplyError> {
                 }
             }
             let mut maps = NodeMaps::open(&object)?;
-            let mut found = observe_pods(&object, &maps, &|cookie| !live.contains(&cookie))?;
+            let mut found = observe_pods(&object, &maps, &Pods::AllBut(&live), true)?;
             for (cookie, links) in stale {
                 let install = found
                     .entry(cookie)

@@ -1,12 +1,12 @@
 //! What is installed for a pod, read from bpffs and the kernel, in the shape of its plan.
 //!
 //! A pod that has neither links nor a configuration under an object has nothing there, so
-//! setting up a new pod reads no node-wide map beyond two point lookups per object. Only a
+//! setting up a new pod reads no node-wide map beyond one lookup per object. Only a
 //! pod that is installed somewhere has its entries collected, with one pass over each map
 //! for any number of pods ([`observe_pods`], which garbage collection uses for all the
 //! pods it removes at once).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use aya::maps::{LpmTrie, MapData, MapError};
 use redirector_common::{
@@ -18,7 +18,7 @@ use crate::{
     plan::CidrEntry,
     store::{
         bpf_sys::{pinned_link_target, LinkTarget},
-        NodeMaps, ObjectPins, OpenMapError, PinRoot,
+        NodeMaps, ObjectId, ObjectPins, OpenMapError, PinRoot,
     },
 };
 
@@ -103,8 +103,14 @@ impl PodState {
     }
 }
 
-/// Read what is installed for the pod with this netns cookie.
-pub fn observe(root: &PinRoot, netns_cookie: NetnsCookie) -> Result<PodState, ObserveError> {
+/// Read what is installed for the pod with this netns cookie. The run-time entries the
+/// kernel made for it (listeners, redirected connections) are read under every object but
+/// `keep`, the one a re-apply keeps them in.
+pub fn observe(
+    root: &PinRoot,
+    netns_cookie: NetnsCookie,
+    keep: Option<&ObjectId>,
+) -> Result<PodState, ObserveError> {
     let mut installations = Vec::new();
     for object in root
         .objects()
@@ -122,7 +128,8 @@ pub fn observe(root: &PinRoot, netns_cookie: NetnsCookie) -> Result<PodState, Ob
         if !linked && !configured {
             continue;
         }
-        let mut found = observe_pods(&object, &maps, &|cookie| cookie == netns_cookie)?;
+        let runtime = keep != Some(object.id());
+        let mut found = observe_pods(&object, &maps, &Pods::One(netns_cookie), runtime)?;
         let mut install = found
             .remove(&netns_cookie)
             .unwrap_or_else(|| Installation::empty(object.clone()));
@@ -135,14 +142,31 @@ pub fn observe(root: &PinRoot, netns_cookie: NetnsCookie) -> Result<PodState, Ob
     })
 }
 
+/// Which pods [`observe_pods`] collects.
+pub enum Pods<'a> {
+    /// One pod: the maps keyed by netns cookie alone are looked up, not read through.
+    One(NetnsCookie),
+    /// Every pod but these (garbage collection).
+    AllBut(&'a BTreeSet<NetnsCookie>),
+}
+
+impl Pods<'_> {
+    fn wants(&self, cookie: NetnsCookie) -> bool {
+        match self {
+            Pods::One(one) => *one == cookie,
+            Pods::AllBut(live) => !live.contains(&cookie),
+        }
+    }
+}
+
 /// The installation of `cookie` in `found`, made on first use, if the pod is wanted.
 fn slot<'a>(
     found: &'a mut BTreeMap<NetnsCookie, Installation>,
     object: &ObjectPins,
-    wanted: &dyn Fn(NetnsCookie) -> bool,
+    pods: &Pods,
     cookie: NetnsCookie,
 ) -> Option<&'a mut Installation> {
-    wanted(cookie).then(|| {
+    pods.wants(cookie).then(|| {
         found
             .entry(cookie)
             .or_insert_with(|| Installation::empty(object.clone()))
@@ -193,62 +217,87 @@ pub fn observe_links(
         .collect())
 }
 
-/// The map entries one object holds for every pod `wanted` accepts, reading each of its
-/// maps once (links are read separately, by [`observe_links`]). Pods with no entries
-/// are left out.
+/// The map entries one object holds for the selected pods, reading each map at most once
+/// (links are read separately, by [`observe_links`]); with `runtime`, also the entries
+/// the kernel side made (listeners, redirected connections). Pods with no entries are
+/// left out.
 pub fn observe_pods(
     object: &ObjectPins,
     maps: &NodeMaps,
-    wanted: &dyn Fn(NetnsCookie) -> bool,
+    pods: &Pods,
+    runtime: bool,
 ) -> Result<BTreeMap<NetnsCookie, Installation>, ObserveError> {
     let mut found: BTreeMap<NetnsCookie, Installation> = BTreeMap::new();
-    for item in maps.pod_config.iter() {
-        let (cookie, config) = item.map_err(read_err("POD_CONFIG"))?;
-        if let Some(install) = slot(&mut found, object, wanted, cookie) {
-            install.config = Some(config);
+    match pods {
+        Pods::One(cookie) => {
+            let config = maps
+                .pod_config
+                .get(cookie, 0)
+                .map(Some)
+                .or_else(absent)
+                .map_err(read_err("POD_CONFIG"))?;
+            let counters = maps
+                .counters
+                .get(cookie, 0)
+                .map(Some)
+                .or_else(absent)
+                .map_err(read_err("COUNTERS"))?
+                .is_some();
+            if config.is_some() || counters {
+                let install = slot(&mut found, object, pods, *cookie).expect("the pod");
+                install.config = config;
+                install.counters = counters;
+            }
         }
-    }
-    for cookie in maps.counters.keys() {
-        if let Some(install) = slot(
-            &mut found,
-            object,
-            wanted,
-            cookie.map_err(read_err("COUNTERS"))?,
-        ) {
-            install.counters = true;
+        Pods::AllBut(_) => {
+            for item in maps.pod_config.iter() {
+                let (cookie, config) = item.map_err(read_err("POD_CONFIG"))?;
+                if let Some(install) = slot(&mut found, object, pods, cookie) {
+                    install.config = Some(config);
+                }
+            }
+            for cookie in maps.counters.keys() {
+                let cookie = cookie.map_err(read_err("COUNTERS"))?;
+                if let Some(install) = slot(&mut found, object, pods, cookie) {
+                    install.counters = true;
+                }
+            }
         }
     }
     for key in maps.port_sets.keys() {
         let key = key.map_err(read_err("PORT_SETS"))?;
-        if let Some(install) = slot(&mut found, object, wanted, NetnsCookie(key.netns_cookie)) {
+        if let Some(install) = slot(&mut found, object, pods, NetnsCookie(key.netns_cookie)) {
             install.ports.push(key);
         }
     }
     for (cookie, e) in cidr_entries(&maps.cidrs_v4, "CIDRS_V4", |k| k.netns_cookie)? {
-        if let Some(install) = slot(&mut found, object, wanted, cookie) {
+        if let Some(install) = slot(&mut found, object, pods, cookie) {
             install.cidrs_v4.push(e);
         }
     }
     for (cookie, e) in cidr_entries(&maps.cidrs_v6, "CIDRS_V6", |k| k.netns_cookie)? {
-        if let Some(install) = slot(&mut found, object, wanted, cookie) {
+        if let Some(install) = slot(&mut found, object, pods, cookie) {
             install.cidrs_v6.push(e);
         }
     }
     for item in maps.pod_by_addr.iter() {
         let (key, cookie) = item.map_err(read_err("POD_BY_ADDR"))?;
-        if let Some(install) = slot(&mut found, object, wanted, cookie) {
+        if let Some(install) = slot(&mut found, object, pods, cookie) {
             install.addrs.push(key);
         }
     }
+    if !runtime {
+        return Ok(found);
+    }
     for key in maps.listeners.keys() {
         let key = key.map_err(read_err("LISTENERS"))?;
-        if let Some(install) = slot(&mut found, object, wanted, NetnsCookie(key.netns_cookie)) {
+        if let Some(install) = slot(&mut found, object, pods, NetnsCookie(key.netns_cookie)) {
             install.listeners.push(key);
         }
     }
     for key in maps.orig_dst_by_conn.keys() {
         let key = key.map_err(read_err("ORIG_DST_BY_CONN"))?;
-        if let Some(install) = slot(&mut found, object, wanted, NetnsCookie(key.netns_cookie)) {
+        if let Some(install) = slot(&mut found, object, pods, NetnsCookie(key.netns_cookie)) {
             install.connections.push(key);
         }
     }
