@@ -32,10 +32,16 @@ pub mod names {
     ];
 }
 
-/// Capacity of the maps. The per-pod maps (`POD_CONFIG`, `PORT_SETS`, `POD_BY_ADDR`,
-/// `COUNTERS`: `BPF_F_NO_PREALLOC`) and the LPM tries allocate per entry, so an additional
-/// pod costs only its own entries; the LRU maps of connection state are preallocated once
-/// per node.
+/// Capacity of the maps, and what each costs before it holds anything.
+///
+/// Allocated per entry, so an additional pod costs only its own entries: the per-pod hash
+/// maps (`POD_CONFIG`, `PORT_SETS`, `POD_BY_ADDR`, `COUNTERS`, created with
+/// `BPF_F_NO_PREALLOC`; their bucket arrays are still sized by capacity at creation), the
+/// LPM tries (`CIDRS_V4`, `CIDRS_V6`; the kernel requires `BPF_F_NO_PREALLOC` of them), and
+/// the sockhash `LISTENERS` (the kernel allocates its elements on update, its buckets at
+/// creation). Preallocated in full once per node: the LRU maps of connection and DNS state
+/// (`ORIG_DST_BY_COOKIE`, `ORIG_DST_BY_CONN`, `DNS_ORIG_BY_COOKIE`); the kernel has no
+/// LRU map without preallocation.
 pub mod capacity {
     /// Pods per node.
     pub const PODS: u32 = 4096;
@@ -475,7 +481,31 @@ mod tests {
         }
         assert_eq!(PortSet::try_from(0), Err(UnknownDiscriminant(0)));
         assert_eq!(CidrList::try_from(6), Err(UnknownDiscriminant(6)));
-        assert_eq!(PortSet::InboundExclude.name(), "inbound-exclude (-d)");
+    }
+
+    #[test]
+    fn names_are_the_ones_user_space_prints() {
+        let sets = PortSet::ALL.map(PortSet::name);
+        assert_eq!(
+            sets,
+            [
+                "outbound-exclude (-o)",
+                "outbound-include (-q)",
+                "inbound-include (-b)",
+                "inbound-exclude (-d)",
+            ]
+        );
+        let lists = CidrList::ALL.map(CidrList::name);
+        assert_eq!(
+            lists,
+            [
+                "include (-i)",
+                "exclude (-x)",
+                "pod-local",
+                "dns-server",
+                "route",
+            ]
+        );
     }
 
     #[test]

@@ -3,8 +3,8 @@
 use core::net::{IpAddr, Ipv4Addr};
 
 use redirector_common::{
-    kernel_abi::V4_MAPPED_WORD, ClientEnd, ConnKey, Endpoint, OrigDst, ProxyEnd, RawIp, AF_INET,
-    AF_INET6,
+    kernel_abi::V4_MAPPED_WORD, ClientEnd, ConnKey, Endpoint, NetnsCookie, OrigDst, ProxyEnd,
+    RawIp, AF_INET, AF_INET6,
 };
 
 #[inline(always)]
@@ -101,9 +101,9 @@ impl SocketEnds {
 
     /// The connection's key, seen from the client's socket (the app's): it is the local end.
     #[inline(always)]
-    pub fn seen_by_client(self, netns_cookie: u64) -> ConnKey {
+    pub fn seen_by_client(self, netns_cookie: NetnsCookie) -> ConnKey {
         ConnKey::new(
-            netns_cookie,
+            netns_cookie.get(),
             self.family,
             ClientEnd(self.local),
             ProxyEnd(self.remote),
@@ -112,9 +112,9 @@ impl SocketEnds {
 
     /// The connection's key, seen from the proxy's accepted socket: it is the local end.
     #[inline(always)]
-    pub fn seen_by_proxy(self, netns_cookie: u64) -> ConnKey {
+    pub fn seen_by_proxy(self, netns_cookie: NetnsCookie) -> ConnKey {
         ConnKey::new(
-            netns_cookie,
+            netns_cookie.get(),
             self.family,
             ClientEnd(self.remote),
             ProxyEnd(self.local),

@@ -1,11 +1,13 @@
-use redirector_common::{Reason, COUNTER_SLOTS};
+//! Per-pod, per-reason decision counters.
+
+use redirector_common::{NetnsCookie, Reason, COUNTER_SLOTS};
 
 use crate::maps::COUNTERS;
 
 /// Count one decision for a pod. The entry exists from the moment the pod was configured,
 /// so this never allocates on the connection path.
 #[inline(always)]
-pub fn count(netns_cookie: u64, reason: Reason) {
+pub fn count(netns_cookie: NetnsCookie, reason: Reason) {
     if let Some(counters) = COUNTERS.get_ptr_mut(netns_cookie) {
         let slot = (reason as usize) & (COUNTER_SLOTS - 1);
         // SAFETY: a valid pointer to this CPU's value, which no other CPU writes, so a

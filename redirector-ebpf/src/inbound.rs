@@ -6,19 +6,17 @@ use core::net::IpAddr;
 
 use aya_ebpf::{
     bindings::{sk_action::SK_DROP, sk_action::SK_PASS},
-    helpers::generated::bpf_get_netns_cookie,
     programs::{SkLookupContext, SockOpsContext},
-    EbpfContext,
 };
 use redirector_common::{
     decide_inbound, decision::INBOUND_PASSTHROUGH_V6, pod_flags, CidrList, InboundAttempt,
-    ListenerKey, OrigDst, PodAddrKey, PodLookups, Reason, Verdict, AF_INET, AF_INET6,
+    ListenerKey, NetnsCookie, OrigDst, PodAddrKey, PodLookups, Reason, Verdict, AF_INET, AF_INET6,
 };
 
 use crate::{
     addr::{self, SocketEnds},
     counters::count,
-    maps::{PodMaps, LISTENERS, ORIG_DST_BY_CONN, POD_BY_ADDR, POD_CONFIG},
+    maps::{self, PodMaps, LISTENERS, ORIG_DST_BY_CONN, POD_BY_ADDR, POD_CONFIG},
 };
 
 const IPPROTO_TCP: u32 = 6;
@@ -27,8 +25,8 @@ const LOOPBACK_IFINDEX: u32 = 1;
 
 /// sock_ops TCP_LISTEN: a socket of a managed pod starts listening on a capture port.
 pub fn register_listener(ctx: &SockOpsContext) {
-    // SAFETY: called with the program's own context.
-    let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+    let netns_cookie = maps::netns_cookie(ctx);
+    // SAFETY: the value stays valid (RCU) for this run of the program; it is only read.
     let Some(cfg) = (unsafe { POD_CONFIG.get(netns_cookie) }) else {
         return;
     };
@@ -42,7 +40,7 @@ pub fn register_listener(ctx: &SockOpsContext) {
         AF_INET
     };
     let key = ListenerKey {
-        netns_cookie,
+        netns_cookie: netns_cookie.get(),
         port,
         family,
         _pad: 0,
@@ -113,7 +111,7 @@ pub fn sk_lookup(ctx: &SkLookupContext) -> u32 {
     };
     // The listener of the packet's family, else a dual-stack IPv6 one.
     let mut key = ListenerKey {
-        netns_cookie,
+        netns_cookie: netns_cookie.get(),
         port,
         family: if v6 { AF_INET6 } else { AF_INET },
         _pad: 0,
@@ -145,7 +143,13 @@ pub fn sk_lookup(ctx: &SkLookupContext) -> u32 {
 /// The proxy's accepted socket will ask SO_ORIGINAL_DST: its local address is the
 /// original destination, keyed as that socket will see the connection.
 #[inline(always)]
-fn record(netns_cookie: u64, local: IpAddr, local_port: u16, remote: IpAddr, remote_port: u16) {
+fn record(
+    netns_cookie: NetnsCookie,
+    local: IpAddr,
+    local_port: u16,
+    remote: IpAddr,
+    remote_port: u16,
+) {
     let (family, local_raw) = addr::raw(local);
     let key =
         SocketEnds::new((local, local_port), (remote, remote_port)).seen_by_proxy(netns_cookie);

@@ -4,17 +4,19 @@ use core::net::IpAddr;
 
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
+    helpers::generated::bpf_get_netns_cookie,
     macros::map,
     maps::{lpm_trie::Key, HashMap, LpmTrie, LruHashMap, PerCpuHashMap, SockHash},
+    EbpfContext,
 };
 use redirector_common::{
-    capacity, Cidr4Key, Cidr6Key, CidrList, ConnKey, Counters, ListenerKey, OrigDst, PodAddrKey,
-    PodConfig, PodLookups, PortKey, PortSet, CIDR_KEY_FIXED_BITS,
+    capacity, Cidr4Key, Cidr6Key, CidrList, ConnKey, Counters, ListenerKey, NetnsCookie, OrigDst,
+    PodAddrKey, PodConfig, PodLookups, PortKey, PortSet, CIDR_KEY_FIXED_BITS,
 };
 
 /// netns cookie → the pod's configuration. A miss means "not a managed pod".
 #[map]
-pub static POD_CONFIG: HashMap<u64, PodConfig> =
+pub static POD_CONFIG: HashMap<NetnsCookie, PodConfig> =
     HashMap::with_max_entries(capacity::PODS, BPF_F_NO_PREALLOC);
 
 /// (netns cookie, list, port) present ⇔ the port is in that list.
@@ -40,12 +42,12 @@ pub static ORIG_DST_BY_CONN: LruHashMap<ConnKey, OrigDst> =
 
 /// netns cookie → per-CPU decision counters. Entries are created by user space with the pod.
 #[map]
-pub static COUNTERS: PerCpuHashMap<u64, Counters> =
+pub static COUNTERS: PerCpuHashMap<NetnsCookie, Counters> =
     PerCpuHashMap::with_max_entries(capacity::PODS, BPF_F_NO_PREALLOC);
 
 /// Pod address → netns cookie, for inbound connections (sk_lookup has no netns helper).
 #[map]
-pub static POD_BY_ADDR: HashMap<PodAddrKey, u64> =
+pub static POD_BY_ADDR: HashMap<PodAddrKey, NetnsCookie> =
     HashMap::with_max_entries(capacity::POD_ADDRS, BPF_F_NO_PREALLOC);
 
 /// The proxy's capture listeners, registered when they call listen().
@@ -57,29 +59,37 @@ pub static LISTENERS: SockHash<ListenerKey> = SockHash::with_max_entries(capacit
 pub static DNS_ORIG_BY_COOKIE: LruHashMap<u64, OrigDst> =
     LruHashMap::with_max_entries(capacity::DNS_SOCKETS, 0);
 
+/// The network namespace of the program's socket: the key of everything a pod has in
+/// these maps.
+#[inline(always)]
+pub fn netns_cookie<C: EbpfContext>(ctx: &C) -> NetnsCookie {
+    // SAFETY: the helper reads only the context it is handed, the program's own.
+    NetnsCookie(unsafe { bpf_get_netns_cookie(ctx.as_ptr()) })
+}
+
 /// One pod's sets, looked up in the shared maps under its netns cookie.
 pub struct PodMaps {
-    pub netns_cookie: u64,
+    pub netns_cookie: NetnsCookie,
 }
 
 impl PodLookups for PodMaps {
     #[inline(always)]
     fn port_in(&self, set: PortSet, port: u16) -> bool {
         // SAFETY: only tested for presence; the value is never read.
-        unsafe { PORT_SETS.get(PortKey::new(self.netns_cookie, set, port)) }.is_some()
+        unsafe { PORT_SETS.get(PortKey::new(self.netns_cookie.get(), set, port)) }.is_some()
     }
 
     #[inline(always)]
     fn cidr_value(&self, list: CidrList, ip: IpAddr) -> Option<u8> {
         match ip {
             IpAddr::V4(v4) => {
-                let data = Cidr4Key::new(self.netns_cookie, list, v4.octets());
+                let data = Cidr4Key::new(self.netns_cookie.get(), list, v4.octets());
                 CIDRS_V4
                     .get(Key::new(CIDR_KEY_FIXED_BITS + 32, data))
                     .copied()
             }
             IpAddr::V6(v6) => {
-                let data = Cidr6Key::new(self.netns_cookie, list, v6.octets());
+                let data = Cidr6Key::new(self.netns_cookie.get(), list, v6.octets());
                 CIDRS_V6
                     .get(Key::new(CIDR_KEY_FIXED_BITS + 128, data))
                     .copied()

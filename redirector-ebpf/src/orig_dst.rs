@@ -11,7 +11,7 @@ use aya_ebpf::{
         BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB,
         BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG,
     },
-    helpers::generated::{bpf_get_netns_cookie, bpf_get_socket_cookie},
+    helpers::generated::bpf_get_socket_cookie,
     programs::{SockAddrContext, SockOpsContext, SockoptContext},
     EbpfContext,
 };
@@ -23,7 +23,7 @@ use redirector_common::{
 use crate::{
     addr::{self, SocketEnds},
     counters::count,
-    maps::{DNS_ORIG_BY_COOKIE, ORIG_DST_BY_CONN, ORIG_DST_BY_COOKIE},
+    maps::{self, DNS_ORIG_BY_COOKIE, ORIG_DST_BY_CONN, ORIG_DST_BY_COOKIE},
 };
 
 const TCP_CLOSE: u32 = 7;
@@ -79,22 +79,20 @@ pub fn sock_ops(ctx: &SockOpsContext) {
     let op = ctx.op();
     if op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB {
         // The app's side: its connect() was redirected if its cookie has an entry.
-        // SAFETY (helpers): called with the program's own context.
+        // SAFETY: called with the program's own context.
         let socket_cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
         // SAFETY: the value is copied out at once.
         let Some(orig) = (unsafe { ORIG_DST_BY_COOKIE.get(socket_cookie) }) else {
             return;
         };
         let orig = *orig;
-        // SAFETY: called with the program's own context.
-        let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+        let netns_cookie = maps::netns_cookie(ctx);
         let key = sock_ops_ends(ctx).seen_by_client(netns_cookie);
         let _ = ORIG_DST_BY_CONN.insert(key, orig, 0);
         let _ = ORIG_DST_BY_COOKIE.remove(socket_cookie);
     } else if op == BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB {
         // The proxy's side: watch its state so the entry goes when the connection closes.
-        // SAFETY: called with the program's own context.
-        let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+        let netns_cookie = maps::netns_cookie(ctx);
         let key = sock_ops_ends(ctx).seen_by_proxy(netns_cookie);
         // SAFETY: only tested for presence.
         if unsafe { ORIG_DST_BY_CONN.get(key) }.is_some() {
@@ -102,8 +100,7 @@ pub fn sock_ops(ctx: &SockOpsContext) {
         }
     } else if op == BPF_SOCK_OPS_STATE_CB && ctx.arg(1) == TCP_CLOSE {
         // Only the proxy's sockets ask for state callbacks (above).
-        // SAFETY: called with the program's own context.
-        let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+        let netns_cookie = maps::netns_cookie(ctx);
         let _ = ORIG_DST_BY_CONN.remove(sock_ops_ends(ctx).seen_by_proxy(netns_cookie));
     }
 }
@@ -123,8 +120,8 @@ pub fn getsockopt(ctx: &SockoptContext) {
         return;
     }
     // The proxy asks on its accepted socket.
-    // SAFETY: `sk` is the context's non-null socket; called with the program's context.
-    let (ends, netns_cookie) = unsafe { (bpf_sock_ends(sk), bpf_get_netns_cookie(ctx.as_ptr())) };
+    // SAFETY: `sk` is the context's non-null socket.
+    let (ends, netns_cookie) = (unsafe { bpf_sock_ends(sk) }, maps::netns_cookie(ctx));
     // SAFETY: the value is copied out at once.
     let Some(orig) = (unsafe { ORIG_DST_BY_CONN.get(ends.seen_by_proxy(netns_cookie)) }) else {
         return;
@@ -204,7 +201,7 @@ pub fn getpeername<const V6: bool>(ctx: &SockAddrContext) {
             DNS_ORIG_BY_COOKIE.get(&cookie).copied()
         } else {
             // The app asks on its own socket.
-            let key = bpf_sock_ends(sk).seen_by_client(bpf_get_netns_cookie(ctx.as_ptr()));
+            let key = bpf_sock_ends(sk).seen_by_client(maps::netns_cookie(ctx));
             ORIG_DST_BY_CONN.get(&key).copied()
         }
     };

@@ -3,21 +3,19 @@
 use core::net::IpAddr;
 
 use aya_ebpf::{
-    helpers::{
-        bpf_get_current_uid_gid, generated::bpf_get_netns_cookie, generated::bpf_get_socket_cookie,
-    },
+    helpers::{bpf_get_current_uid_gid, generated::bpf_get_socket_cookie},
     programs::SockAddrContext,
     EbpfContext,
 };
 use redirector_common::{
-    decide_outbound, pod_flags, OrigDst, OutboundAttempt, PodConfig, Protocol, Reason, Verdict,
-    DNS_CAPTURE_PORT,
+    decide_outbound, pod_flags, NetnsCookie, OrigDst, OutboundAttempt, PodConfig, Protocol, Reason,
+    Verdict, DNS_CAPTURE_PORT,
 };
 
 use crate::{
     addr,
     counters::count,
-    maps::{PodMaps, DNS_ORIG_BY_COOKIE, ORIG_DST_BY_COOKIE, POD_CONFIG},
+    maps::{self, PodMaps, DNS_ORIG_BY_COOKIE, ORIG_DST_BY_COOKIE, POD_CONFIG},
 };
 
 /// Let the connect() proceed (possibly rewritten).
@@ -83,6 +81,7 @@ pub fn sendmsg4(ctx: &SockAddrContext) -> i32 {
 pub fn sendmsg6(ctx: &SockAddrContext) -> i32 {
     // SAFETY: `sock_addr` is the program's context; the verifier checks every field read.
     let sa = unsafe { &*ctx.sock_addr };
+    // SAFETY: a connect/sendmsg context always has its socket; the verifier checks the read.
     let src = unsafe { (*sa.__bindgen_anon_1.sk).src_ip6 };
     capture::<true>(
         ctx,
@@ -99,8 +98,8 @@ fn capture<const V6: bool>(
     dst: IpAddr,
     src: IpAddr,
 ) -> i32 {
-    // SAFETY: called with the program's own context.
-    let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+    let netns_cookie = maps::netns_cookie(ctx);
+    // SAFETY: the value stays valid (RCU) for this run of the program; it is only read.
     let Some(cfg) = (unsafe { POD_CONFIG.get(netns_cookie) }) else {
         return ALLOW;
     };
@@ -135,7 +134,7 @@ fn capture<const V6: bool>(
 fn redirect<const V6: bool>(
     ctx: &SockAddrContext,
     cfg: &PodConfig,
-    netns_cookie: u64,
+    netns_cookie: NetnsCookie,
     attempt: &OutboundAttempt,
     port: u16,
     reason: Reason,
