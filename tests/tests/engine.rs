@@ -3,7 +3,7 @@
 //! process itself never changes network namespace.
 
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::Ipv4Addr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -19,7 +19,7 @@ use redirector::{
 };
 use redirector_tests::redirector::{object_ids, PinRoot, STANDARD_INJECTION};
 use redirector_tests::{
-    require_root, use_probe_bin, ChildGuard, ConnOutcome, ProbeServer, Topology, APP_UID, PROXY_UID,
+    assert_direct, assert_proxied, require_root, use_probe_bin, ProxiedPod, APP_UID,
 };
 
 /// The network namespace inode of every thread of this process.
@@ -37,30 +37,12 @@ fn thread_namespaces() -> Vec<u64> {
     inodes
 }
 
-struct Pod {
-    topo: Topology,
-    _service: ChildGuard,
-    _proxy: ChildGuard,
+/// A pod as the library is given it.
+trait AsTarget {
+    fn target(&self) -> Target;
 }
 
-impl Pod {
-    fn new(hint: &str) -> Self {
-        let topo = Topology::new(hint);
-        let service = ProbeServer::serve(&topo.service, "svc")
-            .listen(topo.service_addr(false, 80))
-            .start();
-        let proxy = ProbeServer::proxy(&topo.pod, "proxy")
-            .listen(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 15001))
-            .cgroup(&topo.pod_cgroup)
-            .user(PROXY_UID, PROXY_UID)
-            .start();
-        Pod {
-            topo,
-            _service: service,
-            _proxy: proxy,
-        }
-    }
-
+impl AsTarget for ProxiedPod {
     fn target(&self) -> Target {
         Target {
             netns: self.topo.pod.path(),
@@ -109,11 +91,11 @@ fn one_process_sets_up_two_pods_at_once_without_changing_its_namespace() {
     use_probe_bin(env!("CARGO_BIN_EXE_probe"));
     let pins = PinRoot::new("engine");
     let root = store::PinRoot::new(pins.path());
-    let pods = [Pod::new("enga"), Pod::new("engb")];
+    let pods = [ProxiedPod::new("enga"), ProxiedPod::new("engb")];
     let object = EbpfObject::configured().expect("the embedded object");
     let before = thread_namespaces();
 
-    let targets: Vec<Target> = pods.iter().map(Pod::target).collect();
+    let targets: Vec<Target> = pods.iter().map(AsTarget::target).collect();
     let outcomes: Vec<Outcome> = std::thread::scope(|scope| {
         let running: Vec<_> = targets
             .iter()
@@ -129,13 +111,8 @@ fn one_process_sets_up_two_pods_at_once_without_changing_its_namespace() {
     assert_eq!(object_ids(&pins).len(), 1, "one object for both pods");
 
     for pod in &pods {
-        let dst = pod.topo.service_addr(false, 80);
-        match pod.topo.connect(APP_UID, APP_UID, dst) {
-            ConnOutcome::Proxied { name, orig, .. } if name == "proxy" => {
-                assert_eq!(orig, Some(dst), "SO_ORIGINAL_DST")
-            }
-            other => panic!("expected the proxy with orig {dst}, got {other:?}"),
-        }
+        let dst = pod.service(false);
+        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
         // The same plan again is no change.
         assert!(matches!(
             pod.target().set_up(&root, &object),
@@ -147,11 +124,8 @@ fn one_process_sets_up_two_pods_at_once_without_changing_its_namespace() {
         let removed = teardown(&root, redirector_common::NetnsCookie(pod.topo.pod.cookie()))
             .expect("removing the pod");
         assert_eq!(removed.len(), 1);
-        let dst = pod.topo.service_addr(false, 80);
-        assert!(
-            matches!(pod.topo.connect(APP_UID, APP_UID, dst), ConnOutcome::Served { ref name, .. } if name == "svc"),
-            "uncaptured after teardown"
-        );
+        let dst = pod.service(false);
+        assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     }
     assert!(
         !pins.path().exists(),

@@ -8,77 +8,18 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use redirector_tests::bpftool::{cgroup_attachments, loaded_ids, pinned_id, wait_gone};
+use redirector_tests::proxied_pod::SERVICE_PORT;
 use redirector_tests::redirector::{
-    install, istio_iptables, object_ids, pins_under, pod_links, PinRoot, STANDARD_INJECTION,
+    istio_iptables, object_ids, pins_under, pod_links, PinRoot, STANDARD_INJECTION,
 };
 use redirector_tests::{
-    require_root, use_probe_bin, ChildGuard, ConnOutcome, ProbeServer, Topology, APP_UID, PROXY_UID,
+    assert_direct, assert_proxied, require_root, use_probe_bin, ProxiedPod, APP_UID, PROXY_UID,
 };
 
-const SERVICE_PORT: u16 = 80;
-
-/// A pod with a service to call and a stand-in proxy (uid 1337, in the pod's cgroup) on
-/// 15001 over both families.
-struct Pod {
-    topo: Topology,
-    _service: ChildGuard,
-    _proxy: ChildGuard,
-}
-
-impl Pod {
-    fn new(hint: &str) -> Self {
-        use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-        let topo = Topology::new(hint);
-        let service = ProbeServer::serve(&topo.service, "svc")
-            .listen(topo.service_addr(false, SERVICE_PORT))
-            .listen(topo.service_addr(true, SERVICE_PORT))
-            .listen(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 8080))
-            .start();
-        let proxy = ProbeServer::proxy(&topo.pod, "proxy")
-            .listen("127.0.0.1:15001".parse().unwrap())
-            .listen("[::1]:15001".parse().unwrap())
-            .cgroup(&topo.pod_cgroup)
-            .user(PROXY_UID, PROXY_UID)
-            .start();
-        Pod {
-            topo,
-            _service: service,
-            _proxy: proxy,
-        }
-    }
-
-    fn install(&self, root: &PinRoot, args: &[&str]) -> String {
-        let out = install(&self.topo.pod, &self.topo.pod_cgroup, root, args);
-        String::from_utf8_lossy(&out.stderr).into_owned()
-    }
-
-    fn connect(&self, uid: u32, gid: u32, dst: SocketAddr) -> ConnOutcome {
-        self.topo.connect(uid, gid, dst)
-    }
-
-    fn service(&self, v6: bool) -> SocketAddr {
-        self.topo.service_addr(v6, SERVICE_PORT)
-    }
-}
-
-#[track_caller]
-fn assert_proxied(outcome: &ConnOutcome, orig: SocketAddr) {
-    match outcome {
-        ConnOutcome::Proxied {
-            name, orig: got, ..
-        } if name == "proxy" => {
-            assert_eq!(*got, Some(orig), "SO_ORIGINAL_DST seen by the proxy");
-        }
-        other => panic!("expected the proxy with orig {orig}, got {other:?}"),
-    }
-}
-
-#[track_caller]
-fn assert_direct(outcome: &ConnOutcome, dst: SocketAddr) {
-    match outcome {
-        ConnOutcome::Served { name, local, .. } if name == "svc" => assert_eq!(*local, dst),
-        other => panic!("expected the service at {dst} directly, got {other:?}"),
-    }
+/// A pod with a service and a stand-in proxy, with this test binary's probe.
+fn pod(hint: &str) -> ProxiedPod {
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    ProxiedPod::new(hint)
 }
 
 #[test]
@@ -86,7 +27,7 @@ fn app_connection_redirected_with_original_destination_v4_and_v6() {
     if !require_root() {
         return;
     }
-    let pod = Pod::new("origdst");
+    let pod = pod("origdst");
     let root = PinRoot::new("origdst");
     // Before: straight to the service.
     assert_direct(
@@ -105,7 +46,7 @@ fn proxy_uid_and_gid_are_not_redirected() {
     if !require_root() {
         return;
     }
-    let pod = Pod::new("owner");
+    let pod = pod("owner");
     let root = PinRoot::new("owner");
     pod.install(&root, &STANDARD_INJECTION);
     let dst = pod.service(false);
@@ -123,7 +64,7 @@ fn excluded_cidr_and_excluded_port_pass_untouched() {
     if !require_root() {
         return;
     }
-    let pod = Pod::new("exclude");
+    let pod = pod("exclude");
     let other: IpAddr = Ipv4Addr::new(10, 201, pod.topo.subnet(), 3).into();
     pod.topo.add_service_addr(other);
     let root = PinRoot::new("exclude");
@@ -151,7 +92,7 @@ fn include_list_is_respected() {
     if !require_root() {
         return;
     }
-    let pod = Pod::new("include");
+    let pod = pod("include");
     let other: IpAddr = Ipv4Addr::new(10, 201, pod.topo.subnet(), 3).into();
     pod.topo.add_service_addr(other);
     let root = PinRoot::new("include");
@@ -178,8 +119,8 @@ fn two_pods_with_different_config_share_one_object_and_do_not_interfere() {
     if !require_root() {
         return;
     }
-    let a = Pod::new("poda");
-    let b = Pod::new("podb");
+    let a = pod("poda");
+    let b = pod("podb");
     let root = PinRoot::new("twopods");
     let log_a = a.install(&root, &STANDARD_INJECTION);
     let excluded = format!("{}/32", b.topo.service_ip4());
@@ -224,7 +165,7 @@ fn pins_survive_the_loader_and_a_rerun_replaces_instead_of_doubling() {
     if !require_root() {
         return;
     }
-    let pod = Pod::new("rerun");
+    let pod = pod("rerun");
     let root = PinRoot::new("rerun");
     pod.install(&root, &STANDARD_INJECTION);
     // The loader has exited; its pins hold the links.
@@ -262,7 +203,7 @@ fn cleanup_only_leaves_no_program_link_map_or_pin() {
     if !require_root() {
         return;
     }
-    let pod = Pod::new("cleanup");
+    let pod = pod("cleanup");
     let root = PinRoot::new("cleanup");
     pod.install(&root, &STANDARD_INJECTION);
     let pins = pins_under(root.path());
@@ -324,7 +265,7 @@ fn invalid_values_exit_1_naming_the_flag_and_attach_nothing() {
     if !require_root() {
         return;
     }
-    let pod = Pod::new("invalid");
+    let pod = pod("invalid");
     let root = PinRoot::new("invalid");
     let cases: [(&[&str], &str, &str); 5] = [
         (
@@ -377,7 +318,7 @@ fn traffic_leaving_through_an_excluded_interface_passes() {
     if !require_root() {
         return;
     }
-    let pod = Pod::new("excliface");
+    let pod = pod("excliface");
     let root = PinRoot::new("excliface");
     // The pod's routes to the service leave through its eth0.
     let mut args: Vec<&str> = STANDARD_INJECTION.to_vec();
@@ -398,7 +339,7 @@ fn traffic_leaving_through_an_excluded_interface_passes() {
 
 /// What `getpeername()` says on an app's socket connected to `dst`, by a Python client in
 /// the pod (uid 1000, pod cgroup); the connection stays open while it asks.
-fn peer_seen_by_app(pod: &Pod, dst: SocketAddr) -> String {
+fn peer_seen_by_app(pod: &ProxiedPod, dst: SocketAddr) -> String {
     let script = "import socket, sys\n\
                   s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3)\n\
                   p = s.getpeername()\n\
@@ -422,7 +363,7 @@ fn a_redirected_socket_reports_its_original_peer() {
     if !require_root() {
         return;
     }
-    let pod = Pod::new("peername");
+    let pod = pod("peername");
     let root = PinRoot::new("peername");
     pod.install(&root, &STANDARD_INJECTION);
     for v6 in [false, true] {
@@ -456,7 +397,7 @@ fn a_new_object_takes_over_the_pod_without_doubling() {
     if !require_root() {
         return;
     }
-    let pod = Pod::new("upgrade");
+    let pod = pod("upgrade");
     let root = PinRoot::new("upgrade");
     pod.install(&root, &STANDARD_INJECTION);
     let dst = pod.service(false);
@@ -505,7 +446,7 @@ fn a_failed_apply_leaves_the_pod_as_it_was() {
     if !require_root() {
         return;
     }
-    let pod = Pod::new("rollback");
+    let pod = pod("rollback");
     let root = PinRoot::new("rollback");
     let other: IpAddr = Ipv4Addr::new(10, 201, pod.topo.subnet(), 3).into();
     pod.topo.add_service_addr(other);

@@ -25,8 +25,8 @@ use redirector_tests::podman_rootfs::Rootfs;
 use redirector_tests::probe_protocol::parse_listening;
 use redirector_tests::redirector::{pins_under, redirector_bin, PinRoot, STANDARD_INJECTION};
 use redirector_tests::{
-    connect_from, probe_bin, require_root, use_probe_bin, ConnOutcome, NetNs, ProbeServer, APP_UID,
-    PROXY_UID,
+    assert_direct, connect_from, probe_bin, require_root, use_probe_bin, ConnOutcome, NetNs,
+    ProbeServer, APP_UID, PROXY_UID,
 };
 
 /// redirector has no inbound capture yet (sk_lookup is being added). Until it has, the
@@ -362,14 +362,6 @@ fn app_reaches_service_through_sidecar(pod: &Pod<'_>, net: &PodNetwork) {
             }
         }
         assert_direct(&app_connect(pod, PROXY_UID, svc), svc);
-    }
-}
-
-#[track_caller]
-fn assert_direct(outcome: &ConnOutcome, svc: SocketAddr) {
-    match outcome {
-        ConnOutcome::Served { name, local, .. } if name == "svc" => assert_eq!(*local, svc),
-        other => panic!("expected the service at {svc} directly, got {other:?}"),
     }
 }
 

@@ -1,0 +1,76 @@
+//! A pod with a service to call and a stand-in sidecar proxy: the setting of most
+//! privileged tests.
+
+use std::net::{Ipv4Addr, SocketAddr};
+
+use crate::redirector::{install, PinRoot};
+use crate::{ChildGuard, ConnOutcome, ProbeServer, Topology, PROXY_UID};
+
+pub const SERVICE_PORT: u16 = 80;
+
+/// A pod whose service answers on port 80 (both families) and 8080, with a stand-in proxy
+/// (uid 1337, in the pod's cgroup) on 15001 over both families that reads SO_ORIGINAL_DST.
+pub struct ProxiedPod {
+    pub topo: Topology,
+    _service: ChildGuard,
+    _proxy: ChildGuard,
+}
+
+impl ProxiedPod {
+    /// The probe binary must be set first ([`crate::use_probe_bin`]).
+    pub fn new(hint: &str) -> Self {
+        let topo = Topology::new(hint);
+        let service = ProbeServer::serve(&topo.service, "svc")
+            .listen(topo.service_addr(false, SERVICE_PORT))
+            .listen(topo.service_addr(true, SERVICE_PORT))
+            .listen(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 8080))
+            .start();
+        let proxy = ProbeServer::proxy(&topo.pod, "proxy")
+            .listen("127.0.0.1:15001".parse().unwrap())
+            .listen("[::1]:15001".parse().unwrap())
+            .cgroup(&topo.pod_cgroup)
+            .user(PROXY_UID, PROXY_UID)
+            .start();
+        ProxiedPod {
+            topo,
+            _service: service,
+            _proxy: proxy,
+        }
+    }
+
+    /// `redirector istio-iptables ARGS` for this pod; returns its log.
+    pub fn install(&self, root: &PinRoot, args: &[&str]) -> String {
+        let out = install(&self.topo.pod, &self.topo.pod_cgroup, root, args);
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+
+    pub fn connect(&self, uid: u32, gid: u32, dst: SocketAddr) -> ConnOutcome {
+        self.topo.connect(uid, gid, dst)
+    }
+
+    pub fn service(&self, v6: bool) -> SocketAddr {
+        self.topo.service_addr(v6, SERVICE_PORT)
+    }
+}
+
+/// The connection reached the proxy, which read `orig` as its original destination.
+#[track_caller]
+pub fn assert_proxied(outcome: &ConnOutcome, orig: SocketAddr) {
+    match outcome {
+        ConnOutcome::Proxied {
+            name, orig: got, ..
+        } if name == "proxy" => {
+            assert_eq!(*got, Some(orig), "SO_ORIGINAL_DST seen by the proxy");
+        }
+        other => panic!("expected the proxy with orig {orig}, got {other:?}"),
+    }
+}
+
+/// The connection reached the service at `dst` directly.
+#[track_caller]
+pub fn assert_direct(outcome: &ConnOutcome, dst: SocketAddr) {
+    match outcome {
+        ConnOutcome::Served { name, local, .. } if name == "svc" => assert_eq!(*local, dst),
+        other => panic!("expected the service at {dst} directly, got {other:?}"),
+    }
+}
