@@ -105,9 +105,18 @@ struct PodStatus {
     links: Vec<String>,
     /// `None` when the pod has links but no configuration (see `error`).
     config: Option<PodConfigStatus>,
-    /// Non-zero decision counters by reason name.
-    counters: std::collections::BTreeMap<&'static str, u64>,
+    /// Non-zero decision counters by reason name, in the order of the reasons.
+    #[serde(serialize_with = "as_object")]
+    counters: Vec<(&'static str, u64)>,
     error: Option<String>,
+}
+
+/// Name/count pairs as a JSON object.
+fn as_object<S: serde::Serializer>(
+    pairs: &[(&'static str, u64)],
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_map(pairs.iter().map(|(k, v)| (k, v)))
 }
 
 #[derive(Debug, serde::Serialize)]
