@@ -46,6 +46,8 @@ pub enum ApplyError {
         target: String,
         source: io::Error,
     },
+    #[error("{program} attaches to the pod's cgroup, but the plan has none")]
+    NoCgroup { program: &'static str },
     #[error(transparent)]
     Fs(#[from] FsError),
     #[error("{} removal(s) failed: {}", .0.len(), .0.join("; "))]
@@ -143,13 +145,33 @@ pub fn apply(
     })
 }
 
+/// Whether the pod has exactly its plan installed under `object` (read-only).
+pub fn is_installed(
+    root: &PinRoot,
+    object: &EbpfObject,
+    plan: &PodPlan,
+    netns: &Netns,
+) -> Result<bool, ApplyError> {
+    let state = observe::observe(root, plan.netns_cookie, Some(object.id()))?;
+    let targets = attach_targets(plan, netns)?;
+    let target = root.object(object.id());
+    Ok(!state.is_empty() && diff::diff(plan, &target, targets, &state, Mode::Changes).is_empty())
+}
+
 fn attach_targets(plan: &PodPlan, netns: &Netns) -> Result<AttachTargets, ApplyError> {
-    let cgroup = fs::metadata(&plan.cgroup).map_err(|source| ApplyError::Cgroup {
-        path: plan.cgroup.display().to_string(),
-        source,
-    })?;
+    let cgroup_id = match &plan.cgroup {
+        Some(path) => {
+            let cgroup = fs::metadata(path).map_err(|source| ApplyError::Cgroup {
+                path: path.display().to_string(),
+                source,
+            })?;
+            std::os::unix::fs::MetadataExt::ino(&cgroup)
+        }
+        // No cgroup programs in the plan.
+        None => 0,
+    };
     Ok(AttachTargets {
-        cgroup_id: std::os::unix::fs::MetadataExt::ino(&cgroup),
+        cgroup_id,
         netns_inode: netns.inode(),
     })
 }
@@ -191,7 +213,19 @@ fn stage(
 ) -> Result<Vec<Staged>, ApplyError> {
     let cookie = plan.netns_cookie;
     let pod = obj.pod(cookie);
-    let mut cgroup = None;
+    let attaches_cgroup = writes
+        .iter()
+        .any(|w| matches!(w, Write::Attach(spec) if spec.target == AttachTarget::Cgroup));
+    let cgroup = match &plan.cgroup {
+        Some(path) if attaches_cgroup => {
+            let file = fs::File::open(path).map_err(|source| ApplyError::Cgroup {
+                path: path.display().to_string(),
+                source,
+            })?;
+            Some((path, file))
+        }
+        _ => None,
+    };
     let mut staged = Vec::new();
     for write in writes {
         match write {
@@ -249,31 +283,13 @@ fn stage(
                 // Created first (an unpinned link detaches when its fd closes), then pinned.
                 let (target, target_name) = match spec.target {
                     AttachTarget::Cgroup => {
-                        let cgroup =
-                            match &mut cgroup {
-                                Some(cgroup) => cgroup,
-                                None => cgroup.insert(fs::File::open(&plan.cgroup).map_err(
-                                    |source| ApplyError::Cgroup {
-                                        path: plan.cgroup.display().to_string(),
-                                        source,
-                                    },
-                                )?),
-                            };
-                        (
-                            cgroup.as_fd().try_clone_to_owned().map_err(|source| {
-                                ApplyError::Cgroup {
-                                    path: plan.cgroup.display().to_string(),
-                                    source,
-                                }
-                            })?,
-                            plan.cgroup.display().to_string(),
-                        )
+                        let (path, file) = cgroup.as_ref().ok_or(ApplyError::NoCgroup {
+                            program: spec.function,
+                        })?;
+                        (file.as_fd(), path.display().to_string())
                     }
                     AttachTarget::Netns => (
-                        netns
-                            .as_fd()
-                            .try_clone_to_owned()
-                            .map_err(fs_err("opening", netns.path()))?,
+                        netns.as_fd(),
                         format!("network namespace {}", netns.path().display()),
                     ),
                 };
@@ -477,10 +493,12 @@ pub(crate) fn retire(ops: &ObjectOps, cookie: NetnsCookie) -> Vec<String> {
     failures
 }
 
-/// Remove an object (programs, maps, empty dirs) once no pod is attached through it.
+/// Remove an object (programs, maps, empty dirs) once no pod and no node link uses it.
 pub(crate) fn collect_if_unused(obj: &ObjectPins) -> Result<(), FsError> {
     let pods = obj.pods().map_err(fs_err("listing", &obj.pods_dir()))?;
-    if pods.is_empty() {
+    let node = obj.node();
+    let node_links = node.hooks().map_err(fs_err("listing", node.dir()))?;
+    if pods.is_empty() && node_links.is_empty() {
         match fs::remove_dir_all(obj.dir()) {
             Err(err) if err.kind() != io::ErrorKind::NotFound => {
                 return Err(fs_err("removing", obj.dir())(err))

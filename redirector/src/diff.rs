@@ -279,7 +279,7 @@ mod tests {
         let facts = PodFacts {
             netns_cookie: NetnsCookie(42),
             local_addrs: vec!["10.244.1.5".parse().unwrap()],
-            cgroup: "/sys/fs/cgroup/pod".into(),
+            cgroup: Some("/sys/fs/cgroup/pod".into()),
             interfaces: vec![("lo".into(), 1), ("eth0".into(), 2)],
             dns_servers: Vec::new(),
             routes: Vec::new(),

@@ -29,7 +29,9 @@ pub struct PodFacts {
     pub netns_cookie: NetnsCookie,
     /// Non-loopback addresses of the pod: connections to them leave through `lo`.
     pub local_addrs: Vec<IpAddr>,
-    pub cgroup: PathBuf,
+    /// The pod's own cgroup (init-container mode); `None` when the node's cgroup links
+    /// cover it (daemon mode).
+    pub cgroup: Option<PathBuf>,
     /// The pod's interfaces: name and ifindex.
     pub interfaces: Vec<(String, u32)>,
     /// The pod's DNS servers (resolv.conf `nameserver` lines).
@@ -46,7 +48,11 @@ impl PodFacts {
     }
 
     /// Read the facts of the pod in `netns` whose cgroup is `cgroup`.
-    pub fn gather(netns: &Netns, cgroup: PathBuf, resolv_conf: &Path) -> Result<Self, FactsError> {
+    pub fn gather(
+        netns: &Netns,
+        cgroup: Option<PathBuf>,
+        resolv_conf: &Path,
+    ) -> Result<Self, FactsError> {
         let (local_addrs, interfaces, routes) =
             netns.run(|| Ok::<_, FactsError>((local_addresses()?, interfaces()?, routes()?)))??;
         Ok(PodFacts {

@@ -11,6 +11,7 @@
 pub mod apply;
 pub mod cgroup;
 pub mod cli;
+pub mod daemon;
 pub mod diff;
 pub mod facts;
 pub mod fs_error;
@@ -21,6 +22,7 @@ pub mod live_pod;
 pub mod loopback;
 mod netlink;
 pub mod netns;
+pub mod node;
 pub mod observe;
 pub mod plan;
 mod sock_diag;

@@ -1,7 +1,11 @@
 //! From a pod's capture configuration to the exact kernel state it needs: pure data,
 //! printed by `--dry-run`, executed by `apply`, and queried by `explain`.
 
-use std::{fmt, net::IpAddr, path::PathBuf};
+use std::{
+    fmt,
+    net::IpAddr,
+    path::{Path, PathBuf},
+};
 
 use ipnet::IpNet;
 use redirector_common::{
@@ -13,7 +17,7 @@ use redirector_common::{
 use crate::{
     facts::PodFacts,
     spec::{CaptureConfig, CidrSelection, OwnerGroups, PortSelection},
-    store::programs::{AttachTarget, ProgramSpec, BASE_PROGRAMS, POD_PROGRAMS},
+    store::programs::{AttachTarget, ProgramSpec, BASE_PROGRAMS, NETNS_PROGRAMS, POD_PROGRAMS},
 };
 
 /// One LPM-trie entry: a prefix length (including the fixed cookie/list bits) and data.
@@ -28,7 +32,9 @@ pub struct CidrEntry<K> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodPlan {
     pub netns_cookie: NetnsCookie,
-    pub cgroup: PathBuf,
+    /// The cgroup the pod's cgroup programs attach to; `None` when the node's links (daemon
+    /// mode) already cover it, and the pod gets only its network-namespace link.
+    pub cgroup: Option<PathBuf>,
     pub config: PodConfig,
     pub ports: Vec<PortKey>,
     pub cidrs_v4: Vec<CidrEntry<Cidr4Key>>,
@@ -163,10 +169,10 @@ pub fn plan_pod(cfg: &CaptureConfig, facts: &PodFacts) -> PodPlan {
         cidrs_v4: Vec::new(),
         cidrs_v6: Vec::new(),
         addrs: Vec::new(),
-        programs: if redirect_dns {
-            &POD_PROGRAMS
-        } else {
-            &POD_PROGRAMS[..BASE_PROGRAMS]
+        programs: match (&facts.cgroup, redirect_dns) {
+            (None, _) => &NETNS_PROGRAMS,
+            (Some(_), true) => &POD_PROGRAMS,
+            (Some(_), false) => &POD_PROGRAMS[..BASE_PROGRAMS],
         },
     };
     let inbound_include: &[u16] = match &cfg.inbound_ports {
@@ -289,7 +295,7 @@ impl fmt::Display for PodPlan {
                     "attach {} ({}) to cgroup {}",
                     p.function,
                     p.hook,
-                    self.cgroup.display()
+                    self.cgroup.as_deref().unwrap_or(Path::new("?")).display()
                 )?,
                 AttachTarget::Netns => writeln!(
                     f,
@@ -297,6 +303,12 @@ impl fmt::Display for PodPlan {
                     p.function, p.hook
                 )?,
             }
+        }
+        if self.cgroup.is_none() {
+            writeln!(
+                f,
+                "cgroup programs: the node's (attached once by the daemon)"
+            )?;
         }
         writeln!(
             f,
@@ -389,7 +401,7 @@ mod tests {
         let facts = PodFacts {
             netns_cookie: NetnsCookie(42),
             local_addrs: vec![POD_IP.parse().unwrap(), "fd00::5".parse().unwrap()],
-            cgroup: "/sys/fs/cgroup/pod".into(),
+            cgroup: Some("/sys/fs/cgroup/pod".into()),
             interfaces: vec![("lo".into(), 1), ("eth0".into(), 2), ("eth1".into(), 3)],
             dns_servers: dns_servers.iter().map(|s| s.parse().unwrap()).collect(),
             routes: vec![

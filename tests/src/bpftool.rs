@@ -90,3 +90,25 @@ pub fn wait_gone(kind: &str, ids: &[u64], timeout: Duration) -> Vec<u64> {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Wait until the network-namespace link pinned at `path` is detached (its namespace is
+/// gone; the kernel tears namespaces down asynchronously); whether it is.
+pub fn wait_netns_link_detached(path: &Path, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let v = bpftool_json(&["link", "show", "pinned", &path.to_string_lossy()]);
+        let ino = v
+            .as_array()
+            .and_then(|a| a.first())
+            .unwrap_or(&v)
+            .get("netns_ino")
+            .and_then(|i| i.as_u64());
+        if ino == Some(0) {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

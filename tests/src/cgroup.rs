@@ -74,6 +74,14 @@ impl Cgroup {
         Cgroup { path }
     }
 
+    /// A cgroup below `parent` (a pod under a node cgroup), removed on drop.
+    pub fn under(parent: &Cgroup, hint: &str) -> Self {
+        let path = parent.path.join(unique_name(hint));
+        std::fs::create_dir(&path)
+            .unwrap_or_else(|e| panic!("cannot create cgroup {}: {e}", path.display()));
+        Cgroup { path }
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -4,7 +4,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 
 use crate::redirector::{install, PinRoot};
-use crate::{ChildGuard, ConnOutcome, ProbeServer, Topology, PROXY_UID};
+use crate::{Cgroup, ChildGuard, ConnOutcome, ProbeServer, Topology, PROXY_UID};
 
 pub const SERVICE_PORT: u16 = 80;
 
@@ -19,7 +19,15 @@ pub struct ProxiedPod {
 impl ProxiedPod {
     /// The probe binary must be set first ([`crate::use_probe_bin`]).
     pub fn new(hint: &str) -> Self {
-        let topo = Topology::new(hint);
+        Self::with(Topology::new(hint))
+    }
+
+    /// A pod whose cgroup is below the node cgroup `node` (daemon mode).
+    pub fn under(node: &Cgroup, hint: &str) -> Self {
+        Self::with(Topology::under(node, hint))
+    }
+
+    fn with(topo: Topology) -> Self {
         let service = ProbeServer::serve(&topo.service, "svc")
             .listen(topo.service_addr(false, SERVICE_PORT))
             .listen(topo.service_addr(true, SERVICE_PORT))

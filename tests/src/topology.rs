@@ -35,10 +35,19 @@ pub struct Topology {
 
 impl Topology {
     pub fn new(hint: &str) -> Self {
+        Self::with_cgroup(hint, Cgroup::new(&format!("{hint}pod")))
+    }
+
+    /// A pod whose cgroup is below `node` (daemon mode attaches there).
+    pub fn under(node: &Cgroup, hint: &str) -> Self {
+        Self::with_cgroup(hint, Cgroup::under(node, &format!("{hint}pod")))
+    }
+
+    fn with_cgroup(hint: &str, pod_cgroup: Cgroup) -> Self {
         let topology = Topology {
             pod: NetNs::new(&format!("{hint}pod")),
             service: NetNs::new(&format!("{hint}svc")),
-            pod_cgroup: Cgroup::new(&format!("{hint}pod")),
+            pod_cgroup,
             subnet: PairAddresses::fresh_subnet(),
         };
         add_veth(

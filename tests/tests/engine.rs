@@ -70,7 +70,7 @@ impl Target {
         let cfg = parse_istio_iptables(argv, &HashMap::<String, String>::new()).unwrap();
         let facts = PodFacts::gather(
             &netns,
-            self.cgroup.clone(),
+            Some(self.cgroup.clone()),
             Path::new("/nonexistent/resolv.conf"),
         )
         .expect("reading the pod");

@@ -95,7 +95,7 @@ pub fn run(cfg: &IstioConfig) -> anyhow::Result<()> {
 
 fn apply_rules(cfg: &IstioConfig, root: &PinRoot, netns: &Netns) -> anyhow::Result<()> {
     let cgroup = pod_cgroup(cfg.run.cgroup.as_deref())?;
-    let facts = PodFacts::gather(netns, cgroup, &cfg.run.resolv_conf)?;
+    let facts = PodFacts::gather(netns, Some(cgroup), &cfg.run.resolv_conf)?;
     let plan = plan_pod(&cfg.capture, &facts);
     if cfg.capture.redirect_dns && !dns_capture_enabled(&cfg.capture, &facts) {
         warn!(
@@ -173,7 +173,7 @@ fn apply_rules(cfg: &IstioConfig, root: &PinRoot, netns: &Netns) -> anyhow::Resu
     Ok(())
 }
 
-fn require_bpffs(root: &Path) -> anyhow::Result<()> {
+pub(super) fn require_bpffs(root: &Path) -> anyhow::Result<()> {
     let probe = root
         .ancestors()
         .find(|p| p.exists())

@@ -2,9 +2,11 @@
 //! (`config`), and the commands over the engine.
 
 pub mod config;
+mod daemon;
 mod explain;
 mod gc;
 mod istio_iptables;
+mod pod;
 mod status;
 mod validate;
 
@@ -32,6 +34,10 @@ enum Command {
     Explain(explain::ExplainArgs),
     /// Remove what is left of pods that are gone (their cgroup and netns no longer exist).
     Gc(gc::GcArgs),
+    /// Run the node-level daemon: pods captured by their network namespace, no init container.
+    Daemon(daemon::DaemonArgs),
+    /// Talk to the daemon: add, delete, list and check pods.
+    Pod(pod::PodArgs),
 }
 
 /// Run the binary: `istio-iptables` (by argv[0] or first argument) or a command.
@@ -79,11 +85,19 @@ fn run_command(argv: Vec<OsString>) -> ExitCode {
             };
         }
     };
-    init_logging(false, "default:warn");
+    // The daemon says what it does; the other commands print their results.
+    let level = if matches!(command, Command::Daemon(_)) {
+        "default:info"
+    } else {
+        "default:warn"
+    };
+    init_logging(false, level);
     let result = match &command {
         Command::Status(args) => status::run(args),
         Command::Explain(args) => explain::run(args),
         Command::Gc(args) => gc::run(args),
+        Command::Daemon(args) => daemon::run(args),
+        Command::Pod(args) => pod::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

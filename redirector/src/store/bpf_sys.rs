@@ -15,6 +15,7 @@ const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_LINK_UPDATE: libc::c_long = 29;
 const BPF_LINK_TYPE_CGROUP: u32 = 3;
 const BPF_LINK_TYPE_NETNS: u32 = 5;
 
@@ -81,6 +82,15 @@ pub fn link_create(
     let fd = bpf(BPF_LINK_CREATE, &mut attr)?;
     // SAFETY: the kernel returned a new file descriptor that we now own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Replace the program of `link` with `prog` in place: atomic, the hook never runs without
+/// a program.
+pub fn link_update(link: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Result<()> {
+    let mut attr = BpfAttr([0; 32]);
+    attr.0[0] = link.as_raw_fd() as u32;
+    attr.0[1] = prog.as_raw_fd() as u32;
+    bpf(BPF_LINK_UPDATE, &mut attr).map(drop)
 }
 
 /// What a pinned link is attached to.

@@ -36,6 +36,14 @@ impl EbpfObject {
         EbpfObject { bytes, id }
     }
 
+    /// An object already pinned under a pin root, known by its id alone.
+    pub fn pinned(id: ObjectId) -> Self {
+        EbpfObject {
+            bytes: Cow::Borrowed(&[]),
+            id,
+        }
+    }
+
     /// The embedded object, or the file named by [`OBJECT_OVERRIDE_ENV`].
     pub fn configured() -> Result<Self, ObjectError> {
         match std::env::var_os(OBJECT_OVERRIDE_ENV) {
@@ -90,15 +98,15 @@ pub fn ensure_loaded(
     root: &PinRoot,
     object: &EbpfObject,
 ) -> Result<(ObjectPins, bool), ObjectError> {
-    let bytes = object.bytes();
-    if bytes.is_empty() {
-        return Err(ObjectError::NotEmbedded);
-    }
     let id = object.id();
     let pins = root.object(id);
     if pins.dir().exists() {
         check_complete(&pins)?;
         return Ok((pins, false));
+    }
+    let bytes = object.bytes();
+    if bytes.is_empty() {
+        return Err(ObjectError::NotEmbedded);
     }
     let staging = root.staging_object(id);
     if let Err(err) = load_and_pin(bytes, &staging) {

@@ -4,7 +4,8 @@
 //! <root>/                                  default /sys/fs/bpf/redirector
 //!   objects/<object id>/progs/<program>    the node's programs, loaded once
 //!   objects/<object id>/maps/<map>         the node's maps, shared by all pods
-//!   objects/<object id>/pods/<netns cookie>/<program>   a pod's cgroup links
+//!   objects/<object id>/pods/<netns cookie>/<program>   a pod's links
+//!   objects/<object id>/node/<program>     daemon mode: cgroup links at the node cgroup
 //! ```
 //! A new binary with a different eBPF object gets a new object id; pods move to it when
 //! their configuration is applied again, and an object with no pods left is removed.
@@ -151,6 +152,12 @@ impl ObjectPins {
         self.dir.join("pods")
     }
 
+    /// The node-level links of daemon mode: the cgroup programs attached once at the node
+    /// cgroup, one pin per hook.
+    pub fn node(&self) -> PodPins {
+        PodPins(self.dir.join("node"))
+    }
+
     /// The pods with a link directory under this object.
     pub fn pods(&self) -> io::Result<Vec<NetnsCookie>> {
         Ok(names_in(&self.pods_dir())?
@@ -164,7 +171,7 @@ impl ObjectPins {
     }
 }
 
-/// The link pins of one pod under one object.
+/// A directory of link pins, one per hook: a pod's under one object, or the node's.
 #[derive(Clone, Debug)]
 pub struct PodPins(PathBuf);
 

@@ -128,3 +128,46 @@ pub const POD_PROGRAMS: [ProgramSpec; 11] = [
 
 /// How many of [`POD_PROGRAMS`] every pod gets.
 pub const BASE_PROGRAMS: usize = 7;
+
+/// The programs a pod gets when the node's cgroup links (daemon mode) already cover its
+/// cgroup: only its network namespace's.
+pub const NETNS_PROGRAMS: [ProgramSpec; 1] = [POD_PROGRAMS[2]];
+
+/// The programs the daemon attaches once at the node cgroup: every cgroup program, DNS
+/// ones included (each pod's configuration says whether its DNS is captured).
+pub const NODE_PROGRAMS: [ProgramSpec; 10] = [
+    POD_PROGRAMS[0],
+    POD_PROGRAMS[1],
+    POD_PROGRAMS[3],
+    POD_PROGRAMS[4],
+    POD_PROGRAMS[5],
+    POD_PROGRAMS[6],
+    POD_PROGRAMS[7],
+    POD_PROGRAMS[8],
+    POD_PROGRAMS[9],
+    POD_PROGRAMS[10],
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_and_netns_programs_split_the_pod_programs_by_target() {
+        assert!(NETNS_PROGRAMS
+            .iter()
+            .all(|p| p.target == AttachTarget::Netns));
+        assert!(NODE_PROGRAMS
+            .iter()
+            .all(|p| p.target == AttachTarget::Cgroup));
+        assert_eq!(
+            NETNS_PROGRAMS.len() + NODE_PROGRAMS.len(),
+            POD_PROGRAMS.len()
+        );
+        for p in &POD_PROGRAMS {
+            let in_node = NODE_PROGRAMS.iter().any(|n| n.hook == p.hook);
+            let in_netns = NETNS_PROGRAMS.iter().any(|n| n.hook == p.hook);
+            assert!(in_node != in_netns, "{} in exactly one", p.hook);
+        }
+    }
+}

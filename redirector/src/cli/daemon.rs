@@ -1,0 +1,48 @@
+//! `redirector daemon`: flags and env, then the daemon.
+
+use std::path::PathBuf;
+
+use crate::{
+    cgroup::cgroup2_mount,
+    daemon::{self, api::DEFAULT_SOCKET, records::DEFAULT_STATE_DIR, DaemonConfig},
+};
+
+#[derive(clap::Args, Debug)]
+pub struct DaemonArgs {
+    #[arg(long, value_name = "DIR", env = "REDIRECTOR_PIN_ROOT", default_value = crate::store::pins::DEFAULT_ROOT)]
+    pin_root: PathBuf,
+    /// The API's unix socket (mode 0600).
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// The node cgroup the cgroup programs attach to (default: the cgroup2 root; in
+    /// Kubernetes the kubepods cgroup).
+    #[arg(long, value_name = "PATH")]
+    cgroup: Option<PathBuf>,
+    /// Where the daemon keeps its pod records (names, flags); a tmpfs, like bpffs.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
+    /// Remove everything instead: every pod's capture, the node links, the records.
+    #[arg(long)]
+    uninstall: bool,
+}
+
+pub fn run(args: &DaemonArgs) -> anyhow::Result<()> {
+    let cgroup = match &args.cgroup {
+        Some(path) => path.clone(),
+        None => cgroup2_mount()?,
+    };
+    if !crate::fs_kind::is_cgroup2_dir(&cgroup) {
+        anyhow::bail!("--cgroup {} is not a cgroup v2 directory", cgroup.display());
+    }
+    let config = DaemonConfig {
+        pin_root: args.pin_root.clone(),
+        socket: args.socket.clone(),
+        cgroup,
+        state_dir: args.state_dir.clone(),
+    };
+    if args.uninstall {
+        return daemon::uninstall(&config);
+    }
+    super::istio_iptables::require_bpffs(&config.pin_root)?;
+    daemon::run(config)
+}

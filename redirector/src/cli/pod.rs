@@ -1,0 +1,128 @@
+//! `redirector pod add|del|list|check`: the client of the daemon's API.
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    os::unix::net::UnixStream,
+    path::PathBuf,
+};
+
+use anyhow::{bail, Context as _};
+
+use crate::daemon::{
+    api::{PodInfo, PodRef, Request, Response, DEFAULT_SOCKET},
+    pods::parse_flags,
+};
+
+#[derive(clap::Args, Debug)]
+pub struct PodArgs {
+    /// The daemon's socket.
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_SOCKET, global = true)]
+    socket: PathBuf,
+    #[command(subcommand)]
+    command: PodCommand,
+}
+
+#[derive(clap::Args, Debug)]
+#[group(required = true, multiple = false)]
+struct Which {
+    /// The pod's network namespace.
+    #[arg(long, value_name = "PATH")]
+    netns: Option<PathBuf>,
+    /// The pod's `namespace/name`.
+    #[arg(long, value_name = "NS/NAME")]
+    name: Option<String>,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum PodCommand {
+    /// Capture the pod in a network namespace: `pod add --netns PATH -- <istio-iptables flags>`.
+    Add {
+        #[arg(long, value_name = "PATH")]
+        netns: PathBuf,
+        #[arg(long, value_name = "NS/NAME")]
+        name: Option<String>,
+        /// istio-iptables flags (after `--`).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Remove a pod's capture.
+    Del(Which),
+    /// The pods the daemon manages.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Whether a pod is captured exactly as planned.
+    Check(Which),
+}
+
+fn pod_ref(which: &Which) -> PodRef {
+    PodRef {
+        netns: which.netns.clone(),
+        name: which.name.clone(),
+    }
+}
+
+/// One request, one response.
+fn call(socket: &PathBuf, request: &Request) -> anyhow::Result<Response> {
+    let mut stream = UnixStream::connect(socket)
+        .with_context(|| format!("connecting to the daemon at {}", socket.display()))?;
+    let mut line = serde_json::to_vec(request)?;
+    line.push(b'\n');
+    stream.write_all(&line).context("sending the request")?;
+    let mut answer = String::new();
+    BufReader::new(stream)
+        .read_line(&mut answer)
+        .context("reading the daemon's answer")?;
+    serde_json::from_str(&answer).with_context(|| format!("the daemon's answer {answer:?}"))
+}
+
+fn summary(pod: &PodInfo) -> String {
+    let counters: Vec<String> = pod
+        .counters
+        .iter()
+        .map(|(r, n)| format!("{r}={n}"))
+        .collect();
+    format!(
+        "{}\tnetns cookie {}\t{}\t{}\t{}",
+        pod.name.as_deref().unwrap_or("-"),
+        pod.netns_cookie,
+        pod.netns.display(),
+        pod.config.as_deref().unwrap_or("(not installed)"),
+        counters.join(" ")
+    )
+}
+
+pub fn run(args: &PodArgs) -> anyhow::Result<()> {
+    let (request, json) = match &args.command {
+        PodCommand::Add { netns, name, args } => {
+            // The daemon validates too; checking here gives the same message without a
+            // round trip, and an invalid value never reaches the node.
+            parse_flags(args).map_err(anyhow::Error::msg)?;
+            let request = Request::Add {
+                netns: netns.clone(),
+                name: name.clone(),
+                args: args.clone(),
+            };
+            (request, false)
+        }
+        PodCommand::Del(which) => (Request::Del(pod_ref(which)), false),
+        PodCommand::List { json } => (Request::List, *json),
+        PodCommand::Check(which) => (Request::Check(pod_ref(which)), false),
+    };
+    let response = call(&args.socket, &request)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&response.pods)?);
+    } else {
+        if let Some(message) = &response.message {
+            println!("{message}");
+        }
+        for pod in &response.pods {
+            println!("{}", summary(pod));
+        }
+    }
+    if !response.ok {
+        bail!(response.error.unwrap_or_else(|| "the daemon failed".into()));
+    }
+    Ok(())
+}

@@ -1,0 +1,124 @@
+//! The daemon's local API: JSON lines over a unix socket. Each request is one JSON object
+//! on one line; the daemon answers each with one JSON object on one line. A connection may
+//! carry any number of requests.
+//!
+//! ```text
+//! {"op":"add","netns":"/run/netns/p1","name":"default/app","args":["-p","15001",...]}
+//! {"op":"del","name":"default/app"}            (or "netns")
+//! {"op":"list"}
+//! {"op":"check","netns":"/run/netns/p1"}       (or "name")
+//! → {"ok":true,"pods":[...]}  |  {"ok":false,"error":"..."}
+//! ```
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Where the daemon listens unless told otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/redirector/redirector.sock";
+
+/// A pod named by its network namespace or by `namespace/name`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodRef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// Capture the pod in `netns` with istio-iptables flags `args`.
+    Add {
+        netns: PathBuf,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+        #[serde(default)]
+        args: Vec<String>,
+    },
+    /// Remove a pod; an unknown one is not an error (removal is idempotent).
+    Del(PodRef),
+    /// Every pod the daemon manages.
+    List,
+    /// Whether a pod's installed state is exactly its plan.
+    Check(PodRef),
+}
+
+/// One managed pod, as `list` and `add` report it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodInfo {
+    pub name: Option<String>,
+    pub netns: PathBuf,
+    pub netns_cookie: u64,
+    pub args: Vec<String>,
+    /// `-p … -z … flags …`, from the pod's live configuration; `None` if it has none.
+    pub config: Option<String>,
+    /// Non-zero decision counters, by reason name.
+    #[serde(default)]
+    pub counters: Vec<(String, u64)>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Response {
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pods: Vec<PodInfo>,
+}
+
+impl Response {
+    pub fn failed(error: impl ToString) -> Self {
+        Response {
+            ok: false,
+            error: Some(error.to_string()),
+            ..Response::default()
+        }
+    }
+
+    pub fn done(message: impl Into<String>, pods: Vec<PodInfo>) -> Self {
+        Response {
+            ok: true,
+            message: Some(message.into()),
+            pods,
+            ..Response::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_tagged_json_objects() {
+        let add: Request =
+            serde_json::from_str(r#"{"op":"add","netns":"/run/netns/p","args":["-p","15001"]}"#)
+                .unwrap();
+        assert_eq!(
+            add,
+            Request::Add {
+                netns: "/run/netns/p".into(),
+                name: None,
+                args: vec!["-p".into(), "15001".into()],
+            }
+        );
+        let del: Request = serde_json::from_str(r#"{"op":"del","name":"default/app"}"#).unwrap();
+        assert_eq!(
+            del,
+            Request::Del(PodRef {
+                netns: None,
+                name: Some("default/app".into()),
+            })
+        );
+        assert_eq!(
+            serde_json::to_string(&Request::List).unwrap(),
+            r#"{"op":"list"}"#
+        );
+        assert!(serde_json::from_str::<Request>(r#"{"op":"explode"}"#).is_err());
+        assert!(serde_json::from_str::<Request>(r#"{"op":"add"}"#).is_err());
+    }
+}

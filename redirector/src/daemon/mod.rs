@@ -1,0 +1,194 @@
+//! `redirector daemon`: the node-level mode. It loads the object once (or uses the one
+//! already pinned), attaches the cgroup programs once at the node cgroup, and sets pods up
+//! by their network namespace alone through its local API. Everything it does stays
+//! pinned: a daemon that exits, crashes or is killed leaves every pod captured, and a new
+//! one rebuilds its view from the pins and its records before it serves.
+
+pub mod api;
+pub mod pods;
+pub mod records;
+
+use std::{
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use anyhow::Context as _;
+use tokio::{
+    io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
+    net::{UnixListener, UnixStream},
+    signal::unix::{signal, SignalKind},
+    sync::Mutex,
+};
+use tracing::info;
+
+use self::{
+    api::{Request, Response},
+    pods::Node,
+    records::Records,
+};
+use crate::{
+    node::{attach_node, detach_node, node_object},
+    store::{EbpfObject, PinRoot},
+};
+
+/// How the daemon runs.
+#[derive(Clone, Debug)]
+pub struct DaemonConfig {
+    pub pin_root: PathBuf,
+    pub socket: PathBuf,
+    /// The node cgroup the cgroup programs attach to.
+    pub cgroup: PathBuf,
+    pub state_dir: PathBuf,
+}
+
+/// Start-up: the object (the pinned one if the node has it), the node-level links, and
+/// the reconcile of what is installed with the records — all before serving.
+fn start(config: &DaemonConfig) -> anyhow::Result<Node> {
+    let root = PinRoot::new(&config.pin_root);
+    let object = match node_object(&root)? {
+        Some(pinned) => EbpfObject::pinned(pinned.id().clone()),
+        None => EbpfObject::configured()?,
+    };
+    let attachment = attach_node(&root, &object, &config.cgroup)?;
+    info!(
+        "object {} attached at {} ({} link(s) new, the rest kept)",
+        attachment.object,
+        attachment.cgroup.display(),
+        attachment.attached.len()
+    );
+    let node = Node {
+        root,
+        object,
+        records: Records::new(&config.state_dir),
+    };
+    let (removed, kept) = node.reconcile().map_err(anyhow::Error::msg)?;
+    info!(
+        "reconciled: {kept} pod(s) kept as they are, {} gone pod(s) removed {removed:?}",
+        removed.len()
+    );
+    Ok(node)
+}
+
+/// Run until SIGTERM or SIGINT, then exit leaving every pod captured.
+pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(serve(config))
+}
+
+async fn serve(config: DaemonConfig) -> anyhow::Result<()> {
+    let start_config = config.clone();
+    let node = tokio::task::spawn_blocking(move || start(&start_config)).await??;
+    let node = Arc::new(node);
+    let listener = bind(&config.socket)?;
+    info!("ready: serving on {}", config.socket.display());
+    // One owner of the node state: requests are handled one at a time.
+    let owner = Arc::new(Mutex::new(()));
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    tokio::spawn(connection(stream, Arc::clone(&node), Arc::clone(&owner)));
+                }
+                Err(err) => tracing::warn!("accepting a connection: {err}"),
+            },
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+        }
+    }
+    // Never detach on shutdown: pods stay captured while no daemon runs.
+    if let Err(err) = std::fs::remove_file(&config.socket) {
+        tracing::warn!("removing {}: {err}", config.socket.display());
+    }
+    info!("stopped; every pod stays captured");
+    Ok(())
+}
+
+/// The socket, root only (mode 0600), replacing one a killed daemon left behind.
+fn bind(path: &Path) -> anyhow::Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    match std::fs::remove_file(path) {
+        Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
+            return Err(err).with_context(|| format!("removing the old socket {}", path.display()))
+        }
+        _ => {}
+    }
+    let listener =
+        UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("restricting {}", path.display()))?;
+    Ok(listener)
+}
+
+async fn connection(stream: UnixStream, node: Arc<Node>, owner: Arc<Mutex<()>>) {
+    let (reader, mut writer) = stream.into_split();
+    let mut lines = BufReader::new(reader).lines();
+    loop {
+        let line = match lines.next_line().await {
+            Ok(Some(line)) => line,
+            Ok(None) => return,
+            Err(err) => {
+                tracing::debug!("reading a request: {err}");
+                return;
+            }
+        };
+        if line.trim().is_empty() {
+            continue;
+        }
+        let response = match serde_json::from_str::<Request>(&line) {
+            Ok(request) => {
+                let _owner = owner.lock().await;
+                let node = Arc::clone(&node);
+                tokio::task::spawn_blocking(move || node.handle(request))
+                    .await
+                    .unwrap_or_else(|err| Response::failed(format!("the request failed: {err}")))
+            }
+            Err(err) => Response::failed(format!("bad request: {err}")),
+        };
+        let mut json = serde_json::to_vec(&response).unwrap_or_else(|err| {
+            format!(r#"{{"ok":false,"error":"encoding the response: {err}"}}"#).into_bytes()
+        });
+        json.push(b'\n');
+        if let Err(err) = writer.write_all(&json).await {
+            tracing::debug!("writing a response: {err}");
+            return;
+        }
+    }
+}
+
+/// `--uninstall`: remove every pod under the pin root, the node-level links, the records
+/// and the objects. Capture ends for every pod on the node.
+pub fn uninstall(config: &DaemonConfig) -> anyhow::Result<()> {
+    let root = PinRoot::new(&config.pin_root);
+    let records = Records::new(&config.state_dir);
+    let mut pods = 0;
+    if root.path().exists() {
+        for object in root.objects().context("listing pinned objects")? {
+            for cookie in object.pods().context("listing pods")? {
+                crate::gc::teardown(&root, cookie)?;
+                records.remove(cookie)?;
+                pods += 1;
+            }
+        }
+    }
+    for record in records.all()? {
+        records.remove(record.cookie())?;
+    }
+    let detached = detach_node(&root)?;
+    for dir in [root.objects_dir(), root.path().to_path_buf()] {
+        if let Err(err) = std::fs::remove_dir(&dir) {
+            tracing::debug!("keeping {}: {err}", dir.display());
+        }
+    }
+    info!("uninstalled: {pods} pod(s) removed, node links of {detached:?} detached");
+    Ok(())
+}

@@ -1,0 +1,224 @@
+//! The daemon's handling of each request, on the engine: blocking work, run off the
+//! async threads.
+
+use std::path::Path;
+
+use redirector_common::{NetnsCookie, Reason};
+
+use super::{
+    api::{PodInfo, PodRef, Request, Response},
+    records::{PodRecord, Records},
+};
+use crate::{
+    apply::{apply, is_installed, Outcome},
+    cli::config::{parse_istio_iptables, IstioConfig},
+    diff::Mode,
+    facts::PodFacts,
+    gc::teardown,
+    live_pod::LivePod,
+    loopback,
+    netns::Netns,
+    plan::{plan_pod, PodPlan},
+    store::{EbpfObject, PinRoot},
+};
+
+/// The node state the daemon owns.
+pub struct Node {
+    pub root: PinRoot,
+    pub object: EbpfObject,
+    pub records: Records,
+}
+
+/// Whether a flag was given.
+type Given = fn(&IstioConfig) -> bool;
+
+/// Flags that make no sense for a pod the daemon manages.
+const NOT_FOR_THE_DAEMON: [(&str, Given); 5] = [
+    ("--cleanup-only (use `pod del`)", |c| c.run.cleanup_only),
+    ("--dry-run", |c| c.run.dry_run),
+    ("--run-validation", |c| c.run.run_validation),
+    (
+        "--network-namespace (the request names the pod's namespace)",
+        |c| c.run.network_namespace.is_some(),
+    ),
+    (
+        "--cgroup (the daemon's programs are attached at the node cgroup)",
+        |c| c.run.cgroup.is_some(),
+    ),
+];
+
+/// Parse istio-iptables flags exactly as `redirector istio-iptables` does, with no env
+/// vars: a pod's settings come from its request alone.
+pub fn parse_flags(args: &[String]) -> Result<IstioConfig, String> {
+    let argv = std::iter::once("istio-iptables".to_owned()).chain(args.iter().cloned());
+    let cfg = parse_istio_iptables(argv, &std::collections::HashMap::<String, String>::new())
+        .map_err(|err| err.to_string().trim().to_owned())?;
+    if let Some((flag, _)) = NOT_FOR_THE_DAEMON.iter().find(|(_, given)| given(&cfg)) {
+        return Err(format!("{flag} is not accepted by the daemon"));
+    }
+    Ok(cfg)
+}
+
+impl Node {
+    pub fn handle(&self, request: Request) -> Response {
+        let result = match request {
+            Request::Add { netns, name, args } => self.add(&netns, name, args),
+            Request::Del(pod) => self.del(&pod),
+            Request::List => self.list(),
+            Request::Check(pod) => self.check(&pod),
+        };
+        result.unwrap_or_else(Response::failed)
+    }
+
+    fn plan(&self, netns: &Netns, cfg: &IstioConfig) -> Result<PodPlan, String> {
+        let facts =
+            PodFacts::gather(netns, None, &cfg.run.resolv_conf).map_err(|e| e.to_string())?;
+        Ok(plan_pod(&cfg.capture, &facts))
+    }
+
+    fn add(
+        &self,
+        netns_path: &Path,
+        name: Option<String>,
+        args: Vec<String>,
+    ) -> Result<Response, String> {
+        let cfg = parse_flags(&args)?;
+        let netns = Netns::open(netns_path).map_err(|e| e.to_string())?;
+        let plan = self.plan(&netns, &cfg)?;
+        if plan.config.flags & redirector_common::pod_flags::IPV6 != 0 {
+            loopback::add_inbound_passthrough(&netns).map_err(|e| e.to_string())?;
+        }
+        let started = std::time::Instant::now();
+        let outcome = apply(&self.root, &self.object, &plan, &netns, Mode::Changes)
+            .map_err(|e| format!("setting up pod netns {}: {e}", netns.cookie()))?;
+        let record = PodRecord {
+            netns_cookie: netns.cookie().get(),
+            netns: netns_path.to_path_buf(),
+            name,
+            args,
+        };
+        self.records.save(&record).map_err(|e| e.to_string())?;
+        let what = match outcome {
+            Outcome::New(_) => "captured",
+            Outcome::Replaced(_) => "updated",
+            Outcome::Unchanged => "unchanged",
+        };
+        tracing::info!(
+            "pod {} (netns cookie {}) {what} in {:.2} ms",
+            record.name.as_deref().unwrap_or("-"),
+            record.netns_cookie,
+            started.elapsed().as_secs_f64() * 1e3
+        );
+        Ok(Response::done(what, vec![self.info(&record)]))
+    }
+
+    /// The cookie of a pod named by request: its record's, else its namespace's.
+    fn find(&self, pod: &PodRef) -> Result<(Option<PodRecord>, Option<NetnsCookie>), String> {
+        if pod.netns.is_none() && pod.name.is_none() {
+            return Err("name the pod with netns or name".into());
+        }
+        let record = self
+            .records
+            .find(pod.name.as_deref(), pod.netns.as_deref())
+            .map_err(|e| e.to_string())?;
+        let cookie = match (&record, &pod.netns) {
+            (Some(record), _) => Some(record.cookie()),
+            (None, Some(path)) => Netns::open(path).ok().map(|n| n.cookie()),
+            (None, None) => None,
+        };
+        Ok((record, cookie))
+    }
+
+    fn del(&self, pod: &PodRef) -> Result<Response, String> {
+        let (record, cookie) = self.find(pod)?;
+        let Some(cookie) = cookie else {
+            return Ok(Response::done("no such pod", Vec::new()));
+        };
+        let removed = teardown(&self.root, cookie).map_err(|e| e.to_string())?;
+        self.records.remove(cookie).map_err(|e| e.to_string())?;
+        let message = if removed.is_empty() && record.is_none() {
+            "no such pod"
+        } else {
+            "removed"
+        };
+        Ok(Response::done(message, Vec::new()))
+    }
+
+    fn check(&self, pod: &PodRef) -> Result<Response, String> {
+        let (Some(record), _) = self.find(pod)? else {
+            return Err("no such pod".into());
+        };
+        let cfg = parse_flags(&record.args)?;
+        let netns = Netns::open(&record.netns).map_err(|e| e.to_string())?;
+        if netns.cookie() != record.cookie() {
+            return Err(format!(
+                "{} is another network namespace now (cookie {}, the pod's was {})",
+                record.netns.display(),
+                netns.cookie(),
+                record.netns_cookie
+            ));
+        }
+        let plan = self.plan(&netns, &cfg)?;
+        let same =
+            is_installed(&self.root, &self.object, &plan, &netns).map_err(|e| e.to_string())?;
+        if same {
+            Ok(Response::done(
+                "captured as planned",
+                vec![self.info(&record)],
+            ))
+        } else {
+            Err("the installed state differs from the pod's plan".into())
+        }
+    }
+
+    fn list(&self) -> Result<Response, String> {
+        let records = self.records.all().map_err(|e| e.to_string())?;
+        let pods = records.iter().map(|r| self.info(r)).collect();
+        Ok(Response::done(format!("{} pod(s)", records.len()), pods))
+    }
+
+    fn info(&self, record: &PodRecord) -> PodInfo {
+        let live = LivePod::open(&self.root, record.cookie()).ok();
+        PodInfo {
+            name: record.name.clone(),
+            netns: record.netns.clone(),
+            netns_cookie: record.netns_cookie,
+            args: record.args.clone(),
+            config: live.as_ref().map(|live| {
+                let c = live.config;
+                format!(
+                    "-p {} -z {} -e {} flags {:#x}",
+                    c.outbound_port, c.inbound_port, c.tunnel_port, c.flags
+                )
+            }),
+            counters: live
+                .map(|live| {
+                    let counters = live.counters();
+                    Reason::ALL
+                        .iter()
+                        .filter(|r| counters[**r as usize] != 0)
+                        .map(|r| (r.name().to_owned(), counters[*r as usize]))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Start-up reconcile: remove pods whose namespace (and cgroup) are gone, and the
+    /// records of pods that are no longer installed. Live pods are left exactly as they are.
+    pub fn reconcile(&self) -> Result<(Vec<NetnsCookie>, usize), String> {
+        let removed = crate::gc::collect_stale(&self.root).map_err(|e| e.to_string())?;
+        let mut kept = 0;
+        for record in self.records.all().map_err(|e| e.to_string())? {
+            let installed = LivePod::open(&self.root, record.cookie()).is_ok();
+            if installed {
+                kept += 1;
+            } else {
+                self.records
+                    .remove(record.cookie())
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        Ok((removed, kept))
+    }
+}

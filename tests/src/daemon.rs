@@ -1,0 +1,156 @@
+//! A `redirector daemon` of a test's own: its pin root, node cgroup, socket and state
+//! directory; killed on drop (it never detaches anything, the pin root's drop does).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use crate::redirector::{redirector_bin, PinRoot};
+use crate::{unique_name, Cgroup, ChildGuard, Spawn};
+
+/// A directory under /tmp removed (with its contents) on drop.
+#[derive(Debug)]
+pub struct StateDir {
+    path: PathBuf,
+}
+
+impl StateDir {
+    pub fn new(hint: &str) -> Self {
+        let path = std::env::temp_dir().join(unique_name(hint));
+        std::fs::create_dir_all(&path).expect("creating a state directory");
+        StateDir { path }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for StateDir {
+    fn drop(&mut self) {
+        if let Err(err) = std::fs::remove_dir_all(&self.path) {
+            eprintln!("warning: removing {}: {err}", self.path.display());
+        }
+    }
+}
+
+pub struct Daemon {
+    child: ChildGuard,
+    socket: PathBuf,
+    args: Vec<String>,
+}
+
+impl Daemon {
+    /// Start a daemon and wait until it serves (after its start-up reconcile).
+    pub fn start(root: &PinRoot, node: &Cgroup, state: &StateDir) -> Self {
+        let socket = state.path().join("redirector.sock");
+        let args: Vec<String> = vec![
+            "daemon".into(),
+            "--pin-root".into(),
+            root.path().display().to_string(),
+            "--socket".into(),
+            socket.display().to_string(),
+            "--cgroup".into(),
+            node.path().display().to_string(),
+            "--state-dir".into(),
+            state.path().display().to_string(),
+        ];
+        Self::spawn(socket, args)
+    }
+
+    fn spawn(socket: PathBuf, args: Vec<String>) -> Self {
+        let child = Spawn::new(redirector_bin()).args(&args).spawn();
+        let daemon = Daemon {
+            child,
+            socket,
+            args,
+        };
+        daemon.wait_ready(Duration::from_secs(20));
+        daemon
+    }
+
+    fn wait_ready(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while !self.pod(&["list"]).status.success() {
+            assert!(
+                Instant::now() < deadline,
+                "the daemon did not serve within {timeout:?}; its log:\n{}",
+                self.child.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kill it with SIGKILL (it gets no chance to clean up anything).
+    pub fn kill(self) -> Killed {
+        let Daemon {
+            child,
+            socket,
+            args,
+        } = self;
+        drop(child);
+        Killed { socket, args }
+    }
+
+    /// Kill it with SIGKILL and start a new one with the same flags.
+    pub fn kill_and_restart(self) -> Self {
+        self.kill().restart()
+    }
+
+    /// Stop it with SIGTERM; its exit status and log.
+    pub fn terminate(mut self) -> (std::process::ExitStatus, String) {
+        // SAFETY: kill(2) on the pid of our own unreaped child.
+        let sent = unsafe { libc::kill(self.child.pid() as i32, libc::SIGTERM) };
+        assert_eq!(sent, 0, "sending SIGTERM to the daemon");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait() {
+                return (status, self.child.stderr());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the daemon did not stop on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        self.child.stderr()
+    }
+
+    /// `redirector pod --socket S ARGS`.
+    pub fn pod(&self, args: &[&str]) -> Output {
+        Command::new(redirector_bin())
+            .arg("pod")
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .expect("running redirector pod")
+    }
+
+    /// `pod list --json`, parsed.
+    pub fn pods(&self) -> Vec<serde_json::Value> {
+        let out = self.pod(&["list", "--json"]);
+        assert!(
+            out.status.success(),
+            "pod list: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("pod list --json prints JSON")
+    }
+}
+
+/// A daemon killed by the test, to start again.
+pub struct Killed {
+    socket: PathBuf,
+    args: Vec<String>,
+}
+
+impl Killed {
+    /// A new daemon with the same flags, once it serves.
+    pub fn restart(self) -> Daemon {
+        Daemon::spawn(self.socket, self.args)
+    }
+}

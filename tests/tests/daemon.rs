@@ -1,0 +1,189 @@
+//! Daemon mode: pods captured by their network namespace alone, through `redirector
+//! daemon` and `redirector pod`, with the cgroup programs attached once at a node cgroup;
+//! capture that survives the daemon being killed; init-container pods beside daemon pods.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use redirector_tests::bpftool::wait_netns_link_detached;
+use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::redirector::{
+    object_ids, pins_under, pod_links, PinRoot, STANDARD_INJECTION,
+};
+use redirector_tests::{
+    assert_direct, assert_proxied, require_root, use_probe_bin, Cgroup, ConnOutcome, ProxiedPod,
+    APP_UID, PROXY_UID,
+};
+
+fn add(daemon: &Daemon, pod: &ProxiedPod, name: &str, flags: &[&str]) {
+    let netns = pod.topo.pod.path().display().to_string();
+    let mut args = vec!["add", "--netns", netns.as_str(), "--name", name, "--"];
+    args.extend_from_slice(flags);
+    let out = daemon.pod(&args);
+    assert!(
+        out.status.success(),
+        "pod add {name}: {}{}\ndaemon log:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        daemon.log()
+    );
+}
+
+fn names(daemon: &Daemon) -> Vec<String> {
+    let mut names: Vec<String> = daemon
+        .pods()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap_or("").to_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn daemon_captures_a_pod_by_its_namespace_and_releases_it() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let root = PinRoot::new("daemon");
+    let node = Cgroup::new("node");
+    let state = StateDir::new("state");
+    let daemon = Daemon::start(&root, &node, &state);
+    let pod = ProxiedPod::under(&node, "dpod");
+    let dst = pod.service(false);
+    assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
+
+    add(&daemon, &pod, "default/app", &STANDARD_INJECTION);
+    for v6 in [false, true] {
+        let dst = pod.service(v6);
+        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+    }
+    assert_direct(&pod.connect(PROXY_UID, PROXY_UID, dst), dst);
+    let cookie = pod.topo.pod.cookie();
+    assert_eq!(
+        pod_links(&root, cookie),
+        Some(vec!["sk_lookup".to_owned()]),
+        "a daemon pod has only its namespace's link; the cgroup programs are the node's"
+    );
+
+    let pods = daemon.pods();
+    assert_eq!(pods.len(), 1, "{pods:?}");
+    assert_eq!(pods[0]["name"], "default/app");
+    assert_eq!(pods[0]["netns_cookie"].as_u64(), Some(cookie));
+    let redirected = pods[0]["counters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c[0] == "redirected")
+        .and_then(|c| c[1].as_u64());
+    assert_eq!(redirected, Some(2), "{pods:?}");
+    assert!(daemon
+        .pod(&["check", "--name", "default/app"])
+        .status
+        .success());
+
+    // A bad flag: the same message as istio-iptables', exit 1, nothing changed.
+    let netns = pod.topo.pod.path().display().to_string();
+    let out = daemon.pod(&[
+        "add", "--netns", &netns, "--name", "x/y", "--", "-p", "70000",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("70000") && err.contains("-p"), "{err}");
+    assert_eq!(names(&daemon), ["default/app"]);
+
+    let out = daemon.pod(&["del", "--name", "default/app"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
+    assert!(daemon.pods().is_empty());
+    assert_eq!(pod_links(&root, cookie), None);
+    // Deleting again is not an error.
+    assert!(daemon
+        .pod(&["del", "--name", "default/app"])
+        .status
+        .success());
+
+    // SIGTERM: exit 0, the node's links stay (capture never ends with the daemon).
+    let (status, log) = daemon.terminate();
+    assert!(status.success(), "{log}");
+    assert_eq!(object_ids(&root).len(), 1, "{log}");
+}
+
+#[test]
+fn killed_daemon_leaves_pods_captured_and_a_new_one_rebuilds_its_view() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let root = PinRoot::new("restart");
+    let node = Cgroup::new("node");
+    let state = StateDir::new("state");
+    let mut daemon = Daemon::start(&root, &node, &state);
+    let pod = ProxiedPod::under(&node, "rpod");
+    let doomed = ProxiedPod::under(&node, "gone");
+    add(&daemon, &pod, "default/app", &STANDARD_INJECTION);
+    add(&daemon, &doomed, "default/doomed", &STANDARD_INJECTION);
+    let doomed_cookie = doomed.topo.pod.cookie();
+
+    let doomed_link = pins_under(root.path())
+        .into_iter()
+        .find(|p| p.ends_with(format!("pods/{}/sk_lookup", doomed.topo.pod.cookie())))
+        .expect("the doomed pod's link");
+    let mut doomed = Some(doomed);
+
+    // A client in the pod connects all the time while the daemon is killed and restarted.
+    let stop = AtomicBool::new(false);
+    let dst = pod.service(false);
+    let topo = &pod.topo;
+    let outcomes = std::thread::scope(|scope| {
+        let client = scope.spawn(|| {
+            let mut outcomes = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                outcomes.push(topo.connect(APP_UID, APP_UID, dst));
+            }
+            outcomes
+        });
+        for cycle in 0..10 {
+            let killed = daemon.kill();
+            if cycle == 5 {
+                // The second pod goes away while no daemon runs.
+                drop(doomed.take());
+                assert!(
+                    wait_netns_link_detached(&doomed_link, Duration::from_secs(10)),
+                    "the removed pod's namespace is torn down"
+                );
+            }
+            daemon = killed.restart();
+            let expected: &[&str] = if cycle >= 5 {
+                &["default/app"]
+            } else {
+                &["default/app", "default/doomed"]
+            };
+            assert_eq!(names(&daemon), expected, "after restart {cycle}");
+        }
+        stop.store(true, Ordering::SeqCst);
+        client.join().unwrap()
+    });
+    assert_eq!(
+        pod_links(&root, doomed_cookie),
+        None,
+        "the pod whose namespace went while no daemon ran is removed by the restart's reconcile"
+    );
+    assert!(outcomes.len() >= 10, "{} connections", outcomes.len());
+    let escaped: Vec<&ConnOutcome> = outcomes
+        .iter()
+        .filter(|o| {
+            !matches!(o, ConnOutcome::Proxied { name, orig, .. } if name == "proxy" && *orig == Some(dst))
+        })
+        .collect();
+    assert!(
+        escaped.is_empty(),
+        "{} of {} connections did not land on the proxy: {escaped:?}",
+        escaped.len(),
+        outcomes.len()
+    );
+}
