@@ -138,3 +138,28 @@ pub fn detach_node(root: &PinRoot) -> Result<Vec<ObjectId>, ApplyError> {
     }
     Ok(detached)
 }
+
+/// The object whose node-level links cover `cgroup` (they attach at it or at one of its
+/// ancestors), if any: a pod there needs no cgroup links of its own, and must have its
+/// entries in that object's maps.
+pub fn covering(root: &PinRoot, cgroup: &Path) -> Result<Option<ObjectPins>, ApplyError> {
+    let Some(object) = node_object(root)? else {
+        return Ok(None);
+    };
+    let node = object.node();
+    let hooks = node.hooks().map_err(fs_err("listing", node.dir()))?;
+    let targets: Vec<u64> = hooks
+        .iter()
+        .filter_map(|hook| match bpf_sys::pinned_link_target(&node.link(hook)) {
+            Ok(LinkTarget::Cgroup(id)) if id != 0 => Some(id),
+            _ => None,
+        })
+        .collect();
+    // Every node program must be there to cover a pod: a partial set would capture half.
+    let covers = |dir: &Path| {
+        fs::metadata(dir).is_ok_and(|m| {
+            targets.len() == NODE_PROGRAMS.len() && targets.iter().all(|t| *t == m.ino())
+        })
+    };
+    Ok(cgroup.ancestors().any(covers).then_some(object))
+}

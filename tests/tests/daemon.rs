@@ -187,3 +187,88 @@ fn killed_daemon_leaves_pods_captured_and_a_new_one_rebuilds_its_view() {
         outcomes.len()
     );
 }
+
+#[test]
+fn init_container_pods_and_daemon_pods_share_the_node() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let root = PinRoot::new("mixed");
+    let node = Cgroup::new("node");
+    let state = StateDir::new("state");
+    let daemon = Daemon::start(&root, &node, &state);
+    let by_daemon = ProxiedPod::under(&node, "dmn");
+    // An init-container pod outside the node cgroup: its own cgroup links.
+    let outside = ProxiedPod::new("out");
+    // One inside it: the node's programs cover it; it adds only entries and its netns link.
+    let inside = ProxiedPod::under(&node, "in");
+    add(&daemon, &by_daemon, "default/daemon", &STANDARD_INJECTION);
+    outside.install(&root, &STANDARD_INJECTION);
+    let log = inside.install(&root, &STANDARD_INJECTION);
+    assert!(log.contains("cover cgroup"), "{log}");
+    assert_eq!(
+        pod_links(&root, inside.topo.pod.cookie()),
+        Some(vec!["sk_lookup".to_owned()])
+    );
+    assert_eq!(
+        pod_links(&root, outside.topo.pod.cookie()).map(|l| l.len()),
+        Some(7)
+    );
+    assert_eq!(object_ids(&root).len(), 1, "one object for every pod");
+
+    let check_all = |when: &str| {
+        for pod in [&by_daemon, &outside, &inside] {
+            let dst = pod.service(false);
+            match pod.connect(APP_UID, APP_UID, dst) {
+                ConnOutcome::Proxied { name, orig, .. } if name == "proxy" => {
+                    assert_eq!(orig, Some(dst), "{when}")
+                }
+                other => panic!("{when}: expected the proxy, got {other:?}"),
+            }
+            assert_direct(&pod.connect(PROXY_UID, PROXY_UID, dst), dst);
+        }
+    };
+    check_all("all three set up");
+    // Each counts its own connections once: no program runs twice on a socket.
+    let counters = |pod: &ProxiedPod| {
+        let status = redirector_tests::redirector::status(&root);
+        status["objects"][0]["pods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["netns_cookie"].as_u64() == Some(pod.topo.pod.cookie()))
+            .map(|p| p["counters"].clone())
+            .unwrap()
+    };
+    for pod in [&by_daemon, &outside, &inside] {
+        let expected = serde_json::json!({
+            "redirected": 1,
+            "orig_dst_answered": 1,
+            "passed_proxy_owner": 1
+        });
+        assert_eq!(counters(pod), expected);
+    }
+
+    // A daemon restart keeps the init-container pods; their cleanup keeps the daemon's.
+    let daemon = daemon.kill_and_restart();
+    check_all("after a daemon restart");
+    assert_eq!(names(&daemon), ["default/daemon"]);
+    for pod in [&outside, &inside] {
+        let out = redirector_tests::redirector::istio_iptables(
+            &pod.topo.pod,
+            &pod.topo.pod_cgroup,
+            &root,
+            &["--cleanup-only"],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let dst = pod.service(false);
+        assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
+    }
+    let dst = by_daemon.service(false);
+    assert_proxied(&by_daemon.connect(APP_UID, APP_UID, dst), dst);
+}

@@ -17,6 +17,7 @@ use crate::{
     gc::teardown,
     loopback,
     netns::Netns,
+    node::covering,
     plan::{dns_capture_enabled, plan_pod},
     store::{pins::BPFFS_MOUNT, EbpfObject, PinRoot, OBJECT_OVERRIDE_ENV},
 };
@@ -95,7 +96,19 @@ pub fn run(cfg: &IstioConfig) -> anyhow::Result<()> {
 
 fn apply_rules(cfg: &IstioConfig, root: &PinRoot, netns: &Netns) -> anyhow::Result<()> {
     let cgroup = pod_cgroup(cfg.run.cgroup.as_deref())?;
-    let facts = PodFacts::gather(netns, Some(cgroup), &cfg.run.resolv_conf)?;
+    // A node daemon's programs may already cover this pod's cgroup: then the pod gets only
+    // its entries (in the daemon's object) and its namespace's link, so that no program
+    // runs twice on its sockets.
+    let node_object = covering(root, &cgroup)?;
+    if let Some(node) = &node_object {
+        info!(
+            "the node's programs (object {}) cover cgroup {}: adding only the pod's entries and its namespace's link",
+            node.id(),
+            cgroup.display()
+        );
+    }
+    let pod_cgroup = node_object.is_none().then_some(cgroup);
+    let facts = PodFacts::gather(netns, pod_cgroup, &cfg.run.resolv_conf)?;
     let plan = plan_pod(&cfg.capture, &facts);
     if cfg.capture.redirect_dns && !dns_capture_enabled(&cfg.capture, &facts) {
         warn!(
@@ -122,7 +135,10 @@ fn apply_rules(cfg: &IstioConfig, root: &PinRoot, netns: &Netns) -> anyhow::Resu
     if plan.config.flags & redirector_common::pod_flags::IPV6 != 0 {
         loopback::add_inbound_passthrough(netns)?;
     }
-    let object = EbpfObject::configured()?;
+    let object = match node_object {
+        Some(node) => EbpfObject::pinned(node.id().clone()),
+        None => EbpfObject::configured()?,
+    };
     let mode = if cfg.run.force_apply {
         Mode::Everything
     } else {
