@@ -43,6 +43,11 @@ pub struct Daemon {
 impl Daemon {
     /// Start a daemon and wait until it serves (after its start-up reconcile).
     pub fn start(root: &PinRoot, node: &Cgroup, state: &StateDir) -> Self {
+        Self::start_with(root, node, state, &[])
+    }
+
+    /// [`Daemon::start`] with more flags, e.g. `--metrics-addr 127.0.0.1:0`.
+    pub fn start_with(root: &PinRoot, node: &Cgroup, state: &StateDir, extra: &[&str]) -> Self {
         let socket = state.path().join("redirector.sock");
         let args: Vec<String> = vec![
             "daemon".into(),
@@ -55,6 +60,10 @@ impl Daemon {
             "--state-dir".into(),
             state.path().display().to_string(),
         ];
+        let args = args
+            .into_iter()
+            .chain(extra.iter().map(|a| a.to_string()))
+            .collect();
         Self::spawn(socket, args)
     }
 
@@ -117,6 +126,41 @@ impl Daemon {
 
     pub fn log(&self) -> String {
         self.child.stderr()
+    }
+
+    /// GET `path` from the metrics server on loopback (started with `--metrics-addr`):
+    /// the status code and the body.
+    pub fn http_get(&self, path: &str) -> (u16, String) {
+        use std::io::{Read, Write};
+        let log = self.log();
+        let addr = log
+            .split("metrics on http://")
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .unwrap_or_else(|| panic!("no metrics address in the log:\n{log}"));
+        assert!(
+            addr.starts_with("127.0.0.1:"),
+            "metrics only on loopback: {addr}"
+        );
+        let mut stream =
+            std::net::TcpStream::connect(addr).expect("connecting to the metrics server");
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        let status = response
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let body = response
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b)
+            .unwrap_or("");
+        (status, body.to_owned())
     }
 
     /// `redirector pod --socket S ARGS`.

@@ -48,7 +48,9 @@ fn daemon_captures_a_pod_by_its_namespace_and_releases_it() {
     let root = PinRoot::new("daemon");
     let node = Cgroup::new("node");
     let state = StateDir::new("state");
-    let daemon = Daemon::start(&root, &node, &state);
+    let daemon = Daemon::start_with(&root, &node, &state, &["--metrics-addr", "127.0.0.1:0"]);
+    assert_eq!(daemon.http_get("/healthz").0, 200);
+    assert_eq!(daemon.http_get("/readyz").0, 200);
     let pod = ProxiedPod::under(&node, "dpod");
     let dst = pod.service(false);
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);

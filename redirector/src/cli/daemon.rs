@@ -21,6 +21,9 @@ pub struct DaemonArgs {
     /// Where the daemon keeps its pod records (names, flags); a tmpfs, like bpffs.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
     state_dir: PathBuf,
+    /// Serve /metrics, /healthz and /readyz here (e.g. 127.0.0.1:15014; port 0 picks one).
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_addr: Option<std::net::SocketAddr>,
     /// Remove everything instead: every pod's capture, the node links, the records.
     #[arg(long)]
     uninstall: bool,
@@ -39,6 +42,7 @@ pub fn run(args: &DaemonArgs) -> anyhow::Result<()> {
         socket: args.socket.clone(),
         cgroup,
         state_dir: args.state_dir.clone(),
+        metrics_addr: args.metrics_addr,
     };
     if args.uninstall {
         return daemon::uninstall(&config);

@@ -4,12 +4,12 @@
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use redirector_common::{names, NetnsCookie, Reason};
+use redirector_common::{NetnsCookie, Reason};
 
 use crate::{
     live_pod::LivePod,
     netns::Netns,
-    store::{pins::names_in, NodeMaps, ObjectPins, PinRoot},
+    store::{pins::names_in, NodeMaps, PinRoot},
 };
 
 #[derive(clap::Args, Debug)]
@@ -22,59 +22,6 @@ pub struct StatusArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
-}
-
-/// Entries in each map: (name, entries, capacity).
-fn map_fill(object: &ObjectPins) -> anyhow::Result<Vec<(&'static str, usize, u32)>> {
-    let maps = NodeMaps::open(object)?;
-    let capacity = |name: &str| {
-        aya::maps::MapData::from_pin(object.map(name))
-            .ok()
-            .and_then(|m| m.info().ok())
-            .map_or(0, |i| i.max_entries())
-    };
-    Ok(vec![
-        (
-            names::POD_CONFIG,
-            maps.pod_config.keys().count(),
-            capacity(names::POD_CONFIG),
-        ),
-        (
-            names::PORT_SETS,
-            maps.port_sets.keys().count(),
-            capacity(names::PORT_SETS),
-        ),
-        (
-            names::CIDRS_V4,
-            maps.cidrs_v4.keys().count(),
-            capacity(names::CIDRS_V4),
-        ),
-        (
-            names::CIDRS_V6,
-            maps.cidrs_v6.keys().count(),
-            capacity(names::CIDRS_V6),
-        ),
-        (
-            names::POD_BY_ADDR,
-            maps.pod_by_addr.keys().count(),
-            capacity(names::POD_BY_ADDR),
-        ),
-        (
-            names::LISTENERS,
-            maps.listeners.keys().count(),
-            capacity(names::LISTENERS),
-        ),
-        (
-            names::ORIG_DST_BY_CONN,
-            maps.orig_dst_by_conn.keys().count(),
-            capacity(names::ORIG_DST_BY_CONN),
-        ),
-        (
-            names::COUNTERS,
-            maps.counters.keys().count(),
-            capacity(names::COUNTERS),
-        ),
-    ])
 }
 
 /// What `status` shows, also its `--json` form.
@@ -133,7 +80,7 @@ fn read_status(root: &PinRoot, only: Option<NetnsCookie>) -> anyhow::Result<Stat
     let mut objects = Vec::new();
     for object in root.objects().context("listing pinned objects")? {
         let programs = names_in(&object.progs_dir()).context("listing programs")?;
-        let maps = map_fill(&object)?
+        let maps = NodeMaps::fill(&object)?
             .into_iter()
             .map(|(name, entries, capacity)| MapFill {
                 name,

@@ -45,6 +45,18 @@ pub enum Request {
     Check(PodRef),
 }
 
+impl Request {
+    /// The operation's name, as in the JSON and the metrics.
+    pub fn op(&self) -> &'static str {
+        match self {
+            Request::Add { .. } => "add",
+            Request::Del(_) => "del",
+            Request::List => "list",
+            Request::Check(_) => "check",
+        }
+    }
+}
+
 /// One managed pod, as `list` and `add` report it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PodInfo {

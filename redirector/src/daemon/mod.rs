@@ -5,13 +5,16 @@
 //! one rebuilds its view from the pins and its records before it serves.
 
 pub mod api;
+pub mod metrics;
 pub mod pods;
 pub mod records;
 
 use std::{
+    net::SocketAddr,
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
     sync::Arc,
+    time::Instant,
 };
 
 use anyhow::Context as _;
@@ -25,6 +28,7 @@ use tracing::info;
 
 use self::{
     api::{Request, Response},
+    metrics::Metrics,
     pods::Node,
     records::Records,
 };
@@ -41,6 +45,8 @@ pub struct DaemonConfig {
     /// The node cgroup the cgroup programs attach to.
     pub cgroup: PathBuf,
     pub state_dir: PathBuf,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served, if anywhere.
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 /// Start-up: the object (the pinned one if the node has it), the node-level links, and
@@ -82,9 +88,23 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
 }
 
 async fn serve(config: DaemonConfig) -> anyhow::Result<()> {
+    let metrics = Arc::new(Metrics::default());
+    if let Some(addr) = config.metrics_addr {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding --metrics-addr {addr}"))?;
+        info!("metrics on http://{}/metrics", listener.local_addr()?);
+        let app = metrics::router(Arc::clone(&metrics));
+        tokio::spawn(async move {
+            if let Err(err) = axum::serve(listener, app).await {
+                tracing::error!("the metrics server stopped: {err}");
+            }
+        });
+    }
     let start_config = config.clone();
     let node = tokio::task::spawn_blocking(move || start(&start_config)).await??;
     let node = Arc::new(node);
+    metrics.ready(Arc::clone(&node));
     let listener = bind(&config.socket)?;
     info!("ready: serving on {}", config.socket.display());
     // One owner of the node state: requests are handled one at a time.
@@ -95,7 +115,8 @@ async fn serve(config: DaemonConfig) -> anyhow::Result<()> {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    tokio::spawn(connection(stream, Arc::clone(&node), Arc::clone(&owner)));
+                    let (node, owner, metrics) = (Arc::clone(&node), Arc::clone(&owner), Arc::clone(&metrics));
+                    tokio::spawn(connection(stream, node, owner, metrics));
                 }
                 Err(err) => tracing::warn!("accepting a connection: {err}"),
             },
@@ -129,7 +150,12 @@ fn bind(path: &Path) -> anyhow::Result<UnixListener> {
     Ok(listener)
 }
 
-async fn connection(stream: UnixStream, node: Arc<Node>, owner: Arc<Mutex<()>>) {
+async fn connection(
+    stream: UnixStream,
+    node: Arc<Node>,
+    owner: Arc<Mutex<()>>,
+    metrics: Arc<Metrics>,
+) {
     let (reader, mut writer) = stream.into_split();
     let mut lines = BufReader::new(reader).lines();
     loop {
@@ -147,10 +173,14 @@ async fn connection(stream: UnixStream, node: Arc<Node>, owner: Arc<Mutex<()>>) 
         let response = match serde_json::from_str::<Request>(&line) {
             Ok(request) => {
                 let _owner = owner.lock().await;
+                let op = request.op();
+                let started = Instant::now();
                 let node = Arc::clone(&node);
-                tokio::task::spawn_blocking(move || node.handle(request))
+                let response = tokio::task::spawn_blocking(move || node.handle(request))
                     .await
-                    .unwrap_or_else(|err| Response::failed(format!("the request failed: {err}")))
+                    .unwrap_or_else(|err| Response::failed(format!("the request failed: {err}")));
+                metrics.observe(op, started.elapsed().as_secs_f64(), !response.ok);
+                response
             }
             Err(err) => Response::failed(format!("bad request: {err}")),
         };

@@ -44,6 +44,59 @@ where
 }
 
 impl NodeMaps {
+    /// Entries and capacity of each map of an object: (name, entries, capacity).
+    pub fn fill(object: &ObjectPins) -> Result<Vec<(&'static str, usize, u32)>, OpenMapError> {
+        let maps = NodeMaps::open(object)?;
+        let capacity = |name: &str| {
+            MapData::from_pin(object.map(name))
+                .ok()
+                .and_then(|m| m.info().ok())
+                .map_or(0, |i| i.max_entries())
+        };
+        Ok(vec![
+            (
+                names::POD_CONFIG,
+                maps.pod_config.keys().count(),
+                capacity(names::POD_CONFIG),
+            ),
+            (
+                names::PORT_SETS,
+                maps.port_sets.keys().count(),
+                capacity(names::PORT_SETS),
+            ),
+            (
+                names::CIDRS_V4,
+                maps.cidrs_v4.keys().count(),
+                capacity(names::CIDRS_V4),
+            ),
+            (
+                names::CIDRS_V6,
+                maps.cidrs_v6.keys().count(),
+                capacity(names::CIDRS_V6),
+            ),
+            (
+                names::POD_BY_ADDR,
+                maps.pod_by_addr.keys().count(),
+                capacity(names::POD_BY_ADDR),
+            ),
+            (
+                names::LISTENERS,
+                maps.listeners.keys().count(),
+                capacity(names::LISTENERS),
+            ),
+            (
+                names::ORIG_DST_BY_CONN,
+                maps.orig_dst_by_conn.keys().count(),
+                capacity(names::ORIG_DST_BY_CONN),
+            ),
+            (
+                names::COUNTERS,
+                maps.counters.keys().count(),
+                capacity(names::COUNTERS),
+            ),
+        ])
+    }
+
     pub fn open(pins: &ObjectPins) -> Result<Self, OpenMapError> {
         Ok(NodeMaps {
             pod_config: open(pins, names::POD_CONFIG)?,
