@@ -11,6 +11,7 @@
 pub mod apply;
 pub mod cgroup;
 pub mod cli;
+pub mod cni;
 pub mod daemon;
 pub mod diff;
 pub mod facts;

@@ -48,6 +48,9 @@ pub fn main() -> ExitCode {
         .and_then(|a| Path::new(a).file_name())
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
+    if invoked_as == "redirector-cni" {
+        return crate::cni::main();
+    }
     let istio_argv = if invoked_as == "istio-iptables" {
         argv
     } else if argv.get(1).is_some_and(|a| a == "istio-iptables") {

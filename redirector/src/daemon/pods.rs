@@ -62,7 +62,7 @@ pub fn parse_flags(args: &[String]) -> Result<IstioConfig, String> {
 impl Node {
     pub fn handle(&self, request: Request) -> Response {
         let result = match request {
-            Request::Add { netns, name, args } => self.add(&netns, name, args),
+            Request::Add { netns, name, args } => self.add(&netns, name, args, None),
             Request::Del(pod) => self.del(&pod),
             Request::List => self.list(),
             Request::Check(pod) => self.check(&pod),
@@ -76,11 +76,13 @@ impl Node {
         Ok(plan_pod(&cfg.capture, &facts))
     }
 
-    fn add(
+    /// Capture the pod in `netns_path` with istio-iptables flags `args`.
+    pub fn add(
         &self,
         netns_path: &Path,
         name: Option<String>,
         args: Vec<String>,
+        container_id: Option<String>,
     ) -> Result<Response, String> {
         let cfg = parse_flags(&args)?;
         let netns = Netns::open(netns_path).map_err(|e| e.to_string())?;
@@ -96,6 +98,7 @@ impl Node {
             netns: netns_path.to_path_buf(),
             name,
             args,
+            container_id,
         };
         self.records.save(&record).map_err(|e| e.to_string())?;
         let what = match outcome {
@@ -131,23 +134,27 @@ impl Node {
 
     fn del(&self, pod: &PodRef) -> Result<Response, String> {
         let (record, cookie) = self.find(pod)?;
-        let Some(cookie) = cookie else {
-            return Ok(Response::done("no such pod", Vec::new()));
-        };
-        let removed = teardown(&self.root, cookie).map_err(|e| e.to_string())?;
-        self.records.remove(cookie).map_err(|e| e.to_string())?;
-        let message = if removed.is_empty() && record.is_none() {
-            "no such pod"
-        } else {
-            "removed"
-        };
-        Ok(Response::done(message, Vec::new()))
+        self.remove(record, cookie)
+    }
+
+    /// Remove the pod of a record or with a cookie; nothing to remove is not an error.
+    pub fn remove(
+        &self,
+        record: Option<PodRecord>,
+        cookie: Option<NetnsCookie>,
+    ) -> Result<Response, String> {
+        remove_pod(&self.root, &self.records, record, cookie)
     }
 
     fn check(&self, pod: &PodRef) -> Result<Response, String> {
         let (Some(record), _) = self.find(pod)? else {
             return Err("no such pod".into());
         };
+        self.check_record(&record)
+    }
+
+    /// Whether the pod of `record` is installed exactly as its flags plan it.
+    pub fn check_record(&self, record: &PodRecord) -> Result<Response, String> {
         let cfg = parse_flags(&record.args)?;
         let netns = Netns::open(&record.netns).map_err(|e| e.to_string())?;
         if netns.cookie() != record.cookie() {
@@ -164,7 +171,7 @@ impl Node {
         if same {
             Ok(Response::done(
                 "captured as planned",
-                vec![self.info(&record)],
+                vec![self.info(record)],
             ))
         } else {
             Err("the installed state differs from the pod's plan".into())
@@ -221,4 +228,25 @@ impl Node {
         }
         Ok((removed, kept))
     }
+}
+
+/// Remove the pod of a record or with a cookie, and its record; nothing to remove is not
+/// an error (removal is idempotent).
+pub fn remove_pod(
+    root: &PinRoot,
+    records: &Records,
+    record: Option<PodRecord>,
+    cookie: Option<NetnsCookie>,
+) -> Result<Response, String> {
+    let Some(cookie) = cookie else {
+        return Ok(Response::done("no such pod", Vec::new()));
+    };
+    let removed = teardown(root, cookie).map_err(|e| e.to_string())?;
+    records.remove(cookie).map_err(|e| e.to_string())?;
+    let message = if removed.is_empty() && record.is_none() {
+        "no such pod"
+    } else {
+        "removed"
+    };
+    Ok(Response::done(message, Vec::new()))
 }

@@ -20,6 +20,10 @@ pub struct PodRecord {
     pub netns: PathBuf,
     pub name: Option<String>,
     pub args: Vec<String>,
+    /// The container runtime's id of the pod sandbox, when the CNI plugin set it up
+    /// (CNI DEL names the pod by it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
 }
 
 impl PodRecord {
@@ -90,6 +94,14 @@ impl Records {
         }
         records.sort_by_key(|r: &PodRecord| r.netns_cookie);
         Ok(records)
+    }
+
+    /// The record of the pod set up for container (sandbox) `id`.
+    pub fn by_container(&self, id: &str) -> Result<Option<PodRecord>, FsError> {
+        Ok(self
+            .all()?
+            .into_iter()
+            .find(|r| r.container_id.as_deref() == Some(id)))
     }
 
     /// The record of the pod named `name`, or in the namespace at `netns`.
