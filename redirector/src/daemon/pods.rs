@@ -84,13 +84,13 @@ impl Node {
         args: Vec<String>,
         container_id: Option<String>,
     ) -> Result<Response, String> {
+        let started = std::time::Instant::now();
         let cfg = parse_flags(&args)?;
         let netns = Netns::open(netns_path).map_err(|e| e.to_string())?;
         let plan = self.plan(&netns, &cfg)?;
         if plan.config.flags & redirector_common::pod_flags::IPV6 != 0 {
             loopback::add_inbound_passthrough(&netns).map_err(|e| e.to_string())?;
         }
-        let started = std::time::Instant::now();
         let outcome = apply(&self.root, &self.object, &plan, &netns, Mode::Changes)
             .map_err(|e| format!("setting up pod netns {}: {e}", netns.cookie()))?;
         let record = PodRecord {
@@ -101,6 +101,7 @@ impl Node {
             container_id,
         };
         self.records.save(&record).map_err(|e| e.to_string())?;
+        let took = started.elapsed();
         let what = match outcome {
             Outcome::New(_) => "captured",
             Outcome::Replaced(_) => "updated",
@@ -110,7 +111,7 @@ impl Node {
             "pod {} (netns cookie {}) {what} in {:.2} ms",
             record.name.as_deref().unwrap_or("-"),
             record.netns_cookie,
-            started.elapsed().as_secs_f64() * 1e3
+            took.as_secs_f64() * 1e3
         );
         Ok(Response::done(what, vec![self.info(&record)]))
     }
