@@ -28,7 +28,11 @@ enum Command {
         filter: Vec<String>,
     },
     /// Bootstrap, build, then set up a pod and show a connection redirected to a proxy.
-    Demo,
+    Demo {
+        /// Through `redirector daemon` and `redirector pod add`, with no init container.
+        #[arg(long)]
+        daemon: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -43,10 +47,10 @@ fn main() -> Result<()> {
             run::build()?;
             run::test(&filter)
         }
-        Command::Demo => {
+        Command::Demo { daemon } => {
             bootstrap::all()?;
             run::build()?;
-            run::demo()
+            run::demo(daemon)
         }
     }
 }

@@ -86,8 +86,11 @@ pub fn test(filter: &[String]) -> Result<()> {
     status(integ)
 }
 
-pub fn demo() -> Result<()> {
+pub fn demo(daemon: bool) -> Result<()> {
     let mut cmd = Command::new(target_dir().join("debug").join("demo"));
+    if daemon {
+        cmd.arg("--daemon");
+    }
     bin_env(&mut cmd);
     status(cmd)
 }

@@ -2,11 +2,16 @@
 //! stand-in sidecar proxy, a service in a second netns, `redirector istio-iptables` with
 //! istio's standard injection flags, and an app connection that lands on the proxy with
 //! its original destination. Everything it creates is removed before it exits.
+//!
+//! With `--daemon` (`cargo xtask demo --daemon`): the same pod captured through
+//! `redirector daemon` and `redirector pod add`, no init container, still captured while
+//! the daemon is killed, and listed again by the restarted one.
 
 use std::process::{Command, ExitCode};
 
-use redirector_tests::redirector::{redirector_bin, STANDARD_INJECTION};
-use redirector_tests::{ConnOutcome, ProbeServer, Topology, APP_UID, PROXY_UID};
+use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::redirector::{redirector_bin, PinRoot, STANDARD_INJECTION};
+use redirector_tests::{Cgroup, ConnOutcome, ProbeServer, Topology, APP_UID, PROXY_UID};
 
 fn say(line: &str) {
     println!("demo: {line}");
@@ -93,6 +98,9 @@ fn main() -> ExitCode {
     if !redirector_tests::require_root() {
         return ExitCode::FAILURE;
     }
+    if std::env::args().any(|a| a == "--daemon") {
+        return daemon_demo();
+    }
     let topo = Topology::new("demo");
     say(&format!(
         "pod netns {} ({}, {}), cgroup {}",
@@ -178,6 +186,120 @@ fn main() -> ExitCode {
     ));
     say(if ok {
         "OK: the app's connections were redirected with their original destination"
+    } else {
+        "FAILED"
+    });
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// A pod (netns + cgroup under a node cgroup) with a service and a stand-in proxy.
+struct DemoPod {
+    topo: Topology,
+    _service: redirector_tests::ChildGuard,
+    _proxy: redirector_tests::ChildGuard,
+}
+
+fn demo_pod(node: &Cgroup) -> DemoPod {
+    let topo = Topology::under(node, "demo");
+    let service = ProbeServer::serve(&topo.service, "service")
+        .listen(topo.service_addr(false, 80))
+        .start();
+    let proxy = ProbeServer::proxy(&topo.pod, "proxy")
+        .listen("127.0.0.1:15001".parse().unwrap())
+        .cgroup(&topo.pod_cgroup)
+        .user(PROXY_UID, PROXY_UID)
+        .forward()
+        .start();
+    DemoPod {
+        topo,
+        _service: service,
+        _proxy: proxy,
+    }
+}
+
+fn daemon_demo() -> ExitCode {
+    let root = PinRoot::new("demo");
+    let node = Cgroup::new("demonode");
+    let state = StateDir::new("demostate");
+    say(&format!(
+        "$ redirector daemon --cgroup {} --pin-root {} --state-dir {}",
+        node.path().display(),
+        root.path().display(),
+        state.path().display()
+    ));
+    let daemon = Daemon::start(&root, &node, &state);
+    for line in daemon.log().lines().filter(|l| l.contains("INFO")) {
+        say(&format!(
+            "  {}",
+            line.split_once("INFO ").map_or(line, |(_, l)| l)
+        ));
+    }
+    let pod = demo_pod(&node);
+    let dst = pod.topo.service_addr(false, 80);
+    say(&format!(
+        "pod netns {} (cgroup below the node cgroup), service at {dst}, stand-in proxy (uid 1337) on 127.0.0.1:15001",
+        pod.topo.pod.name()
+    ));
+    let netns = pod.topo.pod.path().display().to_string();
+    let mut add = vec![
+        "add",
+        "--netns",
+        netns.as_str(),
+        "--name",
+        "default/demo",
+        "--",
+    ];
+    add.extend_from_slice(&STANDARD_INJECTION);
+    say(&format!(
+        "$ redirector pod {}",
+        add.join(" ")
+            .replace(" * ", " '*' ")
+            .replace(" -x  ", " -x '' ")
+    ));
+    let out = daemon.pod(&add);
+    say(&format!(
+        "  {}",
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()
+            .unwrap_or("")
+    ));
+    let mut ok = out.status.success();
+    let mut connect = |when: &str| {
+        let outcome = pod.topo.connect(APP_UID, APP_UID, dst);
+        ok &= matches!(&outcome, ConnOutcome::Proxied { orig: Some(o), .. } if *o == dst);
+        say(&format!(
+            "{when}: app (uid {APP_UID}) -> {dst}: {}",
+            describe(&outcome)
+        ));
+    };
+    connect("no init container");
+    let killed = daemon.kill();
+    say("daemon killed with SIGKILL");
+    connect("no daemon running");
+    let daemon = killed.restart();
+    say("daemon restarted; it rebuilt its view from the pins before serving");
+    say("$ redirector pod list");
+    for line in String::from_utf8_lossy(&daemon.pod(&["list"]).stdout).lines() {
+        say(&format!("  {line}"));
+    }
+    say("$ redirector pod del --name default/demo");
+    ok &= daemon
+        .pod(&["del", "--name", "default/demo"])
+        .status
+        .success();
+    let after = pod.topo.connect(APP_UID, APP_UID, dst);
+    ok &= matches!(after, ConnOutcome::Served { .. });
+    say(&format!(
+        "after del: app (uid {APP_UID}) -> {dst}: {}",
+        describe(&after)
+    ));
+    say(if ok {
+        "OK: captured by its network namespace alone, through a daemon restart"
     } else {
         "FAILED"
     });
