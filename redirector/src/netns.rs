@@ -61,6 +61,29 @@ impl Netns {
         Ok(netns)
     }
 
+    /// The namespace with nsfs inode `inode`, found among the named ones (/run/netns) and
+    /// those of running processes; `None` if no path to it is left.
+    pub fn find(inode: u64) -> Option<Self> {
+        let named = fs::read_dir("/run/netns").into_iter().flatten();
+        let of_processes = fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .bytes()
+                    .all(|b| b.is_ascii_digit())
+            })
+            .map(|e| Ok::<_, io::Error>(e.path().join("ns/net")));
+        named
+            .map(|e| e.map(|e| e.path()))
+            .chain(of_processes)
+            .filter_map(Result::ok)
+            .find(|path| fs::metadata(path).is_ok_and(|m| m.ino() == inode))
+            .and_then(|path| Self::open(&path).ok())
+    }
+
     /// The namespace of the calling thread.
     pub fn current() -> Result<Self, NetnsError> {
         Self::open(Path::new(THREAD_NETNS))

@@ -11,11 +11,13 @@ use std::{
 use crate::{
     apply::{collect_if_unused, ApplyError},
     fs_error::fs_err,
+    netns::Netns,
+    observe::{observe_links, observe_pods, Pods},
     store::{
         bpf_sys::{self, LinkTarget},
-        ensure_loaded, open_program,
-        programs::NODE_PROGRAMS,
-        EbpfObject, NodeLock, ObjectId, ObjectPins, PinRoot,
+        ensure_loaded, ensure_loaded_sharing, open_program,
+        programs::{NODE_PROGRAMS, POD_PROGRAMS},
+        EbpfObject, NodeLock, NodeMaps, ObjectId, ObjectPins, PinRoot,
     },
 };
 
@@ -162,4 +164,250 @@ pub fn covering(root: &PinRoot, cgroup: &Path) -> Result<Option<ObjectPins>, App
         })
     };
     Ok(cgroup.ancestors().any(covers).then_some(object))
+}
+
+/// What [`upgrade`] moved.
+#[derive(Debug)]
+pub struct Upgrade {
+    pub from: ObjectId,
+    pub to: ObjectId,
+    /// Whether the new programs use the old maps.
+    pub shared_maps: bool,
+    pub pods: usize,
+    pub links: usize,
+}
+
+/// A link to move: its pin under the old object, where it goes under the new one, and
+/// the program it runs there.
+struct Move {
+    from: PathBuf,
+    to: PathBuf,
+    function: &'static str,
+}
+
+/// Move the node from the object its links use to `object`, never leaving a hook without a
+/// program. When the maps keep their definitions, the new programs are loaded on the old
+/// maps (nothing to copy, no connection in flight lost); otherwise every pod's entries and
+/// the connections in flight are copied into the new maps first. Then every link — the node's and each pod's own — is switched to the new
+/// program in place with `BPF_LINK_UPDATE` and its pin moved, and only then is the old
+/// object removed. A failure before the switch leaves everything on the old object.
+pub fn upgrade(root: &PinRoot, object: &EbpfObject) -> Result<Option<Upgrade>, ApplyError> {
+    let _lock = NodeLock::acquire(root)?;
+    let Some(old) = node_object(root)? else {
+        return Ok(None);
+    };
+    if old.id() == object.id() {
+        return Ok(None);
+    }
+    let (new, shared) = ensure_loaded_sharing(root, object, &old)?;
+    let entries = if shared {
+        // The new programs use the same maps: nothing to copy, nothing in flight lost.
+        old.pods()
+            .map_err(|e| fs_err("listing", &old.pods_dir())(e).into())
+    } else {
+        copy_entries(&old, &new)
+    };
+    let moved = entries.and_then(|pods| {
+        let moves = link_moves(&old, &new, &pods)?;
+        switch_links(&new, &moves)?;
+        Ok((pods, moves.len()))
+    });
+    let (pods, links) = match moved {
+        Ok(moved) => moved,
+        Err(err) => {
+            collect_if_unused(&new)?;
+            return Err(err);
+        }
+    };
+    if !shared {
+        // Connections that started on the old programs during the switch.
+        copy_connections(&old, &new)?;
+    }
+    remove_object(&old)?;
+    Ok(Some(Upgrade {
+        from: old.id().clone(),
+        to: new.id().clone(),
+        shared_maps: shared,
+        pods: pods.len(),
+        links,
+    }))
+}
+
+/// Every pod's entries under `old`, written into `new`'s maps (its configuration last);
+/// proxy listeners registered again from the pods' namespaces. Returns the pods.
+fn copy_entries(
+    old: &ObjectPins,
+    new: &ObjectPins,
+) -> Result<Vec<redirector_common::NetnsCookie>, ApplyError> {
+    use aya::maps::lpm_trie::Key;
+
+    let from = NodeMaps::open(old)?;
+    let mut to = NodeMaps::open(new)?;
+    let none = std::collections::BTreeSet::new();
+    let pods = observe_pods(old, &from, &Pods::AllBut(&none), false)?;
+    let write = |map: &'static str| move |source| ApplyError::MapWrite { map, source };
+    for (cookie, pod) in &pods {
+        for key in &pod.ports {
+            to.port_sets.insert(key, 1, 0).map_err(write("PORT_SETS"))?;
+        }
+        for e in &pod.cidrs_v4 {
+            to.cidrs_v4
+                .insert(&Key::new(e.prefix_len, e.data), e.value, 0)
+                .map_err(write("CIDRS_V4"))?;
+        }
+        for e in &pod.cidrs_v6 {
+            to.cidrs_v6
+                .insert(&Key::new(e.prefix_len, e.data), e.value, 0)
+                .map_err(write("CIDRS_V6"))?;
+        }
+        for key in &pod.addrs {
+            to.pod_by_addr
+                .insert(key, cookie, 0)
+                .map_err(write("POD_BY_ADDR"))?;
+        }
+        if pod.counters {
+            if let Ok(values) = from.counters.get(cookie, 0) {
+                to.counters
+                    .insert(cookie, values, 0)
+                    .map_err(write("COUNTERS"))?;
+            }
+        }
+        if let Some(config) = pod.config {
+            to.pod_config
+                .insert(cookie, config, 0)
+                .map_err(write("POD_CONFIG"))?;
+            // The proxy's listeners are found again in its namespace (a sockhash gives
+            // user space no socket back).
+            let sk_lookup = observe_links(old, *cookie)?
+                .into_iter()
+                .find_map(|l| match l.target {
+                    Some(LinkTarget::Netns(ino)) if ino != 0 => Some(ino),
+                    _ => None,
+                });
+            match sk_lookup.and_then(|ino| Netns::find(u64::from(ino))) {
+                Some(netns) => {
+                    let ports = [config.inbound_port, config.outbound_port];
+                    crate::listeners::register_existing(&mut to, &netns, &ports);
+                }
+                None => tracing::warn!(
+                    "pod {cookie}: its namespace is not found; its proxy's listeners are registered again when it listens again"
+                ),
+            }
+        }
+    }
+    drop(to);
+    copy_connections(old, new)?;
+    Ok(pods.into_keys().collect())
+}
+
+/// The in-flight connection state (original destinations by socket and by connection).
+fn copy_connections(old: &ObjectPins, new: &ObjectPins) -> Result<(), ApplyError> {
+    let from = NodeMaps::open(old)?;
+    let mut to = NodeMaps::open(new)?;
+    let read =
+        |map: &'static str| move |source| crate::observe::ObserveError::MapRead { map, source };
+    for item in from.orig_dst_by_conn.iter() {
+        let (key, value) = item.map_err(read("ORIG_DST_BY_CONN"))?;
+        let _ = to.orig_dst_by_conn.insert(key, value, 0);
+    }
+    for item in from.orig_dst_by_cookie.iter() {
+        let (key, value) = item.map_err(read("ORIG_DST_BY_COOKIE"))?;
+        let _ = to.orig_dst_by_cookie.insert(key, value, 0);
+    }
+    for item in from.dns_orig_by_cookie.iter() {
+        let (key, value) = item.map_err(read("DNS_ORIG_BY_COOKIE"))?;
+        let _ = to.dns_orig_by_cookie.insert(key, value, 0);
+    }
+    Ok(())
+}
+
+/// Every link pinned under `old` (node and pods), with where it goes under `new`.
+fn link_moves(
+    old: &ObjectPins,
+    new: &ObjectPins,
+    pods: &[redirector_common::NetnsCookie],
+) -> Result<Vec<Move>, ApplyError> {
+    let mut dirs = vec![(old.node(), new.node())];
+    let mut cookies: Vec<_> = pods.to_vec();
+    cookies.extend(old.pods().map_err(fs_err("listing", &old.pods_dir()))?);
+    cookies.sort();
+    cookies.dedup();
+    dirs.extend(cookies.iter().map(|c| (old.pod(*c), new.pod(*c))));
+    let mut moves = Vec::new();
+    for (from, to) in dirs {
+        for hook in from.hooks().map_err(fs_err("listing", from.dir()))? {
+            let spec = POD_PROGRAMS
+                .iter()
+                .find(|p| p.hook == hook)
+                .ok_or_else(|| {
+                    ApplyError::Fs(crate::fs_error::FsError::new(
+                        "moving",
+                        from.link(&hook).display(),
+                        io::Error::other("a link of no known program"),
+                    ))
+                })?;
+            moves.push(Move {
+                from: from.link(&hook),
+                to: to.link(&hook),
+                function: spec.function,
+            });
+        }
+    }
+    Ok(moves)
+}
+
+/// Switch every link to the new object's program and move its pin; undone link by link if
+/// one fails.
+fn switch_links(new: &ObjectPins, moves: &[Move]) -> Result<(), ApplyError> {
+    let mut done: Vec<(&Move, std::os::fd::OwnedFd)> = Vec::new();
+    let result = (|| {
+        for m in moves {
+            let link = bpf_sys::obj_get(&m.from).map_err(fs_err("opening link", &m.from))?;
+            let old_prog = bpf_sys::link_program_fd(link.as_fd())
+                .map_err(fs_err("reading the program of", &m.from))?;
+            let prog = open_program(new, m.function)?;
+            bpf_sys::link_update(link.as_fd(), prog.as_fd())
+                .map_err(fs_err("updating link", &m.from))?;
+            done.push((m, old_prog));
+            if let Some(dir) = m.to.parent() {
+                fs::create_dir_all(dir).map_err(fs_err("creating", dir))?;
+            }
+            fs::rename(&m.from, &m.to).map_err(fs_err("moving link", &m.to))?;
+        }
+        Ok(())
+    })();
+    if let Err(err) = result {
+        for (m, old_prog) in done.into_iter().rev() {
+            let pin = if m.to.exists() { &m.to } else { &m.from };
+            let back = bpf_sys::obj_get(pin)
+                .and_then(|link| bpf_sys::link_update(link.as_fd(), old_prog.as_fd()))
+                .and_then(|()| {
+                    if pin == &m.to {
+                        fs::rename(&m.to, &m.from)
+                    } else {
+                        Ok(())
+                    }
+                });
+            if let Err(undo) = back {
+                tracing::warn!("putting back {}: {undo}", m.from.display());
+            }
+        }
+        return Err(err);
+    }
+    Ok(())
+}
+
+/// Remove an object whose links have all moved away: its empty link directories, then
+/// its programs and maps.
+fn remove_object(old: &ObjectPins) -> Result<(), ApplyError> {
+    for cookie in old.pods().map_err(fs_err("listing", &old.pods_dir()))? {
+        let dir = old.pod(cookie);
+        fs::remove_dir(dir.dir()).map_err(fs_err("removing", dir.dir()))?;
+    }
+    let node = old.node();
+    if node.dir().exists() {
+        fs::remove_dir(node.dir()).map_err(fs_err("removing", node.dir()))?;
+    }
+    collect_if_unused(old)?;
+    Ok(())
 }

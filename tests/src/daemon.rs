@@ -38,6 +38,7 @@ pub struct Daemon {
     child: ChildGuard,
     socket: PathBuf,
     args: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl Daemon {
@@ -64,15 +65,20 @@ impl Daemon {
             .into_iter()
             .chain(extra.iter().map(|a| a.to_string()))
             .collect();
-        Self::spawn(socket, args)
+        Self::spawn(socket, args, Vec::new())
     }
 
-    fn spawn(socket: PathBuf, args: Vec<String>) -> Self {
-        let child = Spawn::new(redirector_bin()).args(&args).spawn();
+    fn spawn(socket: PathBuf, args: Vec<String>, env: Vec<(String, String)>) -> Self {
+        let mut spawn = Spawn::new(redirector_bin()).args(&args);
+        for (key, value) in &env {
+            spawn = spawn.env(key, value);
+        }
+        let child = spawn.spawn();
         let daemon = Daemon {
             child,
             socket,
             args,
+            env,
         };
         daemon.wait_ready(Duration::from_secs(20));
         daemon
@@ -96,9 +102,10 @@ impl Daemon {
             child,
             socket,
             args,
+            env,
         } = self;
         drop(child);
-        Killed { socket, args }
+        Killed { socket, args, env }
     }
 
     /// Kill it with SIGKILL and start a new one with the same flags.
@@ -190,11 +197,19 @@ impl Daemon {
 pub struct Killed {
     socket: PathBuf,
     args: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl Killed {
     /// A new daemon with the same flags, once it serves.
     pub fn restart(self) -> Daemon {
-        Daemon::spawn(self.socket, self.args)
+        Daemon::spawn(self.socket, self.args, self.env)
+    }
+
+    /// A new daemon with the same flags and env var `key` set to `value`.
+    pub fn restart_with_env(mut self, key: &str, value: &str) -> Daemon {
+        self.env.retain(|(k, _)| k != key);
+        self.env.push((key.to_owned(), value.to_owned()));
+        self.restart()
     }
 }

@@ -168,3 +168,49 @@ pub fn pod_links(root: &PinRoot, netns_cookie: u64) -> Option<Vec<String>> {
             .collect()
     })
 }
+
+/// The eBPF object of the redirector binary under test, as its build left it.
+pub fn built_object() -> PathBuf {
+    let profile_dir = redirector_bin()
+        .parent()
+        .expect("the binary's directory")
+        .to_path_buf();
+    std::fs::read_dir(profile_dir.join("build"))
+        .expect("the build directory beside the binary")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("redirector-"))
+        .map(|e| e.path().join("out").join("redirector"))
+        .filter(|p| p.metadata().is_ok_and(|m| m.len() > 0))
+        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
+        .expect("a built eBPF object")
+}
+
+/// A copy of the built object with different bytes (one more at the end): a new kernel
+/// side to roll a node to, as a rebuilt binary would bring. Removed on drop.
+pub struct NextObject {
+    pub path: PathBuf,
+}
+
+impl NextObject {
+    pub fn new() -> Self {
+        let path = std::env::temp_dir().join(format!("{}-object", unique_name("next")));
+        let mut bytes = std::fs::read(built_object()).expect("reading the built object");
+        bytes.push(0);
+        std::fs::write(&path, bytes).expect("writing the next object");
+        NextObject { path }
+    }
+}
+
+impl Default for NextObject {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for NextObject {
+    fn drop(&mut self) {
+        if let Err(err) = std::fs::remove_file(&self.path) {
+            eprintln!("warning: removing {}: {err}", self.path.display());
+        }
+    }
+}

@@ -8,7 +8,7 @@ use std::time::Duration;
 use redirector_tests::bpftool::wait_netns_link_detached;
 use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::redirector::{
-    object_ids, pins_under, pod_links, PinRoot, STANDARD_INJECTION,
+    object_ids, pins_under, pod_links, NextObject, PinRoot, STANDARD_INJECTION,
 };
 use redirector_tests::{
     assert_direct, assert_proxied, require_root, use_probe_bin, Cgroup, ConnOutcome, ProxiedPod,
@@ -273,4 +273,70 @@ fn init_container_pods_and_daemon_pods_share_the_node() {
     }
     let dst = by_daemon.service(false);
     assert_proxied(&by_daemon.connect(APP_UID, APP_UID, dst), dst);
+}
+
+#[test]
+fn a_new_object_replaces_the_node_programs_with_no_gap() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let root = PinRoot::new("upgrade");
+    let node = Cgroup::new("node");
+    let state = StateDir::new("state");
+    let daemon = Daemon::start(&root, &node, &state);
+    let pod = ProxiedPod::under(&node, "upod");
+    add(&daemon, &pod, "default/app", &STANDARD_INJECTION);
+    let before = object_ids(&root);
+    let next = NextObject::new();
+
+    let stop = AtomicBool::new(false);
+    let dst = pod.service(false);
+    let topo = &pod.topo;
+    let (outcomes, daemon) = std::thread::scope(|scope| {
+        let client = scope.spawn(|| {
+            let mut outcomes = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                outcomes.push(topo.connect(APP_UID, APP_UID, dst));
+            }
+            outcomes
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        // A daemon with a rebuilt kernel side takes the node over.
+        let daemon = daemon
+            .kill()
+            .restart_with_env("REDIRECTOR_EBPF_OBJECT", &next.path.display().to_string());
+        std::thread::sleep(Duration::from_millis(300));
+        stop.store(true, Ordering::SeqCst);
+        (client.join().unwrap(), daemon)
+    });
+    let log = daemon.log();
+    assert!(log.contains("upgraded the node from object"), "{log}");
+    assert!(
+        log.contains("maps shared"),
+        "same map definitions: the new programs use the old maps: {log}"
+    );
+    let after = object_ids(&root);
+    assert_eq!(after.len(), 1, "the old object is gone: {after:?}");
+    assert_ne!(after, before);
+    assert_eq!(
+        pod_links(&root, pod.topo.pod.cookie()),
+        Some(vec!["sk_lookup".to_owned()])
+    );
+    assert_eq!(names(&daemon), ["default/app"]);
+    let escaped: Vec<&ConnOutcome> = outcomes
+        .iter()
+        .filter(|o| {
+            !matches!(o, ConnOutcome::Proxied { name, orig, .. } if name == "proxy" && *orig == Some(dst))
+        })
+        .collect();
+    assert!(outcomes.len() >= 5, "{} connections", outcomes.len());
+    assert!(
+        escaped.is_empty(),
+        "{} of {} connections did not land on the proxy with their destination: {escaped:?}",
+        escaped.len(),
+        outcomes.len()
+    );
+    assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+    assert_direct(&pod.connect(PROXY_UID, PROXY_UID, dst), dst);
 }

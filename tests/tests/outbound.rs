@@ -376,22 +376,6 @@ fn a_redirected_socket_reports_its_original_peer() {
     }
 }
 
-/// The eBPF object of the redirector binary under test, as its build left it.
-fn built_object() -> std::path::PathBuf {
-    let profile_dir = redirector_tests::redirector::redirector_bin()
-        .parent()
-        .expect("the binary's directory")
-        .to_path_buf();
-    std::fs::read_dir(profile_dir.join("build"))
-        .expect("the build directory beside the binary")
-        .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().starts_with("redirector-"))
-        .map(|e| e.path().join("out").join("redirector"))
-        .filter(|p| p.metadata().is_ok_and(|m| m.len() > 0))
-        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
-        .expect("a built eBPF object")
-}
-
 #[test]
 fn a_new_object_takes_over_the_pod_without_doubling() {
     if !require_root() {
@@ -406,19 +390,16 @@ fn a_new_object_takes_over_the_pod_without_doubling() {
     assert_eq!(before.len(), 1);
 
     // A rebuilt kernel side: the same programs, different bytes, so a different object.
-    let next = std::env::temp_dir().join(format!("rdt-{}-object", std::process::id()));
-    let mut bytes = std::fs::read(built_object()).unwrap();
-    bytes.push(0);
-    std::fs::write(&next, bytes).unwrap();
+    let next = redirector_tests::redirector::NextObject::new();
     let mut cmd = redirector_tests::redirector::istio_iptables_command(
         &pod.topo.pod,
         &pod.topo.pod_cgroup,
         &root,
     );
     cmd.args(STANDARD_INJECTION)
-        .env("REDIRECTOR_EBPF_OBJECT", &next);
+        .env("REDIRECTOR_EBPF_OBJECT", &next.path);
     let out = cmd.output().unwrap();
-    let _ = std::fs::remove_file(&next);
+    drop(next);
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{log}");
     assert!(

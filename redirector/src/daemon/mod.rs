@@ -33,7 +33,7 @@ use self::{
     records::Records,
 };
 use crate::{
-    node::{attach_node, detach_node, node_object},
+    node::{attach_node, detach_node, node_object, upgrade},
     store::{EbpfObject, PinRoot},
 };
 
@@ -53,9 +53,24 @@ pub struct DaemonConfig {
 /// the reconcile of what is installed with the records — all before serving.
 fn start(config: &DaemonConfig) -> anyhow::Result<Node> {
     let root = PinRoot::new(&config.pin_root);
+    let configured = EbpfObject::configured()?;
     let object = match node_object(&root)? {
+        // This binary's kernel side is newer: the node moves to it, with no gap.
+        Some(pinned) if pinned.id() != configured.id() && !configured.bytes().is_empty() => {
+            if let Some(moved) = upgrade(&root, &configured)? {
+                info!(
+                    "upgraded the node from object {} to {}: {} pod(s), {} link(s) switched in place, maps {}",
+                    moved.from,
+                    moved.to,
+                    moved.pods,
+                    moved.links,
+                    if moved.shared_maps { "shared" } else { "copied" }
+                );
+            }
+            configured
+        }
         Some(pinned) => EbpfObject::pinned(pinned.id().clone()),
-        None => EbpfObject::configured()?,
+        None => configured,
     };
     let attachment = attach_node(&root, &object, &config.cgroup)?;
     info!(

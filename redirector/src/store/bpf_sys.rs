@@ -93,6 +93,26 @@ pub fn link_update(link: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Result<()>
     bpf(BPF_LINK_UPDATE, &mut attr).map(drop)
 }
 
+/// The program a link runs, as a new file descriptor (BPF_OBJ_GET_INFO_BY_FD for its
+/// program id, then BPF_PROG_GET_FD_BY_ID).
+pub fn link_program_fd(link: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+    // struct bpf_link_info: type, id, prog_id, …
+    let mut info = [0u32; 16];
+    let mut attr = BpfAttr([0; 32]);
+    let ptr = info.as_mut_ptr() as u64;
+    attr.0[0] = link.as_raw_fd() as u32;
+    attr.0[1] = size_of_val(&info) as u32;
+    attr.0[2] = ptr as u32;
+    attr.0[3] = (ptr >> 32) as u32;
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    let mut attr = BpfAttr([0; 32]);
+    attr.0[0] = info[2];
+    let fd = bpf(BPF_PROG_GET_FD_BY_ID, &mut attr)?;
+    // SAFETY: the kernel returned a new file descriptor that we now own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
 /// What a pinned link is attached to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LinkTarget {

@@ -10,5 +10,8 @@ pub mod programs;
 
 pub use lock::NodeLock;
 pub use node_maps::{NodeMaps, OpenMapError};
-pub use object::{ensure_loaded, open_program, EbpfObject, ObjectError, OBJECT_OVERRIDE_ENV};
+pub use object::{
+    ensure_loaded, ensure_loaded_sharing, open_program, EbpfObject, ObjectError,
+    OBJECT_OVERRIDE_ENV,
+};
 pub use pins::{ObjectId, ObjectPins, PinRoot, PodPins};

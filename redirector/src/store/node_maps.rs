@@ -23,6 +23,10 @@ pub struct NodeMaps {
     pub cidrs_v4: LpmTrie<MapData, Cidr4Key, u8>,
     pub cidrs_v6: LpmTrie<MapData, Cidr6Key, u8>,
     pub orig_dst_by_conn: HashMap<MapData, ConnKey, OrigDst>,
+    /// socket cookie → original destination, between connect() and the handshake.
+    pub orig_dst_by_cookie: HashMap<MapData, u64, OrigDst>,
+    /// UDP socket cookie → where its DNS query went.
+    pub dns_orig_by_cookie: HashMap<MapData, u64, OrigDst>,
     pub counters: PerCpuHashMap<MapData, NetnsCookie, Counters>,
     pub pod_by_addr: HashMap<MapData, PodAddrKey, NetnsCookie>,
     pub listeners: SockHash<MapData, ListenerKey>,
@@ -104,6 +108,8 @@ impl NodeMaps {
             cidrs_v4: open(pins, names::CIDRS_V4)?,
             cidrs_v6: open(pins, names::CIDRS_V6)?,
             orig_dst_by_conn: open(pins, names::ORIG_DST_BY_CONN)?,
+            orig_dst_by_cookie: open(pins, names::ORIG_DST_BY_COOKIE)?,
+            dns_orig_by_cookie: open(pins, names::DNS_ORIG_BY_COOKIE)?,
             counters: open(pins, names::COUNTERS)?,
             pod_by_addr: open(pins, names::POD_BY_ADDR)?,
             listeners: open(pins, names::LISTENERS)?,

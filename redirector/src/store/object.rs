@@ -3,8 +3,9 @@
 use std::{borrow::Cow, fs, io, os::fd::OwnedFd};
 
 use aya::{
+    maps::MapData,
     programs::{CgroupSockAddr, CgroupSockopt, SkLookup, SockOps},
-    Ebpf,
+    EbpfLoader,
 };
 use redirector_common::names;
 
@@ -109,7 +110,7 @@ pub fn ensure_loaded(
         return Err(ObjectError::NotEmbedded);
     }
     let staging = root.staging_object(id);
-    if let Err(err) = load_and_pin(bytes, &staging) {
+    if let Err(err) = load_and_pin(bytes, &staging, None) {
         if let Err(cleanup) = fs::remove_dir_all(staging.dir()) {
             tracing::warn!("removing {}: {cleanup}", staging.dir().display());
         }
@@ -137,11 +138,81 @@ fn check_complete(pins: &ObjectPins) -> Result<(), ObjectError> {
     }
 }
 
-fn load_and_pin(bytes: &[u8], staging: &ObjectPins) -> Result<(), ObjectError> {
+/// Load `object` next to `current` (the object the node uses now) so that the new programs
+/// use `current`'s maps — configuration and connections in flight alike — when every map
+/// has the same definition (type, key and value size, capacity, flags). Returns whether
+/// the maps are shared; when they are not, the new object has maps of its own and the
+/// caller must copy what it needs.
+pub fn ensure_loaded_sharing(
+    root: &PinRoot,
+    object: &EbpfObject,
+    current: &ObjectPins,
+) -> Result<(ObjectPins, bool), ObjectError> {
+    let pins = root.object(object.id());
+    if !pins.dir().exists() {
+        let (fresh, _) = ensure_loaded(root, object)?;
+        if !same_map_definitions(&fresh, current) {
+            return Ok((fresh, false));
+        }
+        // Load it again, on `current`'s maps.
+        fs::remove_dir_all(fresh.dir()).map_err(fs_err("removing", fresh.dir()))?;
+        let staging = root.staging_object(object.id());
+        if let Err(err) = load_and_pin(object.bytes(), &staging, Some(current)) {
+            if let Err(cleanup) = fs::remove_dir_all(staging.dir()) {
+                tracing::warn!("removing {}: {cleanup}", staging.dir().display());
+            }
+            return Err(err);
+        }
+        fs::rename(staging.dir(), pins.dir()).map_err(fs_err("renaming into place", pins.dir()))?;
+    }
+    check_complete(&pins)?;
+    let shared = names::ALL.iter().all(|name| {
+        let id = |o: &ObjectPins| {
+            MapData::from_pin(o.map(name))
+                .and_then(|m| m.info())
+                .map(|i| i.id())
+        };
+        matches!((id(&pins), id(current)), (Ok(a), Ok(b)) if a == b)
+    });
+    Ok((pins, shared))
+}
+
+/// Whether two objects' maps have the same definitions, map by map.
+fn same_map_definitions(a: &ObjectPins, b: &ObjectPins) -> bool {
+    names::ALL.iter().all(|name| {
+        let definition = |o: &ObjectPins| {
+            MapData::from_pin(o.map(name))
+                .and_then(|m| m.info())
+                .map(|i| {
+                    (
+                        i.map_type().ok(),
+                        i.key_size(),
+                        i.value_size(),
+                        i.max_entries(),
+                        i.map_flags(),
+                    )
+                })
+        };
+        matches!((definition(a), definition(b)), (Ok(x), Ok(y)) if x == y)
+    })
+}
+
+fn load_and_pin(
+    bytes: &[u8],
+    staging: &ObjectPins,
+    share_maps_of: Option<&ObjectPins>,
+) -> Result<(), ObjectError> {
     for dir in [staging.progs_dir(), staging.maps_dir(), staging.pods_dir()] {
         fs::create_dir_all(&dir).map_err(fs_err("creating", &dir))?;
     }
-    let mut ebpf = Ebpf::load(bytes)?;
+    let shared: Vec<(&str, std::path::PathBuf)> = share_maps_of
+        .map(|current| names::ALL.iter().map(|n| (*n, current.map(n))).collect())
+        .unwrap_or_default();
+    let mut loader = EbpfLoader::new();
+    for (name, path) in &shared {
+        loader.map_pin_path(name, path.as_path());
+    }
+    let mut ebpf = loader.load(bytes)?;
     for spec in &POD_PROGRAMS {
         let program = ebpf
             .program_mut(spec.function)
