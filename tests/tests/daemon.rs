@@ -257,17 +257,7 @@ fn init_container_pods_and_daemon_pods_share_the_node() {
     check_all("after a daemon restart");
     assert_eq!(names(&daemon), ["default/daemon"]);
     for pod in [&outside, &inside] {
-        let out = redirector_tests::redirector::istio_iptables(
-            &pod.topo.pod,
-            &pod.topo.pod_cgroup,
-            &root,
-            &["--cleanup-only"],
-        );
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        pod.install(&root, &["--cleanup-only"]);
         let dst = pod.service(false);
         assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     }

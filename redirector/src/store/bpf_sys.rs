@@ -93,12 +93,10 @@ pub fn link_update(link: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Result<()>
     bpf(BPF_LINK_UPDATE, &mut attr).map(drop)
 }
 
-/// The program a link runs, as a new file descriptor (BPF_OBJ_GET_INFO_BY_FD for its
-/// program id, then BPF_PROG_GET_FD_BY_ID).
-pub fn link_program_fd(link: BorrowedFd<'_>) -> io::Result<OwnedFd> {
-    const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
-    // struct bpf_link_info: type, id, prog_id, …
-    let mut info = [0u32; 16];
+/// `struct bpf_link_info` of a link, as 64-bit words: type and id, prog_id and padding,
+/// then the per-type union (BPF_OBJ_GET_INFO_BY_FD).
+fn link_info(link: BorrowedFd<'_>) -> io::Result<[u64; 8]> {
+    let mut info = [0u64; 8];
     let mut attr = BpfAttr([0; 32]);
     let ptr = info.as_mut_ptr() as u64;
     attr.0[0] = link.as_raw_fd() as u32;
@@ -106,8 +104,17 @@ pub fn link_program_fd(link: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     attr.0[2] = ptr as u32;
     attr.0[3] = (ptr >> 32) as u32;
     bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    Ok(info)
+}
+
+/// The program a link runs, as a new file descriptor (BPF_OBJ_GET_INFO_BY_FD for its
+/// program id, then BPF_PROG_GET_FD_BY_ID).
+pub fn link_program_fd(link: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+    let info = link_info(link)?;
     let mut attr = BpfAttr([0; 32]);
-    attr.0[0] = info[2];
+    // The second word: prog_id, then padding.
+    attr.0[0] = info[1] as u32;
     let fd = bpf(BPF_PROG_GET_FD_BY_ID, &mut attr)?;
     // SAFETY: the kernel returned a new file descriptor that we now own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
@@ -132,15 +139,7 @@ impl LinkTarget {
 
 /// The target of a link, from the kernel (BPF_OBJ_GET_INFO_BY_FD).
 pub fn link_target(link: BorrowedFd<'_>) -> io::Result<LinkTarget> {
-    // struct bpf_link_info: type, id, prog_id, padding, then the per-type union.
-    let mut info = [0u64; 8];
-    let mut attr = BpfAttr([0; 32]);
-    let ptr = info.as_mut_ptr() as u64;
-    attr.0[0] = link.as_raw_fd() as u32;
-    attr.0[1] = size_of_val(&info) as u32;
-    attr.0[2] = ptr as u32;
-    attr.0[3] = (ptr >> 32) as u32;
-    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    let info = link_info(link)?;
     Ok(match info[0] as u32 {
         BPF_LINK_TYPE_CGROUP => LinkTarget::Cgroup(info[2]),
         BPF_LINK_TYPE_NETNS => LinkTarget::Netns(info[2] as u32),

@@ -184,16 +184,10 @@ fn main() -> ExitCode {
         "after cleanup: app (uid {APP_UID}) -> {v4}: {}",
         describe(&topo.connect(APP_UID, APP_UID, v4))
     ));
-    say(if ok {
-        "OK: the app's connections were redirected with their original destination"
-    } else {
-        "FAILED"
-    });
-    if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    verdict(
+        ok,
+        "OK: the app's connections were redirected with their original destination",
+    )
 }
 
 /// A pod (netns + cgroup under a node cgroup) with a service and a stand-in proxy.
@@ -298,14 +292,19 @@ fn daemon_demo() -> ExitCode {
         "after del: app (uid {APP_UID}) -> {dst}: {}",
         describe(&after)
     ));
-    say(if ok {
-        "OK: captured by its network namespace alone, through a daemon restart"
-    } else {
-        "FAILED"
-    });
+    verdict(
+        ok,
+        "OK: captured by its network namespace alone, through a daemon restart",
+    )
+}
+
+/// The demo's last line and exit code.
+fn verdict(ok: bool, success: &str) -> ExitCode {
     if ok {
+        say(success);
         ExitCode::SUCCESS
     } else {
+        say("FAILED");
         ExitCode::FAILURE
     }
 }
