@@ -20,6 +20,7 @@ pub mod cgroup;
 pub mod conformance;
 pub mod conformance_cases;
 pub mod conformance_rules;
+pub mod cri;
 pub mod daemon;
 pub mod dns;
 pub mod dns_net;

@@ -11,7 +11,7 @@ use anyhow::{bail, Context as _, Result};
 
 /// Debian packages the tests and demo use, with what proves each is installed: a binary on
 /// PATH, or an absolute path for files installed elsewhere.
-const PACKAGES: [(&str, &str); 11] = [
+const PACKAGES: [(&str, &str); 13] = [
     ("bpftool", "bpftool"),
     ("iptables", "iptables-restore"),
     ("iproute2", "ip"),
@@ -26,6 +26,10 @@ const PACKAGES: [(&str, &str); 11] = [
     ("catatonit", "catatonit"),
     ("containernetworking-plugins", "/usr/lib/cni/host-local"),
     ("busybox-static", "busybox"),
+    // The CRI test (tests/tests/cri.rs): containerd with its CRI plugin (and ctr to import
+    // the locally built image); protoc builds the CRI API client (k8s-cri).
+    ("containerd", "containerd"),
+    ("protobuf-compiler", "protoc"),
     // c-ares (node's dns.Resolver) checks that a DNS reply comes from the server it asked:
     // the strict client of the DNS tests.
     ("nodejs", "node"),

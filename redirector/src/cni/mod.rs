@@ -61,17 +61,19 @@ struct NetConf {
     require_status: bool,
     #[serde(default, rename = "prevResult")]
     prev_result: Option<Value>,
+    /// containerd sends `null` for parts it has nothing for.
     #[serde(default, rename = "runtimeConfig")]
-    runtime_config: RuntimeConfig,
+    runtime_config: Option<RuntimeConfig>,
     #[serde(default, rename = "cni.dev/valid-attachments")]
     valid_attachments: Option<Vec<Attachment>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 struct RuntimeConfig {
-    /// containerd passes the pod's annotations to a plugin declaring this capability.
+    /// containerd passes the pod's annotations to a plugin declaring this capability
+    /// (`null` when the pod has none).
     #[serde(default, rename = "io.kubernetes.cri.pod-annotations")]
-    pod_annotations: BTreeMap<String, String>,
+    pod_annotations: Option<BTreeMap<String, String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -200,7 +202,12 @@ impl Plugin {
         if let Some(object) = result.as_object_mut() {
             object.insert("cniVersion".into(), conf.cni_version.clone().into());
         }
-        let annotations = &conf.runtime_config.pod_annotations;
+        let no_annotations = BTreeMap::new();
+        let annotations = conf
+            .runtime_config
+            .as_ref()
+            .and_then(|r| r.pod_annotations.as_ref())
+            .unwrap_or(&no_annotations);
         if !annotations::captured(annotations, conf.require_status) {
             return Ok(Some(result));
         }

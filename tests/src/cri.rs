@@ -1,0 +1,428 @@
+//! A real Kubernetes container runtime for the tests: containerd (Debian's, with its CRI
+//! plugin) in a directory of the test's own, driven through the CRI API as kubelet drives
+//! it, with a CNI network of the test's own. No image is pulled: the one image (busybox,
+//! the probe binary, `sleep` as its command, also the sandbox image) is built from host
+//! files as an OCI archive and imported.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use k8s_cri::v1::{
+    runtime_service_client::RuntimeServiceClient, ContainerConfig, ContainerMetadata,
+    CreateContainerRequest, ExecSyncRequest, ImageSpec, Int64Value, LinuxContainerConfig,
+    LinuxContainerSecurityContext, LinuxPodSandboxConfig, LinuxSandboxSecurityContext,
+    ListPodSandboxRequest, NamespaceOption, PodSandboxConfig, PodSandboxMetadata,
+    PodSandboxStatusRequest, RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest,
+    StopPodSandboxRequest,
+};
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use crate::daemon::StateDir;
+use crate::podman::{mounts_under, processes_mentioning};
+use crate::podman_rootfs::Rootfs;
+use crate::{probe_bin, ChildGuard, Spawn};
+
+pub const IMAGE: &str = "localhost/rdt-probe:1";
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn sha256(path: &Path) -> (String, u64) {
+    let sum = run(Command::new("sha256sum").arg(path));
+    let digest = sum.split_whitespace().next().expect("a digest").to_owned();
+    (
+        format!("sha256:{digest}"),
+        std::fs::metadata(path).unwrap().len(),
+    )
+}
+
+/// Write `json` as a blob of the OCI layout at `dir`: its digest and size.
+fn blob(dir: &Path, json: &serde_json::Value) -> (String, u64) {
+    let tmp = dir.join("blob.tmp");
+    std::fs::write(&tmp, serde_json::to_vec(json).unwrap()).unwrap();
+    let (digest, size) = sha256(&tmp);
+    let dest = dir
+        .join("blobs/sha256")
+        .join(digest.trim_start_matches("sha256:"));
+    std::fs::rename(&tmp, dest).unwrap();
+    (digest, size)
+}
+
+/// An OCI image archive of `rootfs` named [`IMAGE`], whose command sleeps.
+fn image_archive(work: &Path, rootfs: &Path) -> PathBuf {
+    let layout = work.join("layout");
+    std::fs::create_dir_all(layout.join("blobs/sha256")).unwrap();
+    let layer = layout.join("layer.tar");
+    run(Command::new("tar")
+        .arg("-C")
+        .arg(rootfs)
+        .arg("-cf")
+        .arg(&layer)
+        .arg("."));
+    let (layer_digest, layer_size) = sha256(&layer);
+    std::fs::rename(
+        &layer,
+        layout
+            .join("blobs/sha256")
+            .join(layer_digest.trim_start_matches("sha256:")),
+    )
+    .unwrap();
+    let (config_digest, config_size) = blob(
+        &layout,
+        &serde_json::json!({
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Cmd": ["/bin/sleep", "100000"]},
+            "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+        }),
+    );
+    let (manifest_digest, manifest_size) = blob(
+        &layout,
+        &serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest, "size": config_size},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest, "size": layer_size}],
+        }),
+    );
+    std::fs::write(
+        layout.join("index.json"),
+        serde_json::to_vec(&serde_json::json!({
+            "schemaVersion": 2,
+            "manifests": [{
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "digest": manifest_digest,
+                "size": manifest_size,
+                "annotations": {"io.containerd.image.name": IMAGE, "org.opencontainers.image.ref.name": "1"},
+            }],
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+    std::fs::write(
+        layout.join("oci-layout"),
+        r#"{"imageLayoutVersion":"1.0.0"}"#,
+    )
+    .unwrap();
+    let archive = work.join("image.tar");
+    run(Command::new("tar")
+        .arg("-C")
+        .arg(&layout)
+        .arg("-cf")
+        .arg(&archive)
+        .arg("oci-layout")
+        .arg("index.json")
+        .arg("blobs"));
+    archive
+}
+
+/// containerd in its own directory, with a CNI network of the test's own.
+pub struct Containerd {
+    dir: StateDir,
+    child: ChildGuard,
+    runtime: tokio::runtime::Runtime,
+    client: RuntimeServiceClient<Channel>,
+}
+
+impl Containerd {
+    /// Start containerd with `conflist` as its only network, `plugins` (name, binary) in
+    /// its CNI bin dir beside the host's reference plugins, and [`IMAGE`] imported.
+    pub fn start(conflist: &serde_json::Value, plugins: &[(&str, &Path)]) -> Self {
+        let dir = StateDir::new("cri");
+        let d = dir.path();
+        let bin = d.join("cni-bin");
+        let conf = d.join("cni-conf");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::create_dir_all(&conf).unwrap();
+        for plugin in ["ptp", "host-local", "loopback", "bridge"] {
+            let host = Path::new("/usr/lib/cni").join(plugin);
+            std::os::unix::fs::symlink(&host, bin.join(plugin)).unwrap();
+        }
+        for (name, path) in plugins {
+            std::os::unix::fs::symlink(path, bin.join(name)).unwrap();
+        }
+        std::fs::write(conf.join("10-test.conflist"), conflist.to_string()).unwrap();
+        let socket = d.join("containerd.sock");
+        let config = format!(
+            r#"version = 2
+root = "{root}"
+state = "{state}"
+[grpc]
+  address = "{socket}"
+[ttrpc]
+  address = "{ttrpc}"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{IMAGE}"
+  restrict_oom_score_adj = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{bin}"
+    conf_dir = "{conf}"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "native"
+"#,
+            root = d.join("root").display(),
+            state = d.join("state").display(),
+            socket = socket.display(),
+            ttrpc = d.join("containerd.sock.ttrpc").display(),
+            bin = bin.display(),
+            conf = conf.display(),
+        );
+        std::fs::write(d.join("config.toml"), config).unwrap();
+        let child = Spawn::new("containerd")
+            .args(["--config", &d.join("config.toml").display().to_string()])
+            .spawn();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !socket.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "containerd did not start: {}",
+                child.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let rootfs_dir = d.join("rootfs");
+        let rootfs = Rootfs::busybox(&rootfs_dir);
+        rootfs.add_binary(&probe_bin(), "/usr/local/bin/probe");
+        let archive = image_archive(d, rootfs.path());
+        run(Command::new("ctr")
+            .arg("--address")
+            .arg(&socket)
+            .args(["-n", "k8s.io", "images", "import"])
+            .arg(&archive));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let client = runtime.block_on(async {
+            let path = socket.clone();
+            let channel = Endpoint::try_from("http://localhost")
+                .unwrap()
+                .connect_with_connector(tower::service_fn(move |_: Uri| {
+                    let path = path.clone();
+                    async move {
+                        tokio::net::UnixStream::connect(path)
+                            .await
+                            .map(hyper_util::rt::TokioIo::new)
+                    }
+                }))
+                .await
+                .expect("connecting to containerd's CRI");
+            RuntimeServiceClient::new(channel)
+        });
+        Containerd {
+            dir,
+            child,
+            runtime,
+            client,
+        }
+    }
+
+    pub fn log(&self) -> String {
+        self.child.stderr()
+    }
+
+    /// RunPodSandbox as kubelet does: a pod network namespace, `annotations`, and
+    /// `cgroup_parent` (relative to the cgroup2 root). Its id and config.
+    pub fn run_sandbox(
+        &mut self,
+        name: &str,
+        annotations: &[(&str, &str)],
+        cgroup_parent: &str,
+    ) -> (String, PodSandboxConfig) {
+        let config = PodSandboxConfig {
+            metadata: Some(PodSandboxMetadata {
+                name: name.into(),
+                uid: format!("uid-{name}"),
+                namespace: "default".into(),
+                attempt: 0,
+            }),
+            hostname: name.into(),
+            log_directory: self
+                .dir
+                .path()
+                .join("logs")
+                .join(name)
+                .display()
+                .to_string(),
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<HashMap<_, _>>(),
+            linux: Some(LinuxPodSandboxConfig {
+                cgroup_parent: cgroup_parent.into(),
+                security_context: Some(LinuxSandboxSecurityContext {
+                    namespace_options: Some(NamespaceOption::default()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let request = RunPodSandboxRequest {
+            config: Some(config.clone()),
+            runtime_handler: String::new(),
+        };
+        let id = self
+            .runtime
+            .block_on(self.client.run_pod_sandbox(request))
+            .unwrap_or_else(|e| panic!("RunPodSandbox {name}: {e}\ncontainerd:\n{}", self.log()))
+            .into_inner()
+            .pod_sandbox_id;
+        (id, config)
+    }
+
+    /// The sandbox's IP address, from PodSandboxStatus.
+    pub fn sandbox_ip(&mut self, id: &str) -> std::net::IpAddr {
+        let status = self
+            .runtime
+            .block_on(self.client.pod_sandbox_status(PodSandboxStatusRequest {
+                pod_sandbox_id: id.into(),
+                verbose: false,
+            }))
+            .unwrap_or_else(|e| panic!("PodSandboxStatus: {e}"))
+            .into_inner();
+        let ip = status
+            .status
+            .and_then(|s| s.network)
+            .map(|n| n.ip)
+            .unwrap_or_default();
+        ip.parse()
+            .unwrap_or_else(|_| panic!("sandbox {id} has no IP ({ip:?})"))
+    }
+
+    /// The directory of this containerd, for files tests add (IPAM state).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// CreateContainer + StartContainer: `command` from [`IMAGE`] as `uid` in the sandbox.
+    pub fn start_container(
+        &mut self,
+        sandbox: &(String, PodSandboxConfig),
+        name: &str,
+        command: &[&str],
+        uid: i64,
+    ) -> String {
+        let config = ContainerConfig {
+            metadata: Some(ContainerMetadata {
+                name: name.into(),
+                attempt: 0,
+            }),
+            image: Some(ImageSpec {
+                image: IMAGE.into(),
+                ..Default::default()
+            }),
+            command: command.iter().map(|s| s.to_string()).collect(),
+            log_path: format!("{name}.log"),
+            linux: Some(LinuxContainerConfig {
+                security_context: Some(LinuxContainerSecurityContext {
+                    run_as_user: Some(Int64Value { value: uid }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let request = CreateContainerRequest {
+            pod_sandbox_id: sandbox.0.clone(),
+            config: Some(config),
+            sandbox_config: Some(sandbox.1.clone()),
+        };
+        let id = self
+            .runtime
+            .block_on(self.client.create_container(request))
+            .unwrap_or_else(|e| panic!("CreateContainer {name}: {e}\ncontainerd:\n{}", self.log()))
+            .into_inner()
+            .container_id;
+        self.runtime
+            .block_on(self.client.start_container(StartContainerRequest {
+                container_id: id.clone(),
+            }))
+            .unwrap_or_else(|e| panic!("StartContainer {name}: {e}\ncontainerd:\n{}", self.log()));
+        id
+    }
+
+    /// ExecSync: the command's exit code and stdout.
+    pub fn exec(&mut self, container: &str, command: &[&str]) -> (i32, String) {
+        let response = self
+            .runtime
+            .block_on(self.client.exec_sync(ExecSyncRequest {
+                container_id: container.into(),
+                cmd: command.iter().map(|s| s.to_string()).collect(),
+                timeout: 10,
+            }))
+            .unwrap_or_else(|e| panic!("ExecSync {command:?}: {e}"))
+            .into_inner();
+        (
+            response.exit_code,
+            String::from_utf8_lossy(&response.stdout).into_owned(),
+        )
+    }
+
+    /// StopPodSandbox + RemovePodSandbox (CNI DEL, twice, as containerd does).
+    pub fn remove_sandbox(&mut self, id: &str) {
+        self.runtime
+            .block_on(self.client.stop_pod_sandbox(StopPodSandboxRequest {
+                pod_sandbox_id: id.into(),
+            }))
+            .unwrap_or_else(|e| panic!("StopPodSandbox: {e}"));
+        self.runtime
+            .block_on(self.client.remove_pod_sandbox(RemovePodSandboxRequest {
+                pod_sandbox_id: id.into(),
+            }))
+            .unwrap_or_else(|e| panic!("RemovePodSandbox: {e}"));
+    }
+}
+
+impl Drop for Containerd {
+    /// Every sandbox stopped and removed through the CRI (CNI DEL runs), then containerd,
+    /// the shims it started and the mounts under its directory; never panics.
+    fn drop(&mut self) {
+        let sandboxes = self
+            .runtime
+            .block_on(
+                self.client
+                    .list_pod_sandbox(ListPodSandboxRequest { filter: None }),
+            )
+            .map(|r| r.into_inner().items)
+            .unwrap_or_default();
+        for sandbox in sandboxes {
+            let id = sandbox.id;
+            let _ = self
+                .runtime
+                .block_on(self.client.stop_pod_sandbox(StopPodSandboxRequest {
+                    pod_sandbox_id: id.clone(),
+                }));
+            let _ = self.runtime.block_on(
+                self.client
+                    .remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: id }),
+            );
+        }
+        let _ = self.child.try_wait();
+        // The shims were started by this containerd (their command lines name its dir).
+        for line in processes_mentioning(self.dir.path()) {
+            if let Some(pid) = line.split(':').next().and_then(|p| p.parse::<i32>().ok()) {
+                // SAFETY: kill(2) on a process this test's containerd started.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+        let mut mounts = mounts_under(self.dir.path());
+        mounts.sort();
+        for mount in mounts.iter().rev() {
+            let _ = Command::new("umount").arg("-l").arg(mount).status();
+        }
+    }
+}
