@@ -8,6 +8,7 @@
 //! [`apply`] executes the difference with undo. [`gc`] removes pods, [`store`] owns the
 //! pinned object, its maps and every bpffs path.
 
+pub mod annotations;
 pub mod apply;
 pub mod cgroup;
 pub mod cli;

@@ -109,10 +109,49 @@ fn daemon_captures_a_pod_by_its_namespace_and_releases_it() {
         .status
         .success());
 
-    // SIGTERM: exit 0, the node's links stay (capture never ends with the daemon).
+    // istio's annotations through the API: port 80 left alone, the rest captured.
+    let mut args = vec![
+        "add",
+        "--netns",
+        &netns,
+        "--annotation",
+        "traffic.sidecar.istio.io/excludeOutboundPorts=80",
+        "--",
+    ];
+    args.extend_from_slice(&STANDARD_INJECTION);
+    let out = daemon.pod(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
+    let other = std::net::SocketAddr::new(dst.ip(), 8080);
+    assert_proxied(&pod.connect(APP_UID, APP_UID, other), other);
+
+    // SIGTERM: exit 0, capture stays (it never ends with the daemon).
     let (status, log) = daemon.terminate();
     assert!(status.success(), "{log}");
     assert_eq!(object_ids(&root).len(), 1, "{log}");
+    assert_proxied(&pod.connect(APP_UID, APP_UID, other), other);
+
+    // --uninstall removes everything: pods, node links, records, the pin root.
+    let out = std::process::Command::new(redirector_tests::redirector::redirector_bin())
+        .args(["daemon", "--uninstall", "--pin-root"])
+        .arg(root.path())
+        .arg("--cgroup")
+        .arg(node.path())
+        .arg("--state-dir")
+        .arg(state.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!root.path().exists(), "the pin root is gone");
+    assert_direct(&pod.connect(APP_UID, APP_UID, other), other);
 }
 
 #[test]

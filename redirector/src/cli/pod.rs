@@ -1,6 +1,7 @@
 //! `redirector pod add|del|list|check`: the client of the daemon's API.
 
 use std::{
+    collections::BTreeMap,
     io::{BufRead, BufReader, Write},
     os::unix::net::UnixStream,
     path::PathBuf,
@@ -41,6 +42,10 @@ enum PodCommand {
         netns: PathBuf,
         #[arg(long, value_name = "NS/NAME")]
         name: Option<String>,
+        /// An istio pod annotation, `KEY=VALUE` (repeatable), e.g.
+        /// traffic.sidecar.istio.io/excludeOutboundPorts=3306.
+        #[arg(long = "annotation", value_name = "KEY=VALUE", value_parser = annotation)]
+        annotations: Vec<(String, String)>,
         /// istio-iptables flags (after `--`).
         #[arg(last = true)]
         args: Vec<String>,
@@ -54,6 +59,12 @@ enum PodCommand {
     },
     /// Whether a pod is captured exactly as planned.
     Check(Which),
+}
+
+fn annotation(text: &str) -> Result<(String, String), String> {
+    text.split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("{text:?} is not KEY=VALUE"))
 }
 
 fn pod_ref(which: &Which) -> PodRef {
@@ -95,14 +106,22 @@ fn summary(pod: &PodInfo) -> String {
 
 pub fn run(args: &PodArgs) -> anyhow::Result<()> {
     let (request, json) = match &args.command {
-        PodCommand::Add { netns, name, args } => {
+        PodCommand::Add {
+            netns,
+            name,
+            annotations,
+            args,
+        } => {
+            let annotations: BTreeMap<String, String> = annotations.iter().cloned().collect();
             // The daemon validates too; checking here gives the same message without a
             // round trip, and an invalid value never reaches the node.
-            parse_flags(args).map_err(anyhow::Error::msg)?;
+            parse_flags(&crate::annotations::flags(args, &annotations))
+                .map_err(anyhow::Error::msg)?;
             let request = Request::Add {
                 netns: netns.clone(),
                 name: name.clone(),
                 args: args.clone(),
+                annotations,
             };
             (request, false)
         }

@@ -6,7 +6,6 @@
 //! code 11 (try again later), so the runtime retries instead of starting a pod uncaptured.
 //! DEL is keyed on CNI_CONTAINERID and idempotent.
 
-mod annotations;
 mod error;
 
 use std::{
@@ -21,6 +20,7 @@ use serde_json::{json, Value};
 
 use self::error::{code, CniError};
 use crate::{
+    annotations,
     daemon::{
         pods::{parse_flags, remove_pod, Node},
         records::{Records, DEFAULT_STATE_DIR},

@@ -3,14 +3,15 @@
 //! carry any number of requests.
 //!
 //! ```text
-//! {"op":"add","netns":"/run/netns/p1","name":"default/app","args":["-p","15001",...]}
+//! {"op":"add","netns":"/run/netns/p1","name":"default/app","args":["-p","15001",...],
+//!  "annotations":{"traffic.sidecar.istio.io/excludeOutboundPorts":"3306"}}
 //! {"op":"del","name":"default/app"}            (or "netns")
 //! {"op":"list"}
 //! {"op":"check","netns":"/run/netns/p1"}       (or "name")
 //! → {"ok":true,"pods":[...]}  |  {"ok":false,"error":"..."}
 //! ```
 
-use std::path::PathBuf;
+use std::{collections::BTreeMap, path::PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -29,13 +30,16 @@ pub struct PodRef {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
-    /// Capture the pod in `netns` with istio-iptables flags `args`.
+    /// Capture the pod in `netns` with istio-iptables flags `args`, overridden by istio's
+    /// pod `annotations` as the injector maps them.
     Add {
         netns: PathBuf,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         name: Option<String>,
         #[serde(default)]
         args: Vec<String>,
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        annotations: BTreeMap<String, String>,
     },
     /// Remove a pod; an unknown one is not an error (removal is idempotent).
     Del(PodRef),
@@ -116,6 +120,7 @@ mod tests {
                 netns: "/run/netns/p".into(),
                 name: None,
                 args: vec!["-p".into(), "15001".into()],
+                annotations: BTreeMap::new(),
             }
         );
         let del: Request = serde_json::from_str(r#"{"op":"del","name":"default/app"}"#).unwrap();

@@ -62,7 +62,21 @@ pub fn parse_flags(args: &[String]) -> Result<IstioConfig, String> {
 impl Node {
     pub fn handle(&self, request: Request) -> Response {
         let result = match request {
-            Request::Add { netns, name, args } => self.add(&netns, name, args, None),
+            Request::Add {
+                netns,
+                name,
+                args,
+                annotations,
+            } => {
+                if !crate::annotations::captured(&annotations, false) {
+                    return Response::done(
+                        "not captured: sidecar.istio.io/inject is false",
+                        Vec::new(),
+                    );
+                }
+                let args = crate::annotations::flags(&args, &annotations);
+                self.add(&netns, name, args, None)
+            }
             Request::Del(pod) => self.del(&pod),
             Request::List => self.list(),
             Request::Check(pod) => self.check(&pod),

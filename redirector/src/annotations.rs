@@ -1,5 +1,5 @@
 //! istio's pod annotations, turned into istio-iptables flags as istio's sidecar injector
-//! does, over the network's default flags.
+//! does, over default flags (the CNI network's, or an API request's).
 
 use std::collections::BTreeMap;
 
