@@ -369,3 +369,35 @@ fn a_new_object_replaces_the_node_programs_with_no_gap() {
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
     assert_direct(&pod.connect(PROXY_UID, PROXY_UID, dst), dst);
 }
+
+#[test]
+fn a_pod_whose_namespace_goes_is_removed_while_the_daemon_runs() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let root = PinRoot::new("gcrun");
+    let node = Cgroup::new("node");
+    let state = StateDir::new("state");
+    let daemon = Daemon::start_with(&root, &node, &state, &["--gc-interval", "1"]);
+    let kept = ProxiedPod::under(&node, "kept");
+    let gone = ProxiedPod::under(&node, "gone");
+    add(&daemon, &kept, "default/kept", &STANDARD_INJECTION);
+    add(&daemon, &gone, "default/gone", &STANDARD_INJECTION);
+    let gone_cookie = gone.topo.pod.cookie();
+    // Deleted without `pod del` (a missed CNI DEL).
+    drop(gone);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while names(&daemon) != ["default/kept"] {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the gone pod is still listed: {:?}\n{}",
+            names(&daemon),
+            daemon.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(pod_links(&root, gone_cookie), None);
+    let dst = kept.service(false);
+    assert_proxied(&kept.connect(APP_UID, APP_UID, dst), dst);
+}

@@ -24,6 +24,10 @@ pub struct DaemonArgs {
     /// Serve /metrics, /healthz and /readyz here (e.g. 127.0.0.1:15014; port 0 picks one).
     #[arg(long, value_name = "HOST:PORT")]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// Every this many seconds, remove pods whose network namespace is gone (a missed CNI
+    /// DEL, a pod deleted without `pod del`); 0: only at start.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    gc_interval: u64,
     /// Remove everything instead: every pod's capture, the node links, the records.
     #[arg(long)]
     uninstall: bool,
@@ -43,6 +47,8 @@ pub fn run(args: &DaemonArgs) -> anyhow::Result<()> {
         cgroup,
         state_dir: args.state_dir.clone(),
         metrics_addr: args.metrics_addr,
+        gc_interval: (args.gc_interval > 0)
+            .then(|| std::time::Duration::from_secs(args.gc_interval)),
     };
     if args.uninstall {
         return daemon::uninstall(&config);

@@ -47,6 +47,9 @@ pub struct DaemonConfig {
     pub state_dir: PathBuf,
     /// Where `/metrics`, `/healthz` and `/readyz` are served, if anywhere.
     pub metrics_addr: Option<SocketAddr>,
+    /// How often the daemon removes pods that are gone (a missed CNI DEL); `None`: only
+    /// at start.
+    pub gc_interval: Option<std::time::Duration>,
 }
 
 /// Start-up: the object (the pinned one if the node has it), the node-level links, and
@@ -126,8 +129,27 @@ async fn serve(config: DaemonConfig) -> anyhow::Result<()> {
     let owner = Arc::new(Mutex::new(()));
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
+    let mut gc = config.gc_interval.map(|every| {
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks
+    });
     loop {
         tokio::select! {
+            _ = async { gc.as_mut().expect("only polled when set").tick().await }, if gc.is_some() => {
+                let (node, owner) = (Arc::clone(&node), Arc::clone(&owner));
+                tokio::spawn(async move {
+                    let _owner = owner.lock().await;
+                    match tokio::task::spawn_blocking(move || node.reconcile()).await {
+                        Ok(Ok((removed, _))) if !removed.is_empty() => {
+                            info!("removed {} gone pod(s): {removed:?}", removed.len())
+                        }
+                        Ok(Ok(_)) => {}
+                        Ok(Err(err)) => tracing::warn!("removing gone pods: {err}"),
+                        Err(err) => tracing::warn!("removing gone pods: {err}"),
+                    }
+                });
+            }
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     let (node, owner, metrics) = (Arc::clone(&node), Arc::clone(&owner), Arc::clone(&metrics));
