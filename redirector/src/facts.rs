@@ -53,8 +53,28 @@ impl PodFacts {
         cgroup: Option<PathBuf>,
         resolv_conf: &Path,
     ) -> Result<Self, FactsError> {
-        let (local_addrs, interfaces, routes) =
-            netns.run(|| Ok::<_, FactsError>((local_addresses()?, interfaces()?, routes()?)))??;
+        let read = netns.run(read_namespace)?;
+        Self::assemble(netns, read, cgroup, resolv_conf)
+    }
+
+    /// Open the namespace at `path` and read the facts of the pod in it, on one thread.
+    pub fn open_and_gather(
+        path: &Path,
+        cgroup: Option<PathBuf>,
+        resolv_conf: &Path,
+    ) -> Result<(Netns, Self), FactsError> {
+        let (netns, read) = Netns::open_and_run(path, read_namespace)?;
+        let facts = Self::assemble(&netns, read, cgroup, resolv_conf)?;
+        Ok((netns, facts))
+    }
+
+    fn assemble(
+        netns: &Netns,
+        read: Result<NamespaceFacts, FactsError>,
+        cgroup: Option<PathBuf>,
+        resolv_conf: &Path,
+    ) -> Result<Self, FactsError> {
+        let (local_addrs, interfaces, routes) = read?;
         Ok(PodFacts {
             netns_cookie: netns.cookie(),
             local_addrs,
@@ -64,6 +84,13 @@ impl PodFacts {
             routes,
         })
     }
+}
+
+/// What is read inside a pod's namespace: addresses, interfaces, routes.
+type NamespaceFacts = (Vec<IpAddr>, Vec<(String, u32)>, Vec<(ipnet::IpNet, u32)>);
+
+fn read_namespace() -> Result<NamespaceFacts, FactsError> {
+    Ok((local_addresses()?, interfaces()?, routes()?))
 }
 
 /// The addresses of the calling thread's network namespace that are local but not loopback.

@@ -40,6 +40,15 @@ pub struct Netns {
 impl Netns {
     /// The namespace at `path` (`/run/netns/NAME`, `/proc/PID/ns/net`, …).
     pub fn open(path: &Path) -> Result<Self, NetnsError> {
+        Self::open_and_run(path, || ()).map(|(netns, ())| netns)
+    }
+
+    /// [`Netns::open`], and `work` run inside it on the same short-lived thread: one
+    /// thread instead of two when a caller needs both.
+    pub fn open_and_run<T: Send>(
+        path: &Path,
+        work: impl FnOnce() -> T + Send,
+    ) -> Result<(Self, T), NetnsError> {
         let open_err = |source| NetnsError::Open {
             path: path.display().to_string(),
             source,
@@ -52,13 +61,12 @@ impl Netns {
             inode,
             cookie: NetnsCookie(0),
         };
-        netns.cookie = netns
-            .run(own_cookie)?
-            .map_err(|source| NetnsError::Cookie {
-                path: path.display().to_string(),
-                source,
-            })?;
-        Ok(netns)
+        let (cookie, done) = netns.run(|| (own_cookie(), work()))?;
+        netns.cookie = cookie.map_err(|source| NetnsError::Cookie {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Ok((netns, done))
     }
 
     /// The namespace with nsfs inode `inode`, found among the named ones (/run/netns) and
