@@ -35,6 +35,8 @@ struct Status {
 struct ObjectStatus {
     id: String,
     programs: Vec<String>,
+    /// Daemon mode: the hooks attached once at the node cgroup.
+    node_links: Vec<String>,
     maps: Vec<MapFill>,
     pods: Vec<PodStatus>,
 }
@@ -123,9 +125,11 @@ fn read_status(root: &PinRoot, only: Option<NetnsCookie>) -> anyhow::Result<Stat
             }
             pods.push(pod);
         }
+        let node_links = object.node().hooks().context("listing node links")?;
         objects.push(ObjectStatus {
             id: object.id().to_string(),
             programs,
+            node_links,
             maps,
             pods,
         });
@@ -154,6 +158,9 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
     for object in &status.objects {
         println!("object {}", object.id);
         println!("  programs: {}", object.programs.join(" "));
+        if !object.node_links.is_empty() {
+            println!("  node links: {}", object.node_links.join(" "));
+        }
         for map in &object.maps {
             println!("  map {}: {}/{}", map.name, map.entries, map.capacity);
         }
