@@ -51,6 +51,12 @@ fn daemon_captures_a_pod_by_its_namespace_and_releases_it() {
     let daemon = Daemon::start_with(&root, &node, &state, &["--metrics-addr", "127.0.0.1:0"]);
     assert_eq!(daemon.http_get("/healthz").0, 200);
     assert_eq!(daemon.http_get("/readyz").0, 200);
+    let status = redirector_tests::redirector::status(&root);
+    let node_links = status["objects"][0]["node_links"].as_array().unwrap().len();
+    assert_eq!(
+        node_links, 10,
+        "every cgroup program attached once at the node: {status}"
+    );
     let pod = ProxiedPod::under(&node, "dpod");
     let dst = pod.service(false);
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
