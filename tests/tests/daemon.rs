@@ -407,3 +407,59 @@ fn a_pod_whose_namespace_goes_is_removed_while_the_daemon_runs() {
     let dst = kept.service(false);
     assert_proxied(&kept.connect(APP_UID, APP_UID, dst), dst);
 }
+
+#[test]
+fn bad_requests_get_clear_errors_and_change_nothing() {
+    if !require_root() {
+        return;
+    }
+    use std::io::{BufRead, BufReader, Write};
+    let root = PinRoot::new("badreq");
+    let node = Cgroup::new("node");
+    let state = StateDir::new("state");
+    let daemon = Daemon::start(&root, &node, &state);
+    let mut stream =
+        std::os::unix::net::UnixStream::connect(state.path().join("redirector.sock")).unwrap();
+    let mut answers = BufReader::new(stream.try_clone().unwrap()).lines();
+    let mut ask = |line: &str| -> serde_json::Value {
+        writeln!(stream, "{line}").unwrap();
+        serde_json::from_str(&answers.next().unwrap().unwrap()).unwrap()
+    };
+    let answer = ask("{not json");
+    assert_eq!(answer["ok"], false);
+    assert!(
+        answer["error"].as_str().unwrap().starts_with("bad request"),
+        "{answer}"
+    );
+    let answer = ask(r#"{"op":"explode"}"#);
+    assert_eq!(answer["ok"], false, "{answer}");
+    let answer = ask(r#"{"op":"add","netns":"/run/netns/rdt-no-such-pod","args":["-p","15001"]}"#);
+    assert_eq!(answer["ok"], false);
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap()
+            .contains("rdt-no-such-pod"),
+        "{answer}"
+    );
+    let answer = ask(r#"{"op":"add","netns":"/proc/self/ns/net","args":["-p","0"]}"#);
+    assert_eq!(answer["ok"], false);
+    assert!(answer["error"].as_str().unwrap().contains("-p"), "{answer}");
+    let answer = ask(r#"{"op":"add","netns":"/proc/self/ns/net","args":["--cleanup-only"]}"#);
+    assert_eq!(answer["ok"], false);
+    assert!(
+        answer["error"].as_str().unwrap().contains("--cleanup-only"),
+        "{answer}"
+    );
+    let answer = ask(r#"{"op":"check","name":"nobody/here"}"#);
+    assert_eq!(answer["ok"], false, "{answer}");
+    // The connection still serves, and nothing was added.
+    let answer = ask(r#"{"op":"list"}"#);
+    assert_eq!(answer["ok"], true);
+    assert!(daemon.pods().is_empty());
+    let status = redirector_tests::redirector::status(&root);
+    assert!(
+        status["objects"][0]["pods"].as_array().unwrap().is_empty(),
+        "{status}"
+    );
+}
