@@ -47,7 +47,7 @@ struct NetConf {
     args: Value,
     /// The daemon's socket; the plugin does not need the daemon to run.
     #[serde(default)]
-    #[allow(
+    #[expect(
         dead_code,
         reason = "accepted for the documented network configuration"
     )]
