@@ -3,6 +3,8 @@
 
 mod bootstrap;
 mod run;
+mod vm;
+mod workspace;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -33,6 +35,17 @@ enum Command {
         #[arg(long)]
         daemon: bool,
     },
+    /// Build the integration tests, then run them in QEMU on other kernels (Debian's packaged
+    /// 6.1/6.12 kernels or a bzImage/vmlinux path) and print a verdict table.
+    Vm {
+        /// Kernel to boot: 6.1, 6.1-cloud, 6.12, 6.12-cloud, 6.12-rt, all, or a path to a
+        /// bzImage/vmlinux. Repeatable; default 6.1.
+        #[arg(long = "kernel", value_name = "SPEC")]
+        kernels: Vec<String>,
+        /// Arguments for every test binary in the guest (after `--`, e.g. a name filter).
+        #[arg(last = true)]
+        filter: Vec<String>,
+    },
 }
 
 fn main() -> Result<()> {
@@ -51,6 +64,10 @@ fn main() -> Result<()> {
             bootstrap::all()?;
             run::build()?;
             run::demo(daemon)
+        }
+        Command::Vm { kernels, filter } => {
+            bootstrap::all()?;
+            vm::run(&kernels, &filter)
         }
     }
 }

@@ -1,38 +1,10 @@
 //! Build, test and demo steps.
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::process::Command;
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::Result;
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives in the workspace")
-        .to_path_buf()
-}
-
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"))
-}
-
-fn cargo() -> Command {
-    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cmd.current_dir(workspace_root());
-    cmd
-}
-
-fn status(mut cmd: Command) -> Result<()> {
-    let st = cmd.status().with_context(|| format!("running {cmd:?}"))?;
-    if !st.success() {
-        bail!("{cmd:?} failed: {st}");
-    }
-    Ok(())
-}
+use crate::workspace::{cargo, status, target_dir};
 
 /// Environment that points the test kit at the binaries just built.
 fn bin_env(cmd: &mut Command) {

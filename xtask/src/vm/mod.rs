@@ -1,0 +1,212 @@
+//! `cargo xtask vm`: the privileged integration tests inside QEMU, on other kernels.
+//!
+//! For each kernel: fetch Debian's kernel package (`apt-get download` + `dpkg -x`, cached under
+//! `target/vm/kernels/`), build an initramfs (busybox, the host-built test binaries, the tools
+//! they call with their shared libraries, the kernel modules they need, and a busybox-sh
+//! `/init`), boot it in QEMU (KVM if a probe boot finishes in time, else TCG), and read the
+//! libtest summaries from the serial log. Prints one verdict table at the end.
+
+mod initramfs;
+mod kernels;
+mod qemu;
+mod results;
+
+use std::{fs, path::PathBuf, process::Stdio, time::Duration};
+
+use anyhow::{bail, Result};
+
+use self::{initramfs::*, kernels::*, qemu::*, results::*};
+use crate::workspace::{cargo, ensure_tool, output, status, target_dir};
+
+pub(crate) fn vm_dir() -> PathBuf {
+    target_dir().join("vm")
+}
+
+/// Builds redirector, probe and the integration test binaries; returns the test executables.
+pub(crate) fn build_tests() -> Result<Vec<(String, PathBuf)>> {
+    let mut bins = cargo();
+    bins.args([
+        "build",
+        "-p",
+        "redirector",
+        "-p",
+        "redirector-tests",
+        "--bins",
+    ]);
+    status(bins)?;
+    let mut cmd = cargo();
+    cmd.args([
+        "test",
+        "-p",
+        "redirector-tests",
+        "--no-run",
+        "--message-format=json",
+    ])
+    .stderr(Stdio::inherit());
+    let mut tests = Vec::new();
+    for line in output(cmd)?.lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if msg["reason"] == "compiler-artifact" && msg["profile"]["test"] == true {
+            if let Some(exe) = msg["executable"].as_str() {
+                let kind = msg["target"]["kind"][0].as_str().unwrap_or("test");
+                let target = msg["target"]["name"].as_str().unwrap_or("test");
+                // Integration tests by their name, unit tests of a lib/bin as `<name>.<kind>`.
+                let name = if kind == "test" {
+                    target.to_string()
+                } else {
+                    format!("{target}.{kind}")
+                };
+                tests.push((name, PathBuf::from(exe)));
+            }
+        }
+    }
+    if tests.is_empty() {
+        bail!("cargo test --no-run reported no test executables");
+    }
+    Ok(tests)
+}
+
+struct Row {
+    kernel: String,
+    boot: String,
+    accel: &'static str,
+    counts: Counts,
+    wall: Duration,
+    verdict: String,
+}
+
+pub fn run(specs: &[String], filter: &[String]) -> Result<()> {
+    ensure_tool("qemu-system-x86_64", "qemu-system-x86")?;
+    ensure_tool("cpio", "cpio")?;
+    ensure_tool("busybox", "busybox-static")?;
+    let specs: Vec<String> = if specs.is_empty() {
+        vec!["6.1".into()]
+    } else {
+        specs.to_vec()
+    };
+    let mut kernels = Vec::new();
+    for s in &specs {
+        kernels.extend(resolve(s)?);
+    }
+    let tests = build_tests()?;
+    eprintln!("xtask vm: {} test binaries", tests.len());
+    let mut rows = Vec::new();
+    for (i, kernel) in kernels.iter().enumerate() {
+        // One directory per kernel, so runs for different kernels do not share one.
+        let name: String = kernel
+            .label
+            .rsplit(['(', '/'])
+            .next()
+            .unwrap_or("kernel")
+            .trim_end_matches(')')
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || ".-_+".contains(c) {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let name = format!("{i}-{name}");
+        eprintln!("xtask vm: [{}] building the initramfs", kernel.label);
+        let initrd = build_initramfs(&name, kernel, &tests, filter)?;
+        let logs = vm_dir().join("logs");
+        fs::create_dir_all(&logs)?;
+        let accel = match kvm_probe(kernel, &initrd, &logs.join(format!("{name}-kvm-probe.log"))) {
+            Ok(()) => Accel::Kvm,
+            Err(why) => {
+                eprintln!(
+                    "xtask vm: [{}] KVM not usable, using TCG: {why}",
+                    kernel.label
+                );
+                Accel::Tcg
+            }
+        };
+        let log = logs.join(format!("{name}.log"));
+        eprintln!(
+            "xtask vm: [{}] booting ({}), log {}",
+            kernel.label,
+            accel.name(),
+            log.display()
+        );
+        let b = boot(kernel, &initrd, accel, "", &log, RUN_TIMEOUT, true)?;
+        let counts = parse_results(&b.log);
+        let verdict = if b.timed_out {
+            "FAIL (timeout)".to_string()
+        } else if b.log.contains("vm: PASS") {
+            "PASS".to_string()
+        } else if b.log.contains("vm: FAIL") {
+            "FAIL".to_string()
+        } else {
+            "FAIL (no verdict; see log)".to_string()
+        };
+        rows.push(Row {
+            kernel: kernel.label.clone(),
+            boot: b
+                .boot_time
+                .map_or("-".into(), |d| format!("{:.1}s", d.as_secs_f64())),
+            accel: accel.name(),
+            counts,
+            wall: b.wall,
+            verdict,
+        });
+    }
+    println!();
+    println!("| kernel | boot time | accel | passed | failed | skipped | wall time | verdict |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {:.0}s | {} |",
+            r.kernel,
+            r.boot,
+            r.accel,
+            r.counts.passed,
+            r.counts.failed,
+            r.counts.ignored + r.counts.skip_notes.len() as u64,
+            r.wall.as_secs_f64(),
+            r.verdict
+        );
+    }
+    for r in &rows {
+        if r.counts.ignored > 0 {
+            println!("{}: {} tests #[ignore]d", r.kernel, r.counts.ignored);
+        }
+        for note in &r.counts.skip_notes {
+            println!("{}: {note}", r.kernel);
+        }
+    }
+    let failed: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.verdict != "PASS")
+        .map(|r| r.kernel.as_str())
+        .collect();
+    if !failed.is_empty() {
+        bail!("failed on {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_libtest_results() {
+        let log = "test result: ok. 3 passed; 0 failed; 1 ignored; 0 measured; 2 filtered out; finished in 1.00s\n\
+                   test result: FAILED. 1 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out\n";
+        let c = parse_results(log);
+        assert_eq!((c.passed, c.failed, c.ignored), (4, 2, 1));
+    }
+
+    #[test]
+    fn module_names_and_versions() {
+        assert_eq!(module_name("kernel/drivers/net/veth.ko.xz"), "veth");
+        assert_eq!(module_name("kernel/net/x/nf-nat.ko"), "nf_nat");
+        assert!(
+            version_key("linux-image-6.1.0-56-amd64") > version_key("linux-image-6.1.0-9-amd64")
+        );
+    }
+}

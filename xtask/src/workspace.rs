@@ -1,0 +1,80 @@
+//! The workspace and the commands xtask runs: where things are, cargo, and running a
+//! command with a clear error.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context as _, Result};
+
+pub(crate) fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+pub(crate) fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
+pub(crate) fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(workspace_root());
+    cmd
+}
+
+pub(crate) fn status(mut cmd: Command) -> Result<()> {
+    let st = cmd.status().with_context(|| format!("running {cmd:?}"))?;
+    if !st.success() {
+        bail!("{cmd:?} failed: {st}");
+    }
+    Ok(())
+}
+
+pub(crate) fn output(mut cmd: Command) -> Result<String> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed: {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+pub(crate) fn which(name: &str) -> Option<PathBuf> {
+    let out = Command::new("sh")
+        .args(["-c", &format!("command -v {name}")])
+        .output()
+        .ok()?;
+    let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (out.status.success() && path.starts_with('/')).then(|| PathBuf::from(path))
+}
+
+/// Installs a Debian package when `tool` is not on PATH.
+pub(crate) fn ensure_tool(tool: &str, package: &str) -> Result<()> {
+    if which(tool).is_some() {
+        return Ok(());
+    }
+    eprintln!("xtask vm: installing {package} (for {tool})");
+    let mut cmd = Command::new("apt-get");
+    cmd.args(["install", "-y", "-qq", "--no-install-recommends", package])
+        .env("DEBIAN_FRONTEND", "noninteractive");
+    if status(cmd).is_err() {
+        status({
+            let mut c = Command::new("apt-get");
+            c.args(["update", "-qq"]);
+            c
+        })?;
+        let mut cmd = Command::new("apt-get");
+        cmd.args(["install", "-y", "-qq", "--no-install-recommends", package])
+            .env("DEBIAN_FRONTEND", "noninteractive");
+        status(cmd)?;
+    }
+    Ok(())
+}
