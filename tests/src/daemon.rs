@@ -181,6 +181,17 @@ impl Daemon {
             .expect("running redirector pod")
     }
 
+    /// The names of the pods it manages, sorted.
+    pub fn pod_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .pods()
+            .iter()
+            .map(|p| p["name"].as_str().unwrap_or("").to_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
     /// `pod list --json`, parsed.
     pub fn pods(&self) -> Vec<serde_json::Value> {
         let out = self.pod(&["list", "--json"]);

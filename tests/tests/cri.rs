@@ -136,14 +136,8 @@ fn containerd_pods_are_captured_by_the_cni_plugin_with_no_init_container() {
         "{out}"
     );
 
-    let mut names: Vec<String> = daemon
-        .pods()
-        .iter()
-        .map(|p| p["name"].as_str().unwrap_or("").to_owned())
-        .collect();
-    names.sort();
     assert_eq!(
-        names,
+        daemon.pod_names(),
         ["default/excl", "default/web"],
         "the opted-out pod is not captured"
     );

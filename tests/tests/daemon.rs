@@ -29,16 +29,6 @@ fn add(daemon: &Daemon, pod: &ProxiedPod, name: &str, flags: &[&str]) {
     );
 }
 
-fn names(daemon: &Daemon) -> Vec<String> {
-    let mut names: Vec<String> = daemon
-        .pods()
-        .iter()
-        .map(|p| p["name"].as_str().unwrap_or("").to_owned())
-        .collect();
-    names.sort();
-    names
-}
-
 #[test]
 fn daemon_captures_a_pod_by_its_namespace_and_releases_it() {
     if !require_root() {
@@ -98,7 +88,7 @@ fn daemon_captures_a_pod_by_its_namespace_and_releases_it() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("70000") && err.contains("-p"), "{err}");
-    assert_eq!(names(&daemon), ["default/app"]);
+    assert_eq!(daemon.pod_names(), ["default/app"]);
 
     let out = daemon.pod(&["del", "--name", "default/app"]);
     assert!(
@@ -210,7 +200,7 @@ fn killed_daemon_leaves_pods_captured_and_a_new_one_rebuilds_its_view() {
             } else {
                 &["default/app", "default/doomed"]
             };
-            assert_eq!(names(&daemon), expected, "after restart {cycle}");
+            assert_eq!(daemon.pod_names(), expected, "after restart {cycle}");
         }
         stop.store(true, Ordering::SeqCst);
         client.join().unwrap()
@@ -300,7 +290,7 @@ fn init_container_pods_and_daemon_pods_share_the_node() {
     // A daemon restart keeps the init-container pods; their cleanup keeps the daemon's.
     let daemon = daemon.kill_and_restart();
     check_all("after a daemon restart");
-    assert_eq!(names(&daemon), ["default/daemon"]);
+    assert_eq!(daemon.pod_names(), ["default/daemon"]);
     for pod in [&outside, &inside] {
         pod.install(&root, &["--cleanup-only"]);
         let dst = pod.service(false);
@@ -358,7 +348,7 @@ fn a_new_object_replaces_the_node_programs_with_no_gap() {
         pod_links(&root, pod.topo.pod.cookie()),
         Some(vec!["sk_lookup".to_owned()])
     );
-    assert_eq!(names(&daemon), ["default/app"]);
+    assert_eq!(daemon.pod_names(), ["default/app"]);
     let escaped: Vec<&ConnOutcome> = outcomes
         .iter()
         .filter(|o| {
@@ -394,11 +384,11 @@ fn a_pod_whose_namespace_goes_is_removed_while_the_daemon_runs() {
     // Deleted without `pod del` (a missed CNI DEL).
     drop(gone);
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    while names(&daemon) != ["default/kept"] {
+    while daemon.pod_names() != ["default/kept"] {
         assert!(
             std::time::Instant::now() < deadline,
             "the gone pod is still listed: {:?}\n{}",
-            names(&daemon),
+            daemon.pod_names(),
             daemon.log()
         );
         std::thread::sleep(Duration::from_millis(200));
