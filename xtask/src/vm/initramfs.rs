@@ -39,6 +39,10 @@ pub(crate) const TOOLS: &[&str] = &[
 pub(crate) const MODULES: &[&str] = &[
     "crc32c_generic",
     "veth",
+    // sock_diag: how redirector finds a proxy listener that existed before the pod was set
+    // up (a real node loads these on demand; the guest has no modprobe).
+    "inet_diag",
+    "tcp_diag",
     "nf_tables",
     "nft_chain_nat",
     "nft_compat",
