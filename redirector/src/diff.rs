@@ -124,30 +124,14 @@ pub fn diff(
 
     // Additions and changes, in the order they must be made.
     let missing = |present: bool| everything || !present;
-    writes.extend(
-        plan.ports
-            .iter()
-            .filter(|k| missing(have.ports.contains(k)))
-            .map(|k| Write::Port(*k)),
-    );
-    writes.extend(
-        plan.cidrs_v4
-            .iter()
-            .filter(|e| missing(have.cidrs_v4.contains(e)))
-            .map(|e| Write::Cidr4(*e)),
-    );
-    writes.extend(
-        plan.cidrs_v6
-            .iter()
-            .filter(|e| missing(have.cidrs_v6.contains(e)))
-            .map(|e| Write::Cidr6(*e)),
-    );
-    writes.extend(
-        plan.addrs
-            .iter()
-            .filter(|a| missing(have.addrs.contains(a)))
-            .map(|a| Write::Addr(*a)),
-    );
+    let ports = to_write(&plan.ports, &have.ports, everything);
+    let cidrs_v4 = to_write(&plan.cidrs_v4, &have.cidrs_v4, everything);
+    let cidrs_v6 = to_write(&plan.cidrs_v6, &have.cidrs_v6, everything);
+    let addrs = to_write(&plan.addrs, &have.addrs, everything);
+    writes.extend(ports.into_iter().map(Write::Port));
+    writes.extend(cidrs_v4.into_iter().map(Write::Cidr4));
+    writes.extend(cidrs_v6.into_iter().map(Write::Cidr6));
+    writes.extend(addrs.into_iter().map(Write::Addr));
     if !have.counters {
         writes.push(Write::Counters);
     }
@@ -221,6 +205,15 @@ pub fn remove_all(state: &PodState) -> PodDiff {
         target: None,
         retire: state.installations.iter().map(removal).collect(),
     }
+}
+
+/// The planned entries to write: those not installed as they are, or all of them.
+fn to_write<T: PartialEq + Copy>(planned: &[T], installed: &[T], everything: bool) -> Vec<T> {
+    planned
+        .iter()
+        .filter(|e| everything || !installed.contains(e))
+        .copied()
+        .collect()
 }
 
 fn same_key<K: PartialEq>(a: &CidrEntry<K>, b: &CidrEntry<K>) -> bool {

@@ -118,18 +118,11 @@ pub fn observe(
     {
         let maps = NodeMaps::open(&object)?;
         let linked = object.pod(netns_cookie).dir().exists();
-        let configured = maps
-            .pod_config
-            .get(&netns_cookie, 0)
-            .map(Some)
-            .or_else(absent)
-            .map_err(read_err("POD_CONFIG"))?
-            .is_some();
-        if !linked && !configured {
-            continue;
-        }
         let runtime = keep != Some(object.id());
         let mut found = observe_pods(&object, &maps, &Pods::One(netns_cookie), runtime)?;
+        if !linked && found.is_empty() {
+            continue;
+        }
         let mut install = found
             .remove(&netns_cookie)
             .unwrap_or_else(|| Installation::empty(object.clone()));
@@ -243,11 +236,15 @@ pub fn observe_pods(
                 .or_else(absent)
                 .map_err(read_err("COUNTERS"))?
                 .is_some();
-            if config.is_some() || counters {
-                let install = slot(&mut found, object, pods, *cookie).expect("the pod");
-                install.config = config;
-                install.counters = counters;
+            if config.is_none() && !counters {
+                // Not configured here: apply writes both before any link, and removal
+                // drops both only after the links, so nothing else of the pod is here
+                // (what an interrupted run leaves, gc collects).
+                return Ok(found);
             }
+            let install = slot(&mut found, object, pods, *cookie).expect("the pod");
+            install.config = config;
+            install.counters = counters;
         }
         Pods::AllBut(_) => {
             for item in maps.pod_config.iter() {

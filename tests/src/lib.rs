@@ -53,7 +53,7 @@ pub use paths::{bin_path, golden_dir, target_dir, workspace_root};
 pub use probe::{connect_from, probe_bin, use_probe_bin, InNetNs, ProbeServer};
 pub use probe_protocol::{ConnOutcome, Landing};
 pub use process::{wait_tcp_listening, ChildGuard, Spawn};
-pub use proxied_pod::{assert_direct, assert_proxied, ProxiedPod};
+pub use proxied_pod::{assert_all_proxied, assert_direct, assert_proxied, ProxiedPod};
 pub use stale::remove_stale_leftovers;
 pub use topology::Topology;
 

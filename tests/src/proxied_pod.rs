@@ -82,3 +82,21 @@ pub fn assert_direct(outcome: &ConnOutcome, dst: SocketAddr) {
         other => panic!("expected the service at {dst} directly, got {other:?}"),
     }
 }
+
+/// Every one of `outcomes` reached the proxy, which read `orig` as the original
+/// destination: none escaped the mesh, none lost its destination.
+#[track_caller]
+pub fn assert_all_proxied(outcomes: &[ConnOutcome], orig: SocketAddr) {
+    let escaped: Vec<&ConnOutcome> = outcomes
+        .iter()
+        .filter(|o| {
+            !matches!(o, ConnOutcome::Proxied { name, orig: got, .. } if name == "proxy" && *got == Some(orig))
+        })
+        .collect();
+    assert!(
+        escaped.is_empty(),
+        "{} of {} connections did not land on the proxy with their destination: {escaped:?}",
+        escaped.len(),
+        outcomes.len()
+    );
+}

@@ -11,8 +11,8 @@ use redirector_tests::redirector::{
     object_ids, pins_under, pod_links, NextObject, PinRoot, STANDARD_INJECTION,
 };
 use redirector_tests::{
-    assert_direct, assert_proxied, require_root, use_probe_bin, Cgroup, ConnOutcome, ProxiedPod,
-    APP_UID, PROXY_UID,
+    assert_all_proxied, assert_direct, assert_proxied, require_root, use_probe_bin, Cgroup,
+    ConnOutcome, ProxiedPod, APP_UID, PROXY_UID,
 };
 
 fn add(daemon: &Daemon, pod: &ProxiedPod, name: &str, flags: &[&str]) {
@@ -211,18 +211,7 @@ fn killed_daemon_leaves_pods_captured_and_a_new_one_rebuilds_its_view() {
         "the pod whose namespace went while no daemon ran is removed by the restart's reconcile"
     );
     assert!(outcomes.len() >= 10, "{} connections", outcomes.len());
-    let escaped: Vec<&ConnOutcome> = outcomes
-        .iter()
-        .filter(|o| {
-            !matches!(o, ConnOutcome::Proxied { name, orig, .. } if name == "proxy" && *orig == Some(dst))
-        })
-        .collect();
-    assert!(
-        escaped.is_empty(),
-        "{} of {} connections did not land on the proxy: {escaped:?}",
-        escaped.len(),
-        outcomes.len()
-    );
+    assert_all_proxied(&outcomes, dst);
 }
 
 #[test]
@@ -349,19 +338,8 @@ fn a_new_object_replaces_the_node_programs_with_no_gap() {
         Some(vec!["sk_lookup".to_owned()])
     );
     assert_eq!(daemon.pod_names(), ["default/app"]);
-    let escaped: Vec<&ConnOutcome> = outcomes
-        .iter()
-        .filter(|o| {
-            !matches!(o, ConnOutcome::Proxied { name, orig, .. } if name == "proxy" && *orig == Some(dst))
-        })
-        .collect();
     assert!(outcomes.len() >= 5, "{} connections", outcomes.len());
-    assert!(
-        escaped.is_empty(),
-        "{} of {} connections did not land on the proxy with their destination: {escaped:?}",
-        escaped.len(),
-        outcomes.len()
-    );
+    assert_all_proxied(&outcomes, dst);
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
     assert_direct(&pod.connect(PROXY_UID, PROXY_UID, dst), dst);
 }
