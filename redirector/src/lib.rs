@@ -19,6 +19,7 @@ pub mod facts;
 pub mod fs_error;
 pub mod fs_kind;
 pub mod gc;
+pub mod kernel;
 pub mod listeners;
 pub mod live_pod;
 pub mod loopback;

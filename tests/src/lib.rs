@@ -100,6 +100,33 @@ pub fn require_root() -> bool {
     false
 }
 
+/// Call first in a test that runs an outside tool (podman, containerd):
+/// `if !require_tools("podman pod", &["podman"]) { return; }`.
+///
+/// A missing tool skips the test with a `note: skipping …` naming it (the VM guests carry
+/// only the tools most suites need, and `cargo xtask vm` lists these notes), except where
+/// every test must run: under CI, or with `REDIRECTOR_TESTS_REQUIRE_TOOLS` set (as
+/// `cargo xtask test` does), where a missing tool fails the test.
+pub fn require_tools(test: &str, tools: &[&str]) -> bool {
+    let missing: Vec<&str> = tools.iter().copied().filter(|t| !on_path(t)).collect();
+    if missing.is_empty() {
+        return true;
+    }
+    let why = format!("{test}: {} not installed", missing.join(", "));
+    if std::env::var_os("CI").is_some()
+        || std::env::var_os("REDIRECTOR_TESTS_REQUIRE_TOOLS").is_some()
+    {
+        panic!("{why}, and every test must run here (CI or REDIRECTOR_TESTS_REQUIRE_TOOLS)");
+    }
+    eprintln!("note: skipping {why}");
+    false
+}
+
+fn on_path(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(tool).is_file()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

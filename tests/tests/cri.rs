@@ -10,7 +10,9 @@ use redirector_tests::cri::Containerd;
 use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::podman_host::ForwardingGuard;
 use redirector_tests::redirector::{pod_links, redirector_bin, PinRoot, STANDARD_INJECTION};
-use redirector_tests::{require_root, use_probe_bin, Cgroup, ConnOutcome, APP_UID, PROXY_UID};
+use redirector_tests::{
+    require_root, require_tools, use_probe_bin, Cgroup, ConnOutcome, APP_UID, PROXY_UID,
+};
 
 #[track_caller]
 fn landed(stdout: &str) -> ConnOutcome {
@@ -19,7 +21,7 @@ fn landed(stdout: &str) -> ConnOutcome {
 
 #[test]
 fn containerd_pods_are_captured_by_the_cni_plugin_with_no_init_container() {
-    if !require_root() {
+    if !require_root() || !require_tools("containerd pod", &["containerd", "runc"]) {
         return;
     }
     use_probe_bin(env!("CARGO_BIN_EXE_probe"));

@@ -337,15 +337,11 @@ fn traffic_leaving_through_an_excluded_interface_passes() {
     );
 }
 
-/// What `getpeername()` says on an app's socket connected to `dst`, by a Python client in
-/// the pod (uid 1000, pod cgroup); the connection stays open while it asks.
+/// What `getpeername()` says on an app's socket connected to `dst` (`probe peername` in the
+/// pod as uid 1000, in the pod cgroup); the connection stays open while it asks.
 fn peer_seen_by_app(pod: &ProxiedPod, dst: SocketAddr) -> String {
-    let script = "import socket, sys\n\
-                  s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3)\n\
-                  p = s.getpeername()\n\
-                  print(f'{p[0]} {p[1]}')";
-    let out = redirector_tests::Spawn::new("/usr/bin/python3")
-        .args(["-c", script, &dst.ip().to_string(), &dst.port().to_string()])
+    let out = redirector_tests::Spawn::new(redirector_tests::probe::probe_bin())
+        .args(["peername", &dst.to_string()])
         .netns(&pod.topo.pod)
         .cgroup(&pod.topo.pod_cgroup)
         .user(APP_UID, APP_UID)
@@ -353,9 +349,10 @@ fn peer_seen_by_app(pod: &ProxiedPod, dst: SocketAddr) -> String {
     assert!(
         out.status.success(),
         "{}",
-        String::from_utf8_lossy(&out.stderr)
+        String::from_utf8_lossy(&out.stdout)
     );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    let out = String::from_utf8_lossy(&out.stdout);
+    out.trim().trim_start_matches("peer ").to_owned()
 }
 
 #[test]

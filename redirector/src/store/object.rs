@@ -90,15 +90,18 @@ pub enum ObjectError {
     )]
     Incomplete { path: String, missing: String },
     #[error(transparent)]
+    Kernel(#[from] crate::kernel::KernelError),
+    #[error(transparent)]
     Fs(#[from] FsError),
 }
 
 /// Make sure the object is loaded and pinned under `root`; load and pin it if not.
-/// The caller holds the node lock.
+/// The caller holds the node lock. A kernel too old for the object is refused first.
 pub fn ensure_loaded(
     root: &PinRoot,
     object: &EbpfObject,
 ) -> Result<(ObjectPins, bool), ObjectError> {
+    crate::kernel::check_running()?;
     let id = object.id();
     let pins = root.object(id);
     if pins.dir().exists() {

@@ -5,7 +5,10 @@
 //! probe serve   --listen ADDR:PORT [--listen …] --name NAME
 //! probe proxy   --listen ADDR:PORT [--listen …] --name NAME [--forward] [--timeout-ms N]
 //! probe connect ADDR:PORT [--bind ADDR] [--timeout-ms N]
+//! probe peername ADDR:PORT [--timeout-ms N]
 //! ```
+//! `peername` connects and prints `peer IP PORT`: what getpeername() says while the
+//! connection is open.
 //! `connect` exits 2 when the connection fails (`error <kind> …`), 64 on a usage error.
 
 use std::io::{Read, Write};
@@ -21,7 +24,8 @@ use redirector_tests::sockaddr;
 const USAGE: &str = "usage:
   probe serve   --listen ADDR:PORT [--listen ...] --name NAME
   probe proxy   --listen ADDR:PORT [--listen ...] --name NAME [--forward] [--timeout-ms N]
-  probe connect ADDR:PORT [--bind ADDR] [--timeout-ms N]";
+  probe connect ADDR:PORT [--bind ADDR] [--timeout-ms N]
+  probe peername ADDR:PORT [--timeout-ms N]";
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(3000);
 
@@ -42,6 +46,10 @@ enum Cmd {
     Connect {
         dst: SocketAddr,
         bind: Option<IpAddr>,
+        timeout: Duration,
+    },
+    Peername {
+        dst: SocketAddr,
         timeout: Duration,
     },
 }
@@ -114,6 +122,13 @@ fn parse_args(args: &[String]) -> Result<Cmd, String> {
             let dst = dst.parse().map_err(|e| format!("{dst}: {e}"))?;
             Ok(Cmd::Connect { dst, bind, timeout })
         }
+        "peername" => {
+            let [dst] = positional.as_slice() else {
+                return Err("peername takes exactly one ADDR:PORT".into());
+            };
+            let dst = dst.parse().map_err(|e| format!("{dst}: {e}"))?;
+            Ok(Cmd::Peername { dst, timeout })
+        }
         other => Err(format!("unknown subcommand {other}")),
     }
 }
@@ -136,6 +151,13 @@ fn connect(dst: SocketAddr, bind: Option<IpAddr>, timeout: Duration) -> Result<S
         ));
     }
     Ok(protocol::reply_line(reply))
+}
+
+/// Connects and returns `peer IP PORT` as getpeername() reports it on the open socket.
+fn peername(dst: SocketAddr, timeout: Duration) -> Result<String, String> {
+    let stream = sockaddr::connect_tcp(dst, None, timeout).map_err(|e| io_error_line(&e))?;
+    let peer = stream.peer_addr().map_err(|e| io_error_line(&e))?;
+    Ok(format!("peer {} {}", peer.ip(), peer.port()))
 }
 
 fn handle(stream: TcpStream, role: Role, name: &str, timeout: Duration) {
@@ -217,6 +239,7 @@ fn main() -> ExitCode {
             timeout,
         }) => serve(role, name, listen, timeout),
         Ok(Cmd::Connect { dst, bind, timeout }) => client_exit(connect(dst, bind, timeout)),
+        Ok(Cmd::Peername { dst, timeout }) => client_exit(peername(dst, timeout)),
         Err(msg) => {
             eprintln!("probe: {msg}\n{USAGE}");
             ExitCode::from(64)

@@ -22,6 +22,43 @@ pub(crate) struct Kernel {
     pub(crate) modules: Option<PathBuf>,
 }
 
+/// Where a kernel package comes from: the machine's own apt sources, or another Debian
+/// suite read through a private apt configuration under `target/vm/apt/<suite>` (for a
+/// kernel older than the supported minimum, to see it refused).
+#[derive(Clone, Copy)]
+pub(crate) enum Source {
+    System,
+    Suite(&'static str),
+}
+
+impl Source {
+    /// `apt-get`/`apt-cache` with this source's options.
+    fn command(self, program: &str) -> Result<Command> {
+        let mut cmd = Command::new(program);
+        if let Source::Suite(suite) = self {
+            let dir = vm_dir().join("apt").join(suite);
+            let list = dir.join("sources.list");
+            if !list.exists() {
+                for sub in ["lists/partial", "cache/archives/partial"] {
+                    fs::create_dir_all(dir.join(sub))?;
+                }
+                fs::write(
+                    &list,
+                    format!("deb http://deb.debian.org/debian {suite} main\n"),
+                )?;
+            }
+            cmd.arg("-o")
+                .arg(format!("Dir::Etc::SourceList={}", list.display()))
+                .args(["-o", "Dir::Etc::SourceParts=/nonexistent"])
+                .arg("-o")
+                .arg(format!("Dir::State::Lists={}", dir.join("lists").display()))
+                .arg("-o")
+                .arg(format!("Dir::Cache={}", dir.join("cache").display()));
+        }
+        Ok(cmd)
+    }
+}
+
 /// Numeric parts of a package name, for "newest" ordering.
 pub(crate) fn version_key(name: &str) -> Vec<u64> {
     name.split(|c: char| !c.is_ascii_digit())
@@ -31,9 +68,9 @@ pub(crate) fn version_key(name: &str) -> Vec<u64> {
 }
 
 /// The newest package whose name matches the anchored `regex` (apt-cache's ERE).
-pub(crate) fn newest_package(regex: &str) -> Result<String> {
+pub(crate) fn newest_package(regex: &str, source: Source) -> Result<String> {
     let search = || -> Result<Vec<String>> {
-        let mut cmd = Command::new("apt-cache");
+        let mut cmd = source.command("apt-cache")?;
         cmd.args(["search", "--names-only", regex]);
         Ok(output(cmd)?
             .lines()
@@ -44,7 +81,7 @@ pub(crate) fn newest_package(regex: &str) -> Result<String> {
     };
     let mut names = search()?;
     if names.is_empty() {
-        let mut cmd = Command::new("apt-get");
+        let mut cmd = source.command("apt-get")?;
         cmd.args(["update", "-qq"]);
         status(cmd)?;
         names = search()?;
@@ -56,6 +93,7 @@ pub(crate) fn newest_package(regex: &str) -> Result<String> {
 }
 
 pub(crate) fn resolve(spec: &str) -> Result<Vec<Kernel>> {
+    let mut source = Source::System;
     let regex = match spec {
         "all" => {
             let mut out = Vec::new();
@@ -63,6 +101,10 @@ pub(crate) fn resolve(spec: &str) -> Result<Vec<Kernel>> {
                 out.extend(resolve(s)?);
             }
             return Ok(out);
+        }
+        "5.10" => {
+            source = Source::Suite("bullseye");
+            r"^linux-image-5\.10\.0-[0-9]+-amd64$"
         }
         "6.1" => r"^linux-image-6\.1\.0-[0-9]+-amd64$",
         "6.1-cloud" => r"^linux-image-6\.1\.0-[0-9]+-cloud-amd64$",
@@ -78,12 +120,13 @@ pub(crate) fn resolve(spec: &str) -> Result<Vec<Kernel>> {
             }]);
         }
         other => bail!(
-            "unknown kernel `{other}`: use 6.1, 6.1-cloud, 6.12, 6.12-cloud, 6.12-rt, all, or the \
-             path of a bzImage/vmlinux"
+            "unknown kernel `{other}`: use 6.1, 6.1-cloud, 6.12, 6.12-cloud, 6.12-rt, all, 5.10 \
+             (Debian 11's, older than the minimum: redirector must refuse it), or the path of a \
+             bzImage/vmlinux"
         ),
     };
-    let pkg = newest_package(regex)?;
-    let root = fetch_kernel(&pkg)?;
+    let pkg = newest_package(regex, source)?;
+    let root = fetch_kernel(&pkg, source)?;
     let boot = root.join("boot");
     let image = fs::read_dir(&boot)
         .with_context(|| format!("reading {}", boot.display()))?
@@ -106,7 +149,7 @@ pub(crate) fn resolve(spec: &str) -> Result<Vec<Kernel>> {
 }
 
 /// `apt-get download` + `dpkg -x` into `target/vm/kernels/<pkg>/root`, once.
-pub(crate) fn fetch_kernel(pkg: &str) -> Result<PathBuf> {
+pub(crate) fn fetch_kernel(pkg: &str, source: Source) -> Result<PathBuf> {
     let dir = vm_dir().join("kernels").join(pkg);
     let root = dir.join("root");
     let done = dir.join(".extracted");
@@ -115,7 +158,7 @@ pub(crate) fn fetch_kernel(pkg: &str) -> Result<PathBuf> {
     }
     fs::create_dir_all(&dir)?;
     eprintln!("xtask vm: fetching {pkg}");
-    let mut dl = Command::new("apt-get");
+    let mut dl = source.command("apt-get")?;
     dl.args(["download", "-qq", pkg]).current_dir(&dir);
     status(dl)?;
     let deb = fs::read_dir(&dir)?

@@ -77,7 +77,7 @@ struct Row {
     verdict: String,
 }
 
-pub fn run(specs: &[String], filter: &[String]) -> Result<()> {
+pub fn run(specs: &[String], suites: &[String], filter: &[String]) -> Result<()> {
     ensure_tool("qemu-system-x86_64", "qemu-system-x86")?;
     ensure_tool("cpio", "cpio")?;
     ensure_tool("busybox", "busybox-static")?;
@@ -90,7 +90,17 @@ pub fn run(specs: &[String], filter: &[String]) -> Result<()> {
     for s in &specs {
         kernels.extend(resolve(s)?);
     }
-    let tests = build_tests()?;
+    let mut tests = build_tests()?;
+    if !suites.is_empty() {
+        if let Some(unknown) = suites.iter().find(|s| !tests.iter().any(|(t, _)| t == *s)) {
+            let names: Vec<&str> = tests.iter().map(|(t, _)| t.as_str()).collect();
+            bail!(
+                "--suite {unknown}: no such test binary (there are {})",
+                names.join(", ")
+            );
+        }
+        tests.retain(|(t, _)| suites.contains(t));
+    }
     eprintln!("xtask vm: {} test binaries", tests.len());
     let mut rows = Vec::new();
     for (i, kernel) in kernels.iter().enumerate() {
