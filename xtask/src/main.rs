@@ -35,6 +35,16 @@ enum Command {
         #[arg(long)]
         daemon: bool,
     },
+    /// Bootstrap, then measure redirector against istio's iptables rules in one run: data
+    /// path (wrk through a sidecar), per-pod setup, kernel memory. Writes target/bench/.
+    Bench {
+        /// Fewer and shorter rounds, 100 pods instead of 1,000.
+        #[arg(long)]
+        quick: bool,
+        /// Only one part: `datapath` or `setup`.
+        #[arg(long, value_name = "PART")]
+        only: Option<String>,
+    },
     /// Build the integration tests, then run them in QEMU on other kernels (Debian's packaged
     /// 6.1/6.12 kernels or a bzImage/vmlinux path) and print a verdict table.
     Vm {
@@ -69,6 +79,17 @@ fn main() -> Result<()> {
             bootstrap::all()?;
             run::build()?;
             run::demo(daemon)
+        }
+        Command::Bench { quick, only } => {
+            bootstrap::all()?;
+            let mut args = Vec::new();
+            if quick {
+                args.push("--quick".to_string());
+            }
+            if let Some(part) = only {
+                args.extend(["--only".to_string(), part]);
+            }
+            run::bench(&args)
         }
         Command::Vm {
             kernels,

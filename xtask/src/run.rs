@@ -68,3 +68,30 @@ pub fn demo(daemon: bool) -> Result<()> {
     bin_env(&mut cmd);
     status(cmd)
 }
+
+/// `cargo xtask bench`: wrk and nginx, release binaries, then the bench binary, which
+/// prints the report and writes `target/bench/bench.{json,md,svg}`.
+pub fn bench(args: &[String]) -> Result<()> {
+    crate::workspace::ensure_tool("wrk", "wrk")?;
+    crate::workspace::ensure_tool("nginx", "nginx")?;
+    let mut build = cargo();
+    build.args([
+        "build",
+        "--release",
+        "--package",
+        "redirector",
+        "--package",
+        "redirector-tests",
+        "--bins",
+    ]);
+    status(build)?;
+    let bin = target_dir().join("release");
+    let mut cmd = Command::new(bin.join("bench"));
+    cmd.args(args)
+        .arg("--out")
+        .arg(target_dir().join("bench"))
+        .env("REDIRECTOR_BIN", bin.join("redirector"))
+        .env("PROBE_BIN", bin.join("probe"))
+        .env("SIDECAR_BIN", bin.join("sidecar"));
+    status(cmd)
+}

@@ -1,0 +1,373 @@
+//! The data path: the same service, sidecar and load in every mode, the modes interleaved
+//! round by round, so that drift of the machine hits every mode alike.
+//!
+//! ```text
+//!  pod netns + cgroup                               service netns
+//!  wrk (uid 1000, CPU 0) ──> capture? ──> sidecar   nginx :80 (CPU 1)
+//!                                       (uid 1337, CPU 1) ──────────^
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use redirector_tests::cgroup::Cgroup;
+use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::iptables::{apply_golden, standard_injection};
+use redirector_tests::redirector::{install, PinRoot, STANDARD_INJECTION};
+use redirector_tests::{bin_path, wait_tcp_listening, ChildGuard, Spawn, Topology, PROXY_UID};
+
+use crate::cpu;
+use crate::wrk::{self, Load, LOADS};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// The app dials the service; no proxy.
+    Direct,
+    /// The app dials its sidecar itself: the floor of any transparent redirection.
+    Explicit,
+    /// istio's nat rules for the standard injection, with conntrack.
+    Iptables,
+    /// `redirector istio-iptables` (init-container mode).
+    Redirector,
+    /// The node daemon, the pod added with `redirector pod add`.
+    RedirectorDaemon,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 5] = [
+        Mode::Direct,
+        Mode::Explicit,
+        Mode::Iptables,
+        Mode::Redirector,
+        Mode::RedirectorDaemon,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Direct => "direct",
+            Mode::Explicit => "explicit",
+            Mode::Iptables => "iptables",
+            Mode::Redirector => "redirector",
+            Mode::RedirectorDaemon => "redirector-daemon",
+        }
+    }
+}
+
+/// One mode's pod, service and sidecar. Fields drop in order: processes, then the daemon,
+/// then namespaces and cgroups, then pins.
+struct Bed {
+    mode: Mode,
+    _nginx: ChildGuard,
+    _sidecar: ChildGuard,
+    daemon: Option<Daemon>,
+    topo: Topology,
+    _node: Option<Cgroup>,
+    _state: Option<StateDir>,
+    root: Option<PinRoot>,
+    base: String,
+}
+
+/// Where nginx keeps its config, temp files and the bulk file.
+pub struct Site {
+    dir: PathBuf,
+}
+
+impl Site {
+    pub fn new(bulk_bytes: usize) -> Site {
+        let dir = std::env::temp_dir().join(format!("redirector-bench-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("www")).unwrap();
+        std::fs::create_dir_all(dir.join("tmp")).unwrap();
+        std::fs::write(dir.join("www/bulk"), vec![0x5a; bulk_bytes]).unwrap();
+        let d = dir.display();
+        let conf = format!(
+            "daemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx-$pid.pid;\n\
+             error_log stderr error;\nevents {{ worker_connections 8192; }}\n\
+             http {{\n  access_log off;\n  sendfile on;\n  keepalive_requests 10000000;\n\
+             client_body_temp_path {d}/tmp; proxy_temp_path {d}/tmp; fastcgi_temp_path {d}/tmp;\n\
+             uwsgi_temp_path {d}/tmp; scgi_temp_path {d}/tmp;\n  default_type application/octet-stream;\n\
+             server {{\n    listen 80 backlog=4096;\n    location = / {{ return 200 \"ok\\n\"; }}\n\
+             location /bulk {{ root {d}/www; }}\n  }}\n}}\n"
+        );
+        std::fs::write(dir.join("nginx.conf"), conf).unwrap();
+        Site { dir }
+    }
+
+    fn conf(&self, pidfile: &str) -> PathBuf {
+        // One config per server, so their pid files differ.
+        let text = std::fs::read_to_string(self.dir.join("nginx.conf"))
+            .unwrap()
+            .replace("$pid", pidfile);
+        let path = self.dir.join(format!("nginx-{pidfile}.conf"));
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+}
+
+impl Drop for Site {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Socket settings both the pod and the service namespace get: a wide port range and
+/// reuse of TIME_WAIT ports, so that a new connection per request never runs out of ports.
+fn tune(netns: &redirector_tests::NetNs) {
+    netns.run(&[
+        "sysctl",
+        "-q",
+        "-w",
+        "net.ipv4.ip_local_port_range=1024 65000",
+    ]);
+    netns.run(&["sysctl", "-q", "-w", "net.ipv4.tcp_tw_reuse=1"]);
+    netns.run(&["sysctl", "-q", "-w", "net.core.somaxconn=4096"]);
+}
+
+impl Bed {
+    fn new(mode: Mode, site: &Site) -> Bed {
+        let hint = format!("b{}", mode.name());
+        let (node, state, root, topo) = match mode {
+            Mode::RedirectorDaemon => {
+                let node = Cgroup::new("benchnode");
+                let topo = Topology::under(&node, &hint);
+                (
+                    Some(node),
+                    Some(StateDir::new("benchstate")),
+                    Some(PinRoot::new(&hint)),
+                    topo,
+                )
+            }
+            Mode::Redirector => (None, None, Some(PinRoot::new(&hint)), Topology::new(&hint)),
+            _ => (None, None, None, Topology::new(&hint)),
+        };
+        tune(&topo.pod);
+        tune(&topo.service);
+        let nginx = Spawn::new("taskset")
+            .args(["-c", "1", "nginx", "-e", "stderr", "-c"])
+            .arg(site.conf(mode.name()))
+            .netns(&topo.service)
+            .spawn();
+        wait_tcp_listening(&topo.service, 80, Duration::from_secs(10));
+        let service = topo.service_addr(false, 80);
+        let sidecar = Spawn::new("taskset")
+            .args(["-c", "1"])
+            .arg(bin_path("sidecar"))
+            .args(["--listen", "127.0.0.1:15001", "--upstream"])
+            .arg(service.to_string())
+            .netns(&topo.pod)
+            .cgroup(&topo.pod_cgroup)
+            .user(PROXY_UID, PROXY_UID)
+            .spawn();
+        sidecar.wait_line("sidecar listening", Duration::from_secs(10), |l| {
+            l.starts_with("listening")
+        });
+        let mut daemon = None;
+        match mode {
+            Mode::Direct | Mode::Explicit => {}
+            Mode::Iptables => {
+                let (v4, v6) = standard_injection();
+                apply_golden(&topo.pod, &v4, Some(&v6));
+            }
+            Mode::Redirector => {
+                install(
+                    &topo.pod,
+                    &topo.pod_cgroup,
+                    root.as_ref().unwrap(),
+                    &STANDARD_INJECTION,
+                );
+            }
+            Mode::RedirectorDaemon => {
+                let d = Daemon::start(
+                    root.as_ref().unwrap(),
+                    node.as_ref().unwrap(),
+                    state.as_ref().unwrap(),
+                );
+                let netns = topo.pod.path().display().to_string();
+                let mut args = vec!["add", "--netns", &netns, "--name", "bench/app", "--"];
+                args.extend(STANDARD_INJECTION);
+                let out = d.pod(&args);
+                assert!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                daemon = Some(d);
+            }
+        }
+        let base = match mode {
+            Mode::Explicit => "http://127.0.0.1:15001".to_string(),
+            _ => format!("http://{service}"),
+        };
+        Bed {
+            mode,
+            _nginx: nginx,
+            _sidecar: sidecar,
+            daemon,
+            topo,
+            _node: node,
+            _state: state,
+            root,
+            base,
+        }
+    }
+
+    /// The object's programs pinned for this bed (redirector modes only).
+    fn program_pins(&self) -> Vec<PathBuf> {
+        let Some(root) = &self.root else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for obj in std::fs::read_dir(root.path().join("objects"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            for p in std::fs::read_dir(obj.path().join("progs"))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                out.push(p.path());
+            }
+        }
+        out.sort();
+        out
+    }
+}
+
+/// One measured run.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Sample {
+    pub mode: Mode,
+    pub load: &'static str,
+    pub round: u32,
+    #[serde(flatten)]
+    pub wrk: wrk::Report,
+    /// Busy CPU time of all cores during the run, per request.
+    pub cpu_us_per_req: f64,
+}
+
+/// In-kernel run time of one program, per request of a new-connection load.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ProgramCost {
+    pub mode: Mode,
+    pub program: String,
+    pub runs_per_req: f64,
+    pub ns_per_run: f64,
+    pub ns_per_req: f64,
+}
+
+#[derive(Debug, Default, serde::Serialize)]
+pub struct DataPath {
+    pub seconds: u32,
+    pub rounds: u32,
+    pub samples: Vec<Sample>,
+    pub programs: Vec<ProgramCost>,
+}
+
+fn measure(bed: &Bed, load: Load, seconds: u32) -> (wrk::Report, f64) {
+    let before = cpu::busy_us();
+    let report = wrk::run(&bed.topo, &bed.base, load, seconds);
+    let cpu = cpu::busy_us() - before;
+    let per_req = cpu / report.requests.max(1) as f64;
+    (report, per_req)
+}
+
+/// `bpftool prog show pinned` → (run time ns, run count).
+fn prog_stats(pin: &Path) -> Option<(String, u64, u64)> {
+    let out = std::process::Command::new("bpftool")
+        .args(["prog", "show", "pinned"])
+        .arg(pin)
+        .arg("-j")
+        .output()
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    let name = pin.file_name()?.to_string_lossy().into_owned();
+    Some((
+        name,
+        v["run_time_ns"].as_u64().unwrap_or(0),
+        v["run_cnt"].as_u64().unwrap_or(0),
+    ))
+}
+
+/// With `kernel.bpf_stats_enabled` on for the run only: each program's runs and time per
+/// request of `load`. A separate run, so the stats' own cost stays out of the rounds.
+fn profile(bed: &Bed, load: Load, seconds: u32) -> Vec<ProgramCost> {
+    const SWITCH: &str = "/proc/sys/kernel/bpf_stats_enabled";
+    let was = std::fs::read_to_string(SWITCH).unwrap_or_else(|_| "0".into());
+    std::fs::write(SWITCH, "1").expect("enabling bpf_stats");
+    let pins = bed.program_pins();
+    let before: Vec<_> = pins.iter().filter_map(|p| prog_stats(p)).collect();
+    let report = wrk::run(&bed.topo, &bed.base, load, seconds);
+    let after: Vec<_> = pins.iter().filter_map(|p| prog_stats(p)).collect();
+    let _ = std::fs::write(SWITCH, was.trim());
+    let reqs = report.requests.max(1) as f64;
+    before
+        .iter()
+        .zip(&after)
+        .filter(|(b, a)| a.2 > b.2)
+        .map(|(b, a)| {
+            let runs = (a.2 - b.2) as f64;
+            let ns = (a.1 - b.1) as f64;
+            ProgramCost {
+                mode: bed.mode,
+                program: a.0.clone(),
+                runs_per_req: runs / reqs,
+                ns_per_run: ns / runs,
+                ns_per_req: ns / reqs,
+            }
+        })
+        .collect()
+}
+
+pub fn run(rounds: u32, seconds: u32) -> DataPath {
+    let site = Site::new(8 << 20);
+    let beds: Vec<Bed> = Mode::ALL.iter().map(|m| Bed::new(*m, &site)).collect();
+    eprintln!("bench: data path: {} modes ready", beds.len());
+    // Warm every path up (object caches, conntrack, nginx) before anything counts.
+    for bed in &beds {
+        for load in LOADS {
+            wrk::run(&bed.topo, &bed.base, load, 1);
+        }
+    }
+    let mut out = DataPath {
+        seconds,
+        rounds,
+        ..DataPath::default()
+    };
+    for round in 0..rounds {
+        for load in LOADS {
+            // A different mode goes first each round.
+            for i in 0..beds.len() {
+                let bed = &beds[(i + round as usize) % beds.len()];
+                let (wrk, cpu_us_per_req) = measure(bed, load, seconds);
+                eprintln!(
+                    "bench: round {} {:<12} {:<18} {:>9.0} req/s  p99 {:>7.0} us  {:>6.1} us CPU/req",
+                    round + 1,
+                    load.name,
+                    bed.mode.name(),
+                    wrk.rps,
+                    wrk.p99_us,
+                    cpu_us_per_req
+                );
+                out.samples.push(Sample {
+                    mode: bed.mode,
+                    load: load.name,
+                    round,
+                    wrk,
+                    cpu_us_per_req,
+                });
+            }
+        }
+    }
+    for bed in beds.iter().filter(|b| b.root.is_some()) {
+        out.programs.extend(profile(bed, LOADS[0], seconds));
+    }
+    // Daemons first (SIGTERM leaves their pins; PinRoot removes them).
+    for mut bed in beds {
+        if let Some(d) = bed.daemon.take() {
+            let _ = d.terminate();
+        }
+    }
+    out
+}

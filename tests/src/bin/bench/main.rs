@@ -1,0 +1,131 @@
+//! `bench`: redirector against istio's iptables rules, side by side in one run. Run by
+//! `cargo xtask bench`, which installs wrk and nginx and builds the release binaries first.
+//!
+//! ```text
+//! bench [--quick] [--out DIR] [--only datapath|setup]
+//! ```
+//! Prints a Markdown report; writes `bench.json` and `bench.svg` to DIR.
+
+mod cpu;
+mod datapath;
+mod memory;
+mod plot;
+mod report;
+mod setup;
+mod stats;
+mod wrk;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+struct Options {
+    quick: bool,
+    out: PathBuf,
+    datapath: bool,
+    setup: bool,
+}
+
+fn parse_args() -> Result<Options, String> {
+    let mut o = Options {
+        quick: false,
+        out: PathBuf::from("target/bench"),
+        datapath: true,
+        setup: true,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--quick" => o.quick = true,
+            "--out" => o.out = args.next().ok_or("--out needs a directory")?.into(),
+            "--only" => match args.next().as_deref() {
+                Some("datapath") => o.setup = false,
+                Some("setup") => o.datapath = false,
+                other => return Err(format!("--only {other:?}: use datapath or setup")),
+            },
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok(o)
+}
+
+fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
+        .unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let date = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    format!(
+        "Measured {date} on {cpus} vCPU ({model}), Linux {}",
+        release.trim()
+    )
+}
+
+fn main() -> ExitCode {
+    let opts = match parse_args() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("bench: {e}\nusage: bench [--quick] [--out DIR] [--only datapath|setup]");
+            return ExitCode::from(64);
+        }
+    };
+    if !redirector_tests::require_root() {
+        return ExitCode::from(1);
+    }
+    let (rounds, seconds, samples, pods) = if opts.quick {
+        (2, 2, 10, 100)
+    } else {
+        (5, 5, 30, 1000)
+    };
+    let machine = machine();
+    let dp = if opts.datapath {
+        datapath::run(rounds, seconds)
+    } else {
+        datapath::DataPath::default()
+    };
+    let setup = if opts.setup {
+        setup::run(samples, pods)
+    } else {
+        setup::Setup::default()
+    };
+    let text = report::markdown(&dp, &setup, &machine);
+    println!("{text}");
+    if let Err(e) = std::fs::create_dir_all(&opts.out) {
+        eprintln!("bench: creating {}: {e}", opts.out.display());
+        return ExitCode::from(1);
+    }
+    let json = serde_json::json!({
+        "machine": machine,
+        "datapath": dp,
+        "setup": setup,
+    });
+    let json_path = opts.out.join("bench.json");
+    let md_path = opts.out.join("bench.md");
+    let svg_path = opts.out.join("bench.svg");
+    let written = std::fs::write(&json_path, serde_json::to_string_pretty(&json).unwrap())
+        .and_then(|()| std::fs::write(&md_path, &text));
+    if let Err(e) = written {
+        eprintln!("bench: writing {}: {e}", opts.out.display());
+        return ExitCode::from(1);
+    }
+    if !dp.samples.is_empty() {
+        if let Err(e) = plot::draw(&dp, &svg_path) {
+            eprintln!("bench: drawing {}: {e}", svg_path.display());
+            return ExitCode::from(1);
+        }
+    }
+    eprintln!(
+        "bench: wrote {}, {} and {}",
+        json_path.display(),
+        md_path.display(),
+        svg_path.display()
+    );
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,237 @@
+//! Per-pod setup: one pod with the object already loaded — `redirector istio-iptables`
+//! against `iptables-restore` of istio's rules and a bare `nsenter true`, each started the
+//! way an init container is (entering a fresh netns); the first pod on a node (the object
+//! load); and N pods in sequence, init-container mode and through the daemon, with the
+//! kernel memory they add.
+
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use redirector_tests::cgroup::Cgroup;
+use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::iptables::standard_injection;
+use redirector_tests::redirector::{redirector_bin, status, PinRoot, STANDARD_INJECTION};
+use redirector_tests::NetNs;
+
+use crate::memory;
+use crate::stats::median;
+
+/// Runs `cmd` (with `stdin`), panics unless it exits 0; returns its wall time in ms.
+fn timed(cmd: &mut Command, stdin: Option<&str>) -> f64 {
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
+    let start = Instant::now();
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    if let Some(text) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ms
+}
+
+fn nsenter(netns: &NetNs) -> Command {
+    let mut cmd = Command::new("nsenter");
+    cmd.arg(format!("--net={}", netns.path().display()));
+    cmd
+}
+
+/// `redirector istio-iptables` as an init container runs it: inside the pod's netns.
+fn init_container(netns: &NetNs, cgroup: &Cgroup, root: &PinRoot) -> Command {
+    let mut cmd = nsenter(netns);
+    cmd.arg(redirector_bin())
+        .arg("istio-iptables")
+        .args(STANDARD_INJECTION)
+        .arg("--cgroup")
+        .arg(cgroup.path())
+        .arg("--pin-root")
+        .arg(root.path());
+    cmd
+}
+
+#[derive(Debug, Default, serde::Serialize)]
+pub struct OnePod {
+    pub samples: usize,
+    pub redirector_ms: Vec<f64>,
+    pub iptables_restore_ms: Vec<f64>,
+    pub iptables_restore_v4_v6_ms: Vec<f64>,
+    pub nsenter_true_ms: Vec<f64>,
+    pub first_pod_ms: Vec<f64>,
+}
+
+#[derive(Debug, Default, serde::Serialize)]
+pub struct Sequence {
+    pub mode: &'static str,
+    pub pods: usize,
+    pub total_s: f64,
+    /// Wall time of each pod's setup, in order.
+    pub per_pod_ms: Vec<f64>,
+    /// Kernel memory (Slab + Percpu + VmallocUsed) after pod 1, 100, 1,000 …, less before pod 1.
+    pub kernel_bytes_after: Vec<(usize, i64)>,
+}
+
+#[derive(Debug, Default, serde::Serialize)]
+pub struct Setup {
+    pub one_pod: OnePod,
+    pub sequences: Vec<Sequence>,
+    pub object_memlock: u64,
+    pub map_memlock: Vec<(String, u64)>,
+    pub map_fill: serde_json::Value,
+}
+
+fn one_pod(samples: usize) -> OnePod {
+    let (v4, v6) = standard_injection();
+    let root = PinRoot::new("benchone");
+    let mut out = OnePod {
+        samples,
+        ..OnePod::default()
+    };
+    // Load the object once, outside the samples.
+    {
+        let (ns, cg) = (NetNs::new("bwarm"), Cgroup::new("bwarm"));
+        timed(&mut init_container(&ns, &cg, &root), None);
+    }
+    let mut pods = Vec::new();
+    for _ in 0..samples {
+        let (ns, cg) = (NetNs::new("bone"), Cgroup::new("bone"));
+        out.redirector_ms
+            .push(timed(&mut init_container(&ns, &cg, &root), None));
+        pods.push((ns, cg));
+        let ns = NetNs::new("bipt");
+        out.iptables_restore_ms
+            .push(timed(nsenter(&ns).arg("iptables-restore"), Some(&v4)));
+        let ns = NetNs::new("bipt6");
+        let both = timed(nsenter(&ns).arg("iptables-restore"), Some(&v4))
+            + timed(nsenter(&ns).arg("ip6tables-restore"), Some(&v6));
+        out.iptables_restore_v4_v6_ms.push(both);
+        let ns = NetNs::new("btrue");
+        out.nsenter_true_ms
+            .push(timed(nsenter(&ns).arg("true"), None));
+    }
+    // The first pod on a node loads the object: a fresh pin root each time.
+    for _ in 0..samples.min(5) {
+        let fresh = PinRoot::new("bfirst");
+        let (ns, cg) = (NetNs::new("bfirst"), Cgroup::new("bfirst"));
+        out.first_pod_ms
+            .push(timed(&mut init_container(&ns, &cg, &fresh), None));
+    }
+    drop(pods);
+    out
+}
+
+fn milestones(pods: usize) -> Vec<usize> {
+    [1, 10, 100, 1000]
+        .into_iter()
+        .filter(|m| *m <= pods)
+        .collect()
+}
+
+/// `pods` pods set up one after another by init containers, under one pin root.
+fn init_sequence(pods: usize) -> (Sequence, PinRoot) {
+    let root = PinRoot::new("bseq");
+    let made: Vec<(NetNs, Cgroup)> = (0..pods)
+        .map(|_| (NetNs::new("bseq"), Cgroup::new("bseq")))
+        .collect();
+    let mut seq = Sequence {
+        mode: "init-container",
+        pods,
+        ..Sequence::default()
+    };
+    // Pod 0 loads the object; the sequence counts the pods after it.
+    let mem0 = memory::kernel_bytes();
+    let start = Instant::now();
+    for (i, (ns, cg)) in made.iter().enumerate() {
+        seq.per_pod_ms
+            .push(timed(&mut init_container(ns, cg, &root), None));
+        if milestones(pods).contains(&(i + 1)) {
+            seq.kernel_bytes_after
+                .push((i + 1, memory::kernel_bytes() as i64 - mem0 as i64));
+        }
+    }
+    seq.total_s = start.elapsed().as_secs_f64();
+    drop(made);
+    (seq, root)
+}
+
+/// `pods` pods added through the daemon, one `redirector pod add` process each.
+fn daemon_sequence(pods: usize) -> Sequence {
+    let root = PinRoot::new("bdseq");
+    let node = Cgroup::new("bdnode");
+    let state = StateDir::new("bdstate");
+    let daemon = Daemon::start(&root, &node, &state);
+    let made: Vec<NetNs> = (0..pods).map(|_| NetNs::new("bdseq")).collect();
+    let mut seq = Sequence {
+        mode: "daemon (redirector pod add)",
+        pods,
+        ..Sequence::default()
+    };
+    let mem0 = memory::kernel_bytes();
+    let start = Instant::now();
+    for (i, ns) in made.iter().enumerate() {
+        let mut cmd = Command::new(redirector_bin());
+        cmd.arg("pod")
+            .arg("--socket")
+            .arg(state.path().join("redirector.sock"))
+            .args(["add", "--netns"])
+            .arg(ns.path())
+            .args(["--name", &format!("bench/p{i}"), "--"])
+            .args(STANDARD_INJECTION);
+        seq.per_pod_ms.push(timed(&mut cmd, None));
+        if milestones(pods).contains(&(i + 1)) {
+            seq.kernel_bytes_after
+                .push((i + 1, memory::kernel_bytes() as i64 - mem0 as i64));
+        }
+    }
+    seq.total_s = start.elapsed().as_secs_f64();
+    let _ = daemon.terminate();
+    drop(made);
+    seq
+}
+
+pub fn run(samples: usize, pods: usize) -> Setup {
+    let mut out = Setup {
+        one_pod: one_pod(samples),
+        ..Setup::default()
+    };
+    eprintln!(
+        "bench: one pod: redirector {:.2} ms, iptables-restore {:.2} ms, nsenter true {:.2} ms (medians)",
+        median(&out.one_pod.redirector_ms),
+        median(&out.one_pod.iptables_restore_ms),
+        median(&out.one_pod.nsenter_true_ms)
+    );
+    let (seq, root) = init_sequence(pods);
+    eprintln!(
+        "bench: {pods} pods (init containers) in {:.2} s",
+        seq.total_s
+    );
+    out.sequences.push(seq);
+    let status = status(&root);
+    if let Some(object) = status["objects"].get(0) {
+        out.map_fill = object["maps"].clone();
+        let id = object["id"].as_str().unwrap_or_default();
+        let (total, maps) = memory::object_memlock(&root.path().join("objects").join(id));
+        out.object_memlock = total;
+        out.map_memlock = maps;
+    }
+    drop(root);
+    let seq = daemon_sequence(pods);
+    eprintln!("bench: {pods} pods (daemon) in {:.2} s", seq.total_s);
+    out.sequences.push(seq);
+    out
+}
