@@ -49,14 +49,20 @@ pub mod capacity {
     pub const PORT_ENTRIES: u32 = 65536;
     /// CIDR entries per family over all pods.
     pub const CIDR_ENTRIES: u32 = 65536;
-    /// Connections between `connect()` and the handshake completing.
-    pub const PENDING_CONNECTIONS: u32 = 65536;
+    /// Connections between `connect()` and the handshake completing, node-wide: entries
+    /// live for a handshake (microseconds on loopback), so this bounds connects in flight.
+    pub const PENDING_CONNECTIONS: u32 = 8192;
     /// Redirected connections whose original destination the proxy may still ask for.
-    pub const REDIRECTED_CONNECTIONS: u32 = 65536;
+    /// Entries go when the proxy's socket closes; past this many open redirected
+    /// connections the least recently used entry goes first, which only matters if the
+    /// proxy has not yet asked for it (it asks at accept) or the app calls `getpeername`
+    /// on an old connection.
+    pub const REDIRECTED_CONNECTIONS: u32 = 32768;
     /// Pod addresses over all pods.
     pub const POD_ADDRS: u32 = 16384;
-    /// UDP sockets whose DNS queries were redirected, for restoring reply sources.
-    pub const DNS_SOCKETS: u32 = 16384;
+    /// UDP sockets whose DNS queries were redirected, for restoring reply sources
+    /// (least recently used first out: a reply comes within a resolver's timeout).
+    pub const DNS_SOCKETS: u32 = 8192;
     /// Capture listeners (-z and -p, per family) over all pods.
     pub const LISTENERS: u32 = 4 * PODS;
 }

@@ -4,7 +4,8 @@
 //! load); and N pods in sequence, init-container mode and through the daemon, with the
 //! kernel memory they add.
 
-use std::io::Write as _;
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::os::unix::net::UnixStream;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
@@ -169,36 +170,115 @@ fn init_sequence(pods: usize) -> (Sequence, PinRoot) {
     (seq, root)
 }
 
-/// `pods` pods added through the daemon, one `redirector pod add` process each.
-fn daemon_sequence(pods: usize) -> Sequence {
+/// How pods reach the daemon.
+#[derive(Clone, Copy)]
+enum Client {
+    /// One `redirector pod add` process per pod.
+    PodAdd,
+    /// The CNI plugin, as a container runtime runs it: env, config on stdin, one process each.
+    CniAdd,
+    /// One API connection for all pods (the daemon's own cost per pod).
+    Api,
+}
+
+impl Client {
+    fn name(self) -> &'static str {
+        match self {
+            Client::PodAdd => "daemon: `redirector pod add`",
+            Client::CniAdd => "daemon: CNI ADD",
+            Client::Api => "daemon: API, one connection",
+        }
+    }
+}
+
+/// `pods` pods added through a daemon.
+fn daemon_sequence(pods: usize, client: Client) -> Sequence {
     let root = PinRoot::new("bdseq");
     let node = Cgroup::new("bdnode");
     let state = StateDir::new("bdstate");
     let daemon = Daemon::start(&root, &node, &state);
+    let socket = state.path().join("redirector.sock");
     let made: Vec<NetNs> = (0..pods).map(|_| NetNs::new("bdseq")).collect();
+    let cni_dir = StateDir::new("bdcni");
+    let plugin = cni_dir.path().join("redirector-cni");
+    let binary = std::fs::canonicalize(redirector_bin()).expect("the redirector binary");
+    std::os::unix::fs::symlink(binary, &plugin).unwrap();
+    let mut api = matches!(client, Client::Api).then(|| {
+        let s = UnixStream::connect(&socket).expect("connecting to the daemon");
+        (BufReader::new(s.try_clone().unwrap()), s)
+    });
     let mut seq = Sequence {
-        mode: "daemon (redirector pod add)",
+        mode: client.name(),
         pods,
         ..Sequence::default()
     };
     let mem0 = memory::kernel_bytes();
     let start = Instant::now();
     for (i, ns) in made.iter().enumerate() {
-        let mut cmd = Command::new(redirector_bin());
-        cmd.arg("pod")
-            .arg("--socket")
-            .arg(state.path().join("redirector.sock"))
-            .args(["add", "--netns"])
-            .arg(ns.path())
-            .args(["--name", &format!("bench/p{i}"), "--"])
-            .args(STANDARD_INJECTION);
-        seq.per_pod_ms.push(timed(&mut cmd, None));
+        let name = format!("bench/p{i}");
+        let ms = match (client, api.as_mut()) {
+            (Client::PodAdd, _) => {
+                let mut cmd = Command::new(redirector_bin());
+                cmd.arg("pod")
+                    .arg("--socket")
+                    .arg(&socket)
+                    .args(["add", "--netns"])
+                    .arg(ns.path())
+                    .args(["--name", &name, "--"])
+                    .args(STANDARD_INJECTION);
+                timed(&mut cmd, None)
+            }
+            (Client::CniAdd, _) => {
+                let conf = serde_json::json!({
+                    "cniVersion": "1.0.0",
+                    "name": "pods",
+                    "type": "redirector-cni",
+                    "socket": socket,
+                    "pinRoot": root.path(),
+                    "stateDir": state.path(),
+                    "args": STANDARD_INJECTION,
+                    "prevResult": {
+                        "cniVersion": "1.0.0",
+                        "interfaces": [{"name": "eth0", "sandbox": ns.path()}],
+                        "ips": [{"address": format!("10.1.{}.{}/16", i / 250, i % 250 + 1), "interface": 0}]
+                    }
+                });
+                let mut cmd = Command::new(&plugin);
+                cmd.env_clear()
+                    .env("CNI_COMMAND", "ADD")
+                    .env("CNI_CONTAINERID", format!("bench{i}"))
+                    .env("CNI_NETNS", ns.path())
+                    .env("CNI_IFNAME", "eth0")
+                    .env("CNI_PATH", "/opt/cni/bin")
+                    .env(
+                        "CNI_ARGS",
+                        format!("K8S_POD_NAMESPACE=bench;K8S_POD_NAME=p{i}"),
+                    );
+                timed(&mut cmd, Some(&conf.to_string()))
+            }
+            (Client::Api, Some((reader, writer))) => {
+                let req = serde_json::json!({
+                    "op": "add", "netns": ns.path(), "name": name, "args": STANDARD_INJECTION,
+                });
+                let t = Instant::now();
+                writeln!(writer, "{req}").expect("writing to the daemon");
+                let mut line = String::new();
+                reader
+                    .read_line(&mut line)
+                    .expect("reading the daemon's answer");
+                assert!(line.contains("\"ok\":true"), "daemon: {line}");
+                t.elapsed().as_secs_f64() * 1e3
+            }
+            (Client::Api, None) => unreachable!("the API client connects first"),
+        };
+        seq.per_pod_ms.push(ms);
         if milestones(pods).contains(&(i + 1)) {
             seq.kernel_bytes_after
                 .push((i + 1, memory::kernel_bytes() as i64 - mem0 as i64));
         }
     }
     seq.total_s = start.elapsed().as_secs_f64();
+    drop(api);
     let _ = daemon.terminate();
     drop(made);
     seq
@@ -230,8 +310,10 @@ pub fn run(samples: usize, pods: usize) -> Setup {
         out.map_memlock = maps;
     }
     drop(root);
-    let seq = daemon_sequence(pods);
-    eprintln!("bench: {pods} pods (daemon) in {:.2} s", seq.total_s);
-    out.sequences.push(seq);
+    for client in [Client::Api, Client::PodAdd, Client::CniAdd] {
+        let seq = daemon_sequence(pods, client);
+        eprintln!("bench: {pods} pods ({}) in {:.2} s", seq.mode, seq.total_s);
+        out.sequences.push(seq);
+    }
     out
 }
