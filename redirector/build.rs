@@ -23,7 +23,7 @@ fn main() -> anyhow::Result<()> {
             "cargo:warning=bpf-linker not found: building without the eBPF object; run `cargo xtask build` for a working binary"
         );
         fs::write(&object, []).context("writing empty eBPF object")?;
-        return Ok(());
+        return write_id(&object);
     }
     let metadata = cargo_metadata::MetadataCommand::new()
         .no_deps()
@@ -45,5 +45,14 @@ fn main() -> anyhow::Result<()> {
             ..Default::default()
         }],
         Toolchain::default(),
-    )
+    )?;
+    write_id(&object)
+}
+
+/// `<object>.id`: the object's id, so that the binary names its embedded object without
+/// hashing it at every start.
+fn write_id(object: &std::path::Path) -> anyhow::Result<()> {
+    let bytes = fs::read(object).with_context(|| format!("reading {}", object.display()))?;
+    let id = redirector_common::identity::object_hash(&bytes);
+    fs::write(object.with_extension("id"), format!("{id:016x}")).context("writing the object id")
 }

@@ -28,3 +28,19 @@ impl core::str::FromStr for NetnsCookie {
         s.parse().map(NetnsCookie)
     }
 }
+
+/// The id of an eBPF object's bytes: FNV-1a over 64-bit little-endian words, then the
+/// length (so that trailing zero bytes count). A content hash for telling objects apart,
+/// not a cryptographic one. The build computes it for the embedded object, so that a run
+/// never reads the whole object just to name it.
+pub fn object_hash(bytes: &[u8]) -> u64 {
+    const PRIME: u64 = 0x0100_0000_01b3;
+    let words = bytes.chunks(8).map(|chunk| {
+        let mut word = [0u8; 8];
+        word[..chunk.len()].copy_from_slice(chunk);
+        u64::from_le_bytes(word)
+    });
+    words
+        .chain([bytes.len() as u64])
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, w| (h ^ w).wrapping_mul(PRIME))
+}

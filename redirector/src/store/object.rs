@@ -20,6 +20,10 @@ use crate::fs_error::{fs_err, FsError};
 /// was built without bpf-linker).
 static EMBEDDED: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/redirector"));
 
+/// [`EMBEDDED`]'s id, computed by the build (`object_hash`): naming the object then reads
+/// none of its pages, which an apply that finds it pinned never needs.
+const EMBEDDED_HASH: &str = include_str!(concat!(env!("OUT_DIR"), "/redirector.id"));
+
 /// Env var naming an eBPF object file to use instead of the embedded one: to roll a node
 /// to a rebuilt kernel side without a new binary, and to test that pods move over.
 pub const OBJECT_OVERRIDE_ENV: &str = "REDIRECTOR_EBPF_OBJECT";
@@ -53,7 +57,13 @@ impl EbpfObject {
                 let bytes = fs::read(&path).map_err(fs_err("reading eBPF object", &path))?;
                 Ok(Self::new(bytes.into()))
             }
-            _ => Ok(Self::new(EMBEDDED.into())),
+            _ => Ok(EbpfObject {
+                bytes: EMBEDDED.into(),
+                id: ObjectId::from_hash(
+                    u64::from_str_radix(EMBEDDED_HASH.trim(), 16)
+                        .expect("build.rs writes the embedded object's id in hex"),
+                ),
+            }),
         }
     }
 
@@ -275,4 +285,16 @@ fn load_and_pin(
 pub fn open_program(pins: &ObjectPins, function: &str) -> Result<OwnedFd, ObjectError> {
     let path = pins.program(function);
     Ok(bpf_sys::obj_get(&path).map_err(fs_err("opening pinned program", &path))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_build_names_the_embedded_object_as_its_bytes_would() {
+        std::env::remove_var(OBJECT_OVERRIDE_ENV);
+        let object = EbpfObject::configured().unwrap();
+        assert_eq!(object.id(), &ObjectId::of(EMBEDDED));
+    }
 }

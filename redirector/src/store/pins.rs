@@ -28,21 +28,13 @@ pub const BPFFS_MOUNT: &str = "/sys/fs/bpf";
 pub struct ObjectId(String);
 
 impl ObjectId {
-    /// The id of an object's bytes: a changed object gets new pins. FNV-1a over 64-bit
-    /// words, then the length (so that trailing zero bytes count): a content hash for
-    /// telling objects apart, computed once per process, not a cryptographic one.
+    /// The id of an object's bytes (a changed object gets new pins); see
+    /// [`redirector_common::identity::object_hash`].
     pub fn of(bytes: &[u8]) -> Self {
-        const PRIME: u64 = 0x0100_0000_01b3;
-        let words = bytes.chunks(8).map(|chunk| {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            u64::from_le_bytes(word)
-        });
-        let hash = words
-            .chain([bytes.len() as u64])
-            .fold(0xcbf2_9ce4_8422_2325_u64, |h, w| {
-                (h ^ w).wrapping_mul(PRIME)
-            });
+        Self::from_hash(redirector_common::identity::object_hash(bytes))
+    }
+
+    pub fn from_hash(hash: u64) -> Self {
         ObjectId(format!("{hash:016x}"))
     }
 
