@@ -15,6 +15,8 @@ pub enum CgroupError {
     OwnCgroup(io::Error),
     #[error("this process runs in the root cgroup (or its cgroup cannot be found in the mounted hierarchy), which has no parent to attach to; pass --cgroup")]
     RootCgroup,
+    #[error("this process's cgroup {own} is a child of the root cgroup: its parent would be the whole node; pass --cgroup")]
+    ParentIsRoot { own: String },
     #[error("--cgroup {path} is not a cgroup v2 directory")]
     NotCgroup2 { path: String },
 }
@@ -38,10 +40,14 @@ pub fn pod_cgroup(explicit: Option<&Path>) -> Result<PathBuf, CgroupError> {
         Some(path) => path.to_path_buf(),
         None => {
             let mount = cgroup2_mount()?;
-            own_cgroup(&mount)?
-                .parent()
-                .ok_or(CgroupError::RootCgroup)?
-                .to_path_buf()
+            let own = own_cgroup(&mount)?;
+            let parent = own.parent().ok_or(CgroupError::RootCgroup)?;
+            if parent == mount {
+                return Err(CgroupError::ParentIsRoot {
+                    own: own.display().to_string(),
+                });
+            }
+            parent.to_path_buf()
         }
     };
     if !is_cgroup2_dir(&path) {
@@ -66,7 +72,10 @@ fn own_cgroup(mount: &Path) -> Result<PathBuf, CgroupError> {
     // "/" is the root of our cgroup namespace: with a private cgroup namespace (the default
     // for containers on cgroup v2) and the host's hierarchy mounted, our cgroup is the
     // directory that lists our pid.
-    find_cgroup_of(mount, std::process::id()).ok_or(CgroupError::RootCgroup)
+    // The hierarchy's root itself lists us when we run in the root cgroup: no pod there.
+    find_cgroup_of(mount, std::process::id())
+        .filter(|dir| dir != mount)
+        .ok_or(CgroupError::RootCgroup)
 }
 
 /// The cgroup under `mount` whose cgroup.procs lists `pid` (breadth first; pod cgroups

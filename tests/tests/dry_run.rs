@@ -100,3 +100,55 @@ fn dry_run_prints_the_plan_and_changes_nothing() {
     }
     assert!(log.contains("dry run: nothing applied"), "{log}");
 }
+
+/// `redirector istio-iptables` for `topo`'s pod, started in the cgroup2 root with no
+/// `--cgroup`: a shell on the host, not an init container.
+fn from_the_root_cgroup(topo: &Topology, root: &PinRoot, extra: &[&str]) -> std::process::Output {
+    use std::os::unix::process::CommandExt as _;
+    let procs = redirector_tests::cgroup::cgroup2_root().join("cgroup.procs");
+    let mut cmd = std::process::Command::new(redirector_tests::redirector::redirector_bin());
+    cmd.arg("istio-iptables")
+        .arg("--network-namespace")
+        .arg(topo.pod.path())
+        .arg("--pin-root")
+        .arg(root.path())
+        .args(STANDARD_INJECTION)
+        .args(extra);
+    // SAFETY: only a write(2) to cgroup.procs between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || std::fs::write(&procs, "0"));
+    }
+    cmd.output().expect("running redirector")
+}
+
+#[test]
+fn from_the_root_cgroup_a_dry_run_prints_the_plan_and_an_apply_says_to_pass_cgroup() {
+    if !require_root() {
+        return;
+    }
+    let topo = Topology::new("rootcg");
+    let root = PinRoot::new("rootcg");
+
+    let out = from_the_root_cgroup(&topo, &root, &["--dry-run"]);
+    let (plan, log) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{log}");
+    assert!(
+        plan.contains("to cgroup <no pod cgroup found: pass --cgroup>"),
+        "{plan}"
+    );
+    assert!(plan.contains("POD_CONFIG["), "{plan}");
+    assert!(log.contains("runs in the root cgroup"), "{log}");
+
+    let out = from_the_root_cgroup(&topo, &root, &[]);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("runs in the root cgroup") && log.contains("pass --cgroup"),
+        "{log}"
+    );
+    assert!(!log.contains("is not a cgroup v2 directory"), "{log}");
+    assert!(pins_under(root.path()).is_empty());
+}

@@ -2,7 +2,7 @@
 //! for istio-init. Sections of the log follow istio-iptables': environment, effective
 //! config, what was applied, final state.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _};
 use tracing::{info, warn};
@@ -95,11 +95,24 @@ pub fn run(cfg: &IstioConfig) -> anyhow::Result<()> {
 }
 
 fn apply_rules(cfg: &IstioConfig, root: &PinRoot, netns: &Netns) -> anyhow::Result<()> {
-    let cgroup = pod_cgroup(cfg.run.cgroup.as_deref())?;
+    let cgroup = match pod_cgroup(cfg.run.cgroup.as_deref()) {
+        Ok(cgroup) => cgroup,
+        // A dry run prints the plan wherever it runs, as istio-iptables' does; it names the
+        // cgroup it would use, or why it found none.
+        Err(err) if cfg.run.dry_run && cfg.run.cgroup.is_none() => {
+            warn!("no pod cgroup: {err}");
+            PathBuf::from("<no pod cgroup found: pass --cgroup>")
+        }
+        Err(err) => return Err(err.into()),
+    };
     // A node daemon's programs may already cover this pod's cgroup: then the pod gets only
     // its entries (in the daemon's object) and its namespace's link, so that no program
     // runs twice on its sockets.
-    let node_object = covering(root, &cgroup)?;
+    let node_object = if cgroup.exists() {
+        covering(root, &cgroup)?
+    } else {
+        None
+    };
     if let Some(node) = &node_object {
         info!(
             "the node's programs (object {}) cover cgroup {}: adding only the pod's entries and its namespace's link",
