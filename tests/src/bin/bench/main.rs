@@ -95,7 +95,11 @@ fn main() -> ExitCode {
     } else {
         setup::Setup::default()
     };
-    let text = report::markdown(&dp, &setup, &machine);
+    let text = format!(
+        "{}\n{}",
+        report::markdown(&dp, &setup, &machine),
+        report::targets(&dp, &setup)
+    );
     println!("{text}");
     if let Err(e) = std::fs::create_dir_all(&opts.out) {
         eprintln!("bench: creating {}: {e}", opts.out.display());

@@ -224,6 +224,112 @@ pub fn markdown(dp: &DataPath, setup: &Setup, machine: &str) -> String {
     s
 }
 
+/// The targets redirector is held to, each with what this run measured.
+pub fn targets(dp: &DataPath, setup: &Setup) -> String {
+    let mut rows: Vec<(String, String, Option<bool>)> = Vec::new();
+    let mut row = |target: &str, measured: String, met: Option<bool>| {
+        rows.push((target.to_string(), measured, met))
+    };
+    let new_conn = ["new-conn-8", "new-conn-64"];
+    if !dp.samples.is_empty() {
+        for mode in [Mode::Redirector, Mode::RedirectorDaemon] {
+            let added: Vec<f64> = new_conn
+                .iter()
+                .map(|l| median(&added_cpu(dp, mode, Mode::Explicit, l)))
+                .collect();
+            row(
+                &format!("{}: added CPU per new connection over `explicit` ≤ 2 µs", mode.name()),
+                format!("{:.1} / {:.1} µs (8 / 64 conc.)", added[0], added[1]),
+                Some(added.iter().all(|a| *a <= 2.0)),
+            );
+            let ratio: Vec<f64> = new_conn
+                .iter()
+                .map(|l| median(&rps_ratio(dp, mode, Mode::Iptables, l)))
+                .collect();
+            row(
+                &format!("{}: new connections/s ≥ 1.30× iptables", mode.name()),
+                format!("{:.2}× / {:.2}×", ratio[0], ratio[1]),
+                Some(ratio.iter().all(|r| *r >= 1.30)),
+            );
+            let ka = rps_ratio(dp, mode, Mode::Explicit, "keepalive-8");
+            let (lo, hi) = min_max(&ka);
+            row(
+                &format!("{}: keep-alive req/s = `explicit` (≥ 0.97×)", mode.name()),
+                format!("{:.2}× ({lo:.2}–{hi:.2})", median(&ka)),
+                Some(median(&ka) >= 0.97),
+            );
+        }
+    }
+    let one = &setup.one_pod;
+    if !one.redirector_ms.is_empty() {
+        let ipt = median(&one.iptables_restore_ms);
+        let r = median(&one.redirector_ms) / ipt;
+        row(
+            "per-pod setup, init container ≤ 1.0× `iptables-restore`",
+            format!("{r:.2}×"),
+            Some(r <= 1.0),
+        );
+        for q in setup.sequences.iter().filter(|q| q.mode.starts_with("daemon")) {
+            let r = median(&q.per_pod_ms) / ipt;
+            row(
+                &format!("per-pod setup, {} ≤ 0.25× `iptables-restore`", q.mode),
+                format!("{r:.2}×"),
+                Some(r <= 0.25),
+            );
+        }
+        let first = median(&one.first_pod_ms);
+        row(
+            "first pod on a node (object load) ≤ 100 ms",
+            format!("{first:.0} ms"),
+            Some(first <= 100.0),
+        );
+    }
+    for q in &setup.sequences {
+        if q.mode.starts_with("daemon: API") && q.pods >= 1000 {
+            row(
+                "1,000 pods through the daemon in under 1 s",
+                format!("{:.2} s", q.total_s),
+                Some(q.total_s < 1.0),
+            );
+        }
+        if q.mode == "init-container" && q.per_pod_ms.len() >= 20 {
+            let n = q.per_pod_ms.len();
+            let r = median(&q.per_pod_ms[n - 10..]) / median(&q.per_pod_ms[5..15]);
+            row(
+                &format!("pod {n} as fast as pod 10 (init container)"),
+                format!("{r:.2}×"),
+                Some(r <= 1.15),
+            );
+        }
+        if let (Some((n0, b0)), Some((n1, b1))) =
+            (q.kernel_bytes_after.first(), q.kernel_bytes_after.last())
+        {
+            if n1 > n0 {
+                let kib = (b1 - b0) as f64 / (n1 - n0) as f64 / 1024.0;
+                row(
+                    &format!("kernel memory per additional pod ≤ 2 KiB ({})", q.mode),
+                    format!("{kib:.2} KiB"),
+                    Some(kib <= 2.0),
+                );
+            }
+        }
+    }
+    if setup.object_memlock > 0 {
+        let mib = setup.object_memlock as f64 / (1 << 20) as f64;
+        row("object ≤ 8 MiB locked", format!("{mib:.1} MiB"), Some(mib <= 8.0));
+    }
+    let mut s = String::from("### Targets\n\n| target | measured | met |\n|---|---|---|\n");
+    for (t, m, met) in rows {
+        let met = match met {
+            Some(true) => "yes",
+            Some(false) => "**no**",
+            None => "-",
+        };
+        let _ = writeln!(s, "| {t} | {m} | {met} |");
+    }
+    s
+}
+
 /// KiB per pod between the first and the last milestone.
 pub fn per_pod_kib(q: &crate::setup::Sequence) -> String {
     match (q.kernel_bytes_after.first(), q.kernel_bytes_after.last()) {
