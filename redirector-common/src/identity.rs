@@ -7,6 +7,7 @@ use core::fmt;
 /// everything a pod has in the node's maps. Unique for the life of the kernel, never reused.
 #[repr(transparent)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 pub struct NetnsCookie(pub u64);
 
 impl NetnsCookie {
@@ -42,5 +43,7 @@ pub fn object_hash(bytes: &[u8]) -> u64 {
     });
     words
         .chain([bytes.len() as u64])
-        .fold(0xcbf2_9ce4_8422_2325_u64, |h, w| (h ^ w).wrapping_mul(PRIME))
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, w| {
+            (h ^ w).wrapping_mul(PRIME)
+        })
 }

@@ -78,6 +78,7 @@ pub const AF_INET6: u16 = 10;
 /// An IP address as the kernel hands it to BPF programs: network byte order, IPv4 in
 /// the first word and the rest zero.
 #[repr(C)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct RawIp(pub [u32; 4]);
 
@@ -120,6 +121,7 @@ impl RawIp {
 
 /// Per-pod configuration: the istio-iptables flags reduced to what the programs need.
 #[repr(C)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PodConfig {
     /// `-p`: where captured outbound connections go.
@@ -234,6 +236,7 @@ impl TryFrom<u16> for PortSet {
 }
 
 #[repr(C)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PortKey {
     pub netns_cookie: u64,
@@ -307,6 +310,7 @@ pub const CIDR_KEY_FIXED_BITS: u32 = 96;
 
 /// Data of an IPv4 LPM-trie key; the prefix length is `CIDR_KEY_FIXED_BITS + cidr prefix`.
 #[repr(C)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cidr4Key {
     pub netns_cookie: u64,
@@ -327,6 +331,7 @@ impl Cidr4Key {
 
 /// Data of an IPv6 LPM-trie key.
 #[repr(C)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cidr6Key {
     pub netns_cookie: u64,
@@ -339,6 +344,7 @@ pub struct Cidr6Key {
 /// A pod address, for finding the pod of an inbound connection (sk_lookup programs have no
 /// netns cookie helper; pod addresses are unique on a node).
 #[repr(C)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PodAddrKey {
     pub addr: RawIp,
@@ -347,6 +353,7 @@ pub struct PodAddrKey {
 
 /// A pod's capture listener in [`names::LISTENERS`]: the proxy's socket on `-z` or `-p`.
 #[repr(C)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ListenerKey {
     pub netns_cookie: u64,
@@ -368,6 +375,7 @@ impl Cidr6Key {
 
 /// Where a redirected connection was going, as `SO_ORIGINAL_DST` reports it.
 #[repr(C)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OrigDst {
     pub addr: RawIp,
@@ -397,6 +405,7 @@ pub struct ProxyEnd(pub Endpoint);
 /// peer, the proxy's listener address is the app's peer. Built with [`ConnKey::new`], so
 /// which end is which is a matter of types, not of argument order.
 #[repr(C)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ConnKey {
     pub netns_cookie: u64,
@@ -427,6 +436,7 @@ pub const COUNTER_SLOTS: usize = 32;
 
 /// Per-pod, per-CPU decision counters, indexed by [`crate::Reason`].
 #[repr(C)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Counters {
     pub by_reason: [u64; COUNTER_SLOTS],
@@ -440,22 +450,38 @@ impl Default for Counters {
     }
 }
 
+/// `aya::Pod` for every map key and value, from `bytemuck::Pod`: the derive above makes
+/// the compiler reject hidden padding and fields that are not plain data, which is exactly
+/// what `aya::Pod` asks for.
 #[cfg(feature = "user")]
-mod pod_impls {
-    use super::*;
-    // SAFETY: all are `#[repr(C)]`, `Copy`, made only of integers, with explicit padding.
-    unsafe impl aya::Pod for RawIp {}
-    unsafe impl aya::Pod for PodConfig {}
-    unsafe impl aya::Pod for PortKey {}
-    unsafe impl aya::Pod for Cidr4Key {}
-    unsafe impl aya::Pod for Cidr6Key {}
-    unsafe impl aya::Pod for OrigDst {}
-    unsafe impl aya::Pod for ConnKey {}
-    unsafe impl aya::Pod for Counters {}
-    unsafe impl aya::Pod for PodAddrKey {}
-    unsafe impl aya::Pod for ListenerKey {}
-    unsafe impl aya::Pod for crate::NetnsCookie {}
+macro_rules! aya_pod_from_bytemuck {
+    ($($t:ty),* $(,)?) => {
+        $(
+            const _: () = {
+                const fn proven<T: bytemuck::Pod>() {}
+                proven::<$t>();
+            };
+            // SAFETY: `$t` is `bytemuck::Pod` (checked above): `#[repr(C)]`/transparent,
+            // `Copy`, no padding, every bit pattern valid.
+            unsafe impl aya::Pod for $t {}
+        )*
+    };
 }
+
+#[cfg(feature = "user")]
+aya_pod_from_bytemuck!(
+    RawIp,
+    PodConfig,
+    PortKey,
+    Cidr4Key,
+    Cidr6Key,
+    OrigDst,
+    ConnKey,
+    Counters,
+    PodAddrKey,
+    ListenerKey,
+    crate::NetnsCookie,
+);
 
 #[cfg(test)]
 mod tests {
