@@ -134,7 +134,13 @@ fn read_conf() -> Result<NetConf, CniError> {
     std::io::stdin()
         .read_to_string(&mut stdin)
         .map_err(|e| CniError::new(code::DECODE, "reading the network configuration").details(e))?;
-    let conf: NetConf = serde_json::from_str(&stdin).map_err(|e| {
+    parse_conf(&stdin)
+}
+
+/// The network configuration from its JSON, checked for a version and type this plugin
+/// speaks.
+fn parse_conf(json: &str) -> Result<NetConf, CniError> {
+    let conf: NetConf = serde_json::from_str(json).map_err(|e| {
         CniError::new(code::DECODE, "decoding the network configuration").details(e)
     })?;
     if !SUPPORTED.contains(&conf.cni_version.as_str()) {
@@ -154,6 +160,31 @@ fn read_conf() -> Result<NetConf, CniError> {
         ));
     }
     Ok(conf)
+}
+
+/// The pod's istio-iptables flags: the network's `args` overridden by the pod's istio
+/// annotations, validated; `None` when the annotations say the pod is not captured.
+fn pod_flags(conf: &NetConf) -> Result<Option<Vec<String>>, CniError> {
+    let no_annotations = BTreeMap::new();
+    let annotations = conf
+        .runtime_config
+        .as_ref()
+        .and_then(|r| r.pod_annotations.as_ref())
+        .unwrap_or(&no_annotations);
+    if !annotations::captured(annotations, conf.require_status) {
+        return Ok(None);
+    }
+    let defaults: Vec<String> = match &conf.args {
+        Value::Array(items) => items
+            .iter()
+            .map(|v| v.as_str().map(str::to_owned))
+            .collect::<Option<_>>()
+            .ok_or_else(|| CniError::new(code::INVALID_CONFIG, "args must be a list of strings"))?,
+        _ => Vec::new(),
+    };
+    let flags = annotations::flags(&defaults, annotations);
+    parse_flags(&flags).map_err(|e| CniError::new(code::INVALID_CONFIG, e))?;
+    Ok(Some(flags))
 }
 
 struct Plugin {
@@ -202,27 +233,9 @@ impl Plugin {
         if let Some(object) = result.as_object_mut() {
             object.insert("cniVersion".into(), conf.cni_version.clone().into());
         }
-        let no_annotations = BTreeMap::new();
-        let annotations = conf
-            .runtime_config
-            .as_ref()
-            .and_then(|r| r.pod_annotations.as_ref())
-            .unwrap_or(&no_annotations);
-        if !annotations::captured(annotations, conf.require_status) {
+        let Some(flags) = pod_flags(conf)? else {
             return Ok(Some(result));
-        }
-        let defaults: Vec<String> = match &conf.args {
-            Value::Array(items) => items
-                .iter()
-                .map(|v| v.as_str().map(str::to_owned))
-                .collect::<Option<_>>()
-                .ok_or_else(|| {
-                    CniError::new(code::INVALID_CONFIG, "args must be a list of strings")
-                })?,
-            _ => Vec::new(),
         };
-        let flags = annotations::flags(&defaults, annotations);
-        parse_flags(&flags).map_err(|e| CniError::new(code::INVALID_CONFIG, e))?;
         let node = self.node(code::TRY_AGAIN_LATER)?;
         node.add(&PathBuf::from(netns), pod_name(), flags, Some(container))
             .map_err(|e| CniError::new(code::SETUP_FAILED, e))?;
@@ -319,3 +332,6 @@ fn pod_name() -> Option<String> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod generated;

@@ -5,6 +5,8 @@
 //! one rebuilds its view from the pins and its records before it serves.
 
 pub mod api;
+#[cfg(test)]
+mod generated;
 pub mod metrics;
 pub mod pods;
 pub mod records;

@@ -11,6 +11,8 @@ mod duration;
 mod effective;
 mod env;
 mod error;
+#[cfg(test)]
+mod generated;
 mod parse;
 mod resolve;
 mod run;

@@ -1,0 +1,55 @@
+//! Generated API requests (proptest): any line decodes to a request or is refused without
+//! a panic, and an `add` with generated flags is either parsed or refused with the
+//! message naming the flag's value, before anything is applied.
+
+use proptest::prelude::*;
+
+use super::{api::Request, pods::parse_flags};
+
+const CASES: u32 = 2000;
+
+const FLAGS: &[&str] = &[
+    "-p",
+    "-z",
+    "-u",
+    "-g",
+    "-m",
+    "-b",
+    "-d",
+    "-i",
+    "-x",
+    "-o",
+    "-q",
+    "--cgroup",
+    "--network-namespace",
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(CASES))]
+
+    #[test]
+    fn any_line_decodes_or_is_refused(line in prop_oneof![
+        "\\PC{0,80}",
+        "\\{\"op\":\"(add|del|list|check|x)\"(,\"[a-z]{1,7}\":(\"[^\"]{0,12}\"|[0-9]{1,4}|\\[\\]|null))*\\}",
+    ]) {
+        let _ = serde_json::from_str::<Request>(&line);
+    }
+
+    #[test]
+    fn add_flags_are_parsed_or_refused_by_value(
+        pairs in proptest::collection::vec(
+            (proptest::sample::select(FLAGS), "[0-9a-z*,./:-]{0,16}"), 0..5)
+    ) {
+        let args: Vec<String> = pairs.iter().flat_map(|(f, v)| [f.to_string(), v.clone()]).collect();
+        match parse_flags(&args) {
+            Ok(_) => {}
+            Err(msg) => prop_assert!(
+                msg.contains("is not accepted by the daemon")
+                    // clap names a flag by its long form.
+                    || msg.contains("'--")
+                    || pairs.iter().any(|(f, v)| msg.contains(f) || (!v.is_empty() && msg.contains(v.as_str()))),
+                "{msg} names none of {pairs:?}"
+            ),
+        }
+    }
+}
