@@ -91,10 +91,9 @@ proptest! {
                     .collect();
                 // Values are quoted as Rust string literals (escapes included).
                 let named = |g: &String| {
-                    let first = g.split(',').next().unwrap_or(g).trim();
-                    !first.is_empty()
-                        && (err.msg.contains(first)
-                            || err.msg.contains(format!("{first:?}").trim_matches('"')))
+                    g.split(',').map(str::trim).filter(|e| !e.is_empty()).any(|e| {
+                        err.msg.contains(e) || err.msg.contains(format!("{e:?}").trim_matches('"'))
+                    })
                 };
                 prop_assert!(
                     err.msg.contains("args must be")
