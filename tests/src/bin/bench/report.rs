@@ -238,7 +238,10 @@ pub fn targets(dp: &DataPath, setup: &Setup) -> String {
                 .map(|l| median(&added_cpu(dp, mode, Mode::Explicit, l)))
                 .collect();
             row(
-                &format!("{}: added CPU per new connection over `explicit` ≤ 2 µs", mode.name()),
+                &format!(
+                    "{}: added CPU per new connection over `explicit` ≤ 2 µs",
+                    mode.name()
+                ),
                 format!("{:.1} / {:.1} µs (8 / 64 conc.)", added[0], added[1]),
                 Some(added.iter().all(|a| *a <= 2.0)),
             );
@@ -269,7 +272,11 @@ pub fn targets(dp: &DataPath, setup: &Setup) -> String {
             format!("{r:.2}×"),
             Some(r <= 1.0),
         );
-        for q in setup.sequences.iter().filter(|q| q.mode.starts_with("daemon")) {
+        for q in setup
+            .sequences
+            .iter()
+            .filter(|q| q.mode.starts_with("daemon"))
+        {
             let r = median(&q.per_pod_ms) / ipt;
             row(
                 &format!("per-pod setup, {} ≤ 0.25× `iptables-restore`", q.mode),
@@ -316,7 +323,11 @@ pub fn targets(dp: &DataPath, setup: &Setup) -> String {
     }
     if setup.object_memlock > 0 {
         let mib = setup.object_memlock as f64 / (1 << 20) as f64;
-        row("object ≤ 8 MiB locked", format!("{mib:.1} MiB"), Some(mib <= 8.0));
+        row(
+            "object ≤ 8 MiB locked",
+            format!("{mib:.1} MiB"),
+            Some(mib <= 8.0),
+        );
     }
     let mut s = String::from("### Targets\n\n| target | measured | met |\n|---|---|---|\n");
     for (t, m, met) in rows {
