@@ -96,6 +96,15 @@ impl Daemon {
         }
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.pid()
+    }
+
+    /// Its API socket.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
     /// Kill it with SIGKILL (it gets no chance to clean up anything).
     pub fn kill(self) -> Killed {
         let Daemon {

@@ -21,10 +21,10 @@ use std::{
 
 use anyhow::Context as _;
 use tokio::{
-    io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
+    io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
     net::{UnixListener, UnixStream},
     signal::unix::{signal, SignalKind},
-    sync::Mutex,
+    sync::{Mutex, Semaphore},
 };
 use tracing::info;
 
@@ -129,6 +129,7 @@ async fn serve(config: DaemonConfig) -> anyhow::Result<()> {
     info!("ready: serving on {}", config.socket.display());
     // One owner of the node state: requests are handled one at a time.
     let owner = Arc::new(Mutex::new(()));
+    let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut gc = config.gc_interval.map(|every| {
@@ -154,8 +155,17 @@ async fn serve(config: DaemonConfig) -> anyhow::Result<()> {
             }
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
+                    // Past the cap a client is closed at once: the daemon keeps its memory
+                    // and descriptors for the clients it serves.
+                    let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
+                        tracing::warn!("{MAX_CONNECTIONS} API connections open: closing a new one");
+                        continue;
+                    };
                     let (node, owner, metrics) = (Arc::clone(&node), Arc::clone(&owner), Arc::clone(&metrics));
-                    tokio::spawn(connection(stream, node, owner, metrics));
+                    tokio::spawn(async move {
+                        connection(stream, node, owner, metrics).await;
+                        drop(permit);
+                    });
                 }
                 Err(err) => tracing::warn!("accepting a connection: {err}"),
             },
@@ -189,27 +199,67 @@ fn bind(path: &Path) -> anyhow::Result<UnixListener> {
     Ok(listener)
 }
 
+/// The longest request line the API reads; a longer one is refused and its client closed.
+pub const MAX_REQUEST: usize = 64 * 1024;
+/// API connections served at once.
+pub const MAX_CONNECTIONS: usize = 256;
+
+/// Only root may use the API: the socket is 0600, and the peer's credentials are checked
+/// too, so that a socket made reachable (a bind mount, changed permissions) still refuses.
+fn refusal(stream: &UnixStream) -> Option<String> {
+    match stream.peer_cred() {
+        Ok(cred) if cred.uid() == 0 => None,
+        Ok(cred) => Some(format!(
+            "only root may use this socket (caller uid {})",
+            cred.uid()
+        )),
+        Err(err) => Some(format!("cannot read the caller's credentials: {err}")),
+    }
+}
+
 async fn connection(
     stream: UnixStream,
     node: Arc<Node>,
     owner: Arc<Mutex<()>>,
     metrics: Arc<Metrics>,
 ) {
+    let refused = refusal(&stream);
     let (reader, mut writer) = stream.into_split();
-    let mut lines = BufReader::new(reader).lines();
+    if let Some(why) = refused {
+        tracing::warn!("API: {why}");
+        let _ = writer
+            .write_all(&response_line(&Response::failed(why)))
+            .await;
+        return;
+    }
+    let mut reader = BufReader::new(reader);
+    let mut line = Vec::new();
     loop {
-        let line = match lines.next_line().await {
-            Ok(Some(line)) => line,
-            Ok(None) => return,
+        line.clear();
+        let read = (&mut reader)
+            .take(MAX_REQUEST as u64 + 1)
+            .read_until(b'\n', &mut line)
+            .await;
+        match read {
+            Ok(0) => return,
+            Ok(n) if n > MAX_REQUEST => {
+                let why = format!("request longer than {MAX_REQUEST} bytes: closing");
+                let _ = writer
+                    .write_all(&response_line(&Response::failed(why)))
+                    .await;
+                return;
+            }
+            Ok(_) => {}
             Err(err) => {
                 tracing::debug!("reading a request: {err}");
                 return;
             }
-        };
-        if line.trim().is_empty() {
+        }
+        let text = String::from_utf8_lossy(&line);
+        if text.trim().is_empty() {
             continue;
         }
-        let response = match serde_json::from_str::<Request>(&line) {
+        let response = match serde_json::from_str::<Request>(&text) {
             Ok(request) => {
                 let _owner = owner.lock().await;
                 let op = request.op();
@@ -223,15 +273,20 @@ async fn connection(
             }
             Err(err) => Response::failed(format!("bad request: {err}")),
         };
-        let mut json = serde_json::to_vec(&response).unwrap_or_else(|err| {
-            format!(r#"{{"ok":false,"error":"encoding the response: {err}"}}"#).into_bytes()
-        });
-        json.push(b'\n');
-        if let Err(err) = writer.write_all(&json).await {
+        if let Err(err) = writer.write_all(&response_line(&response)).await {
             tracing::debug!("writing a response: {err}");
             return;
         }
     }
+}
+
+/// A response as one JSON line.
+fn response_line(response: &Response) -> Vec<u8> {
+    let mut json = serde_json::to_vec(response).unwrap_or_else(|err| {
+        format!(r#"{{"ok":false,"error":"encoding the response: {err}"}}"#).into_bytes()
+    });
+    json.push(b'\n');
+    json
 }
 
 /// `--uninstall`: remove every pod under the pin root, the node-level links, the records

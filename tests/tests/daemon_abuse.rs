@@ -1,0 +1,210 @@
+//! The daemon's API under abuse: callers that are not root, paths that are not network
+//! namespaces, oversized and endless requests, clients that say nothing, bursts of
+//! requests. The daemon keeps serving everyone else, stays within bounded memory, and
+//! never applies a request it did not fully parse.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::redirector::{redirector_bin, PinRoot};
+use redirector_tests::{require_root, Cgroup, Spawn, APP_UID};
+
+/// A daemon and what it lives in; keep all four until the end of the test.
+fn start(hint: &str) -> (Daemon, PinRoot, Cgroup, StateDir) {
+    let root = PinRoot::new(hint);
+    let node = Cgroup::new(hint);
+    let state = StateDir::new(hint);
+    let daemon = Daemon::start(&root, &node, &state);
+    (daemon, root, node, state)
+}
+
+/// One request line, one answer line.
+fn ask(stream: &mut UnixStream, request: &str) -> serde_json::Value {
+    writeln!(stream, "{request}").unwrap();
+    let mut line = String::new();
+    BufReader::new(stream.try_clone().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+}
+
+fn connect(daemon: &Daemon) -> UnixStream {
+    let s = UnixStream::connect(daemon.socket()).expect("connecting to the daemon");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s
+}
+
+/// The daemon answers `list` on a fresh connection, promptly.
+#[track_caller]
+fn assert_serving(daemon: &Daemon) {
+    let started = Instant::now();
+    let answer = ask(&mut connect(daemon), r#"{"op":"list"}"#);
+    assert_eq!(answer["ok"], true, "{answer}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "slow: {:?}",
+        started.elapsed()
+    );
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn callers_that_are_not_root_are_refused() {
+    if !require_root() {
+        return;
+    }
+    let (daemon, _root, _node, _state) = start("abuseuid");
+    let as_app = || {
+        Spawn::new(redirector_bin())
+            .args(["pod", "--socket"])
+            .arg(daemon.socket())
+            .arg("list")
+            .user(APP_UID, APP_UID)
+            .output()
+    };
+    // The socket is root's, mode 0600.
+    let out = as_app();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("ermission denied"), "{err}");
+    // Made reachable by mistake, the daemon still refuses by the caller's credentials.
+    std::fs::set_permissions(daemon.socket(), std::fs::Permissions::from_mode(0o666)).unwrap();
+    let out = as_app();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "only root may use this socket (caller uid {APP_UID})"
+        )),
+        "{err}"
+    );
+    assert_serving(&daemon);
+}
+
+#[test]
+fn bad_requests_change_nothing_and_name_what_is_wrong() {
+    if !require_root() {
+        return;
+    }
+    let (daemon, _root, _node, _state) = start("abusebad");
+    let mut s = connect(&daemon);
+    for (request, expected) in [
+        (
+            r#"{"op":"add","netns":"/etc/hostname","name":"x/y"}"#,
+            "/etc/hostname",
+        ),
+        (
+            r#"{"op":"add","netns":"/nonexistent/ns","name":"x/y"}"#,
+            "/nonexistent/ns",
+        ),
+        (
+            r#"{"op":"add","netns":"/proc/self/ns/net","args":["-p","70000"]}"#,
+            "70000",
+        ),
+        (
+            r#"{"op":"add","netns":"/proc/self/ns/net","args":["-p","15001"#,
+            "bad request",
+        ),
+        (r#"{"op":"explode"}"#, "bad request"),
+        ("\u{0}\u{1}garbage", "bad request"),
+    ] {
+        let answer = ask(&mut s, request);
+        assert_eq!(answer["ok"], false, "{request}: {answer}");
+        let error = answer["error"].as_str().unwrap();
+        assert!(error.contains(expected), "{request}: {error}");
+    }
+    let list = ask(&mut s, r#"{"op":"list"}"#);
+    assert!(
+        list["pods"].as_array().is_none_or(|p| p.is_empty()),
+        "{list}"
+    );
+    assert!(daemon.pod_names().is_empty());
+}
+
+#[test]
+fn oversized_endless_and_silent_clients_do_not_stop_the_others() {
+    if !require_root() {
+        return;
+    }
+    let (daemon, _root, _node, _state) = start("abusebig");
+    let rss_before = rss_kib(daemon.pid());
+    // Silent: connects and sends nothing, for the whole test.
+    let _silent: Vec<UnixStream> = (0..20).map(|_| connect(&daemon)).collect();
+    assert_serving(&daemon);
+
+    // Oversized: refused with a reason, then closed.
+    let mut big = connect(&daemon);
+    let request = format!(r#"{{"op":"list","pad":"{}"}}"#, "x".repeat(100 * 1024));
+    let _ = big.write_all(request.as_bytes());
+    let mut answer = String::new();
+    let _ = BufReader::new(&big).read_line(&mut answer);
+    assert!(
+        answer.contains("request longer than 65536 bytes"),
+        "{answer}"
+    );
+
+    // Endless: 32 MiB with no newline; the daemon closes it long before.
+    let mut endless = connect(&daemon);
+    let chunk = vec![b'a'; 64 * 1024];
+    let mut sent = 0usize;
+    while sent < 32 << 20 {
+        match endless.write(&chunk) {
+            Ok(n) => sent += n,
+            Err(_) => break,
+        }
+    }
+    assert!(sent < 32 << 20, "the daemon read 32 MiB of one request");
+    let mut rest = Vec::new();
+    let _ = endless.read_to_end(&mut rest);
+
+    assert_serving(&daemon);
+    let grown = rss_kib(daemon.pid()).saturating_sub(rss_before);
+    assert!(grown < 16 * 1024, "the daemon grew by {grown} KiB");
+}
+
+#[test]
+fn a_burst_of_requests_is_served_in_bounded_memory() {
+    if !require_root() {
+        return;
+    }
+    let (daemon, _root, _node, _state) = start("abuseburst");
+    let rss_before = rss_kib(daemon.pid());
+    // 2,000 requests pipelined on one connection, then every answer.
+    let mut s = connect(&daemon);
+    let burst: String = (0..2000).map(|_| "{\"op\":\"list\"}\n").collect();
+    s.write_all(burst.as_bytes()).unwrap();
+    let mut reader = BufReader::new(s.try_clone().unwrap());
+    for i in 0..2000 {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        assert!(line.contains("\"ok\":true"), "answer {i}: {line}");
+    }
+    // 50 clients at once, 20 requests each.
+    let clients: Vec<_> = (0..50)
+        .map(|_| {
+            let socket = daemon.socket().to_path_buf();
+            std::thread::spawn(move || {
+                let mut s = UnixStream::connect(socket).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                (0..20).all(|_| ask(&mut s, r#"{"op":"list"}"#)["ok"] == true)
+            })
+        })
+        .collect();
+    for c in clients {
+        assert!(c.join().unwrap());
+    }
+    assert_serving(&daemon);
+    let grown = rss_kib(daemon.pid()).saturating_sub(rss_before);
+    assert!(grown < 16 * 1024, "the daemon grew by {grown} KiB");
+}
