@@ -18,6 +18,7 @@ use redirector_common::{Counters, NetnsCookie, PodAddrKey, PodConfig};
 
 use crate::{
     diff::{self, AttachTargets, Mode, ObjectOps, Removal, Write},
+    fault,
     fs_error::{fs_err, FsError},
     netns::Netns,
     observe::{self, ObserveError},
@@ -97,6 +98,12 @@ pub fn apply(
     let cookie = plan.netns_cookie;
     let target = root.object(object.id());
     let targets = attach_targets(plan, netns)?;
+    // Links a killed run staged are not the pod's: they go before anything is compared.
+    let staged = target.pod(cookie);
+    staged.clear_staged().map_err(fs_err(
+        "removing links staged by an interrupted run in",
+        staged.dir(),
+    ))?;
     let state = observe::observe(root, cookie, Some(object.id()))?;
     tracing::debug!("observed pod {cookie} in {:?}", started.elapsed());
     let pod_diff = diff::diff(plan, &target, targets, &state, mode);
@@ -235,6 +242,7 @@ fn stage(
                         .insert(key, 1, 0)
                         .map_err(write_err("PORT_SETS"))?;
                     undo.push(Undo::Port(*key));
+                    fault::step("a PORT_SETS write");
                 }
             }
             Write::Cidr4(e) => {
@@ -244,6 +252,7 @@ fn stage(
                     .insert(&key, e.value, 0)
                     .map_err(write_err("CIDRS_V4"))?;
                 undo.push(Undo::Cidr4(key, before));
+                fault::step("a CIDRS_V4 write");
             }
             Write::Cidr6(e) => {
                 let key = key_of(e);
@@ -252,6 +261,7 @@ fn stage(
                     .insert(&key, e.value, 0)
                     .map_err(write_err("CIDRS_V6"))?;
                 undo.push(Undo::Cidr6(key, before));
+                fault::step("a CIDRS_V6 write");
             }
             Write::Addr(key) => {
                 let before = previous(maps.pod_by_addr.get(key, 0));
@@ -259,6 +269,7 @@ fn stage(
                     .insert(key, cookie, 0)
                     .map_err(write_err("POD_BY_ADDR"))?;
                 undo.push(Undo::Addr(*key, before));
+                fault::step("a POD_BY_ADDR write");
             }
             Write::Counters => {
                 let cpus = aya::util::nr_cpus()
@@ -271,6 +282,7 @@ fn stage(
                     .insert(cookie, zero, 0)
                     .map_err(write_err("COUNTERS"))?;
                 undo.push(Undo::Counters);
+                fault::step("the COUNTERS entry");
             }
             Write::Config(config) => {
                 let before = previous(maps.pod_config.get(&cookie, 0));
@@ -278,6 +290,7 @@ fn stage(
                     .insert(cookie, config, 0)
                     .map_err(write_err("POD_CONFIG"))?;
                 undo.push(Undo::Config(before));
+                fault::step("the POD_CONFIG write");
             }
             Write::Attach(spec) => {
                 // Created first (an unpinned link detaches when its fd closes), then pinned.
@@ -311,6 +324,7 @@ fn stage(
                 }
                 bpf_sys::obj_pin(link.as_fd(), &path).map_err(fs_err("pinning link", &path))?;
                 undo.push(Undo::StagedLink(path.clone()));
+                fault::step("a staged link");
                 staged.push(Staged {
                     hook: spec.hook,
                     path,
@@ -350,6 +364,7 @@ fn commit(pod: &PodPins, staged: Vec<Staged>) -> Result<(), ApplyError> {
             }
         };
         swapped.push((link.hook, old));
+        fault::step("a link swapped in");
     }
     Ok(())
 }
@@ -444,12 +459,16 @@ pub(crate) fn remove(
                 gone(maps.orig_dst_by_conn.remove(key)),
             ),
         };
+        fault::step("a removal");
         if let Err(err) = outcome {
             failures.push(format!(
                 "removing {what} of pod {cookie} under object {}: {err}",
                 obj.id()
             ));
         }
+    }
+    if let Err(err) = pod.clear_staged() {
+        failures.push(fs_err("removing staged links in", pod.dir())(err).to_string());
     }
     // Only an empty directory goes: the pod may keep other links here.
     if pod.dir().exists() && pod.hooks().is_ok_and(|hooks| hooks.is_empty()) {

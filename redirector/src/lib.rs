@@ -16,6 +16,7 @@ pub mod cni;
 pub mod daemon;
 pub mod diff;
 pub mod facts;
+pub mod fault;
 pub mod fs_error;
 pub mod fs_kind;
 pub mod gc;

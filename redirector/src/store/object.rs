@@ -122,6 +122,11 @@ pub fn ensure_loaded(
     if bytes.is_empty() {
         return Err(ObjectError::NotEmbedded);
     }
+    // Objects a killed run was pinning are half-made: they go (the caller holds the lock).
+    root.clear_staging_objects().map_err(fs_err(
+        "removing objects staged by an interrupted run in",
+        &root.objects_dir(),
+    ))?;
     let staging = root.staging_object(id);
     if let Err(err) = load_and_pin(bytes, &staging, None) {
         if let Err(cleanup) = fs::remove_dir_all(staging.dir()) {
@@ -265,6 +270,7 @@ fn load_and_pin(
                 p.pin(&path).map_err(pin_err)?;
             }
         }
+        crate::fault::step("a pinned program of a new object");
     }
     for name in names::ALL {
         let path = staging.map(name);
@@ -277,6 +283,7 @@ fn load_and_pin(
             path: path.display().to_string(),
             source: io::Error::other(source.to_string()),
         })?;
+        crate::fault::step("a pinned map of a new object");
     }
     Ok(())
 }

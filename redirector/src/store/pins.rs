@@ -82,6 +82,22 @@ impl PinRoot {
         }
     }
 
+    /// Removes objects a killed run was loading (`staging-*`, never renamed into place).
+    /// The caller holds the node lock, so no live run is loading one.
+    pub fn clear_staging_objects(&self) -> io::Result<()> {
+        let names = match names_in(&self.objects_dir()) {
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(()),
+            other => other?,
+        };
+        for name in names.iter().filter(|n| n.starts_with(STAGING_PREFIX)) {
+            match fs::remove_dir_all(self.objects_dir().join(name)) {
+                Err(err) if err.kind() != io::ErrorKind::NotFound => return Err(err),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     /// Every fully loaded object under the root (staging leftovers excluded), by id.
     pub fn objects(&self) -> io::Result<Vec<ObjectPins>> {
         let mut objects: Vec<ObjectPins> = names_in(&self.objects_dir())?
@@ -187,6 +203,22 @@ impl PodPins {
     /// Where a new link is pinned before it replaces the current one.
     pub fn staging_link(&self, program: &str) -> PathBuf {
         self.0.join(format!("{STAGING_PREFIX}{program}"))
+    }
+
+    /// Removes links a killed run staged and never swapped in (the caller holds the node
+    /// lock, so no live run is staging): unpinned, they detach.
+    pub fn clear_staged(&self) -> io::Result<()> {
+        let names = match names_in(&self.0) {
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(()),
+            other => other?,
+        };
+        for name in names.iter().filter(|n| n.starts_with(STAGING_PREFIX)) {
+            match fs::remove_file(self.0.join(name)) {
+                Err(err) if err.kind() != io::ErrorKind::NotFound => return Err(err),
+                _ => {}
+            }
+        }
+        Ok(())
     }
 }
 

@@ -1,0 +1,233 @@
+//! An apply or a cleanup killed (SIGKILL) at every one of its steps, then run again: the
+//! pod ends in the state the second run asked for — never half — and nothing leaks
+//! (staged pins, links, programs, maps). Steps are counted by the binary itself
+//! (`REDIRECTOR_KILL_AT_STEP`, debug builds only), so every step is hit exactly.
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::Output;
+use std::time::Duration;
+
+use redirector::fault::KILL_AT_STEP_ENV;
+use redirector_tests::bpftool::{cgroup_attachments, loaded_ids, wait_gone};
+use redirector_tests::redirector::{
+    install, istio_iptables_command, pins_under, status, PinRoot, STANDARD_INJECTION,
+};
+use redirector_tests::{
+    assert_direct, assert_proxied, require_root, use_probe_bin, ProxiedPod, APP_UID,
+};
+
+const EXCLUDED: u16 = 8080;
+
+/// The standard injection with outbound port 8080 and a CIDR excluded (more entries in
+/// more maps, so more steps).
+fn with_exclusion() -> Vec<&'static str> {
+    let mut args: Vec<&str> = STANDARD_INJECTION.to_vec();
+    let x = args
+        .iter()
+        .position(|a| *a == "-x")
+        .expect("the standard injection has -x");
+    args[x + 1] = "10.250.0.0/16";
+    args.extend(["-o", "8080"]);
+    args
+}
+
+/// The run killed at `step`; `None` when it finished before reaching it.
+fn killed_at(pod: &ProxiedPod, root: &PinRoot, args: &[&str], step: u32) -> Option<Output> {
+    let out = istio_iptables_command(&pod.topo.pod, &pod.topo.pod_cgroup, root)
+        .args(args)
+        .env(KILL_AT_STEP_ENV, step.to_string())
+        .output()
+        .unwrap();
+    match out.status.signal() {
+        Some(9) => Some(out),
+        _ => {
+            assert!(
+                out.status.success(),
+                "step {step}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            None
+        }
+    }
+}
+
+fn staged_pins(root: &PinRoot) -> Vec<PathBuf> {
+    pins_under(root.path())
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains("staging"))
+        .collect()
+}
+
+/// Captured with 8080 excluded (`excluded`) or not: every link there once, and real
+/// connections behave so.
+#[track_caller]
+fn assert_state(pod: &ProxiedPod, root: &PinRoot, excluded: bool, step: u32) {
+    assert_eq!(
+        cgroup_attachments(pod.topo.pod_cgroup.path()).len(),
+        6,
+        "step {step}"
+    );
+    assert_eq!(staged_pins(root), Vec::<PathBuf>::new(), "step {step}");
+    let svc = pod.service(false);
+    assert_proxied(&pod.connect(APP_UID, APP_UID, svc), svc);
+    let other = std::net::SocketAddr::new(svc.ip(), EXCLUDED);
+    let outcome = pod.connect(APP_UID, APP_UID, other);
+    if excluded {
+        assert_direct(&outcome, other);
+    } else {
+        assert_proxied(&outcome, other);
+    }
+}
+
+#[test]
+fn an_apply_killed_at_any_step_is_finished_by_the_next_run() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let root = PinRoot::new("killapply");
+    let pod = ProxiedPod::new("killapply");
+    install(
+        &pod.topo.pod,
+        &pod.topo.pod_cgroup,
+        &root,
+        &STANDARD_INJECTION,
+    );
+    let links_before = loaded_ids("link").len();
+    let change = with_exclusion();
+    let mut args = change.clone();
+    args.push("--force-apply");
+    let mut steps = 0;
+    for step in 1.. {
+        if killed_at(&pod, &root, &args, step).is_none() {
+            break;
+        }
+        steps = step;
+        // The next run (a restarted init container) finishes the change.
+        install(&pod.topo.pod, &pod.topo.pod_cgroup, &root, &change);
+        assert_state(&pod, &root, true, step);
+        // Back to the old configuration for the next step.
+        install(
+            &pod.topo.pod,
+            &pod.topo.pod_cgroup,
+            &root,
+            &STANDARD_INJECTION,
+        );
+        assert_state(&pod, &root, false, step);
+    }
+    assert!(steps >= 10, "only {steps} steps were interrupted");
+    eprintln!("interrupted an apply at each of its {steps} steps");
+    let objects = status(&root)["objects"].as_array().unwrap().len();
+    assert_eq!(objects, 1);
+    // Links of killed runs are gone once their pins are (nothing else holds them).
+    let leaked: Vec<u64> = loaded_ids("link").into_iter().collect();
+    assert!(
+        leaked.len() <= links_before + 1,
+        "links: {} before, {} after",
+        links_before,
+        leaked.len()
+    );
+}
+
+#[test]
+fn a_cleanup_killed_at_any_step_is_finished_by_the_next_run() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let root = PinRoot::new("killclean");
+    let pod = ProxiedPod::new("killclean");
+    let mut steps = 0;
+    for step in 1.. {
+        install(
+            &pod.topo.pod,
+            &pod.topo.pod_cgroup,
+            &root,
+            &with_exclusion(),
+        );
+        let ids: Vec<u64> = pins_under(root.path())
+            .iter()
+            .filter(|p| p.to_string_lossy().contains("/pods/"))
+            .map(|p| redirector_tests::bpftool::pinned_id("link", p))
+            .collect();
+        let killed = killed_at(&pod, &root, &["--cleanup-only"], step);
+        if killed.is_some() {
+            steps = step;
+            install(
+                &pod.topo.pod,
+                &pod.topo.pod_cgroup,
+                &root,
+                &["--cleanup-only"],
+            );
+        }
+        assert_eq!(
+            cgroup_attachments(pod.topo.pod_cgroup.path()).len(),
+            0,
+            "step {step}"
+        );
+        assert_eq!(
+            pins_under(root.path()),
+            Vec::<PathBuf>::new(),
+            "step {step}"
+        );
+        assert_eq!(
+            wait_gone("link", &ids, Duration::from_secs(5)),
+            Vec::<u64>::new(),
+            "step {step}: links left"
+        );
+        let svc = pod.service(false);
+        assert_direct(&pod.connect(APP_UID, APP_UID, svc), svc);
+        if killed.is_none() {
+            break;
+        }
+    }
+    assert!(steps >= 5, "only {steps} steps were interrupted");
+    eprintln!("interrupted a cleanup at each of its {steps} steps");
+}
+
+#[test]
+fn the_first_pod_killed_while_the_object_loads_is_set_up_by_the_next_run() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let pod = ProxiedPod::new("killload");
+    let mut steps = 0;
+    for step in 1.. {
+        // A fresh node each time: the run must load the object.
+        let root = PinRoot::new("killload");
+        let killed = killed_at(&pod, &root, &STANDARD_INJECTION, step);
+        if killed.is_some() {
+            steps = step;
+            install(
+                &pod.topo.pod,
+                &pod.topo.pod_cgroup,
+                &root,
+                &STANDARD_INJECTION,
+            );
+        }
+        let objects = pins_under(&root.path().join("objects"));
+        assert!(
+            objects
+                .iter()
+                .all(|p| !p.to_string_lossy().contains("staging")),
+            "step {step}: {objects:?}"
+        );
+        assert_state(&pod, &root, false, step);
+        install(
+            &pod.topo.pod,
+            &pod.topo.pod_cgroup,
+            &root,
+            &["--cleanup-only"],
+        );
+        if killed.is_none() {
+            break;
+        }
+        if step > 40 {
+            break;
+        }
+    }
+    assert!(steps >= 10, "only {steps} steps were interrupted");
+    eprintln!("interrupted the first pod's object load and apply at each of its {steps} steps");
+}
