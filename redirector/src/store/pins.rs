@@ -34,6 +34,12 @@ impl ObjectId {
         Self::from_hash(redirector_common::identity::object_hash(bytes))
     }
 
+    /// Whether `name` is an object's directory name (16 hex digits): anything else under
+    /// `objects/` — staging leftovers, files put there by hand — is not an object.
+    pub fn is_id(name: &str) -> bool {
+        name.len() == 16 && name.bytes().all(|b| b.is_ascii_hexdigit())
+    }
+
     pub fn from_hash(hash: u64) -> Self {
         ObjectId(format!("{hash:016x}"))
     }
@@ -98,11 +104,12 @@ impl PinRoot {
         Ok(())
     }
 
-    /// Every fully loaded object under the root (staging leftovers excluded), by id.
+    /// Every fully loaded object under the root (staging leftovers and foreign entries
+    /// excluded), by id.
     pub fn objects(&self) -> io::Result<Vec<ObjectPins>> {
         let mut objects: Vec<ObjectPins> = names_in(&self.objects_dir())?
             .into_iter()
-            .filter(|name| !name.starts_with(STAGING_PREFIX))
+            .filter(|name| ObjectId::is_id(name))
             .map(|name| self.object(&ObjectId(name)))
             .collect();
         objects.sort_by(|a, b| a.id.cmp(&b.id));

@@ -1,0 +1,123 @@
+//! Faults of the node around redirector: bpffs missing or read-only, the pod's cgroup or
+//! network namespace gone, foreign files under the pin root. Each gives exit 1, a message
+//! naming the cause, and nothing attached or pinned.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use redirector_tests::bpftool::cgroup_attachments;
+use redirector_tests::redirector::{
+    install, pins_under, redirector_bin, status, PinRoot, STANDARD_INJECTION,
+};
+use redirector_tests::{require_root, Topology};
+
+fn apply_with(netns: &Path, cgroup: &Path, root: &Path) -> Output {
+    Command::new(redirector_bin())
+        .arg("istio-iptables")
+        .arg("--network-namespace")
+        .arg(netns)
+        .arg("--cgroup")
+        .arg(cgroup)
+        .arg("--pin-root")
+        .arg(root)
+        .args(STANDARD_INJECTION)
+        .output()
+        .unwrap()
+}
+
+#[track_caller]
+fn assert_refused(out: &Output, cause: &str, topo: &Topology) {
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{log}");
+    assert!(
+        log.contains(cause),
+        "the message does not name {cause:?}:\n{log}"
+    );
+    assert!(cgroup_attachments(topo.pod_cgroup.path()).is_empty());
+}
+
+/// A directory that is removed (and unmounted first, if mounted) on drop.
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = Command::new("umount")
+            .arg(&self.0)
+            .stderr(std::process::Stdio::null())
+            .status();
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn temp_dir(hint: &str) -> TempDir {
+    let dir = std::env::temp_dir().join(format!("rdt-{}-{hint}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    TempDir(dir)
+}
+
+#[test]
+fn a_pin_root_off_bpffs_or_on_a_read_only_one_is_refused() {
+    if !require_root() {
+        return;
+    }
+    let topo = Topology::new("envfs");
+    let plain = temp_dir("notbpffs");
+    let root = plain.0.join("redirector");
+    let out = apply_with(&topo.pod.path(), topo.pod_cgroup.path(), &root);
+    assert_refused(&out, "is not on a bpffs mount", &topo);
+    assert!(!root.exists());
+
+    let ro = temp_dir("robpffs");
+    let mounted = Command::new("mount")
+        .args(["-t", "bpf", "-o", "ro", "bpf"])
+        .arg(&ro.0)
+        .status()
+        .unwrap();
+    assert!(mounted.success());
+    let root = ro.0.join("redirector");
+    let out = apply_with(&topo.pod.path(), topo.pod_cgroup.path(), &root);
+    assert_refused(&out, "Read-only file system", &topo);
+    assert!(!root.exists());
+}
+
+#[test]
+fn a_pod_cgroup_or_network_namespace_that_is_gone_is_refused() {
+    if !require_root() {
+        return;
+    }
+    let topo = Topology::new("envgone");
+    let root = PinRoot::new("envgone");
+    let gone_cgroup = topo.pod_cgroup.path().join("gone");
+    let out = apply_with(&topo.pod.path(), &gone_cgroup, root.path());
+    assert_refused(&out, &gone_cgroup.display().to_string(), &topo);
+    let gone_netns = Path::new("/run/netns/rdt-no-such-netns");
+    let out = apply_with(gone_netns, topo.pod_cgroup.path(), root.path());
+    assert_refused(&out, "/run/netns/rdt-no-such-netns", &topo);
+    // A file that is not a network namespace.
+    let out = apply_with(
+        Path::new("/etc/hostname"),
+        topo.pod_cgroup.path(),
+        root.path(),
+    );
+    assert_refused(&out, "/etc/hostname", &topo);
+    assert!(pins_under(root.path()).is_empty());
+}
+
+#[test]
+fn foreign_files_under_the_pin_root_are_left_alone() {
+    if !require_root() {
+        return;
+    }
+    let topo = Topology::new("envforeign");
+    let root = PinRoot::new("envforeign");
+    std::fs::create_dir_all(root.path().join("objects")).unwrap();
+    std::fs::create_dir_all(root.path().join("someone-elses")).unwrap();
+    std::fs::create_dir_all(root.path().join("objects/not-an-object/progs")).unwrap();
+    install(&topo.pod, &topo.pod_cgroup, &root, &STANDARD_INJECTION);
+    assert_eq!(cgroup_attachments(topo.pod_cgroup.path()).len(), 6);
+    let objects = status(&root)["objects"].as_array().unwrap().len();
+    assert!(objects >= 1);
+    install(&topo.pod, &topo.pod_cgroup, &root, &["--cleanup-only"]);
+    assert!(cgroup_attachments(topo.pod_cgroup.path()).is_empty());
+    assert!(root.path().join("someone-elses").exists());
+}
