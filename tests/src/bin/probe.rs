@@ -6,7 +6,11 @@
 //! probe proxy   --listen ADDR:PORT [--listen …] --name NAME [--forward] [--timeout-ms N]
 //! probe connect ADDR:PORT [--bind ADDR] [--timeout-ms N]
 //! probe peername ADDR:PORT [--timeout-ms N]
+//! probe hammer ADDR:PORT --for-ms N
 //! ```
+//! `hammer` connects again and again for N ms (or until SIGTERM) and prints one count line at the end:
+//! `hammer total=T proxied=P served=S refused=R errors=E` (served = reached the service
+//! directly, i.e. escaped capture).
 //! `peername` connects and prints `peer IP PORT`: what getpeername() says while the
 //! connection is open.
 //! `connect` exits 2 when the connection fails (`error <kind> …`), 64 on a usage error.
@@ -25,7 +29,8 @@ const USAGE: &str = "usage:
   probe serve   --listen ADDR:PORT [--listen ...] --name NAME
   probe proxy   --listen ADDR:PORT [--listen ...] --name NAME [--forward] [--timeout-ms N]
   probe connect ADDR:PORT [--bind ADDR] [--timeout-ms N]
-  probe peername ADDR:PORT [--timeout-ms N]";
+  probe peername ADDR:PORT [--timeout-ms N]
+  probe hammer ADDR:PORT --for-ms N";
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(3000);
 
@@ -52,6 +57,10 @@ enum Cmd {
         dst: SocketAddr,
         timeout: Duration,
     },
+    Hammer {
+        dst: SocketAddr,
+        duration: Duration,
+    },
 }
 
 fn parse_args(args: &[String]) -> Result<Cmd, String> {
@@ -61,6 +70,7 @@ fn parse_args(args: &[String]) -> Result<Cmd, String> {
     let mut forward = false;
     let mut bind = None;
     let mut timeout = DEFAULT_TIMEOUT;
+    let mut duration = None;
     let mut positional = Vec::new();
     let mut it = rest.iter();
     while let Some(arg) = it.next() {
@@ -79,6 +89,12 @@ fn parse_args(args: &[String]) -> Result<Cmd, String> {
                 let v = value("--timeout-ms")?;
                 timeout =
                     Duration::from_millis(v.parse().map_err(|e| format!("--timeout-ms {v}: {e}"))?);
+            }
+            "--for-ms" => {
+                let v = value("--for-ms")?;
+                duration = Some(Duration::from_millis(
+                    v.parse().map_err(|e| format!("--for-ms {v}: {e}"))?,
+                ));
             }
             "--forward" => forward = true,
             flag if flag.starts_with("--") => return Err(format!("unknown flag {flag}")),
@@ -129,6 +145,14 @@ fn parse_args(args: &[String]) -> Result<Cmd, String> {
             let dst = dst.parse().map_err(|e| format!("{dst}: {e}"))?;
             Ok(Cmd::Peername { dst, timeout })
         }
+        "hammer" => {
+            let [dst] = positional.as_slice() else {
+                return Err("hammer takes exactly one ADDR:PORT".into());
+            };
+            let dst = dst.parse().map_err(|e| format!("{dst}: {e}"))?;
+            let duration = duration.ok_or("hammer needs --for-ms")?;
+            Ok(Cmd::Hammer { dst, duration })
+        }
         other => Err(format!("unknown subcommand {other}")),
     }
 }
@@ -158,6 +182,43 @@ fn peername(dst: SocketAddr, timeout: Duration) -> Result<String, String> {
     let stream = sockaddr::connect_tcp(dst, None, timeout).map_err(|e| io_error_line(&e))?;
     let peer = stream.peer_addr().map_err(|e| io_error_line(&e))?;
     Ok(format!("peer {} {}", peer.ip(), peer.port()))
+}
+
+static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn stop(_: libc::c_int) {
+    STOP.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Connects to `dst` again and again for `duration` or until SIGTERM; counts where each
+/// connection landed.
+fn hammer(dst: SocketAddr, duration: Duration) -> String {
+    use redirector_tests::ConnOutcome;
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(
+            libc::SIGTERM,
+            stop as extern "C" fn(libc::c_int) as libc::sighandler_t,
+        );
+    }
+    let (mut total, mut proxied, mut served, mut refused, mut errors) =
+        (0u64, 0u64, 0u64, 0u64, 0u64);
+    let until = std::time::Instant::now() + duration;
+    while std::time::Instant::now() < until && !STOP.load(std::sync::atomic::Ordering::Relaxed) {
+        total += 1;
+        let line = match connect(dst, None, DEFAULT_TIMEOUT) {
+            Ok(line) | Err(line) => line,
+        };
+        match ConnOutcome::parse(&line) {
+            ConnOutcome::Proxied { .. } => proxied += 1,
+            ConnOutcome::Served { .. } => served += 1,
+            ConnOutcome::Refused => refused += 1,
+            ConnOutcome::Error(_) => errors += 1,
+        }
+    }
+    format!(
+        "hammer total={total} proxied={proxied} served={served} refused={refused} errors={errors}"
+    )
 }
 
 fn handle(stream: TcpStream, role: Role, name: &str, timeout: Duration) {
@@ -240,6 +301,7 @@ fn main() -> ExitCode {
         }) => serve(role, name, listen, timeout),
         Ok(Cmd::Connect { dst, bind, timeout }) => client_exit(connect(dst, bind, timeout)),
         Ok(Cmd::Peername { dst, timeout }) => client_exit(peername(dst, timeout)),
+        Ok(Cmd::Hammer { dst, duration }) => client_exit(Ok(hammer(dst, duration))),
         Err(msg) => {
             eprintln!("probe: {msg}\n{USAGE}");
             ExitCode::from(64)

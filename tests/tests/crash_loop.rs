@@ -1,0 +1,99 @@
+//! The daemon killed (SIGKILL) and restarted again and again while an app in a captured
+//! pod connects without pause: no connection reaches the service uncaptured, the pod is
+//! never lost, and no link, pin or map entry piles up. `REDIRECTOR_CRASH_CYCLES` sets the
+//! number of cycles (default 20; `cargo xtask soak`-style runs use 100).
+
+use std::time::{Duration, Instant};
+
+use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::redirector::{pins_under, status, PinRoot, STANDARD_INJECTION};
+use redirector_tests::{
+    probe_bin, require_root, use_probe_bin, Cgroup, ProxiedPod, Spawn, APP_UID,
+};
+
+/// Map fill by name, without the connection maps (they change with traffic).
+fn config_fill(root: &PinRoot) -> Vec<(String, u64)> {
+    status(root)["objects"][0]["maps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["name"].as_str().unwrap().to_owned(),
+                m["entries"].as_u64().unwrap(),
+            )
+        })
+        .filter(|(name, _)| !name.starts_with("ORIG_DST") && !name.starts_with("DNS_ORIG"))
+        .collect()
+}
+
+#[test]
+fn a_daemon_in_a_crash_loop_lets_no_connection_escape_and_leaks_nothing() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let cycles: u32 = std::env::var("REDIRECTOR_CRASH_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let root = PinRoot::new("crash");
+    let node = Cgroup::new("crashnode");
+    let state = StateDir::new("crashstate");
+    let mut daemon = Daemon::start(&root, &node, &state);
+    let pod = ProxiedPod::under(&node, "crashpod");
+    let netns = pod.topo.pod.path().display().to_string();
+    let mut args = vec![
+        "add",
+        "--netns",
+        netns.as_str(),
+        "--name",
+        "default/app",
+        "--",
+    ];
+    args.extend_from_slice(&STANDARD_INJECTION);
+    assert!(daemon.pod(&args).status.success());
+    let pins_before = pins_under(root.path());
+    let fill_before = config_fill(&root);
+
+    // The app connects without pause for as long as the crash loop may take.
+    let dst = pod.service(false);
+    let started = Instant::now();
+    let budget = Duration::from_secs(u64::from(cycles) * 3 + 10);
+    let app = Spawn::new(probe_bin())
+        .args(["hammer", &dst.to_string(), "--for-ms"])
+        .arg(budget.as_millis().to_string())
+        .netns(&pod.topo.pod)
+        .cgroup(&pod.topo.pod_cgroup)
+        .user(APP_UID, APP_UID)
+        .spawn();
+    for _ in 0..cycles {
+        daemon = daemon.kill_and_restart();
+    }
+    let crash_loop = started.elapsed();
+    // A last second of connections to the daemon that is up now, then the counts.
+    std::thread::sleep(Duration::from_secs(1));
+    // SAFETY: kill(2) on the pid of our own child.
+    unsafe {
+        libc::kill(app.pid() as i32, libc::SIGTERM);
+    }
+    let report = app.wait_line(
+        "the hammer's counts",
+        budget + Duration::from_secs(30),
+        |l| l.starts_with("hammer "),
+    );
+    eprintln!("{cycles} SIGKILL/restart cycles in {crash_loop:?}; {report}");
+    let count = |key: &str| -> u64 {
+        report
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{key}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap()
+    };
+    assert!(count("total") > 100, "{report}");
+    assert_eq!(count("served"), 0, "connections escaped capture: {report}");
+    assert_eq!(count("proxied"), count("total"), "{report}");
+    assert_eq!(daemon.pod_names(), ["default/app"]);
+    assert_eq!(pins_under(root.path()), pins_before, "pins changed");
+    assert_eq!(config_fill(&root), fill_before, "map entries changed");
+}
