@@ -118,7 +118,12 @@ pub fn require_tools(test: &str, tools: &[&str]) -> bool {
     {
         panic!("{why}, and every test must run here (CI or REDIRECTOR_TESTS_REQUIRE_TOOLS)");
     }
-    eprintln!("note: skipping {why}");
+    // Straight to fd 2: libtest captures `eprintln!` of passing tests, and this note must
+    // reach the log (`cargo xtask vm` lists them under its table).
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!("note: skipping {why}\n").as_bytes(),
+    );
     false
 }
 
