@@ -37,8 +37,14 @@ pub enum ApplyError {
     OpenMap(#[from] OpenMapError),
     #[error(transparent)]
     Observe(#[from] ObserveError),
-    #[error("writing {map}: {source}")]
+    #[error("writing {map}: {}", describe(source))]
     MapWrite { map: &'static str, source: MapError },
+    #[error(
+        "{map} is full: this pod's entries do not fit beside the other pods' on this node; \
+         nothing was applied (the sizes are the `capacity` constants in \
+         redirector-common/src/maps.rs)"
+    )]
+    MapFull { map: &'static str },
     #[error("opening cgroup {path}: {source}")]
     Cgroup { path: String, source: io::Error },
     #[error("attaching {program} to {target}: {source}")]
@@ -56,7 +62,26 @@ pub enum ApplyError {
 }
 
 fn write_err(map: &'static str) -> impl FnOnce(MapError) -> ApplyError {
-    move |source| ApplyError::MapWrite { map, source }
+    move |source| match &source {
+        // The kernel says E2BIG when a hash map or LPM trie has no room for a new key.
+        MapError::SyscallError(err)
+            if matches!(
+                err.io_error.raw_os_error(),
+                Some(libc::E2BIG | libc::ENOSPC)
+            ) =>
+        {
+            ApplyError::MapFull { map }
+        }
+        _ => ApplyError::MapWrite { map, source },
+    }
+}
+
+/// A map error with the kernel's reason (aya's message names only the call).
+fn describe(err: &MapError) -> String {
+    match err {
+        MapError::SyscallError(e) => format!("{}: {}", e.call, e.io_error),
+        other => other.to_string(),
+    }
 }
 
 /// What an apply did, for the log.
