@@ -1,4 +1,4 @@
-//! redirector's kernel side. Minimum kernel: 5.17 (`bpf_get_netns_cookie` in sock_ops and
+//! redirector's kernel side. Minimum kernel: 6.1 (by features alone 5.17: `bpf_get_netns_cookie` in sock_ops and
 //! cgroup sockopt programs since 5.15, `ingress_ifindex` in sk_lookup since 5.17).
 //!
 //! Entry points are thin: each calls into a module that returns the program's verdict.
