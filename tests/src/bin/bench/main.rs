@@ -82,7 +82,7 @@ fn main() -> ExitCode {
     let (rounds, seconds, samples, pods) = if opts.quick {
         (2, 2, 10, 100)
     } else {
-        (5, 5, 30, 1000)
+        (5, 3, 30, 1000)
     };
     let machine = machine();
     let dp = if opts.datapath {
