@@ -48,6 +48,8 @@ const LOGGED_ENV: [&str; 21] = [
 ];
 
 pub fn run(cfg: &IstioConfig) -> anyhow::Result<()> {
+    // First: on an old kernel even reading the pod's netns cookie fails, less clearly.
+    crate::kernel::check_running()?;
     for flag in &cfg.run.ignored_flags {
         info!("{flag} is accepted for compatibility and ignored: redirector does not use iptables");
     }

@@ -115,6 +115,7 @@ fn run() -> Result<Option<Value>, CniError> {
         ));
     }
     let conf = read_conf()?;
+    crate::kernel::check_running().map_err(|e| CniError::new(code::SETUP_FAILED, e.to_string()))?;
     let plugin = Plugin::new(&conf);
     match command.as_str() {
         "ADD" => plugin.add(&conf),

@@ -99,6 +99,7 @@ fn start(config: &DaemonConfig) -> anyhow::Result<Node> {
 
 /// Run until SIGTERM or SIGINT, then exit leaving every pod captured.
 pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
+    crate::kernel::check_running()?;
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
