@@ -28,7 +28,7 @@ fn value() -> impl Strategy<Value = String> {
     ]
 }
 
-fn conf() -> impl Strategy<Value = serde_json::Value> {
+fn conf() -> impl Strategy<Value = Value> {
     (
         prop_oneof![
             Just("1.0.0".to_string()),
