@@ -113,6 +113,16 @@ pub fn pins_under(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// Entries per map of the (first) object under `root`, by map name, from `status --json`.
+pub fn map_fill(root: &PinRoot) -> Vec<(String, u64)> {
+    status(root)["objects"][0]["maps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| Some((m["name"].as_str()?.to_owned(), m["entries"].as_u64()?)))
+        .collect()
+}
+
 /// `redirector status --json` over the pins under `root`: what the tests ask about
 /// objects, pods and links, instead of reading the pin layout.
 pub fn status(root: &PinRoot) -> serde_json::Value {

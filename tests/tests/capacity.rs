@@ -6,17 +6,14 @@ use std::process::Output;
 
 use redirector_common::capacity;
 use redirector_tests::bpftool::cgroup_attachments;
-use redirector_tests::redirector::{istio_iptables, status, PinRoot};
+use redirector_tests::redirector::{istio_iptables, map_fill, status, PinRoot};
 use redirector_tests::{require_root, Topology};
 
 fn fill(root: &PinRoot, map: &str) -> u64 {
-    status(root)["objects"][0]["maps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["name"] == map)
-        .and_then(|m| m["entries"].as_u64())
-        .unwrap()
+    map_fill(root)
+        .into_iter()
+        .find_map(|(name, entries)| (name == map).then_some(entries))
+        .expect("the map is in status")
 }
 
 fn apply(topo: &Topology, root: &PinRoot, flag: &str, list: &str) -> Output {

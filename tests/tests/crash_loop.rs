@@ -6,23 +6,15 @@
 use std::time::{Duration, Instant};
 
 use redirector_tests::daemon::{Daemon, StateDir};
-use redirector_tests::redirector::{pins_under, status, PinRoot, STANDARD_INJECTION};
+use redirector_tests::redirector::{map_fill, pins_under, PinRoot, STANDARD_INJECTION};
 use redirector_tests::{
     probe_bin, require_root, use_probe_bin, Cgroup, ProxiedPod, Spawn, APP_UID,
 };
 
 /// Map fill by name, without the connection maps (they change with traffic).
 fn config_fill(root: &PinRoot) -> Vec<(String, u64)> {
-    status(root)["objects"][0]["maps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| {
-            (
-                m["name"].as_str().unwrap().to_owned(),
-                m["entries"].as_u64().unwrap(),
-            )
-        })
+    map_fill(root)
+        .into_iter()
         .filter(|(name, _)| !name.starts_with("ORIG_DST") && !name.starts_with("DNS_ORIG"))
         .collect()
 }

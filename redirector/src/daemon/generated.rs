@@ -8,21 +8,12 @@ use super::{api::Request, pods::parse_flags};
 
 const CASES: u32 = 2000;
 
-const FLAGS: &[&str] = &[
-    "-p",
-    "-z",
-    "-u",
-    "-g",
-    "-m",
-    "-b",
-    "-d",
-    "-i",
-    "-x",
-    "-o",
-    "-q",
-    "--cgroup",
-    "--network-namespace",
-];
+/// istio-iptables' value flags, and the two the daemon refuses.
+fn flags() -> Vec<&'static str> {
+    let mut flags = crate::cli::config::generated::VALUE_FLAGS.to_vec();
+    flags.extend(["--cgroup", "--network-namespace"]);
+    flags
+}
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(CASES))]
@@ -38,9 +29,9 @@ proptest! {
     #[test]
     fn add_flags_are_parsed_or_refused_by_value(
         pairs in proptest::collection::vec(
-            (proptest::sample::select(FLAGS), "[0-9a-z*,./:-]{0,16}"), 0..5)
+            (proptest::sample::select(flags()), "[0-9a-z*,./:-]{0,16}"), 0..5)
     ) {
-        let args: Vec<String> = pairs.iter().flat_map(|(f, v)| [f.to_string(), v.clone()]).collect();
+        let args: Vec<String> = pairs.iter().map(|(f, v)| format!("{f}={v}")).collect();
         match parse_flags(&args) {
             Ok(_) => {}
             Err(msg) => prop_assert!(

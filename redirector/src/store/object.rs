@@ -106,18 +106,19 @@ pub enum ObjectError {
 }
 
 /// Make sure the object is loaded and pinned under `root`; load and pin it if not.
-/// The caller holds the node lock. A kernel too old for the object is refused first.
+/// The caller holds the node lock. A kernel too old for the object is refused before a load.
 pub fn ensure_loaded(
     root: &PinRoot,
     object: &EbpfObject,
 ) -> Result<(ObjectPins, bool), ObjectError> {
-    crate::kernel::check_running()?;
     let id = object.id();
     let pins = root.object(id);
     if pins.dir().exists() {
         check_complete(&pins)?;
         return Ok((pins, false));
     }
+    // Only a load needs it: a pinned object was loaded by this kernel already.
+    crate::kernel::check_running()?;
     let bytes = object.bytes();
     if bytes.is_empty() {
         return Err(ObjectError::NotEmbedded);

@@ -91,17 +91,7 @@ impl PinRoot {
     /// Removes objects a killed run was loading (`staging-*`, never renamed into place).
     /// The caller holds the node lock, so no live run is loading one.
     pub fn clear_staging_objects(&self) -> io::Result<()> {
-        let names = match names_in(&self.objects_dir()) {
-            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(()),
-            other => other?,
-        };
-        for name in names.iter().filter(|n| n.starts_with(STAGING_PREFIX)) {
-            match fs::remove_dir_all(self.objects_dir().join(name)) {
-                Err(err) if err.kind() != io::ErrorKind::NotFound => return Err(err),
-                _ => {}
-            }
-        }
-        Ok(())
+        remove_staged_in(&self.objects_dir(), |p| fs::remove_dir_all(p))
     }
 
     /// Every fully loaded object under the root (staging leftovers and foreign entries
@@ -215,18 +205,23 @@ impl PodPins {
     /// Removes links a killed run staged and never swapped in (the caller holds the node
     /// lock, so no live run is staging): unpinned, they detach.
     pub fn clear_staged(&self) -> io::Result<()> {
-        let names = match names_in(&self.0) {
-            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(()),
-            other => other?,
-        };
-        for name in names.iter().filter(|n| n.starts_with(STAGING_PREFIX)) {
-            match fs::remove_file(self.0.join(name)) {
-                Err(err) if err.kind() != io::ErrorKind::NotFound => return Err(err),
-                _ => {}
-            }
-        }
-        Ok(())
+        remove_staged_in(&self.0, |p| fs::remove_file(p))
     }
+}
+
+/// Removes every `staging-*` entry of `dir` with `remove`; a missing `dir` has none.
+fn remove_staged_in(dir: &Path, remove: fn(&Path) -> io::Result<()>) -> io::Result<()> {
+    let names = match names_in(dir) {
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(()),
+        other => other?,
+    };
+    for name in names.iter().filter(|n| n.starts_with(STAGING_PREFIX)) {
+        match remove(&dir.join(name)) {
+            Err(err) if err.kind() != io::ErrorKind::NotFound => return Err(err),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use crate::{facts::PodFacts, plan::plan_pod};
 const CASES: u32 = 3000;
 
 /// Flags that take a value, as a user would spell them.
-const VALUE_FLAGS: &[&str] = &[
+pub(crate) const VALUE_FLAGS: &[&str] = &[
     "-p",
     "-z",
     "-e",

@@ -12,7 +12,7 @@ mod effective;
 mod env;
 mod error;
 #[cfg(test)]
-mod generated;
+pub(crate) mod generated;
 mod parse;
 mod resolve;
 mod run;
