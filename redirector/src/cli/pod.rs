@@ -80,11 +80,15 @@ fn call(socket: &PathBuf, request: &Request) -> anyhow::Result<Response> {
         .with_context(|| format!("connecting to the daemon at {}", socket.display()))?;
     let mut line = serde_json::to_vec(request)?;
     line.push(b'\n');
-    stream.write_all(&line).context("sending the request")?;
+    // A daemon that refuses the caller answers at once and closes without reading: the
+    // write then fails, but its answer is waiting to be read and says why.
+    let sent = stream.write_all(&line);
     let mut answer = String::new();
-    BufReader::new(stream)
-        .read_line(&mut answer)
-        .context("reading the daemon's answer")?;
+    let read = BufReader::new(stream).read_line(&mut answer);
+    if answer.is_empty() {
+        sent.context("sending the request")?;
+        read.context("reading the daemon's answer")?;
+    }
     serde_json::from_str(&answer).with_context(|| format!("the daemon's answer {answer:?}"))
 }
 
