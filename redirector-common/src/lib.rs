@@ -10,6 +10,7 @@ pub mod identity;
 pub mod kernel_abi;
 pub mod maps;
 pub mod reason;
+pub mod trace;
 
 pub use decision::{
     decide_inbound, decide_outbound, InboundAttempt, OutboundAttempt, PodLookups, Protocol,
@@ -18,3 +19,4 @@ pub use decision::{
 pub use identity::NetnsCookie;
 pub use maps::*;
 pub use reason::Reason;
+pub use trace::TraceRecord;

@@ -167,6 +167,8 @@ pub mod pod_flags {
     /// An `-i` CIDR holds a loopback address: istio then leaves out its rules that let lo
     /// traffic of non-proxy owners through.
     pub const INCLUDE_HAS_LOOPBACK: u32 = 1 << 5;
+    /// `redirector trace` is watching this pod: each decision is logged (aya-log).
+    pub const TRACE: u32 = 1 << 6;
 }
 
 pub mod inbound_capture {
@@ -481,6 +483,7 @@ aya_pod_from_bytemuck!(
     PodAddrKey,
     ListenerKey,
     crate::NetnsCookie,
+    crate::TraceRecord,
 );
 
 #[cfg(test)]

@@ -5,18 +5,20 @@
 use core::net::IpAddr;
 
 use aya_ebpf::{
-    bindings::{sk_action::SK_DROP, sk_action::SK_PASS},
+    bindings::{bpf_sk_lookup, sk_action::SK_DROP, sk_action::SK_PASS},
     programs::{SkLookupContext, SockOpsContext},
 };
 use redirector_common::{
     decide_inbound, decision::INBOUND_PASSTHROUGH_V6, pod_flags, CidrList, InboundAttempt,
-    ListenerKey, NetnsCookie, OrigDst, PodAddrKey, PodLookups, Reason, Verdict, AF_INET, AF_INET6,
+    ListenerKey, NetnsCookie, OrigDst, PodAddrKey, PodConfig, PodLookups, Reason, Verdict, AF_INET,
+    AF_INET6,
 };
 
 use crate::{
     addr::{self, SocketEnds},
     counters::count,
     maps::{self, PodMaps, LISTENERS, ORIG_DST_BY_CONN, POD_BY_ADDR, POD_CONFIG},
+    trace,
 };
 
 const IPPROTO_TCP: u32 = 6;
@@ -105,7 +107,7 @@ pub fn sk_lookup(ctx: &SkLookupContext) -> u32 {
         // Not an inbound outcome.
         Verdict::CaptureDns => return SK_PASS,
         Verdict::Pass(reason) => {
-            count(netns_cookie, reason);
+            decided(lk, cfg, netns_cookie, reason, 0);
             return SK_PASS;
         }
     };
@@ -122,7 +124,7 @@ pub fn sk_lookup(ctx: &SkLookupContext) -> u32 {
         steered = LISTENERS.redirect_sk_lookup(ctx, key, 0).is_ok();
     }
     if !steered {
-        count(netns_cookie, Reason::NoInboundListener);
+        decided(lk, cfg, netns_cookie, Reason::NoInboundListener, 0);
         return if cfg.flags & pod_flags::FAIL_OPEN != 0 {
             SK_PASS
         } else {
@@ -136,8 +138,23 @@ pub fn sk_lookup(ctx: &SkLookupContext) -> u32 {
         remote,
         u16::from_be(lk.remote_port),
     );
-    count(netns_cookie, Reason::SteeredInbound);
+    decided(lk, cfg, netns_cookie, Reason::SteeredInbound, port);
     SK_PASS
+}
+
+/// Count a decision, and log it when the pod is traced; `to` is the port steered to.
+#[inline(always)]
+fn decided(
+    lk: &bpf_sk_lookup,
+    cfg: &PodConfig,
+    netns_cookie: NetnsCookie,
+    reason: Reason,
+    to: u16,
+) {
+    count(netns_cookie, reason);
+    if trace::on(cfg) {
+        trace::inbound(lk, netns_cookie, reason, to);
+    }
 }
 
 /// The proxy's accepted socket will ask SO_ORIGINAL_DST: its local address is the

@@ -12,6 +12,7 @@ mod inbound;
 mod maps;
 mod orig_dst;
 mod outbound;
+mod trace;
 
 use aya_ebpf::{
     macros::{cgroup_sock_addr, cgroup_sockopt, sk_lookup, sock_ops},

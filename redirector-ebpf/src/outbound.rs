@@ -8,14 +8,15 @@ use aya_ebpf::{
     EbpfContext,
 };
 use redirector_common::{
-    decide_outbound, pod_flags, NetnsCookie, OrigDst, OutboundAttempt, PodConfig, Protocol, Reason,
-    Verdict, DNS_CAPTURE_PORT,
+    decide_outbound, pod_flags, trace::OUTBOUND, OrigDst, OutboundAttempt, Protocol, Reason,
+    TraceRecord, Verdict, DNS_CAPTURE_PORT,
 };
 
 use crate::{
     addr,
     counters::count,
     maps::{self, PodMaps, DNS_ORIG_BY_COOKIE, ORIG_DST_BY_COOKIE, POD_CONFIG},
+    trace,
 };
 
 /// Let the connect() proceed (possibly rewritten).
@@ -118,27 +119,53 @@ fn capture<const V6: bool>(
         gid: (uid_gid >> 32) as u32,
     };
     let verdict = decide_outbound(cfg, &attempt, &PodMaps { netns_cookie });
-    let port = match verdict {
-        Verdict::Pass(reason) => {
-            count(netns_cookie, reason);
-            return ALLOW;
-        }
-        Verdict::Capture => cfg.outbound_port,
-        Verdict::CaptureInbound => cfg.inbound_port,
-        Verdict::CaptureDns => DNS_CAPTURE_PORT,
+    let (reason, port) = match verdict {
+        Verdict::Pass(reason) => (reason, 0),
+        Verdict::Capture => (verdict.reason(), cfg.outbound_port),
+        Verdict::CaptureInbound => (verdict.reason(), cfg.inbound_port),
+        Verdict::CaptureDns => (verdict.reason(), DNS_CAPTURE_PORT),
     };
-    redirect::<V6>(ctx, cfg, netns_cookie, &attempt, port, verdict.reason())
+    let (reason, port) = if port == 0 {
+        (reason, 0)
+    } else {
+        redirect::<V6>(ctx, &attempt, port, reason)
+    };
+    count(netns_cookie, reason);
+    if trace::on(cfg) {
+        trace::log(TraceRecord {
+            netns_cookie: netns_cookie.get(),
+            uid: attempt.uid,
+            gid: attempt.gid,
+            src: trace::octets(attempt.src),
+            dst: trace::octets(attempt.dst),
+            dst_port: attempt.dst_port,
+            to: port,
+            reason: reason as u8,
+            direction: OUTBOUND,
+            protocol: match protocol {
+                Protocol::Tcp => 6,
+                Protocol::Udp => 17,
+            },
+            _pad: 0,
+        });
+    }
+    if reason == Reason::FailedClosed && cfg.flags & pod_flags::FAIL_OPEN == 0 {
+        REFUSE
+    } else {
+        ALLOW
+    }
 }
 
+/// Record the original destination and rewrite the connect to the proxy on `port`.
+/// Returns the reason to count and where it went: `(FailedClosed, 0)` when the original
+/// destination could not be recorded (the caller refuses it unless the pod fails open).
 #[inline(always)]
 fn redirect<const V6: bool>(
     ctx: &SockAddrContext,
-    cfg: &PodConfig,
-    netns_cookie: NetnsCookie,
     attempt: &OutboundAttempt,
     port: u16,
     reason: Reason,
-) -> i32 {
+) -> (Reason, u16) {
     let (family, raw) = addr::raw(attempt.dst);
     let orig = OrigDst {
         addr: raw,
@@ -153,12 +180,7 @@ fn redirect<const V6: bool>(
         Protocol::Udp => DNS_ORIG_BY_COOKIE.insert(socket_cookie, orig, 0),
     };
     if recorded.is_err() {
-        count(netns_cookie, Reason::FailedClosed);
-        return if cfg.flags & pod_flags::FAIL_OPEN != 0 {
-            ALLOW
-        } else {
-            REFUSE
-        };
+        return (Reason::FailedClosed, 0);
     }
     // The proxy on this host: 127.0.0.1 (IPv4-mapped on an IPv6 socket) or ::1.
     let loopback = match attempt.dst {
@@ -174,6 +196,5 @@ fn redirect<const V6: bool>(
             family,
         },
     );
-    count(netns_cookie, reason);
-    ALLOW
+    (reason, port)
 }

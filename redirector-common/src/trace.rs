@@ -1,0 +1,53 @@
+//! The decision trace's record: what the eBPF programs log (through aya-log) for each
+//! decision of a pod whose config carries `pod_flags::TRACE`, and `redirector trace` reads.
+//!
+//! It travels as one hex-formatted byte argument: a single field keeps the log's code in
+//! the programs small (each aya-log argument is more code for the verifier to walk, on
+//! every path that logs), and bytemuck proves both sides read the same layout.
+
+/// [`TraceRecord::direction`].
+pub const OUTBOUND: u8 = 0;
+pub const INBOUND: u8 = 1;
+
+/// One decision.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
+pub struct TraceRecord {
+    pub netns_cookie: u64,
+    /// The caller's uid and gid (outbound; 0 inbound, which has no caller).
+    pub uid: u32,
+    pub gid: u32,
+    /// Outbound: the socket's bound address; inbound: the peer. IPv6 octets, IPv4 mapped.
+    pub src: [u8; 16],
+    /// The original destination, as `src`.
+    pub dst: [u8; 16],
+    pub dst_port: u16,
+    /// Where it was sent or steered to; 0 when it went through untouched (or was refused).
+    pub to: u16,
+    /// `Reason` discriminant.
+    pub reason: u8,
+    /// [`OUTBOUND`] or [`INBOUND`].
+    pub direction: u8,
+    /// IP protocol number: 6 TCP, 17 UDP.
+    pub protocol: u8,
+    pub _pad: u8,
+}
+
+/// The log line's format: one argument, the record's bytes in lower-case hex.
+pub const TRACE_PREFIX: &str = "decision ";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_layout_is_what_both_sides_read() {
+        assert_eq!(
+            core::mem::size_of::<TraceRecord>(),
+            8 + 4 + 4 + 16 + 16 + 2 + 2 + 4
+        );
+        assert_eq!(core::mem::offset_of!(TraceRecord, src), 16);
+        assert_eq!(core::mem::offset_of!(TraceRecord, reason), 52);
+    }
+}
