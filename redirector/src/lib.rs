@@ -32,3 +32,4 @@ pub mod plan;
 mod sock_diag;
 pub mod spec;
 pub mod store;
+pub mod trace;

@@ -10,7 +10,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use aya::maps::{LpmTrie, MapData, MapError};
 use redirector_common::{
-    Cidr4Key, Cidr6Key, ConnKey, ListenerKey, NetnsCookie, PodAddrKey, PodConfig, PortKey,
+    pod_flags, Cidr4Key, Cidr6Key, ConnKey, ListenerKey, NetnsCookie, PodAddrKey, PodConfig,
+    PortKey,
 };
 
 use crate::{
@@ -210,6 +211,13 @@ pub fn observe_links(
         .collect())
 }
 
+/// A live configuration as an apply plans it: `redirector trace`'s switch is not part of
+/// the pod's spec, so a pod being traced is not "changed" (and an apply keeps the switch).
+fn as_planned(mut config: PodConfig) -> PodConfig {
+    config.flags &= !pod_flags::TRACE;
+    config
+}
+
 /// The map entries one object holds for the selected pods, reading each map at most once
 /// (links are read separately, by [`observe_links`]); with `runtime`, also the entries
 /// the kernel side made (listeners, redirected connections). Pods with no entries are
@@ -243,14 +251,14 @@ pub fn observe_pods(
                 return Ok(found);
             }
             let install = slot(&mut found, object, pods, *cookie).expect("the pod");
-            install.config = config;
+            install.config = config.map(as_planned);
             install.counters = counters;
         }
         Pods::AllBut(_) => {
             for item in maps.pod_config.iter() {
                 let (cookie, config) = item.map_err(read_err("POD_CONFIG"))?;
                 if let Some(install) = slot(&mut found, object, pods, cookie) {
-                    install.config = Some(config);
+                    install.config = Some(as_planned(config));
                 }
             }
             for cookie in maps.counters.keys() {

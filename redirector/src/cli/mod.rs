@@ -8,6 +8,7 @@ mod gc;
 mod istio_iptables;
 mod pod;
 mod status;
+mod trace;
 mod validate;
 
 use std::{ffi::OsString, path::Path, process::ExitCode};
@@ -38,6 +39,8 @@ enum Command {
     Daemon(daemon::DaemonArgs),
     /// Talk to the daemon: add, delete, list and check pods.
     Pod(pod::PodArgs),
+    /// Watch a pod's decisions (or every pod's) as they happen, with their reasons.
+    Trace(trace::TraceArgs),
 }
 
 /// Run the binary: `istio-iptables` (by argv[0] or first argument) or a command.
@@ -101,6 +104,7 @@ fn run_command(argv: Vec<OsString>) -> ExitCode {
         Command::Gc(args) => gc::run(args),
         Command::Daemon(args) => daemon::run(args),
         Command::Pod(args) => pod::run(args),
+        Command::Trace(args) => trace::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

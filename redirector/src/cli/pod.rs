@@ -75,7 +75,7 @@ fn pod_ref(which: &Which) -> PodRef {
 }
 
 /// One request, one response.
-fn call(socket: &PathBuf, request: &Request) -> anyhow::Result<Response> {
+pub(super) fn call(socket: &PathBuf, request: &Request) -> anyhow::Result<Response> {
     let mut stream = UnixStream::connect(socket)
         .with_context(|| format!("connecting to the daemon at {}", socket.display()))?;
     let mut line = serde_json::to_vec(request)?;

@@ -1,0 +1,210 @@
+//! `redirector trace` over real connections: a redirected, a passed, an inbound and a DNS
+//! decision each show up with its reason while the trace runs; the switch is off once the
+//! tracer exits on SIGTERM, and `gc` clears the switch a killed tracer left on.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use redirector_tests::dns::{use_dnsprobe_bin, DnsClient, DnsMode, ResolvConf, DNS_PORT};
+use redirector_tests::process::{ChildGuard, Spawn};
+use redirector_tests::redirector::{install, redirector_bin, run_ok, status, PinRoot};
+use redirector_tests::{
+    connect_from, require_root, use_probe_bin, ConnOutcome, ProbeServer, Topology, APP_UID,
+    PROXY_UID,
+};
+
+/// `pod_flags::TRACE`.
+const TRACE_FLAG: u64 = 1 << 6;
+
+/// The pod's config flags as `status --json` reports them.
+fn flags(root: &PinRoot) -> u64 {
+    let status = status(root);
+    status["objects"][0]["pods"][0]["config"]["flags"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("a pod with a config in {status}"))
+}
+
+fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ready() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn start_trace(topo: &Topology, root: &PinRoot) -> ChildGuard {
+    let tracer = Spawn::new(redirector_bin())
+        .args(["trace", "--json", "--netns"])
+        .arg(topo.pod.path())
+        .arg("--pin-root")
+        .arg(root.path())
+        .spawn();
+    wait_until("the trace switch is on", || flags(root) & TRACE_FLAG != 0);
+    tracer
+}
+
+/// The next decision the tracer prints that satisfies `pred`.
+fn decision(tracer: &ChildGuard, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    let line = tracer.wait_line(what, Duration::from_secs(10), |l| {
+        serde_json::from_str::<Value>(l).is_ok_and(|v| pred(&v))
+    });
+    serde_json::from_str(&line).unwrap()
+}
+
+#[test]
+fn trace_shows_each_decision_and_switches_off_on_exit() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    use_dnsprobe_bin(env!("CARGO_BIN_EXE_dnsprobe"));
+    let topo = Topology::new("trace");
+    let any4 = SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0);
+    let _service = ProbeServer::serve(&topo.service, "svc")
+        .listen(SocketAddr::new(any4.ip(), 80))
+        .start();
+    let _app = ProbeServer::serve(&topo.pod, "app")
+        .listen(SocketAddr::new(any4.ip(), 8080))
+        .cgroup(&topo.pod_cgroup)
+        .user(APP_UID, APP_UID)
+        .start();
+    let _proxies: Vec<_> = [("outbound", 15001), ("inbound", 15006)]
+        .into_iter()
+        .map(|(name, port)| {
+            ProbeServer::proxy(&topo.pod, name)
+                .listen(SocketAddr::new(any4.ip(), port))
+                .cgroup(&topo.pod_cgroup)
+                .user(PROXY_UID, PROXY_UID)
+                .start()
+        })
+        .collect();
+    let root = PinRoot::new("trace");
+    let resolv = ResolvConf::new("trace", &[topo.service_ip4().into()], false);
+    let resolv_path = resolv.path().to_string_lossy().into_owned();
+    install(
+        &topo.pod,
+        &topo.pod_cgroup,
+        &root,
+        &[
+            "-p",
+            "15001",
+            "-z",
+            "15006",
+            "-u",
+            "1337",
+            "-m",
+            "REDIRECT",
+            "-i",
+            "*",
+            "-x",
+            "",
+            "-b",
+            "*",
+            "-d",
+            "15090,15021,15020",
+            "--redirect-dns",
+            "--resolv-conf",
+            &resolv_path,
+        ],
+    );
+    assert_eq!(flags(&root) & TRACE_FLAG, 0, "tracing starts off");
+
+    let mut tracer = start_trace(&topo, &root);
+    let svc = topo.service_addr(false, 80);
+    let svc_ip = svc.ip().to_string();
+
+    // Redirected: the app's connection lands on the outbound proxy.
+    assert!(matches!(
+        topo.connect(APP_UID, APP_UID, svc),
+        ConnOutcome::Proxied { .. }
+    ));
+    let d = decision(&tracer, "the redirected connection", |v| {
+        v["reason"] == "redirected"
+    });
+    assert_eq!(d["direction"], "out");
+    assert_eq!(d["protocol"], "tcp");
+    assert_eq!(d["dst"], svc_ip.as_str());
+    assert_eq!(d["dst_port"], 80);
+    assert_eq!(d["to"], 15001);
+    assert_eq!(d["uid"], APP_UID);
+
+    // Passed: the proxy's own connection goes straight to the service.
+    assert!(matches!(
+        topo.connect(PROXY_UID, PROXY_UID, svc),
+        ConnOutcome::Served { .. }
+    ));
+    let d = decision(&tracer, "the proxy's own connection", |v| {
+        v["reason"] == "passed_proxy_owner"
+    });
+    assert_eq!(d["uid"], PROXY_UID);
+    assert!(
+        d.get("to").is_none(),
+        "a passed connection goes nowhere else: {d}"
+    );
+
+    // Inbound: a connection to the pod is steered to the inbound proxy.
+    let pod_dst = SocketAddr::new(topo.pod_ip4().into(), 8080);
+    assert!(matches!(
+        connect_from(&topo.service, None, APP_UID, APP_UID, pod_dst, None),
+        ConnOutcome::Proxied { .. }
+    ));
+    let d = decision(&tracer, "the inbound connection", |v| {
+        v["reason"] == "steered_inbound"
+    });
+    assert_eq!(d["direction"], "in");
+    assert_eq!(d["dst"], topo.pod_ip4().to_string());
+    assert_eq!(d["dst_port"], 8080);
+    assert_eq!(d["src"], topo.service_ip4().to_string());
+    assert_eq!(d["to"], 15006);
+
+    // DNS: a query to resolv.conf's server goes to the DNS proxy port (none listens here;
+    // the decision is what is traced).
+    let _ = DnsClient::new(&topo, Some(&topo.pod_cgroup), APP_UID, APP_UID)
+        .query(topo.service_addr(false, DNS_PORT), DnsMode::Udp);
+    let d = decision(&tracer, "the DNS query", |v| {
+        v["reason"] == "redirected_dns"
+    });
+    assert_eq!(d["protocol"], "udp");
+    assert_eq!(d["dst_port"], 53);
+    assert_eq!(d["to"], 15053);
+
+    // A second tracer is refused while this one runs.
+    let out = Command::new(redirector_bin())
+        .args(["trace", "--pin-root"])
+        .arg(root.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("(pid {}) is tracing", tracer.pid())),
+        "{err}"
+    );
+
+    // SIGTERM: the tracer switches tracing off and exits 0.
+    // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
+    assert_eq!(unsafe { libc::kill(tracer.pid() as i32, libc::SIGTERM) }, 0);
+    wait_until("the tracer exits", || tracer.try_wait().is_some());
+    assert!(tracer.try_wait().unwrap().success(), "{}", tracer.stderr());
+    assert_eq!(flags(&root) & TRACE_FLAG, 0, "tracing is off after exit");
+    assert!(!root.path().join("tracers").exists());
+
+    // Killed, a tracer leaves the switch on; gc clears it.
+    let tracer = start_trace(&topo, &root);
+    drop(tracer);
+    assert_ne!(flags(&root) & TRACE_FLAG, 0);
+    run_ok(
+        Command::new(redirector_bin())
+            .args(["gc", "--pin-root"])
+            .arg(root.path()),
+    );
+    assert_eq!(
+        flags(&root) & TRACE_FLAG,
+        0,
+        "gc clears a killed tracer's switch"
+    );
+    assert!(!root.path().join("tracers").exists());
+}
