@@ -35,9 +35,12 @@ fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
     }
 }
 
-fn start_trace(topo: &Topology, root: &PinRoot) -> ChildGuard {
+/// `redirector trace` of the pod (`--json` or text), once its switch is on.
+fn start_trace(topo: &Topology, root: &PinRoot, json: bool) -> ChildGuard {
     let tracer = Spawn::new(redirector_bin())
-        .args(["trace", "--json", "--netns"])
+        .arg("trace")
+        .args(json.then_some("--json"))
+        .arg("--netns")
         .arg(topo.pod.path())
         .arg("--pin-root")
         .arg(root.path())
@@ -112,7 +115,7 @@ fn trace_shows_each_decision_and_switches_off_on_exit() {
     );
     assert_eq!(flags(&root) & TRACE_FLAG, 0, "tracing starts off");
 
-    let mut tracer = start_trace(&topo, &root);
+    let mut tracer = start_trace(&topo, &root, true);
     let svc = topo.service_addr(false, 80);
     let svc_ip = svc.ip().to_string();
 
@@ -192,8 +195,14 @@ fn trace_shows_each_decision_and_switches_off_on_exit() {
     assert_eq!(flags(&root) & TRACE_FLAG, 0, "tracing is off after exit");
     assert!(!root.path().join("tracers").exists());
 
-    // Killed, a tracer leaves the switch on; gc clears it.
-    let tracer = start_trace(&topo, &root);
+    // In text, one line per decision, with explain's reason names. Killed, a tracer leaves
+    // the switch on; gc clears it.
+    let tracer = start_trace(&topo, &root, false);
+    topo.connect(APP_UID, APP_UID, svc);
+    let want = format!("out tcp {svc} redirected -> :15001 uid={APP_UID} gid={APP_UID}");
+    tracer.wait_line("a text line", Duration::from_secs(10), |l| {
+        l.ends_with(&want)
+    });
     drop(tracer);
     assert_ne!(flags(&root) & TRACE_FLAG, 0);
     run_ok(

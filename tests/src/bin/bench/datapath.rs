@@ -13,7 +13,7 @@ use std::time::Duration;
 use redirector_tests::cgroup::Cgroup;
 use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::iptables::{apply_golden, standard_injection};
-use redirector_tests::redirector::{install, PinRoot, STANDARD_INJECTION};
+use redirector_tests::redirector::{install, redirector_bin, PinRoot, STANDARD_INJECTION};
 use redirector_tests::{bin_path, wait_tcp_listening, ChildGuard, Spawn, Topology, PROXY_UID};
 
 use crate::cpu;
@@ -32,15 +32,19 @@ pub enum Mode {
     Redirector,
     /// The node daemon, the pod added with `redirector pod add`.
     RedirectorDaemon,
+    /// `redirector` with `redirector trace` following the pod (its output discarded): what
+    /// tracing a pod costs.
+    RedirectorTraced,
 }
 
 impl Mode {
-    pub const ALL: [Mode; 5] = [
+    pub const ALL: [Mode; 6] = [
         Mode::Direct,
         Mode::Explicit,
         Mode::Iptables,
         Mode::Redirector,
         Mode::RedirectorDaemon,
+        Mode::RedirectorTraced,
     ];
 
     pub fn name(self) -> &'static str {
@@ -50,6 +54,7 @@ impl Mode {
             Mode::Iptables => "iptables",
             Mode::Redirector => "redirector",
             Mode::RedirectorDaemon => "redirector-daemon",
+            Mode::RedirectorTraced => "redirector-traced",
         }
     }
 }
@@ -58,6 +63,7 @@ impl Mode {
 /// then namespaces and cgroups, then pins.
 struct Bed {
     mode: Mode,
+    _tracer: Option<ChildGuard>,
     _nginx: ChildGuard,
     _sidecar: ChildGuard,
     daemon: Option<Daemon>,
@@ -123,6 +129,35 @@ fn tune(netns: &redirector_tests::NetNs) {
     netns.run(&["sysctl", "-q", "-w", "net.core.somaxconn=4096"]);
 }
 
+/// `redirector trace` of the pod on the servers' CPU, its lines discarded, once the pod's
+/// trace switch is on.
+fn trace(topo: &Topology, root: &PinRoot) -> ChildGuard {
+    let command = format!(
+        "exec taskset -c 1 {} trace --netns {} --pin-root {} > /dev/null",
+        redirector_bin().display(),
+        topo.pod.path().display(),
+        root.path().display()
+    );
+    let tracer = Spawn::new("sh").args(["-c", &command]).spawn();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let flags = redirector_tests::redirector::status(root)["objects"][0]["pods"][0]["config"]
+            ["flags"]
+            .as_u64()
+            .unwrap_or(0);
+        // pod_flags::TRACE
+        if flags & (1 << 6) != 0 {
+            return tracer;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the trace switch did not come on: {}",
+            tracer.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 impl Bed {
     fn new(mode: Mode, site: &Site) -> Bed {
         let hint = format!("b{}", mode.name());
@@ -137,7 +172,9 @@ impl Bed {
                     topo,
                 )
             }
-            Mode::Redirector => (None, None, Some(PinRoot::new(&hint)), Topology::new(&hint)),
+            Mode::Redirector | Mode::RedirectorTraced => {
+                (None, None, Some(PinRoot::new(&hint)), Topology::new(&hint))
+            }
             _ => (None, None, None, Topology::new(&hint)),
         };
         tune(&topo.pod);
@@ -162,6 +199,7 @@ impl Bed {
             l.starts_with("listening")
         });
         let mut daemon = None;
+        let mut tracer = None;
         match mode {
             Mode::Direct | Mode::Explicit => {}
             Mode::Iptables => {
@@ -175,6 +213,11 @@ impl Bed {
                     root.as_ref().unwrap(),
                     &STANDARD_INJECTION,
                 );
+            }
+            Mode::RedirectorTraced => {
+                let root = root.as_ref().unwrap();
+                install(&topo.pod, &topo.pod_cgroup, root, &STANDARD_INJECTION);
+                tracer = Some(trace(&topo, root));
             }
             Mode::RedirectorDaemon => {
                 let d = Daemon::start(
@@ -200,6 +243,7 @@ impl Bed {
         };
         Bed {
             mode,
+            _tracer: tracer,
             _nginx: nginx,
             _sidecar: sidecar,
             daemon,

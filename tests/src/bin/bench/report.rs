@@ -91,6 +91,7 @@ pub fn markdown(dp: &DataPath, setup: &Setup, machine: &str) -> String {
             (Mode::Redirector, Mode::Explicit),
             (Mode::RedirectorDaemon, Mode::Explicit),
             (Mode::Iptables, Mode::Explicit),
+            (Mode::RedirectorTraced, Mode::Redirector),
         ];
         let _ = write!(s, "| load |");
         for (a, b) in pairs {
@@ -108,23 +109,27 @@ pub fn markdown(dp: &DataPath, setup: &Setup, machine: &str) -> String {
             s,
             "\n### CPU µs per request added over `explicit`: median (min–max over rounds)\n"
         );
-        let _ = writeln!(s, "| load | iptables | redirector | redirector-daemon |");
-        let _ = writeln!(s, "|---|---:|---:|---:|");
+        let added = [
+            Mode::Iptables,
+            Mode::Redirector,
+            Mode::RedirectorDaemon,
+            Mode::RedirectorTraced,
+        ];
+        let _ = write!(s, "| load |");
+        for mode in added {
+            let _ = write!(s, " {} |", mode.name());
+        }
+        let _ = writeln!(s, "\n|---|{}", "---:|".repeat(added.len()));
         for load in LOADS {
-            let _ = writeln!(
-                s,
-                "| {} | {} | {} | {} |",
-                load.name,
-                range(&added_cpu(dp, Mode::Iptables, Mode::Explicit, load.name), 1),
-                range(
-                    &added_cpu(dp, Mode::Redirector, Mode::Explicit, load.name),
-                    1
-                ),
-                range(
-                    &added_cpu(dp, Mode::RedirectorDaemon, Mode::Explicit, load.name),
-                    1
-                ),
-            );
+            let _ = write!(s, "| {} |", load.name);
+            for mode in added {
+                let _ = write!(
+                    s,
+                    " {} |",
+                    range(&added_cpu(dp, mode, Mode::Explicit, load.name), 1)
+                );
+            }
+            let _ = writeln!(s);
         }
         if !dp.programs.is_empty() {
             let _ = writeln!(
@@ -134,7 +139,11 @@ pub fn markdown(dp: &DataPath, setup: &Setup, machine: &str) -> String {
             );
             let _ = writeln!(s, "| mode | program | runs/req | ns/run | ns/req |");
             let _ = writeln!(s, "|---|---|---:|---:|---:|");
-            for mode in [Mode::Redirector, Mode::RedirectorDaemon] {
+            for mode in [
+                Mode::Redirector,
+                Mode::RedirectorDaemon,
+                Mode::RedirectorTraced,
+            ] {
                 let mut total = 0.0;
                 for p in dp.programs.iter().filter(|p| p.mode == mode) {
                     total += p.ns_per_req;
