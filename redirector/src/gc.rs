@@ -40,7 +40,8 @@ pub fn teardown(root: &PinRoot, cookie: NetnsCookie) -> Result<Vec<ObjectId>, Ap
 /// Remove every pod whose links are all detached — its cgroup and network namespace are
 /// gone, e.g. the pod was deleted without `--cleanup-only` — with its map entries, the
 /// entries of pods that have no links at all (left by an interrupted run), and any object
-/// left without pods. Each map is read once per object. Returns the removed pods.
+/// left without pods, and the trace switches of a tracer that is gone. Each map is read
+/// once per object. Returns the removed pods.
 pub fn collect_stale(root: &PinRoot) -> Result<Vec<NetnsCookie>, ApplyError> {
     if !root.path().exists() {
         return Ok(Vec::new());
@@ -48,6 +49,10 @@ pub fn collect_stale(root: &PinRoot) -> Result<Vec<NetnsCookie>, ApplyError> {
     let mut removed = BTreeSet::new();
     {
         let _lock = NodeLock::acquire(root)?;
+        // A `redirector trace` that was killed left its pods' trace switches on.
+        if let Err(err) = crate::trace::clear_stale_locked(root) {
+            tracing::warn!("clearing a stopped tracer's switches: {err}");
+        }
         for object in root
             .objects()
             .map_err(fs_err("listing", &root.objects_dir()))?

@@ -4,7 +4,7 @@
 //! One tracer at a time per pin root: the programs of an object share one log ring, so two
 //! readers would each get a part. The tracer's marker is a directory named by its pid under
 //! `<pin-root>/tracers/`; a tracer that was killed leaves it behind, and the next `trace`
-//! or `gc` clears the bits it left set.
+//! or `gc` (also the daemon's) clears the bits it left set.
 
 use std::{fs, io, path::PathBuf};
 
@@ -58,8 +58,9 @@ fn is_tracer(pid: u32) -> bool {
 }
 
 /// Remove the markers of tracers that are gone and, if none is left, clear every pod's
-/// switch. Returns the pid of a live tracer, if any. The caller holds the node lock.
-fn clear_stale_locked(root: &PinRoot) -> Result<Option<u32>, TraceError> {
+/// switch. Returns the pid of a live tracer, if any. The caller holds the node lock (`gc`
+/// calls it too).
+pub fn clear_stale_locked(root: &PinRoot) -> Result<Option<u32>, TraceError> {
     let dir = tracers_dir(root);
     let entries = match fs::read_dir(&dir) {
         Ok(entries) => entries,
@@ -89,15 +90,6 @@ fn clear_stale_locked(root: &PinRoot) -> Result<Option<u32>, TraceError> {
         let _ = fs::remove_dir(&dir);
     }
     Ok(live)
-}
-
-/// For `gc`: clear what a killed tracer left. Returns whether a live tracer remains.
-pub fn clear_stale(root: &PinRoot) -> Result<bool, TraceError> {
-    if !root.path().exists() {
-        return Ok(false);
-    }
-    let _lock = NodeLock::acquire(root)?;
-    Ok(clear_stale_locked(root)?.is_some())
 }
 
 /// Set (`on`) or clear the `TRACE` bit of the traced pods, under every object. Writes only

@@ -11,10 +11,7 @@ pub struct GcArgs {
 }
 
 pub fn run(args: &GcArgs) -> anyhow::Result<()> {
-    let root = PinRoot::new(&args.pin_root);
-    let removed = collect_stale(&root)?;
-    // A `redirector trace` that was killed left its pods' switches on.
-    crate::trace::clear_stale(&root)?;
+    let removed = collect_stale(&PinRoot::new(&args.pin_root))?;
     let cookies: Vec<u64> = removed.iter().map(|c| c.get()).collect();
     println!(
         "removed {} stale pod(s){}",
