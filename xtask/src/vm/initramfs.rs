@@ -246,7 +246,9 @@ export PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TERM=dumb
 /bin/busybox mount -t proc proc /proc
 /bin/busybox mount -t sysfs sysfs /sys
 /bin/busybox mount -t devtmpfs devtmpfs /dev
-/bin/busybox mount -t tmpfs tmpfs /tmp
+# The initramfs is itself writable; no tmpfs over /tmp, which would hide a checkout that
+# lives there (the binaries sit at their host paths).
+/bin/busybox mkdir -p /tmp
 /bin/busybox mount -t tmpfs tmpfs /run
 /bin/busybox mount -t cgroup2 cgroup2 /sys/fs/cgroup
 /bin/busybox mount -t bpf bpf /sys/fs/bpf
