@@ -8,8 +8,8 @@ use aya_ebpf::{
     EbpfContext,
 };
 use redirector_common::{
-    decide_outbound, pod_flags, trace::OUTBOUND, OrigDst, OutboundAttempt, Protocol, Reason,
-    TraceRecord, Verdict, DNS_CAPTURE_PORT,
+    decide_outbound, pod_flags, trace::OUTBOUND, OrigDst, OutboundAttempt, PodConfig, Protocol,
+    Reason, TraceRecord, Verdict, DNS_CAPTURE_PORT,
 };
 
 use crate::{
@@ -125,10 +125,10 @@ fn capture<const V6: bool>(
         Verdict::CaptureInbound => (verdict.reason(), cfg.inbound_port),
         Verdict::CaptureDns => (verdict.reason(), DNS_CAPTURE_PORT),
     };
-    let (reason, port) = if port == 0 {
-        (reason, 0)
+    let (reason, port, verdict) = if port == 0 {
+        (reason, 0, ALLOW)
     } else {
-        redirect::<V6>(ctx, &attempt, port, reason)
+        redirect::<V6>(ctx, cfg, &attempt, port, reason)
     };
     count(netns_cookie, reason);
     if trace::on(cfg) {
@@ -149,23 +149,23 @@ fn capture<const V6: bool>(
             _pad: 0,
         });
     }
-    if reason == Reason::FailedClosed && cfg.flags & pod_flags::FAIL_OPEN == 0 {
-        REFUSE
-    } else {
-        ALLOW
-    }
+    verdict
 }
 
 /// Record the original destination and rewrite the connect to the proxy on `port`.
-/// Returns the reason to count and where it went: `(FailedClosed, 0)` when the original
-/// destination could not be recorded (the caller refuses it unless the pod fails open).
+/// Returns the reason to count, where it went and the program's verdict: `(FailedClosed,
+/// 0, REFUSE)` when the original destination could not be recorded, unless the pod fails
+/// open. The verdict is decided here, on the failure's own branch: computed after the
+/// branches meet, the compiler makes it an OR of two conditions, whose result 6.1's
+/// verifier no longer knows to be 0 or 1.
 #[inline(always)]
 fn redirect<const V6: bool>(
     ctx: &SockAddrContext,
+    cfg: &PodConfig,
     attempt: &OutboundAttempt,
     port: u16,
     reason: Reason,
-) -> (Reason, u16) {
+) -> (Reason, u16, i32) {
     let (family, raw) = addr::raw(attempt.dst);
     let orig = OrigDst {
         addr: raw,
@@ -180,7 +180,12 @@ fn redirect<const V6: bool>(
         Protocol::Udp => DNS_ORIG_BY_COOKIE.insert(socket_cookie, orig, 0),
     };
     if recorded.is_err() {
-        return (Reason::FailedClosed, 0);
+        let verdict = if cfg.flags & pod_flags::FAIL_OPEN != 0 {
+            ALLOW
+        } else {
+            REFUSE
+        };
+        return (Reason::FailedClosed, 0, verdict);
     }
     // The proxy on this host: 127.0.0.1 (IPv4-mapped on an IPv6 socket) or ::1.
     let loopback = match attempt.dst {
@@ -196,5 +201,5 @@ fn redirect<const V6: bool>(
             family,
         },
     );
-    (reason, port)
+    (reason, port, ALLOW)
 }
