@@ -9,12 +9,14 @@ use crate::report::per_round;
 use crate::stats::median;
 use crate::wrk::LOADS;
 
-const COLORS: [RGBColor; 5] = [
+/// One colour per mode, in `Mode::ALL` order.
+const COLORS: [RGBColor; Mode::ALL.len()] = [
     RGBColor(150, 150, 150),
     RGBColor(90, 90, 90),
     RGBColor(214, 96, 77),
     RGBColor(67, 147, 195),
     RGBColor(33, 102, 172),
+    RGBColor(146, 197, 222),
 ];
 
 pub fn draw(dp: &DataPath, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
