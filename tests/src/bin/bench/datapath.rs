@@ -364,9 +364,9 @@ fn profile(bed: &Bed, load: Load, seconds: u32) -> Vec<ProgramCost> {
         .collect()
 }
 
-pub fn run(rounds: u32, seconds: u32) -> DataPath {
+pub fn run(rounds: u32, seconds: u32, modes: &[Mode]) -> DataPath {
     let site = Site::new(8 << 20);
-    let beds: Vec<Bed> = Mode::ALL.iter().map(|m| Bed::new(*m, &site)).collect();
+    let beds: Vec<Bed> = modes.iter().map(|m| Bed::new(*m, &site)).collect();
     eprintln!("bench: data path: {} modes ready", beds.len());
     // Warm every path up (object caches, conntrack, nginx) before anything counts.
     for bed in &beds {

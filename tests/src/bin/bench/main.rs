@@ -2,8 +2,10 @@
 //! `cargo xtask bench`, which installs wrk and nginx and builds the release binaries first.
 //!
 //! ```text
-//! bench [--quick] [--out DIR] [--only datapath|setup]
+//! bench [--quick] [--out DIR] [--only datapath|setup] [--modes NAME,...]
 //! ```
+//! `--modes` measures only those data-path modes (e.g. to compare two redirector builds
+//! through `REDIRECTOR_BIN`, one without `redirector trace`).
 //! Prints a Markdown report; writes `bench.json` and `bench.svg` to DIR.
 
 mod cpu;
@@ -23,6 +25,7 @@ struct Options {
     out: PathBuf,
     datapath: bool,
     setup: bool,
+    modes: Vec<datapath::Mode>,
 }
 
 fn parse_args() -> Result<Options, String> {
@@ -31,6 +34,7 @@ fn parse_args() -> Result<Options, String> {
         out: PathBuf::from("target/bench"),
         datapath: true,
         setup: true,
+        modes: datapath::Mode::ALL.to_vec(),
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -42,6 +46,18 @@ fn parse_args() -> Result<Options, String> {
                 Some("setup") => o.datapath = false,
                 other => return Err(format!("--only {other:?}: use datapath or setup")),
             },
+            "--modes" => {
+                let list = args.next().ok_or("--modes needs a list")?;
+                o.modes = list
+                    .split(',')
+                    .map(|name| {
+                        datapath::Mode::ALL
+                            .into_iter()
+                            .find(|m| m.name() == name)
+                            .ok_or_else(|| format!("--modes: no mode {name:?}"))
+                    })
+                    .collect::<Result<_, _>>()?;
+            }
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -72,7 +88,9 @@ fn main() -> ExitCode {
     let opts = match parse_args() {
         Ok(o) => o,
         Err(e) => {
-            eprintln!("bench: {e}\nusage: bench [--quick] [--out DIR] [--only datapath|setup]");
+            eprintln!(
+                "bench: {e}\nusage: bench [--quick] [--out DIR] [--only datapath|setup] [--modes NAME,...]"
+            );
             return ExitCode::from(64);
         }
     };
@@ -86,7 +104,7 @@ fn main() -> ExitCode {
     };
     let machine = machine();
     let dp = if opts.datapath {
-        datapath::run(rounds, seconds)
+        datapath::run(rounds, seconds, &opts.modes)
     } else {
         datapath::DataPath::default()
     };
