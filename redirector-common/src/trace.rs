@@ -43,10 +43,7 @@ mod tests {
 
     #[test]
     fn record_layout_is_what_both_sides_read() {
-        assert_eq!(
-            size_of::<TraceRecord>(),
-            8 + 4 + 4 + 16 + 16 + 2 + 2 + 4
-        );
+        assert_eq!(size_of::<TraceRecord>(), 8 + 4 + 4 + 16 + 16 + 2 + 2 + 4);
         assert_eq!(core::mem::offset_of!(TraceRecord, src), 16);
         assert_eq!(core::mem::offset_of!(TraceRecord, reason), 52);
     }

@@ -1,19 +1,24 @@
 //! `redirector trace` over real connections: a redirected, a passed, an inbound and a DNS
 //! decision each show up with its reason while the trace runs; the switch is off once the
-//! tracer exits on SIGTERM, and `gc` clears the switch a killed tracer left on.
+//! tracer exits on SIGTERM, and `gc` clears the switch a killed tracer left on. The
+//! daemon's `trace` request streams the same until its client hangs up.
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::os::unix::net::UnixStream;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::dns::{use_dnsprobe_bin, DnsClient, DnsMode, ResolvConf, DNS_PORT};
 use redirector_tests::process::{ChildGuard, Spawn};
-use redirector_tests::redirector::{install, redirector_bin, run_ok, status, PinRoot};
+use redirector_tests::redirector::{
+    install, redirector_bin, run_ok, status, PinRoot, STANDARD_INJECTION,
+};
 use redirector_tests::{
-    connect_from, require_root, use_probe_bin, ConnOutcome, ProbeServer, Topology, APP_UID,
-    PROXY_UID,
+    assert_proxied, connect_from, require_root, use_probe_bin, Cgroup, ConnOutcome, ProbeServer,
+    ProxiedPod, Topology, APP_UID, PROXY_UID,
 };
 
 /// `pod_flags::TRACE`.
@@ -215,5 +220,62 @@ fn trace_shows_each_decision_and_switches_off_on_exit() {
         0,
         "gc clears a killed tracer's switch"
     );
+    assert!(!root.path().join("tracers").exists());
+}
+
+#[test]
+fn the_daemon_streams_a_pods_decisions_until_the_client_hangs_up() {
+    if !require_root() {
+        return;
+    }
+    use std::io::{BufRead, BufReader, Write};
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let root = PinRoot::new("dtrace");
+    let node = Cgroup::new("node");
+    let state = StateDir::new("state");
+    let daemon = Daemon::start(&root, &node, &state);
+    let pod = ProxiedPod::under(&node, "dtracepod");
+    let netns = pod.topo.pod.path().display().to_string();
+    let mut args = vec!["add", "--netns", &netns, "--name", "default/traced", "--"];
+    args.extend(STANDARD_INJECTION);
+    assert!(daemon.pod(&args).status.success(), "{}", daemon.log());
+
+    let ask = |request: &str| {
+        let mut stream = UnixStream::connect(daemon.socket()).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        writeln!(stream, "{request}").unwrap();
+        let mut lines = BufReader::new(stream.try_clone().unwrap()).lines();
+        let answer: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+        (stream, lines, answer)
+    };
+    let (_, _, answer) = ask(r#"{"op":"trace","name":"default/nobody"}"#);
+    assert_eq!(answer["ok"], false, "{answer}");
+    assert!(answer["error"].as_str().unwrap().contains("no such pod"));
+
+    let (stream, mut lines, answer) = ask(r#"{"op":"trace","name":"default/traced"}"#);
+    assert_eq!(answer["ok"], true, "{answer}");
+    wait_until("the trace switch is on", || flags(&root) & TRACE_FLAG != 0);
+    let dst = pod.service(false);
+    assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+    let decision = loop {
+        let line = lines
+            .next()
+            .expect("the stream goes on")
+            .expect("a decision within 10 s");
+        let v: Value = serde_json::from_str(&line).unwrap();
+        if v["reason"] == "redirected" {
+            break v;
+        }
+    };
+    assert_eq!(decision["pod"], "default/traced");
+    assert_eq!(decision["dst"], dst.ip().to_string());
+    assert_eq!(decision["to"], 15001);
+
+    // Hanging up ends the stream and switches tracing off.
+    drop(lines);
+    drop(stream);
+    wait_until("the trace switch is off", || flags(&root) & TRACE_FLAG == 0);
     assert!(!root.path().join("tracers").exists());
 }

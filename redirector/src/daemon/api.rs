@@ -9,6 +9,8 @@
 //! {"op":"list"}
 //! {"op":"check","netns":"/run/netns/p1"}       (or "name")
 //! → {"ok":true,"pods":[...]}  |  {"ok":false,"error":"..."}
+//! {"op":"trace","name":"default/app"}          (or "netns"; neither: every pod)
+//! → {"ok":true,...} then one decision per line, until the client closes
 //! ```
 
 use std::{collections::BTreeMap, path::PathBuf};
@@ -47,6 +49,9 @@ pub enum Request {
     List,
     /// Whether a pod's installed state is exactly its plan.
     Check(PodRef),
+    /// Stream a pod's decisions (every pod's when none is named), as `redirector trace
+    /// --json` prints them, until the client closes the connection.
+    Trace(PodRef),
 }
 
 impl Request {
@@ -57,6 +62,7 @@ impl Request {
             Request::Del(_) => "del",
             Request::List => "list",
             Request::Check(_) => "check",
+            Request::Trace(_) => "trace",
         }
     }
 }

@@ -10,6 +10,7 @@ mod generated;
 pub mod metrics;
 pub mod pods;
 pub mod records;
+mod trace;
 
 use std::{
     net::SocketAddr,
@@ -261,6 +262,11 @@ async fn connection(
             continue;
         }
         let response = match serde_json::from_str::<Request>(&text) {
+            Ok(Request::Trace(pod)) => {
+                // The connection becomes the stream.
+                trace::stream(reader.into_inner(), writer, node, pod).await;
+                return;
+            }
             Ok(request) => {
                 let _owner = owner.lock().await;
                 let op = request.op();

@@ -1,7 +1,7 @@
 //! The daemon's handling of each request, on the engine: blocking work, run off the
 //! async threads.
 
-use std::path::Path;
+use std::{collections::BTreeMap, path::Path};
 
 use redirector_common::{NetnsCookie, Reason};
 
@@ -80,6 +80,8 @@ impl Node {
             Request::Del(pod) => self.del(&pod),
             Request::List => self.list(),
             Request::Check(pod) => self.check(&pod),
+            // A stream, not one answer: the connection runs it (`super::trace`).
+            Request::Trace(_) => Err("trace is answered as a stream".into()),
         };
         result.unwrap_or_else(Response::failed)
     }
@@ -146,6 +148,29 @@ impl Node {
             (None, None) => None,
         };
         Ok((record, cookie))
+    }
+
+    /// What a `trace` request watches, and the names of the pods it may report.
+    pub fn trace_target(
+        &self,
+        pod: &PodRef,
+    ) -> Result<(crate::trace::Traced, BTreeMap<u64, String>), String> {
+        let names = self
+            .records
+            .all()
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter_map(|r| Some((r.netns_cookie, r.name?)))
+            .collect();
+        if pod.netns.is_none() && pod.name.is_none() {
+            return Ok((crate::trace::Traced::All, names));
+        }
+        match self.find(pod)? {
+            (_, Some(cookie)) if LivePod::open(&self.root, cookie).is_ok() => {
+                Ok((crate::trace::Traced::One(cookie), names))
+            }
+            _ => Err("no such pod".into()),
+        }
     }
 
     fn del(&self, pod: &PodRef) -> Result<Response, String> {

@@ -1,0 +1,127 @@
+//! A decision as `redirector trace` prints it (text or JSON) and the daemon streams it,
+//! from the `TraceRecord` the programs log.
+
+use std::net::{IpAddr, Ipv6Addr};
+
+use redirector_common::{
+    trace::{INBOUND, TRACE_PREFIX},
+    Reason, TraceRecord,
+};
+use serde::Serialize;
+
+/// One decision as printed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Decision {
+    pub netns_cookie: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    pub direction: &'static str,
+    pub protocol: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gid: Option<u32>,
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub dst_port: u16,
+    pub reason: &'static str,
+    /// The port it was sent or steered to; absent when it went through untouched.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub to: Option<u16>,
+}
+
+fn ip(octets: [u8; 16]) -> IpAddr {
+    Ipv6Addr::from(octets).to_canonical()
+}
+
+impl Decision {
+    /// `r` as printed; `pod` names it when the caller knows its name.
+    pub fn of(r: &TraceRecord, pod: Option<String>) -> Self {
+        let inbound = r.direction == INBOUND;
+        Decision {
+            netns_cookie: r.netns_cookie,
+            pod,
+            direction: if inbound { "in" } else { "out" },
+            protocol: if r.protocol == 17 { "udp" } else { "tcp" },
+            uid: (!inbound).then_some(r.uid),
+            gid: (!inbound).then_some(r.gid),
+            src: ip(r.src),
+            dst: ip(r.dst),
+            dst_port: r.dst_port,
+            reason: Reason::ALL
+                .get(usize::from(r.reason))
+                .map_or("unknown", |r| r.name()),
+            to: (r.to != 0).then_some(r.to),
+        }
+    }
+
+    /// One line of text: where it went and why.
+    pub fn text(&self) -> String {
+        let pod = self
+            .pod
+            .clone()
+            .unwrap_or_else(|| format!("netns:{}", self.netns_cookie));
+        let dst = std::net::SocketAddr::new(self.dst, self.dst_port);
+        let to = self.to.map(|p| format!(" -> :{p}")).unwrap_or_default();
+        match (self.uid, self.gid) {
+            (Some(uid), Some(gid)) => format!(
+                "{pod} {} {} {dst} {}{to} uid={uid} gid={gid}",
+                self.direction, self.protocol, self.reason
+            ),
+            _ => format!(
+                "{pod} {} {} {} -> {dst} {}{to}",
+                self.direction, self.protocol, self.src, self.reason
+            ),
+        }
+    }
+}
+
+/// `decision <hex bytes>` back into the record the program logged.
+pub fn parse(message: &str) -> Option<TraceRecord> {
+    let hex = message.strip_prefix(TRACE_PREFIX)?;
+    let mut bytes = [0u8; size_of::<TraceRecord>()];
+    if hex.len() != bytes.len() * 2 {
+        return None;
+    }
+    for (i, b) in bytes.iter_mut().enumerate() {
+        *b = u8::from_str_radix(hex.get(i * 2..i * 2 + 2)?, 16).ok()?;
+    }
+    Some(bytemuck::pod_read_unaligned(&bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_logged_record_reads_back_and_prints_with_explains_reason_names() {
+        let record = TraceRecord {
+            netns_cookie: 4097,
+            uid: 1000,
+            gid: 1001,
+            src: Ipv6Addr::UNSPECIFIED.octets(),
+            dst: std::net::Ipv4Addr::new(10, 9, 8, 7)
+                .to_ipv6_mapped()
+                .octets(),
+            dst_port: 80,
+            to: 15001,
+            reason: Reason::Redirected as u8,
+            direction: redirector_common::trace::OUTBOUND,
+            protocol: 6,
+            _pad: 0,
+        };
+        let hex: String = bytemuck::bytes_of(&record)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let back = parse(&format!("{TRACE_PREFIX}{hex}")).unwrap();
+        assert_eq!(back, record);
+        let decision = Decision::of(&back, None);
+        assert_eq!(
+            decision.text(),
+            "netns:4097 out tcp 10.9.8.7:80 redirected -> :15001 uid=1000 gid=1001"
+        );
+        assert!(parse("decision 00").is_none());
+        assert!(parse("something else").is_none());
+    }
+}
