@@ -5,9 +5,15 @@
 //! the programs small (each aya-log argument is more code for the verifier to walk, on
 //! every path that logs), and bytemuck proves both sides read the same layout.
 
+use crate::RawIp;
+
 /// [`TraceRecord::direction`].
 pub const OUTBOUND: u8 = 0;
 pub const INBOUND: u8 = 1;
+
+/// [`TraceRecord::families`] bits: the address is IPv6 (else IPv4, in `RawIp`'s first word).
+pub const SRC_V6: u8 = 1 << 0;
+pub const DST_V6: u8 = 1 << 1;
 
 /// One decision.
 #[repr(C)]
@@ -18,10 +24,12 @@ pub struct TraceRecord {
     /// The caller's uid and gid (outbound; 0 inbound, which has no caller).
     pub uid: u32,
     pub gid: u32,
-    /// Outbound: the socket's bound address; inbound: the peer. IPv6 octets, IPv4 mapped.
-    pub src: [u8; 16],
+    /// Outbound: the socket's bound address; inbound: the peer. Words as the maps hold
+    /// addresses (the programs copy them as they have them, which keeps the log cheap to
+    /// verify); [`TraceRecord::families`] says which family.
+    pub src: RawIp,
     /// The original destination, as `src`.
-    pub dst: [u8; 16],
+    pub dst: RawIp,
     pub dst_port: u16,
     /// Where it was sent or steered to; 0 when it went through untouched (or was refused).
     pub to: u16,
@@ -31,7 +39,8 @@ pub struct TraceRecord {
     pub direction: u8,
     /// IP protocol number: 6 TCP, 17 UDP.
     pub protocol: u8,
-    pub _pad: u8,
+    /// [`SRC_V6`] and [`DST_V6`].
+    pub families: u8,
 }
 
 /// The log line's format: one argument, the record's bytes in lower-case hex.

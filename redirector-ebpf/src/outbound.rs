@@ -132,12 +132,14 @@ fn capture<const V6: bool>(
     };
     count(netns_cookie, reason);
     if trace::on(cfg) {
+        let (src_family, src) = addr::raw(attempt.src);
+        let (dst_family, dst) = addr::raw(attempt.dst);
         trace::log(TraceRecord {
             netns_cookie: netns_cookie.get(),
             uid: attempt.uid,
             gid: attempt.gid,
-            src: trace::octets(attempt.src),
-            dst: trace::octets(attempt.dst),
+            src,
+            dst,
             dst_port: attempt.dst_port,
             to: port,
             reason: reason as u8,
@@ -146,7 +148,7 @@ fn capture<const V6: bool>(
                 Protocol::Tcp => 6,
                 Protocol::Udp => 17,
             },
-            _pad: 0,
+            families: trace::families(src_family, dst_family),
         });
     }
     verdict

@@ -6,13 +6,12 @@
 //! record's bytes): the log's code exists once per program and stays small, because the
 //! verifier walks it again for each path that logs.
 
-use core::net::IpAddr;
-
 use aya_ebpf::{bindings::bpf_sk_lookup, macros::map, maps::PerCpuArray};
 use aya_log_ebpf::info;
 use redirector_common::{
-    kernel_abi::V4_MAPPED_WORD, pod_flags, trace::INBOUND, NetnsCookie, PodConfig, Reason,
-    TraceRecord, AF_INET6,
+    pod_flags,
+    trace::{DST_V6, INBOUND, SRC_V6},
+    NetnsCookie, PodConfig, RawIp, Reason, TraceRecord, AF_INET6,
 };
 
 const RECORD_SIZE: usize = size_of::<TraceRecord>();
@@ -22,13 +21,17 @@ const RECORD_SIZE: usize = size_of::<TraceRecord>();
 #[map]
 static RECORD: PerCpuArray<TraceRecord> = PerCpuArray::with_max_entries(1, 0);
 
-/// `ip` as IPv6 octets, IPv4 mapped (`::ffff:a.b.c.d`).
+/// [`TraceRecord::families`] of a source and a destination family.
 #[inline(always)]
-pub fn octets(ip: IpAddr) -> [u8; 16] {
-    match ip {
-        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
-        IpAddr::V6(v6) => v6.octets(),
+pub fn families(src: u16, dst: u16) -> u8 {
+    let mut f = 0;
+    if src == AF_INET6 {
+        f |= SRC_V6;
     }
+    if dst == AF_INET6 {
+        f |= DST_V6;
+    }
+    f
 }
 
 #[inline(always)]
@@ -55,20 +58,10 @@ pub fn inbound(lk: &bpf_sk_lookup, netns_cookie: NetnsCookie, reason: Reason, to
             read_volatile(&lk.local_port),
         )
     };
-    let words = |w: [u32; 4]| {
-        let mut o = [0u8; 16];
-        for (i, word) in w.iter().enumerate() {
-            o[i * 4..i * 4 + 4].copy_from_slice(&word.to_ne_bytes());
-        }
-        o
-    };
-    let (src, dst) = if family == u32::from(AF_INET6) {
-        (words(remote6), words(local6))
+    let (src, dst, families) = if family == u32::from(AF_INET6) {
+        (RawIp(remote6), RawIp(local6), SRC_V6 | DST_V6)
     } else {
-        (
-            words([0, 0, V4_MAPPED_WORD, remote4]),
-            words([0, 0, V4_MAPPED_WORD, local4]),
-        )
+        (RawIp::from_v4_be(remote4), RawIp::from_v4_be(local4), 0)
     };
     log(TraceRecord {
         netns_cookie: netns_cookie.get(),
@@ -81,7 +74,7 @@ pub fn inbound(lk: &bpf_sk_lookup, netns_cookie: NetnsCookie, reason: Reason, to
         reason: reason as u8,
         direction: INBOUND,
         protocol: 6,
-        _pad: 0,
+        families,
     });
 }
 

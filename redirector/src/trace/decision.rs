@@ -1,11 +1,11 @@
 //! A decision as `redirector trace` prints it (text or JSON) and the daemon streams it,
 //! from the `TraceRecord` the programs log.
 
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::IpAddr;
 
 use redirector_common::{
-    trace::{INBOUND, TRACE_PREFIX},
-    Reason, TraceRecord,
+    trace::{DST_V6, INBOUND, SRC_V6, TRACE_PREFIX},
+    RawIp, Reason, TraceRecord, AF_INET, AF_INET6,
 };
 use serde::Serialize;
 
@@ -30,8 +30,13 @@ pub struct Decision {
     pub to: Option<u16>,
 }
 
-fn ip(octets: [u8; 16]) -> IpAddr {
-    Ipv6Addr::from(octets).to_canonical()
+/// The record's address with its family bit.
+fn ip(raw: RawIp, families: u8, v6_bit: u8) -> IpAddr {
+    raw.ip(if families & v6_bit != 0 {
+        AF_INET6
+    } else {
+        AF_INET
+    })
 }
 
 impl Decision {
@@ -45,8 +50,8 @@ impl Decision {
             protocol: if r.protocol == 17 { "udp" } else { "tcp" },
             uid: (!inbound).then_some(r.uid),
             gid: (!inbound).then_some(r.gid),
-            src: ip(r.src),
-            dst: ip(r.dst),
+            src: ip(r.src, r.families, SRC_V6),
+            dst: ip(r.dst, r.families, DST_V6),
             dst_port: r.dst_port,
             reason: Reason::ALL
                 .get(usize::from(r.reason))
@@ -99,16 +104,14 @@ mod tests {
             netns_cookie: 4097,
             uid: 1000,
             gid: 1001,
-            src: Ipv6Addr::UNSPECIFIED.octets(),
-            dst: std::net::Ipv4Addr::new(10, 9, 8, 7)
-                .to_ipv6_mapped()
-                .octets(),
+            src: RawIp::from_ip(std::net::Ipv6Addr::LOCALHOST.into()),
+            dst: RawIp::from_ip(std::net::Ipv4Addr::new(10, 9, 8, 7).into()),
             dst_port: 80,
             to: 15001,
             reason: Reason::Redirected as u8,
             direction: redirector_common::trace::OUTBOUND,
             protocol: 6,
-            _pad: 0,
+            families: SRC_V6,
         };
         let hex: String = bytemuck::bytes_of(&record)
             .iter()
@@ -117,6 +120,7 @@ mod tests {
         let back = parse(&format!("{TRACE_PREFIX}{hex}")).unwrap();
         assert_eq!(back, record);
         let decision = Decision::of(&back, None);
+        assert_eq!(decision.src, std::net::Ipv6Addr::LOCALHOST);
         assert_eq!(
             decision.text(),
             "netns:4097 out tcp 10.9.8.7:80 redirected -> :15001 uid=1000 gid=1001"
