@@ -8,8 +8,10 @@ use aya_ebpf::{
     EbpfContext,
 };
 use redirector_common::{
-    decide_outbound, pod_flags, trace::OUTBOUND, OrigDst, OutboundAttempt, PodConfig, Protocol,
-    Reason, TraceRecord, Verdict, DNS_CAPTURE_PORT,
+    decide_outbound, pod_flags,
+    trace::{DST_V6, OUTBOUND, SRC_V6},
+    OrigDst, OutboundAttempt, PodConfig, Protocol, RawIp, Reason, TraceRecord, Verdict, AF_INET6,
+    DNS_CAPTURE_PORT,
 };
 
 use crate::{
@@ -132,8 +134,7 @@ fn capture<const V6: bool>(
     };
     count(netns_cookie, reason);
     if trace::on(cfg) {
-        let (src_family, src) = addr::raw(attempt.src);
-        let (dst_family, dst) = addr::raw(attempt.dst);
+        let (src, dst, families) = traced_addresses::<V6>(ctx, protocol, port);
         trace::log(TraceRecord {
             netns_cookie: netns_cookie.get(),
             uid: attempt.uid,
@@ -148,10 +149,61 @@ fn capture<const V6: bool>(
                 Protocol::Tcp => 6,
                 Protocol::Udp => 17,
             },
-            families: trace::families(src_family, dst_family),
+            families,
         });
     }
     verdict
+}
+
+/// The addresses of a traced decision, read again from the context (the socket's bound
+/// address, and the destination unless it was rewritten) or from the original destination
+/// just recorded: taking them from the decision's `IpAddr`s instead made the verifier
+/// walk a conversion at the end of every path (connect6's load three times as long).
+#[inline(always)]
+fn traced_addresses<const V6: bool>(
+    ctx: &SockAddrContext,
+    protocol: Protocol,
+    port: u16,
+) -> (RawIp, RawIp, u8) {
+    use core::ptr::read_volatile;
+    // SAFETY: `sock_addr` is the program's context, with its socket; the verifier checks
+    // each field read (and V6 is a constant of the program, as the verifier requires).
+    let (src, mut dst) = unsafe {
+        let sa = ctx.sock_addr;
+        let sk = (*sa).__bindgen_anon_1.sk;
+        if V6 {
+            (
+                RawIp(read_volatile(&(*sk).src_ip6)),
+                RawIp(read_volatile(&(*sa).user_ip6)),
+            )
+        } else {
+            (
+                RawIp::from_v4_be(read_volatile(&(*sk).src_ip4)),
+                RawIp::from_v4_be(read_volatile(&(*sa).user_ip4)),
+            )
+        }
+    };
+    let mut families = if V6 { SRC_V6 | DST_V6 } else { 0 };
+    if port != 0 {
+        // Rewritten to the proxy: the original is in the map it was just recorded in.
+        // SAFETY: called with the program's own context.
+        let socket_cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+        // SAFETY: the value is copied out at once.
+        let orig = unsafe {
+            match protocol {
+                Protocol::Tcp => ORIG_DST_BY_COOKIE.get(&socket_cookie),
+                Protocol::Udp => DNS_ORIG_BY_COOKIE.get(&socket_cookie),
+            }
+        };
+        if let Some(orig) = orig {
+            dst = orig.addr;
+            families &= !DST_V6;
+            if orig.family == AF_INET6 {
+                families |= DST_V6;
+            }
+        }
+    }
+    (src, dst, families)
 }
 
 /// Record the original destination and rewrite the connect to the proxy on `port`.

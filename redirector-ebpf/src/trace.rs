@@ -21,19 +21,6 @@ const RECORD_SIZE: usize = size_of::<TraceRecord>();
 #[map]
 static RECORD: PerCpuArray<TraceRecord> = PerCpuArray::with_max_entries(1, 0);
 
-/// [`TraceRecord::families`] of a source and a destination family.
-#[inline(always)]
-pub fn families(src: u16, dst: u16) -> u8 {
-    let mut f = 0;
-    if src == AF_INET6 {
-        f |= SRC_V6;
-    }
-    if dst == AF_INET6 {
-        f |= DST_V6;
-    }
-    f
-}
-
 #[inline(always)]
 pub fn on(cfg: &PodConfig) -> bool {
     cfg.flags & pod_flags::TRACE != 0
