@@ -28,6 +28,16 @@ pub enum Protocol {
     Udp,
 }
 
+impl Protocol {
+    /// The IP protocol number.
+    pub const fn number(self) -> u8 {
+        match self {
+            Protocol::Tcp => crate::kernel_abi::IPPROTO_TCP,
+            Protocol::Udp => crate::kernel_abi::IPPROTO_UDP,
+        }
+    }
+}
+
 /// A `connect()` (TCP or UDP) or UDP `sendmsg()` as the kernel sees it before it happens.
 #[derive(Clone, Copy, Debug)]
 pub struct OutboundAttempt {

@@ -6,6 +6,10 @@ pub const SO_ORIGINAL_DST: i32 = 80;
 pub const SOL_IP: i32 = 0;
 pub const SOL_IPV6: i32 = 41;
 
+/// IP protocol numbers (linux/in.h), as sockets and sk_lookup carry them.
+pub const IPPROTO_TCP: u8 = 6;
+pub const IPPROTO_UDP: u8 = 17;
+
 /// The third 32-bit word of an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`), in network
 /// byte order as the kernel stores it.
 pub const V4_MAPPED_WORD: u32 = u32::from_ne_bytes([0, 0, 0xff, 0xff]);

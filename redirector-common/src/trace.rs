@@ -37,7 +37,7 @@ pub struct TraceRecord {
     pub reason: u8,
     /// [`OUTBOUND`] or [`INBOUND`].
     pub direction: u8,
-    /// IP protocol number: 6 TCP, 17 UDP.
+    /// IP protocol number (`kernel_abi::IPPROTO_TCP` or `IPPROTO_UDP`).
     pub protocol: u8,
     /// [`SRC_V6`] and [`DST_V6`].
     pub families: u8,

@@ -9,9 +9,9 @@ use aya_ebpf::{
     programs::{SkLookupContext, SockOpsContext},
 };
 use redirector_common::{
-    decide_inbound, decision::INBOUND_PASSTHROUGH_V6, pod_flags, CidrList, InboundAttempt,
-    ListenerKey, NetnsCookie, OrigDst, PodAddrKey, PodConfig, PodLookups, Reason, Verdict, AF_INET,
-    AF_INET6,
+    decide_inbound, decision::INBOUND_PASSTHROUGH_V6, kernel_abi::IPPROTO_TCP, pod_flags, CidrList,
+    InboundAttempt, ListenerKey, NetnsCookie, OrigDst, PodAddrKey, PodConfig, PodLookups, Reason,
+    Verdict, AF_INET, AF_INET6,
 };
 
 use crate::{
@@ -21,7 +21,6 @@ use crate::{
     trace,
 };
 
-const IPPROTO_TCP: u32 = 6;
 /// `lo` has this index in every network namespace.
 const LOOPBACK_IFINDEX: u32 = 1;
 
@@ -55,7 +54,7 @@ pub fn register_listener(ctx: &SockOpsContext) {
 pub fn sk_lookup(ctx: &SkLookupContext) -> u32 {
     // SAFETY: `lookup` is the program's context; the verifier checks every field read.
     let lk = unsafe { &*ctx.lookup };
-    if lk.protocol != IPPROTO_TCP {
+    if lk.protocol != u32::from(IPPROTO_TCP) {
         return SK_PASS;
     }
     let v6 = lk.family == u32::from(AF_INET6);

@@ -16,7 +16,7 @@ use aya_ebpf::{
     EbpfContext,
 };
 use redirector_common::{
-    kernel_abi::{SOL_IP, SOL_IPV6, SO_ORIGINAL_DST},
+    kernel_abi::{IPPROTO_UDP, SOL_IP, SOL_IPV6, SO_ORIGINAL_DST},
     OrigDst, Reason, AF_INET, AF_INET6,
 };
 
@@ -27,7 +27,6 @@ use crate::{
 };
 
 const TCP_CLOSE: u32 = 7;
-const IPPROTO_UDP: u32 = 17;
 const SOCKADDR_IN_LEN: usize = 16;
 const SOCKADDR_IN6_LEN: usize = 28;
 
@@ -196,7 +195,7 @@ pub fn getpeername<const V6: bool>(ctx: &SockAddrContext) {
     // SAFETY: `sk` is the context's non-null socket; helpers get the program's context;
     // map values are copied out at once.
     let orig = unsafe {
-        if (*sk).protocol == IPPROTO_UDP {
+        if (*sk).protocol == u32::from(IPPROTO_UDP) {
             let cookie = bpf_get_socket_cookie(ctx.as_ptr());
             DNS_ORIG_BY_COOKIE.get(&cookie).copied()
         } else {

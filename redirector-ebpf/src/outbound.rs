@@ -145,10 +145,7 @@ fn capture<const V6: bool>(
             to: port,
             reason: reason as u8,
             direction: OUTBOUND,
-            protocol: match protocol {
-                Protocol::Tcp => 6,
-                Protocol::Udp => 17,
-            },
+            protocol: protocol.number(),
             families,
         });
     }

@@ -9,6 +9,7 @@
 use aya_ebpf::{bindings::bpf_sk_lookup, macros::map, maps::PerCpuArray};
 use aya_log_ebpf::info;
 use redirector_common::{
+    kernel_abi::IPPROTO_TCP,
     pod_flags,
     trace::{DST_V6, INBOUND, SRC_V6},
     NetnsCookie, PodConfig, RawIp, Reason, TraceRecord, AF_INET6,
@@ -60,7 +61,7 @@ pub fn inbound(lk: &bpf_sk_lookup, netns_cookie: NetnsCookie, reason: Reason, to
         to,
         reason: reason as u8,
         direction: INBOUND,
-        protocol: 6,
+        protocol: IPPROTO_TCP,
         families,
     });
 }
@@ -76,7 +77,8 @@ pub fn log(record: TraceRecord) {
     }
 }
 
-/// The aya-log record: `decision <hex bytes>`, parsed back by `redirector trace`.
+/// The aya-log record: `decision <hex bytes>`, parsed back by `redirector trace`. The macro
+/// takes only a literal: its prefix is `redirector_common::trace::TRACE_PREFIX`.
 #[inline(never)]
 fn emit(record: &TraceRecord) {
     // SAFETY: `TraceRecord` is `repr(C)` plain data without padding (bytemuck proves it on

@@ -6,7 +6,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use crate::redirector::{redirector_bin, PinRoot};
-use crate::{unique_name, Cgroup, ChildGuard, Spawn};
+use crate::{unique_name, Cgroup, ChildGuard, NetNs, Spawn};
 
 /// A directory under /tmp removed (with its contents) on drop.
 #[derive(Debug)]
@@ -188,6 +188,22 @@ impl Daemon {
             .args(args)
             .output()
             .expect("running redirector pod")
+    }
+
+    /// `redirector pod add --netns NETNS --name NAME -- FLAGS`; panics with the daemon's log
+    /// unless it succeeds.
+    pub fn add(&self, netns: &NetNs, name: &str, flags: &[&str]) {
+        let netns = netns.path().display().to_string();
+        let mut args = vec!["add", "--netns", netns.as_str(), "--name", name, "--"];
+        args.extend_from_slice(flags);
+        let out = self.pod(&args);
+        assert!(
+            out.status.success(),
+            "pod add {name}: {}{}\ndaemon log:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.log()
+        );
     }
 
     /// The names of the pods it manages, sorted.

@@ -134,6 +134,16 @@ pub fn status(root: &PinRoot) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("status --json prints JSON")
 }
 
+/// Whether tracing is switched on (`pod_flags::TRACE`) for the one pod under `root`, as
+/// `status --json` reports its configuration.
+pub fn trace_switch_on(root: &PinRoot) -> bool {
+    let status = status(root);
+    let flags = status["objects"][0]["pods"][0]["config"]["flags"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("a pod with a config in {status}"));
+    flags & u64::from(redirector_common::pod_flags::TRACE) != 0
+}
+
 /// Run `cmd`, panicking with its log unless it exits 0.
 pub fn run_ok(cmd: &mut Command) -> Output {
     let out = cmd

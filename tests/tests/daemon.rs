@@ -15,20 +15,6 @@ use redirector_tests::{
     ConnOutcome, ProxiedPod, APP_UID, PROXY_UID,
 };
 
-fn add(daemon: &Daemon, pod: &ProxiedPod, name: &str, flags: &[&str]) {
-    let netns = pod.topo.pod.path().display().to_string();
-    let mut args = vec!["add", "--netns", netns.as_str(), "--name", name, "--"];
-    args.extend_from_slice(flags);
-    let out = daemon.pod(&args);
-    assert!(
-        out.status.success(),
-        "pod add {name}: {}{}\ndaemon log:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        daemon.log()
-    );
-}
-
 #[test]
 fn daemon_captures_a_pod_by_its_namespace_and_releases_it() {
     if !require_root() {
@@ -51,7 +37,7 @@ fn daemon_captures_a_pod_by_its_namespace_and_releases_it() {
     let dst = pod.service(false);
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
 
-    add(&daemon, &pod, "default/app", &STANDARD_INJECTION);
+    daemon.add(&pod.topo.pod, "default/app", &STANDARD_INJECTION);
     for v6 in [false, true] {
         let dst = pod.service(v6);
         assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
@@ -162,8 +148,8 @@ fn killed_daemon_leaves_pods_captured_and_a_new_one_rebuilds_its_view() {
     let mut daemon = Daemon::start(&root, &node, &state);
     let pod = ProxiedPod::under(&node, "rpod");
     let doomed = ProxiedPod::under(&node, "gone");
-    add(&daemon, &pod, "default/app", &STANDARD_INJECTION);
-    add(&daemon, &doomed, "default/doomed", &STANDARD_INJECTION);
+    daemon.add(&pod.topo.pod, "default/app", &STANDARD_INJECTION);
+    daemon.add(&doomed.topo.pod, "default/doomed", &STANDARD_INJECTION);
     let doomed_cookie = doomed.topo.pod.cookie();
 
     let doomed_link = pins_under(root.path())
@@ -229,7 +215,7 @@ fn init_container_pods_and_daemon_pods_share_the_node() {
     let outside = ProxiedPod::new("out");
     // One inside it: the node's programs cover it; it adds only entries and its netns link.
     let inside = ProxiedPod::under(&node, "in");
-    add(&daemon, &by_daemon, "default/daemon", &STANDARD_INJECTION);
+    daemon.add(&by_daemon.topo.pod, "default/daemon", &STANDARD_INJECTION);
     outside.install(&root, &STANDARD_INJECTION);
     let log = inside.install(&root, &STANDARD_INJECTION);
     assert!(log.contains("cover cgroup"), "{log}");
@@ -300,7 +286,7 @@ fn a_new_object_replaces_the_node_programs_with_no_gap() {
     let state = StateDir::new("state");
     let daemon = Daemon::start(&root, &node, &state);
     let pod = ProxiedPod::under(&node, "upod");
-    add(&daemon, &pod, "default/app", &STANDARD_INJECTION);
+    daemon.add(&pod.topo.pod, "default/app", &STANDARD_INJECTION);
     let before = object_ids(&root);
     let next = NextObject::new();
 
@@ -356,8 +342,8 @@ fn a_pod_whose_namespace_goes_is_removed_while_the_daemon_runs() {
     let daemon = Daemon::start_with(&root, &node, &state, &["--gc-interval", "1"]);
     let kept = ProxiedPod::under(&node, "kept");
     let gone = ProxiedPod::under(&node, "gone");
-    add(&daemon, &kept, "default/kept", &STANDARD_INJECTION);
-    add(&daemon, &gone, "default/gone", &STANDARD_INJECTION);
+    daemon.add(&kept.topo.pod, "default/kept", &STANDARD_INJECTION);
+    daemon.add(&gone.topo.pod, "default/gone", &STANDARD_INJECTION);
     let gone_cookie = gone.topo.pod.cookie();
     // Deleted without `pod del` (a missed CNI DEL).
     drop(gone);

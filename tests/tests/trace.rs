@@ -14,23 +14,12 @@ use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::dns::{use_dnsprobe_bin, DnsClient, DnsMode, ResolvConf, DNS_PORT};
 use redirector_tests::process::{ChildGuard, Spawn};
 use redirector_tests::redirector::{
-    install, redirector_bin, run_ok, status, PinRoot, STANDARD_INJECTION,
+    install, redirector_bin, run_ok, trace_switch_on, PinRoot, STANDARD_INJECTION,
 };
 use redirector_tests::{
     assert_proxied, connect_from, require_root, use_probe_bin, Cgroup, ConnOutcome, ProbeServer,
     ProxiedPod, Topology, APP_UID, PROXY_UID,
 };
-
-/// `pod_flags::TRACE`.
-const TRACE_FLAG: u64 = 1 << 6;
-
-/// The pod's config flags as `status --json` reports them.
-fn flags(root: &PinRoot) -> u64 {
-    let status = status(root);
-    status["objects"][0]["pods"][0]["config"]["flags"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("a pod with a config in {status}"))
-}
 
 fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -50,7 +39,7 @@ fn start_trace(topo: &Topology, root: &PinRoot, json: bool) -> ChildGuard {
         .arg("--pin-root")
         .arg(root.path())
         .spawn();
-    wait_until("the trace switch is on", || flags(root) & TRACE_FLAG != 0);
+    wait_until("the trace switch is on", || trace_switch_on(root));
     tracer
 }
 
@@ -92,33 +81,10 @@ fn trace_shows_each_decision_and_switches_off_on_exit() {
     let root = PinRoot::new("trace");
     let resolv = ResolvConf::new("trace", &[topo.service_ip4().into()], false);
     let resolv_path = resolv.path().to_string_lossy().into_owned();
-    install(
-        &topo.pod,
-        &topo.pod_cgroup,
-        &root,
-        &[
-            "-p",
-            "15001",
-            "-z",
-            "15006",
-            "-u",
-            "1337",
-            "-m",
-            "REDIRECT",
-            "-i",
-            "*",
-            "-x",
-            "",
-            "-b",
-            "*",
-            "-d",
-            "15090,15021,15020",
-            "--redirect-dns",
-            "--resolv-conf",
-            &resolv_path,
-        ],
-    );
-    assert_eq!(flags(&root) & TRACE_FLAG, 0, "tracing starts off");
+    let mut flags = STANDARD_INJECTION.to_vec();
+    flags.extend(["--redirect-dns", "--resolv-conf", &resolv_path]);
+    install(&topo.pod, &topo.pod_cgroup, &root, &flags);
+    assert!(!trace_switch_on(&root), "tracing starts off");
 
     let mut tracer = start_trace(&topo, &root, true);
     let svc = topo.service_addr(false, 80);
@@ -197,7 +163,7 @@ fn trace_shows_each_decision_and_switches_off_on_exit() {
     assert_eq!(unsafe { libc::kill(tracer.pid() as i32, libc::SIGTERM) }, 0);
     wait_until("the tracer exits", || tracer.try_wait().is_some());
     assert!(tracer.try_wait().unwrap().success(), "{}", tracer.stderr());
-    assert_eq!(flags(&root) & TRACE_FLAG, 0, "tracing is off after exit");
+    assert!(!trace_switch_on(&root), "tracing is off after exit");
     assert!(!root.path().join("tracers").exists());
 
     // In text, one line per decision, with explain's reason names. Killed, a tracer leaves
@@ -209,15 +175,17 @@ fn trace_shows_each_decision_and_switches_off_on_exit() {
         l.ends_with(&want)
     });
     drop(tracer);
-    assert_ne!(flags(&root) & TRACE_FLAG, 0);
+    assert!(
+        trace_switch_on(&root),
+        "a killed tracer leaves the switch on"
+    );
     run_ok(
         Command::new(redirector_bin())
             .args(["gc", "--pin-root"])
             .arg(root.path()),
     );
-    assert_eq!(
-        flags(&root) & TRACE_FLAG,
-        0,
+    assert!(
+        !trace_switch_on(&root),
         "gc clears a killed tracer's switch"
     );
     assert!(!root.path().join("tracers").exists());
@@ -235,10 +203,7 @@ fn the_daemon_streams_a_pods_decisions_until_the_client_hangs_up() {
     let state = StateDir::new("state");
     let daemon = Daemon::start(&root, &node, &state);
     let pod = ProxiedPod::under(&node, "dtracepod");
-    let netns = pod.topo.pod.path().display().to_string();
-    let mut args = vec!["add", "--netns", &netns, "--name", "default/traced", "--"];
-    args.extend(STANDARD_INJECTION);
-    assert!(daemon.pod(&args).status.success(), "{}", daemon.log());
+    daemon.add(&pod.topo.pod, "default/traced", &STANDARD_INJECTION);
 
     let ask = |request: &str| {
         let mut stream = UnixStream::connect(daemon.socket()).unwrap();
@@ -256,7 +221,7 @@ fn the_daemon_streams_a_pods_decisions_until_the_client_hangs_up() {
 
     let (stream, mut lines, answer) = ask(r#"{"op":"trace","name":"default/traced"}"#);
     assert_eq!(answer["ok"], true, "{answer}");
-    wait_until("the trace switch is on", || flags(&root) & TRACE_FLAG != 0);
+    wait_until("the trace switch is on", || trace_switch_on(&root));
     let dst = pod.service(false);
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
     let decision = loop {
@@ -276,6 +241,6 @@ fn the_daemon_streams_a_pods_decisions_until_the_client_hangs_up() {
     // Hanging up ends the stream and switches tracing off.
     drop(lines);
     drop(stream);
-    wait_until("the trace switch is off", || flags(&root) & TRACE_FLAG == 0);
+    wait_until("the trace switch is off", || !trace_switch_on(&root));
     assert!(!root.path().join("tracers").exists());
 }

@@ -8,6 +8,7 @@ use redirector_common::NetnsCookie;
 
 use crate::{
     daemon::api::{Request, DEFAULT_SOCKET},
+    live_pod::LivePod,
     netns::Netns,
     store::PinRoot,
     trace::{follow, open_rings, Decision, DecisionSink, Traced, Tracer},
@@ -68,7 +69,7 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<()> {
         (None, None) => (Traced::All, None),
     };
     if let Traced::One(cookie) = traced {
-        if !objects.iter().any(|o| o.pod(cookie).dir().exists()) {
+        if LivePod::open(&root, cookie).is_err() {
             bail!(
                 "no pod with netns cookie {cookie} is set up under {}",
                 root.path().display()

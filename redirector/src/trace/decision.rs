@@ -4,6 +4,7 @@
 use std::net::IpAddr;
 
 use redirector_common::{
+    kernel_abi::IPPROTO_UDP,
     trace::{DST_V6, INBOUND, SRC_V6, TRACE_PREFIX},
     RawIp, Reason, TraceRecord, AF_INET, AF_INET6,
 };
@@ -47,7 +48,11 @@ impl Decision {
             netns_cookie: r.netns_cookie,
             pod,
             direction: if inbound { "in" } else { "out" },
-            protocol: if r.protocol == 17 { "udp" } else { "tcp" },
+            protocol: if r.protocol == IPPROTO_UDP {
+                "udp"
+            } else {
+                "tcp"
+            },
             uid: (!inbound).then_some(r.uid),
             gid: (!inbound).then_some(r.gid),
             src: ip(r.src, r.families, SRC_V6),
@@ -110,7 +115,7 @@ mod tests {
             to: 15001,
             reason: Reason::Redirected as u8,
             direction: redirector_common::trace::OUTBOUND,
-            protocol: 6,
+            protocol: redirector_common::kernel_abi::IPPROTO_TCP,
             families: SRC_V6,
         };
         let hex: String = bytemuck::bytes_of(&record)

@@ -141,12 +141,7 @@ fn trace(topo: &Topology, root: &PinRoot) -> ChildGuard {
     let tracer = Spawn::new("sh").args(["-c", &command]).spawn();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let flags = redirector_tests::redirector::status(root)["objects"][0]["pods"][0]["config"]
-            ["flags"]
-            .as_u64()
-            .unwrap_or(0);
-        // pod_flags::TRACE
-        if flags & (1 << 6) != 0 {
+        if redirector_tests::redirector::trace_switch_on(root) {
             return tracer;
         }
         assert!(
@@ -225,15 +220,7 @@ impl Bed {
                     node.as_ref().unwrap(),
                     state.as_ref().unwrap(),
                 );
-                let netns = topo.pod.path().display().to_string();
-                let mut args = vec!["add", "--netns", &netns, "--name", "bench/app", "--"];
-                args.extend(STANDARD_INJECTION);
-                let out = d.pod(&args);
-                assert!(
-                    out.status.success(),
-                    "{}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
+                d.add(&topo.pod, "bench/app", &STANDARD_INJECTION);
                 daemon = Some(d);
             }
         }
