@@ -201,7 +201,8 @@ fn the_daemon_streams_a_pods_decisions_until_the_client_hangs_up() {
     let root = PinRoot::new("dtrace");
     let node = Cgroup::new("node");
     let state = StateDir::new("state");
-    let daemon = Daemon::start(&root, &node, &state);
+    // Its gc runs every second while it streams: it must leave its own trace alone.
+    let daemon = Daemon::start_with(&root, &node, &state, &["--gc-interval", "1"]);
     let pod = ProxiedPod::under(&node, "dtracepod");
     daemon.add(&pod.topo.pod, "default/traced", &STANDARD_INJECTION);
 
@@ -222,6 +223,11 @@ fn the_daemon_streams_a_pods_decisions_until_the_client_hangs_up() {
     let (stream, mut lines, answer) = ask(r#"{"op":"trace","name":"default/traced"}"#);
     assert_eq!(answer["ok"], true, "{answer}");
     wait_until("the trace switch is on", || trace_switch_on(&root));
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(
+        trace_switch_on(&root) && root.path().join("tracers").exists(),
+        "the daemon's gc left its own trace on"
+    );
     let dst = pod.service(false);
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
     let decision = loop {

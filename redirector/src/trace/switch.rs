@@ -76,7 +76,8 @@ pub fn clear_stale_locked(root: &PinRoot) -> Result<Option<u32>, TraceError> {
             .to_str()
             .and_then(|n| n.parse::<u32>().ok());
         match pid {
-            Some(pid) if pid != std::process::id() && is_tracer(pid) => live = Some(pid),
+            // This process too: the daemon's own gc must not clear the trace it streams.
+            Some(pid) if is_tracer(pid) => live = Some(pid),
             _ => {
                 fs::remove_dir(entry.path()).map_err(fs_err("removing", &entry.path()))?;
                 stale = true;
