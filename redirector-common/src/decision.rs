@@ -152,34 +152,37 @@ pub fn decide_outbound<L: PodLookups>(
     //    rules. With DNS capture, istio keeps TCP port 53 out of the uids' rules (both) and
     //    out of the gids' second rule only.
     let tcp = conn.protocol == Protocol::Tcp;
-    let local = is_local(conn.dst, lookups);
     let dns_port = cfg.flags & pod_flags::DNS_CAPTURE != 0 && conn.dst_port == DNS_PORT;
-    let loopback = in_loopback_cidr(cfg, conn.dst);
-    let own_pod = tcp && local && !loopback && conn.dst_port != cfg.tunnel_port;
     // istio drops the lo RETURN rules when an -i CIDR is a loopback address.
     let lo_returns = cfg.flags & pod_flags::INCLUDE_HAS_LOOPBACK == 0;
-    for (list, count, caller, own_pod_inbound) in [
-        (
-            &cfg.proxy_uids,
-            cfg.proxy_uid_count,
-            conn.uid,
-            own_pod && !dns_port,
-        ),
-        (&cfg.proxy_gids, cfg.proxy_gid_count, conn.gid, own_pod),
+    let local_not_proxy = tcp && !dns_port && lo_returns && is_local(conn.dst, lookups);
+    // istio's three rules per id, unrolled: the first id's `! --uid-owner` RETURN catches
+    // every other caller on lo, so only the first id is compared apart from the rest. What
+    // only the owner's own connections need is worked out on their branch: fewer
+    // conditions carried through the lists keep the verifier's walk of connect4/6 short.
+    for (list, count, caller, uids) in [
+        (&cfg.proxy_uids, cfg.proxy_uid_count, conn.uid, true),
+        (&cfg.proxy_gids, cfg.proxy_gid_count, conn.gid, false),
     ] {
-        let mut i = 0;
-        while i < MAX_OWNERS && (i as u32) < count {
-            let id = list[i];
-            if own_pod_inbound && id == caller {
-                return Verdict::CaptureInbound;
-            }
-            if tcp && local && id != caller && !dns_port && lo_returns {
-                return Verdict::Pass(Reason::PassedLocalNotProxy);
-            }
-            if id == caller {
-                return Verdict::Pass(Reason::PassedProxyOwner);
-            }
-            i += 1;
+        if count == 0 {
+            continue;
+        }
+        if local_not_proxy && list[0] != caller {
+            return Verdict::Pass(Reason::PassedLocalNotProxy);
+        }
+        if listed::<MAX_OWNERS>(list, count, caller) {
+            // The proxy calling its own pod (not through the loopback CIDR, not the
+            // tunnel port) goes to the inbound port; the uids' rule leaves out DNS.
+            let own_pod = tcp
+                && !(uids && dns_port)
+                && conn.dst_port != cfg.tunnel_port
+                && !in_loopback_cidr(cfg, conn.dst)
+                && is_local(conn.dst, lookups);
+            return if own_pod {
+                Verdict::CaptureInbound
+            } else {
+                Verdict::Pass(Reason::PassedProxyOwner)
+            };
         }
     }
     // 4. Owner groups.
@@ -202,7 +205,7 @@ pub fn decide_outbound<L: PodLookups>(
         return Verdict::Pass(Reason::PassedNotTcp);
     }
     // 6. The loopback CIDR (IPv4, from the env) and ::1.
-    if loopback {
+    if in_loopback_cidr(cfg, conn.dst) {
         return Verdict::Pass(Reason::PassedLoopback);
     }
     // 7. -x

@@ -8,8 +8,14 @@ use crate::maps::COUNTERS;
 /// so this never allocates on the connection path.
 #[inline(always)]
 pub fn count(netns_cookie: NetnsCookie, reason: Reason) {
+    count_raw(netns_cookie, reason as u8);
+}
+
+/// [`count`] by the reason's number, as read back from a map.
+#[inline(always)]
+pub fn count_raw(netns_cookie: NetnsCookie, reason: u8) {
     if let Some(counters) = COUNTERS.get_ptr_mut(netns_cookie) {
-        let slot = (reason as usize) & (COUNTER_SLOTS - 1);
+        let slot = usize::from(reason) & (COUNTER_SLOTS - 1);
         // SAFETY: a valid pointer to this CPU's value, which no other CPU writes, so a
         // plain increment is exact; the slot is masked into bounds.
         unsafe { (*counters).by_reason[slot] += 1 };

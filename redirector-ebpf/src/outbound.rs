@@ -16,7 +16,7 @@ use redirector_common::{
 
 use crate::{
     addr,
-    counters::count,
+    counters::count_raw,
     maps::{self, PodMaps, DNS_ORIG_BY_COOKIE, ORIG_DST_BY_COOKIE, POD_CONFIG},
     trace,
 };
@@ -127,12 +127,16 @@ fn capture<const V6: bool>(
         Verdict::CaptureInbound => (verdict.reason(), cfg.inbound_port),
         Verdict::CaptureDns => (verdict.reason(), DNS_CAPTURE_PORT),
     };
+    // Every rule's path meets here (see trace::settle).
+    let Some((reason, port)) = trace::settle(reason, port) else {
+        return fail_closed(cfg);
+    };
     let (reason, port, verdict) = if port == 0 {
         (reason, 0, ALLOW)
     } else {
         redirect::<V6>(ctx, cfg, &attempt, port, reason)
     };
-    count(netns_cookie, reason);
+    count_raw(netns_cookie, reason);
     if trace::on(cfg) {
         let (src, dst, families) = traced_addresses::<V6>(ctx, protocol, port);
         trace::log(TraceRecord {
@@ -143,7 +147,7 @@ fn capture<const V6: bool>(
             dst,
             dst_port: attempt.dst_port,
             to: port,
-            reason: reason as u8,
+            reason,
             direction: OUTBOUND,
             protocol: protocol.number(),
             families,
@@ -203,6 +207,16 @@ fn traced_addresses<const V6: bool>(
     (src, dst, families)
 }
 
+/// The verdict when a capture cannot be carried out: refuse, unless the pod fails open.
+#[inline(always)]
+fn fail_closed(cfg: &PodConfig) -> i32 {
+    if cfg.flags & pod_flags::FAIL_OPEN != 0 {
+        ALLOW
+    } else {
+        REFUSE
+    }
+}
+
 /// Record the original destination and rewrite the connect to the proxy on `port`.
 /// Returns the reason to count, where it went and the program's verdict: `(FailedClosed,
 /// 0, REFUSE)` when the original destination could not be recorded, unless the pod fails
@@ -215,8 +229,8 @@ fn redirect<const V6: bool>(
     cfg: &PodConfig,
     attempt: &OutboundAttempt,
     port: u16,
-    reason: Reason,
-) -> (Reason, u16, i32) {
+    reason: u8,
+) -> (u8, u16, i32) {
     let (family, raw) = addr::raw(attempt.dst);
     let orig = OrigDst {
         addr: raw,
@@ -231,12 +245,7 @@ fn redirect<const V6: bool>(
         Protocol::Udp => DNS_ORIG_BY_COOKIE.insert(socket_cookie, orig, 0),
     };
     if recorded.is_err() {
-        let verdict = if cfg.flags & pod_flags::FAIL_OPEN != 0 {
-            ALLOW
-        } else {
-            REFUSE
-        };
-        return (Reason::FailedClosed, 0, verdict);
+        return (Reason::FailedClosed as u8, 0, fail_closed(cfg));
     }
     // The proxy on this host: 127.0.0.1 (IPv4-mapped on an IPv6 socket) or ::1.
     let loopback = match attempt.dst {

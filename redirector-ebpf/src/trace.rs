@@ -66,6 +66,28 @@ pub fn inbound(lk: &bpf_sk_lookup, netns_cookie: NetnsCookie, reason: Reason, to
     });
 }
 
+/// A decision as the code after it sees it: its reason and port, written into this CPU's
+/// record and read back. Each rule of a decision ends in its own constant reason and port,
+/// and the verifier would walk everything after the decision (the redirect, the count, the
+/// trace) once per rule; a value read from a map is unknown to it, so here those paths
+/// meet and what follows is walked a few times (connect6's load: half the time). `None`
+/// only if this CPU had no slot, which an array of one entry always has.
+#[inline(always)]
+pub fn settle(reason: Reason, port: u16) -> Option<(u8, u16)> {
+    use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
+    let slot = RECORD.get_ptr_mut(0)?;
+    // SAFETY: this CPU's slot, which nothing else uses while the program runs; volatile,
+    // so the values are read back from the map, not forwarded by the compiler.
+    unsafe {
+        write_volatile(addr_of_mut!((*slot).reason), reason as u8);
+        write_volatile(addr_of_mut!((*slot).to), port);
+        Some((
+            read_volatile(addr_of!((*slot).reason)),
+            read_volatile(addr_of!((*slot).to)),
+        ))
+    }
+}
+
 /// Log `record`.
 #[inline(always)]
 pub fn log(record: TraceRecord) {
