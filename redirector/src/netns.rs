@@ -110,21 +110,21 @@ impl Netns {
         &self.path
     }
 
-    /// Run `work` on a thread inside this namespace and return its result.
+    /// Run `work` inside this namespace and return its result: on the calling thread when
+    /// it is already there (an init container, which starts in its pod's namespace: no
+    /// thread to start, and no setns, which needs CAP_SYS_ADMIN, e.g. when validation
+    /// runs as the proxy's uid), else on a thread that enters it.
     pub fn run<T: Send>(&self, work: impl FnOnce() -> T + Send) -> Result<T, NetnsError> {
+        if fs::metadata(THREAD_NETNS).is_ok_and(|m| m.ino() == self.inode) {
+            return Ok(work());
+        }
         let fd = self.file.as_raw_fd();
-        let inode = self.inode;
         std::thread::scope(|scope| {
             scope
                 .spawn(move || {
-                    // Already there (the namespace of the caller): no setns, which needs
-                    // CAP_SYS_ADMIN, e.g. when validation runs as the proxy's uid.
-                    let here = fs::metadata(THREAD_NETNS).map(|m| m.ino());
                     // SAFETY: setns on a descriptor that `self` keeps open for the scope;
                     // it moves only this thread, which ends with the scope.
-                    if here.ok() != Some(inode)
-                        && unsafe { libc::setns(fd, libc::CLONE_NEWNET) } != 0
-                    {
+                    if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } != 0 {
                         return Err(io::Error::last_os_error());
                     }
                     Ok(work())
