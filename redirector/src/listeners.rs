@@ -21,14 +21,15 @@ struct Listener {
     inode: u64,
 }
 
-fn listeners_on(ports: &[u16]) -> Vec<Listener> {
+fn listeners_on(netns: &Netns, ports: &[u16]) -> Vec<Listener> {
     [AF_INET, AF_INET6]
         .iter()
         .flat_map(|&family| {
-            let found = sock_diag::tcp_listeners(family as u8).unwrap_or_else(|err| {
-                tracing::warn!("listing listening sockets: {err}");
-                Vec::new()
-            });
+            let found =
+                sock_diag::tcp_listeners(netns.sock_diag(), family as u8).unwrap_or_else(|err| {
+                    tracing::warn!("listing listening sockets: {err}");
+                    Vec::new()
+                });
             found.into_iter().map(move |s| Listener {
                 port: s.port,
                 family,
@@ -83,10 +84,7 @@ fn duplicate_fd(pid: i32, fd: i32) -> io::Result<OwnedFd> {
 /// Register the listeners on `ports` that already exist in `netns`; returns what was
 /// registered, for the log.
 pub fn register_existing(maps: &mut NodeMaps, netns: &Netns, ports: &[u16]) -> Vec<String> {
-    let found = netns.run(|| listeners_on(ports)).unwrap_or_else(|err| {
-        tracing::warn!("listing listening sockets: {err}");
-        Vec::new()
-    });
+    let found = listeners_on(netns, ports);
     let netns_cookie = netns.cookie().get();
     let mut registered = Vec::new();
     for listener in found {

@@ -3,7 +3,7 @@
 
 use std::{
     io,
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
 };
 
 pub const NLM_F_REQUEST: u16 = 0x1;
@@ -27,13 +27,9 @@ pub fn message(kind: u16, flags: u16, body: &[u8]) -> Vec<u8> {
     msg
 }
 
-/// Send `request` on a new `protocol` socket of the current network namespace and pass
-/// each reply (type, body) to `on_reply`, until NLMSG_DONE or an acknowledgement.
-pub fn exchange(
-    protocol: i32,
-    request: &[u8],
-    mut on_reply: impl FnMut(u16, &[u8]),
-) -> io::Result<()> {
+/// A new `protocol` netlink socket of the calling thread's network namespace (it stays in
+/// that namespace wherever it is used later).
+pub fn socket(protocol: i32) -> io::Result<OwnedFd> {
     // SAFETY: socket(2); the descriptor is owned right below.
     let fd = unsafe {
         libc::socket(
@@ -46,7 +42,21 @@ pub fn exchange(
         return Err(io::Error::last_os_error());
     }
     // SAFETY: `fd` is a new descriptor nobody else owns.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Send `request` on a new `protocol` socket of the current network namespace and pass
+/// each reply (type, body) to `on_reply`, until NLMSG_DONE or an acknowledgement.
+pub fn exchange(protocol: i32, request: &[u8], on_reply: impl FnMut(u16, &[u8])) -> io::Result<()> {
+    exchange_on(socket(protocol)?.as_fd(), request, on_reply)
+}
+
+/// [`exchange`] on an open socket.
+pub fn exchange_on(
+    sock: BorrowedFd<'_>,
+    request: &[u8],
+    mut on_reply: impl FnMut(u16, &[u8]),
+) -> io::Result<()> {
     // SAFETY: sending a buffer we own, with its length.
     if unsafe { libc::send(sock.as_raw_fd(), request.as_ptr().cast(), request.len(), 0) } < 0 {
         return Err(io::Error::last_os_error());

@@ -6,7 +6,7 @@
 
 use std::{
     fs, io,
-    os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
+    os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
 };
@@ -28,13 +28,15 @@ pub enum NetnsError {
 /// The calling thread's network namespace.
 const THREAD_NETNS: &str = "/proc/thread-self/ns/net";
 
-/// An open network namespace: its nsfs file, inode and cookie.
+/// An open network namespace: its nsfs file, inode and cookie, and a sock_diag socket made
+/// inside it (listing its listeners then needs no thread in it).
 #[derive(Debug)]
 pub struct Netns {
     file: fs::File,
     path: PathBuf,
     inode: u64,
     cookie: NetnsCookie,
+    sock_diag: Option<OwnedFd>,
 }
 
 impl Netns {
@@ -60,12 +62,15 @@ impl Netns {
             path: path.to_path_buf(),
             inode,
             cookie: NetnsCookie(0),
+            sock_diag: None,
         };
-        let (cookie, done) = netns.run(|| (own_cookie(), work()))?;
-        netns.cookie = cookie.map_err(|source| NetnsError::Cookie {
+        let (opened, done) = netns.run(|| (diag_socket_and_cookie(), work()))?;
+        let (sock_diag, cookie) = opened.map_err(|source| NetnsError::Cookie {
             path: path.display().to_string(),
             source,
         })?;
+        netns.sock_diag = Some(sock_diag);
+        netns.cookie = cookie;
         Ok((netns, done))
     }
 
@@ -110,6 +115,14 @@ impl Netns {
         &self.path
     }
 
+    /// A NETLINK_SOCK_DIAG socket of this namespace.
+    pub fn sock_diag(&self) -> BorrowedFd<'_> {
+        self.sock_diag
+            .as_ref()
+            .expect("an opened namespace has its sock_diag socket")
+            .as_fd()
+    }
+
     /// Run `work` inside this namespace and return its result: on the calling thread when
     /// it is already there (an init container, which starts in its pod's namespace: no
     /// thread to start, and no setns, which needs CAP_SYS_ADMIN, e.g. when validation
@@ -147,15 +160,10 @@ impl AsFd for Netns {
     }
 }
 
-/// The cookie of the calling thread's network namespace, from a socket made in it.
-fn own_cookie() -> io::Result<NetnsCookie> {
-    // SAFETY: a plain socket(2); the descriptor is owned once below.
-    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a new descriptor nothing else owns.
-    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+/// A NETLINK_SOCK_DIAG socket of the calling thread's network namespace, and the
+/// namespace's cookie read from it.
+fn diag_socket_and_cookie() -> io::Result<(OwnedFd, NetnsCookie)> {
+    let sock = crate::netlink::socket(crate::sock_diag::NETLINK_SOCK_DIAG)?;
     let mut cookie = 0u64;
     let mut len = size_of::<u64>() as libc::socklen_t;
     // SAFETY: the buffer and its length describe `cookie`.
@@ -171,5 +179,5 @@ fn own_cookie() -> io::Result<NetnsCookie> {
     if ret != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(NetnsCookie(cookie))
+    Ok((sock, NetnsCookie(cookie)))
 }

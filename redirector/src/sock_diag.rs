@@ -2,11 +2,11 @@
 //! netlink interface. Asking for LISTEN sockets only walks the listening hash, where
 //! /proc/net/tcp walks every socket of the host (milliseconds on a large machine).
 
-use std::io;
+use std::{io, os::fd::BorrowedFd};
 
 use crate::netlink::{self, NLM_F_DUMP, NLM_F_REQUEST};
 
-const NETLINK_SOCK_DIAG: i32 = 4;
+pub const NETLINK_SOCK_DIAG: i32 = 4;
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
 const TCP_LISTEN: u32 = 10;
 /// `struct inet_diag_req_v2`.
@@ -23,15 +23,16 @@ pub struct ListeningSocket {
     pub inode: u64,
 }
 
-/// Every TCP listener of `family` (AF_INET or AF_INET6) in this thread's network namespace.
-pub fn tcp_listeners(family: u8) -> io::Result<Vec<ListeningSocket>> {
+/// Every TCP listener of `family` (AF_INET or AF_INET6) in the network namespace of `sock`,
+/// a NETLINK_SOCK_DIAG socket.
+pub fn tcp_listeners(sock: BorrowedFd<'_>, family: u8) -> io::Result<Vec<ListeningSocket>> {
     let mut req = [0u8; REQ_LEN];
     req[0] = family;
     req[1] = libc::IPPROTO_TCP as u8;
     req[4..8].copy_from_slice(&(1u32 << TCP_LISTEN).to_ne_bytes());
     let request = netlink::message(SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, &req);
     let mut found = Vec::new();
-    netlink::exchange(NETLINK_SOCK_DIAG, &request, |_, body| {
+    netlink::exchange_on(sock, &request, |_, body| {
         if body.len() >= MSG_INODE_OFFSET + 4 {
             let port = u16::from_be_bytes([body[MSG_SPORT_OFFSET], body[MSG_SPORT_OFFSET + 1]]);
             let inode = u32::from_ne_bytes(

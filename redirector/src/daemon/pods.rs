@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeMap, path::Path};
 
-use redirector_common::{NetnsCookie, Reason};
+use redirector_common::{NetnsCookie, PodConfig, Reason, COUNTER_SLOTS};
 
 use super::{
     api::{PodInfo, PodRef, Request, Response},
@@ -119,10 +119,14 @@ impl Node {
         };
         self.records.save(&record).map_err(|e| e.to_string())?;
         let took = started.elapsed();
-        let what = match outcome {
-            Outcome::New(_) => "captured",
-            Outcome::Replaced(_) => "updated",
-            Outcome::Unchanged => "unchanged",
+        let (what, info) = match outcome {
+            // Just written: the plan's config, and counters that start at zero.
+            Outcome::New(_) => (
+                "captured",
+                pod_info(&record, Some(&plan.config), &[0; COUNTER_SLOTS]),
+            ),
+            Outcome::Replaced(_) => ("updated", self.info(&record)),
+            Outcome::Unchanged => ("unchanged", self.info(&record)),
         };
         tracing::info!(
             "pod {} (netns cookie {}) {what} in {:.2} ms",
@@ -130,7 +134,7 @@ impl Node {
             record.netns_cookie,
             took.as_secs_f64() * 1e3
         );
-        Ok(Response::done(what, vec![self.info(&record)]))
+        Ok(Response::done(what, vec![info]))
     }
 
     /// The cookie of a pod named by request: its record's, else its namespace's.
@@ -226,29 +230,9 @@ impl Node {
     }
 
     fn info(&self, record: &PodRecord) -> PodInfo {
-        let live = LivePod::open(&self.root, record.cookie()).ok();
-        PodInfo {
-            name: record.name.clone(),
-            netns: record.netns.clone(),
-            netns_cookie: record.netns_cookie,
-            args: record.args.clone(),
-            config: live.as_ref().map(|live| {
-                let c = live.config;
-                format!(
-                    "-p {} -z {} -e {} flags {:#x}",
-                    c.outbound_port, c.inbound_port, c.tunnel_port, c.flags
-                )
-            }),
-            counters: live
-                .map(|live| {
-                    let counters = live.counters();
-                    Reason::ALL
-                        .iter()
-                        .filter(|r| counters[**r as usize] != 0)
-                        .map(|r| (r.name().to_owned(), counters[*r as usize]))
-                        .collect()
-                })
-                .unwrap_or_default(),
+        match LivePod::open(&self.root, record.cookie()) {
+            Ok(live) => pod_info(record, Some(&live.config), &live.counters()),
+            Err(_) => pod_info(record, None, &[0; COUNTER_SLOTS]),
         }
     }
 
@@ -290,4 +274,29 @@ pub fn remove_pod(
         "removed"
     };
     Ok(Response::done(message, Vec::new()))
+}
+
+/// What the API reports of a pod: its record, its installed config, its non-zero counters.
+fn pod_info(
+    record: &PodRecord,
+    config: Option<&PodConfig>,
+    counters: &[u64; COUNTER_SLOTS],
+) -> PodInfo {
+    PodInfo {
+        name: record.name.clone(),
+        netns: record.netns.clone(),
+        netns_cookie: record.netns_cookie,
+        args: record.args.clone(),
+        config: config.map(|c| {
+            format!(
+                "-p {} -z {} -e {} flags {:#x}",
+                c.outbound_port, c.inbound_port, c.tunnel_port, c.flags
+            )
+        }),
+        counters: Reason::ALL
+            .iter()
+            .filter(|r| counters[**r as usize] != 0)
+            .map(|r| (r.name().to_owned(), counters[*r as usize]))
+            .collect(),
+    }
 }

@@ -140,11 +140,23 @@ pub fn ensure_loaded(
 }
 
 fn check_complete(pins: &ObjectPins) -> Result<(), ObjectError> {
+    // Two directory listings, not a stat per pin: this runs for every pod.
+    let listed = |dir: &std::path::Path| super::pins::names_in(dir).unwrap_or_default();
+    let (progs, maps) = (listed(&pins.progs_dir()), listed(&pins.maps_dir()));
     let missing: Vec<_> = POD_PROGRAMS
         .iter()
+        .filter(|p| {
+            progs
+                .binary_search_by(|n| n.as_str().cmp(p.function))
+                .is_err()
+        })
         .map(|p| pins.program(p.function))
-        .chain(names::ALL.iter().map(|m| pins.map(m)))
-        .filter(|p| !p.exists())
+        .chain(
+            names::ALL
+                .iter()
+                .filter(|m| maps.binary_search_by(|n| n.as_str().cmp(m)).is_err())
+                .map(|m| pins.map(m)),
+        )
         .map(|p| p.display().to_string())
         .collect();
     if missing.is_empty() {
