@@ -1,8 +1,10 @@
 //! A handle on a network namespace, passed explicitly to everything that works in one.
 //!
 //! `setns` moves only the calling thread, so work inside a namespace runs on a short-lived
-//! thread that enters it ([`Netns::run`]); the caller's own threads never change namespace.
-//! Sockets made there stay in that namespace after the thread ends.
+//! thread that enters it ([`Netns::run`]), or on the calling thread when that is already
+//! there; the caller's own threads never change namespace. Sockets made there stay in that
+//! namespace after the thread ends: the handle keeps a sock_diag socket made when it was
+//! opened.
 
 use std::{
     fs, io,
