@@ -257,27 +257,19 @@ fn load_and_pin_program(
         path: path.display().to_string(),
         source: io::Error::other(source.to_string()),
     };
+    // The program types share no trait for load and pin: the same three steps, per type.
+    macro_rules! load_and_pin {
+        ($kind:ty) => {{
+            let p: &mut $kind = program.try_into().map_err(prog_err)?;
+            p.load().map_err(prog_err)?;
+            p.pin(&path).map_err(pin_err)?;
+        }};
+    }
     match spec.kind {
-        ProgramKind::CgroupSockAddr => {
-            let p: &mut CgroupSockAddr = program.try_into().map_err(prog_err)?;
-            p.load().map_err(prog_err)?;
-            p.pin(&path).map_err(pin_err)?;
-        }
-        ProgramKind::SockOps => {
-            let p: &mut SockOps = program.try_into().map_err(prog_err)?;
-            p.load().map_err(prog_err)?;
-            p.pin(&path).map_err(pin_err)?;
-        }
-        ProgramKind::CgroupSockopt => {
-            let p: &mut CgroupSockopt = program.try_into().map_err(prog_err)?;
-            p.load().map_err(prog_err)?;
-            p.pin(&path).map_err(pin_err)?;
-        }
-        ProgramKind::SkLookup => {
-            let p: &mut SkLookup = program.try_into().map_err(prog_err)?;
-            p.load().map_err(prog_err)?;
-            p.pin(&path).map_err(pin_err)?;
-        }
+        ProgramKind::CgroupSockAddr => load_and_pin!(CgroupSockAddr),
+        ProgramKind::SockOps => load_and_pin!(SockOps),
+        ProgramKind::CgroupSockopt => load_and_pin!(CgroupSockopt),
+        ProgramKind::SkLookup => load_and_pin!(SkLookup),
     }
     crate::fault::step("a pinned program of a new object");
     Ok(())
@@ -299,8 +291,7 @@ fn load_and_pin(
         loader.map_pin_path(name, path.as_path());
     }
     let mut ebpf = loader.load(bytes)?;
-    let mut by_name: std::collections::HashMap<&str, &mut Program> =
-        ebpf.programs_mut().collect();
+    let mut by_name: std::collections::HashMap<&str, &mut Program> = ebpf.programs_mut().collect();
     let mut programs = Vec::with_capacity(POD_PROGRAMS.len());
     for spec in &POD_PROGRAMS {
         let program = by_name
