@@ -70,8 +70,9 @@ pub fn inbound(lk: &bpf_sk_lookup, netns_cookie: NetnsCookie, reason: Reason, to
 /// record and read back. Each rule of a decision ends in its own constant reason and port,
 /// and the verifier would walk everything after the decision (the redirect, the count, the
 /// trace) once per rule; a value read from a map is unknown to it, so here those paths
-/// meet and what follows is walked a few times (connect6's load: half the time). `None`
-/// only if this CPU had no slot, which an array of one entry always has.
+/// meet and what follows is walked a few times (connect4's walk: 16,065 → 12,432
+/// instructions). `None` only if this CPU had no slot, which an array of one entry always
+/// has.
 #[inline(always)]
 pub fn settle(reason: Reason, port: u16) -> Option<(u8, u16)> {
     use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
