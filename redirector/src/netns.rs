@@ -38,7 +38,7 @@ pub struct Netns {
     path: PathBuf,
     inode: u64,
     cookie: NetnsCookie,
-    sock_diag: Option<OwnedFd>,
+    sock_diag: OwnedFd,
 }
 
 impl Netns {
@@ -59,20 +59,18 @@ impl Netns {
         };
         let file = fs::File::open(path).map_err(open_err)?;
         let inode = file.metadata().map_err(open_err)?.ino();
-        let mut netns = Netns {
-            file,
-            path: path.to_path_buf(),
-            inode,
-            cookie: NetnsCookie(0),
-            sock_diag: None,
-        };
-        let (opened, done) = netns.run(|| (diag_socket_and_cookie(), work()))?;
+        let (opened, done) = run_in(&file, inode, path, || (diag_socket_and_cookie(), work()))?;
         let (sock_diag, cookie) = opened.map_err(|source| NetnsError::Cookie {
             path: path.display().to_string(),
             source,
         })?;
-        netns.sock_diag = Some(sock_diag);
-        netns.cookie = cookie;
+        let netns = Netns {
+            file,
+            path: path.to_path_buf(),
+            inode,
+            cookie,
+            sock_diag,
+        };
         Ok((netns, done))
     }
 
@@ -119,41 +117,48 @@ impl Netns {
 
     /// A NETLINK_SOCK_DIAG socket of this namespace.
     pub fn sock_diag(&self) -> BorrowedFd<'_> {
-        self.sock_diag
-            .as_ref()
-            .expect("an opened namespace has its sock_diag socket")
-            .as_fd()
+        self.sock_diag.as_fd()
     }
 
-    /// Run `work` inside this namespace and return its result: on the calling thread when
-    /// it is already there (an init container, which starts in its pod's namespace: no
-    /// thread to start, and no setns, which needs CAP_SYS_ADMIN, e.g. when validation
-    /// runs as the proxy's uid), else on a thread that enters it.
+    /// Run `work` inside this namespace and return its result (see [`run_in`]).
     pub fn run<T: Send>(&self, work: impl FnOnce() -> T + Send) -> Result<T, NetnsError> {
-        if fs::metadata(THREAD_NETNS).is_ok_and(|m| m.ino() == self.inode) {
-            return Ok(work());
-        }
-        let fd = self.file.as_raw_fd();
-        std::thread::scope(|scope| {
-            scope
-                .spawn(move || {
-                    // SAFETY: setns on a descriptor that `self` keeps open for the scope;
-                    // it moves only this thread, which ends with the scope.
-                    if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } != 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                    Ok(work())
-                })
-                .join()
-        })
-        .map_err(|_| NetnsError::Panicked {
-            path: self.path.display().to_string(),
-        })?
-        .map_err(|source| NetnsError::Enter {
-            path: self.path.display().to_string(),
-            source,
-        })
+        run_in(&self.file, self.inode, &self.path, work)
     }
+}
+
+/// Run `work` inside the namespace open as `file` (nsfs inode `inode`, opened from `path`):
+/// on the calling thread when it is already there (an init container, which starts in its
+/// pod's namespace: no thread to start, and no setns, which needs CAP_SYS_ADMIN, e.g. when
+/// validation runs as the proxy's uid), else on a thread that enters it.
+fn run_in<T: Send>(
+    file: &fs::File,
+    inode: u64,
+    path: &Path,
+    work: impl FnOnce() -> T + Send,
+) -> Result<T, NetnsError> {
+    if fs::metadata(THREAD_NETNS).is_ok_and(|m| m.ino() == inode) {
+        return Ok(work());
+    }
+    let fd = file.as_raw_fd();
+    std::thread::scope(|scope| {
+        scope
+            .spawn(move || {
+                // SAFETY: setns on a descriptor the caller keeps open for the scope; it
+                // moves only this thread, which ends with the scope.
+                if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(work())
+            })
+            .join()
+    })
+    .map_err(|_| NetnsError::Panicked {
+        path: path.display().to_string(),
+    })?
+    .map_err(|source| NetnsError::Enter {
+        path: path.display().to_string(),
+        source,
+    })
 }
 
 impl AsFd for Netns {

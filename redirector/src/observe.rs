@@ -212,7 +212,9 @@ pub fn observe_links(
 }
 
 /// A live configuration as an apply plans it: `redirector trace`'s switch is not part of
-/// the pod's spec, so a pod being traced is not "changed" (and an apply keeps the switch).
+/// the pod's spec, so a pod being traced does not read as changed (an apply with nothing
+/// else to change leaves the switch as it is; one that rewrites the entry drops it, and the
+/// tracer sets it again).
 fn as_planned(mut config: PodConfig) -> PodConfig {
     config.flags &= !pod_flags::TRACE;
     config

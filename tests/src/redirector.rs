@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use crate::{bin_path, unique_name, Cgroup, NetNs};
+use crate::{bin_path, unique_name, Cgroup, ChildGuard, NetNs};
 
 /// The flags istio's sidecar injector passes to istio-iptables.
 pub const STANDARD_INJECTION: [&str; 16] = [
@@ -142,6 +142,20 @@ pub fn trace_switch_on(root: &PinRoot) -> bool {
         .as_u64()
         .unwrap_or_else(|| panic!("a pod with a config in {status}"));
     flags & u64::from(redirector_common::pod_flags::TRACE) != 0
+}
+
+/// Wait (up to 10 s) until `tracer`, a `redirector trace` just started, has switched the
+/// trace on under `root`; panics with the tracer's stderr otherwise.
+pub fn wait_for_trace_switch(root: &PinRoot, tracer: &ChildGuard) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !trace_switch_on(root) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the trace switch did not come on: {}",
+            tracer.stderr()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }
 
 /// Run `cmd`, panicking with its log unless it exits 0.

@@ -14,7 +14,8 @@ use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::dns::{use_dnsprobe_bin, DnsClient, DnsMode, ResolvConf, DNS_PORT};
 use redirector_tests::process::{ChildGuard, Spawn};
 use redirector_tests::redirector::{
-    install, redirector_bin, run_ok, trace_switch_on, PinRoot, STANDARD_INJECTION,
+    install, redirector_bin, run_ok, trace_switch_on, wait_for_trace_switch, PinRoot,
+    STANDARD_INJECTION,
 };
 use redirector_tests::{
     assert_proxied, connect_from, require_root, use_probe_bin, Cgroup, ConnOutcome, ProbeServer,
@@ -39,7 +40,7 @@ fn start_trace(topo: &Topology, root: &PinRoot, json: bool) -> ChildGuard {
         .arg("--pin-root")
         .arg(root.path())
         .spawn();
-    wait_until("the trace switch is on", || trace_switch_on(root));
+    wait_for_trace_switch(root, &tracer);
     tracer
 }
 

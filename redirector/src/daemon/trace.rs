@@ -13,7 +13,7 @@ use super::{api::PodRef, api::Response, pods::Node, response_line};
 use crate::trace::{follow, open_rings, Decision, DecisionSink, Tracer};
 
 /// Decisions held for a slow client; past this they are dropped (and counted in the
-/// closing line), never queued without bound.
+/// daemon's log when the stream ends), never queued without bound.
 const BACKLOG: usize = 8192;
 
 pub async fn stream(

@@ -141,20 +141,18 @@ pub fn ensure_loaded(
 
 fn check_complete(pins: &ObjectPins) -> Result<(), ObjectError> {
     // Two directory listings, not a stat per pin: this runs for every pod.
-    let listed = |dir: &std::path::Path| super::pins::names_in(dir).unwrap_or_default();
-    let (progs, maps) = (listed(&pins.progs_dir()), listed(&pins.maps_dir()));
+    let listed =
+        |dir: std::path::PathBuf| super::pins::names_in(&dir).map_err(fs_err("listing", &dir));
+    let (progs, maps) = (listed(pins.progs_dir())?, listed(pins.maps_dir())?);
+    let has = |names: &[String], name: &str| names.iter().any(|n| n == name);
     let missing: Vec<_> = POD_PROGRAMS
         .iter()
-        .filter(|p| {
-            progs
-                .binary_search_by(|n| n.as_str().cmp(p.function))
-                .is_err()
-        })
+        .filter(|p| !has(&progs, p.function))
         .map(|p| pins.program(p.function))
         .chain(
             names::ALL
                 .iter()
-                .filter(|m| maps.binary_search_by(|n| n.as_str().cmp(m)).is_err())
+                .filter(|m| !has(&maps, m))
                 .map(|m| pins.map(m)),
         )
         .map(|p| p.display().to_string())

@@ -13,7 +13,9 @@ use std::time::Duration;
 use redirector_tests::cgroup::Cgroup;
 use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::iptables::{apply_golden, standard_injection};
-use redirector_tests::redirector::{install, redirector_bin, PinRoot, STANDARD_INJECTION};
+use redirector_tests::redirector::{
+    install, redirector_bin, wait_for_trace_switch, PinRoot, STANDARD_INJECTION,
+};
 use redirector_tests::{bin_path, wait_tcp_listening, ChildGuard, Spawn, Topology, PROXY_UID};
 
 use crate::cpu;
@@ -139,18 +141,8 @@ fn trace(topo: &Topology, root: &PinRoot) -> ChildGuard {
         root.path().display()
     );
     let tracer = Spawn::new("sh").args(["-c", &command]).spawn();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        if redirector_tests::redirector::trace_switch_on(root) {
-            return tracer;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the trace switch did not come on: {}",
-            tracer.stderr()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_trace_switch(root, &tracer);
+    tracer
 }
 
 impl Bed {
