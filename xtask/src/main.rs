@@ -44,6 +44,10 @@ enum Command {
         /// Only one part: `datapath` or `setup`.
         #[arg(long, value_name = "PART")]
         only: Option<String>,
+        /// Only these data-path modes, comma-separated (direct, explicit, iptables,
+        /// redirector, redirector-daemon, redirector-traced).
+        #[arg(long, value_name = "NAME,...")]
+        modes: Option<String>,
     },
     /// Build the integration tests, then run them in QEMU on other kernels (Debian's packaged
     /// 6.1/6.12 kernels or a bzImage/vmlinux path) and print a verdict table.
@@ -80,7 +84,7 @@ fn main() -> Result<()> {
             run::build()?;
             run::demo(daemon)
         }
-        Command::Bench { quick, only } => {
+        Command::Bench { quick, only, modes } => {
             bootstrap::all()?;
             let mut args = Vec::new();
             if quick {
@@ -88,6 +92,9 @@ fn main() -> Result<()> {
             }
             if let Some(part) = only {
                 args.extend(["--only".to_string(), part]);
+            }
+            if let Some(modes) = modes {
+                args.extend(["--modes".to_string(), modes]);
             }
             run::bench(&args)
         }
