@@ -129,7 +129,7 @@ pub fn apply(
         "removing links staged by an interrupted run in",
         staged.dir(),
     ))?;
-    let state = observe::observe(root, cookie, Some(object.id()))?;
+    let (state, opened) = observe::observe(root, cookie, Some(object.id()))?;
     tracing::debug!("observed pod {cookie} in {:?}", started.elapsed());
     let pod_diff = diff::diff(plan, &target, targets, &state, mode);
     if pod_diff.is_empty() {
@@ -138,7 +138,11 @@ pub fn apply(
     let load_started = Instant::now();
     let (obj, object_loaded) = ensure_loaded(root, object)?;
     let object_load_time = object_loaded.then(|| load_started.elapsed());
-    let mut maps = NodeMaps::open(&obj)?;
+    let mut maps = match opened {
+        // Opened by observe: the object was loaded already.
+        Some(maps) if !object_loaded => maps,
+        _ => NodeMaps::open(&obj)?,
+    };
     let ops = pod_diff.target.as_ref().expect("a plan has a target");
     let mut undo = Vec::new();
     let installed = stage(&obj, &mut maps, plan, netns, &ops.writes, &mut undo)
@@ -184,7 +188,7 @@ pub fn is_installed(
     plan: &PodPlan,
     netns: &Netns,
 ) -> Result<bool, ApplyError> {
-    let state = observe::observe(root, plan.netns_cookie, Some(object.id()))?;
+    let (state, _) = observe::observe(root, plan.netns_cookie, Some(object.id()))?;
     let targets = attach_targets(plan, netns)?;
     let target = root.object(object.id());
     Ok(!state.is_empty() && diff::diff(plan, &target, targets, &state, Mode::Changes).is_empty())
@@ -338,15 +342,11 @@ fn stage(
                         target: target_name,
                         source,
                     })?;
-                fs::create_dir_all(pod.dir()).map_err(fs_err("creating", pod.dir()))?;
-                let path = pod.staging_link(spec.hook);
-                // A staged pin left by an interrupted run is replaced.
-                match fs::remove_file(&path) {
-                    Err(err) if err.kind() != io::ErrorKind::NotFound => {
-                        return Err(fs_err("removing", &path)(err).into())
-                    }
-                    _ => {}
+                if staged.is_empty() {
+                    fs::create_dir_all(pod.dir()).map_err(fs_err("creating", pod.dir()))?;
                 }
+                // No staged pin is left here: `apply` cleared them under the node lock.
+                let path = pod.staging_link(spec.hook);
                 bpf_sys::obj_pin(link.as_fd(), &path).map_err(fs_err("pinning link", &path))?;
                 undo.push(Undo::StagedLink(path.clone()));
                 fault::step("a staged link");

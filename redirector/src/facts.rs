@@ -7,9 +7,14 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use std::os::fd::{AsFd, BorrowedFd};
+
 use redirector_common::{decision::INBOUND_PASSTHROUGH_V6, NetnsCookie};
 
-use crate::netns::{Netns, NetnsError};
+use crate::{
+    netlink::{self, NETLINK_ROUTE, NLM_F_DUMP, NLM_F_REQUEST},
+    netns::{Netns, NetnsError},
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum FactsError {
@@ -89,41 +94,73 @@ impl PodFacts {
 /// What is read inside a pod's namespace: addresses, interfaces, routes.
 type NamespaceFacts = (Vec<IpAddr>, Vec<(String, u32)>, Vec<(ipnet::IpNet, u32)>);
 
+/// Three rtnetlink dumps on one socket (getifaddrs and if_nameindex would make three
+/// sockets and dump the links twice).
 fn read_namespace() -> Result<NamespaceFacts, FactsError> {
-    Ok((local_addresses()?, interfaces()?, routes()?))
+    let sock = netlink::socket(NETLINK_ROUTE).map_err(FactsError::Interfaces)?;
+    Ok((
+        addresses_on(sock.as_fd())?,
+        interfaces_on(sock.as_fd())?,
+        routes_on(sock.as_fd())?,
+    ))
 }
 
 /// The addresses of the calling thread's network namespace that are local but not loopback.
-/// Link-local IPv6 addresses are left out (every veth has one, and they never carry
-/// service traffic), and so is ::6.
 pub fn local_addresses() -> Result<Vec<IpAddr>, FactsError> {
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `head` with a list we free below.
-    if unsafe { libc::getifaddrs(&mut head) } != 0 {
-        return Err(FactsError::Addresses(io::Error::last_os_error()));
+    addresses_on(
+        netlink::socket(NETLINK_ROUTE)
+            .map_err(FactsError::Addresses)?
+            .as_fd(),
+    )
+}
+
+/// The interfaces of the calling thread's network namespace: (name, ifindex).
+pub fn interfaces() -> Result<Vec<(String, u32)>, FactsError> {
+    interfaces_on(
+        netlink::socket(NETLINK_ROUTE)
+            .map_err(FactsError::Interfaces)?
+            .as_fd(),
+    )
+}
+
+/// A dump request of every family's `kind` objects; `header_len` is the length of the
+/// request's family header (whose first byte, the family, stays AF_UNSPEC).
+fn dump(kind: u16, header_len: usize) -> Vec<u8> {
+    netlink::message(kind, NLM_F_REQUEST | NLM_F_DUMP, &vec![0; header_len])
+}
+
+/// An address from an attribute of 4 or 16 bytes.
+fn ip_of(value: &[u8]) -> Option<IpAddr> {
+    match value.len() {
+        4 => Some(IpAddr::from(<[u8; 4]>::try_from(value).ok()?)),
+        16 => Some(IpAddr::from(<[u8; 16]>::try_from(value).ok()?)),
+        _ => None,
     }
+}
+
+/// The local, non-loopback addresses of the namespace of `sock` (RTM_GETADDR dump), as
+/// getifaddrs reports them: IFA_LOCAL, else IFA_ADDRESS. Link-local IPv6 addresses are left
+/// out (every veth has one, and they never carry service traffic), and so is ::6.
+fn addresses_on(sock: BorrowedFd<'_>) -> Result<Vec<IpAddr>, FactsError> {
+    const RTM_GETADDR: u16 = 22;
+    const IFADDRMSG_LEN: usize = 8;
+    const IFA_ADDRESS: u16 = 1;
+    const IFA_LOCAL: u16 = 2;
     let mut addrs = Vec::new();
-    let mut cur = head;
-    while !cur.is_null() {
-        // SAFETY: `cur` is a node of the list returned by getifaddrs.
-        let ifa = unsafe { &*cur };
-        cur = ifa.ifa_next;
-        if ifa.ifa_addr.is_null() {
-            continue;
-        }
-        // SAFETY: ifa_addr points to a sockaddr whose family tells its real type.
-        let ip = unsafe {
-            match i32::from((*ifa.ifa_addr).sa_family) {
-                libc::AF_INET => {
-                    let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
-                    IpAddr::from(sin.sin_addr.s_addr.to_ne_bytes())
-                }
-                libc::AF_INET6 => {
-                    let sin6 = &*(ifa.ifa_addr as *const libc::sockaddr_in6);
-                    IpAddr::from(sin6.sin6_addr.s6_addr)
-                }
-                _ => continue,
+    netlink::exchange_on(sock, &dump(RTM_GETADDR, IFADDRMSG_LEN), |_, body| {
+        let Some(attrs) = body.get(IFADDRMSG_LEN..) else {
+            return;
+        };
+        let (mut local, mut address) = (None, None);
+        for (kind, value) in netlink::attributes(attrs) {
+            match kind {
+                IFA_LOCAL => local = ip_of(value),
+                IFA_ADDRESS => address = ip_of(value),
+                _ => {}
             }
+        }
+        let Some(ip) = local.or(address) else {
+            return;
         };
         let link_local = matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80);
         // ::6 is the inbound passthrough source we add to lo ourselves.
@@ -131,92 +168,72 @@ pub fn local_addresses() -> Result<Vec<IpAddr>, FactsError> {
         if !ip.is_loopback() && !link_local && !passthrough && !addrs.contains(&ip) {
             addrs.push(ip);
         }
-    }
-    // SAFETY: `head` came from getifaddrs and is freed once.
-    unsafe { libc::freeifaddrs(head) };
+    })
+    .map_err(FactsError::Addresses)?;
     Ok(addrs)
 }
 
-/// The interfaces of the calling thread's network namespace: (name, ifindex).
-pub fn interfaces() -> Result<Vec<(String, u32)>, FactsError> {
-    // SAFETY: if_nameindex returns an array terminated by a zero entry, freed below.
-    let head = unsafe { libc::if_nameindex() };
-    if head.is_null() {
-        return Err(FactsError::Interfaces(io::Error::last_os_error()));
-    }
+/// The interfaces of the namespace of `sock` (RTM_GETLINK dump): (name, ifindex).
+fn interfaces_on(sock: BorrowedFd<'_>) -> Result<Vec<(String, u32)>, FactsError> {
+    const RTM_GETLINK: u16 = 18;
+    const IFINFOMSG_LEN: usize = 16;
+    const IFLA_IFNAME: u16 = 3;
     let mut out = Vec::new();
-    let mut cur = head;
-    // SAFETY: walking the array up to its terminating entry, then freeing it once.
-    unsafe {
-        while (*cur).if_index != 0 {
-            let name = std::ffi::CStr::from_ptr((*cur).if_name)
-                .to_string_lossy()
-                .into_owned();
-            out.push((name, (*cur).if_index));
-            cur = cur.add(1);
+    netlink::exchange_on(sock, &dump(RTM_GETLINK, IFINFOMSG_LEN), |_, body| {
+        let (Some(index), Some(attrs)) = (body.get(4..8), body.get(IFINFOMSG_LEN..)) else {
+            return;
+        };
+        let index = u32::from_ne_bytes(index.try_into().expect("4 bytes"));
+        let name = netlink::attributes(attrs)
+            .find(|(kind, _)| *kind == IFLA_IFNAME)
+            .map(|(_, value)| {
+                let name = value.split(|b| *b == 0).next().unwrap_or_default();
+                String::from_utf8_lossy(name).into_owned()
+            });
+        if let Some(name) = name {
+            out.push((name, index));
         }
-        libc::if_freenameindex(head);
-    }
+    })
+    .map_err(FactsError::Interfaces)?;
     Ok(out)
 }
 
-/// The unicast routes of the main table of the calling thread's network namespace: destination
-/// and output interface (RTM_GETROUTE dump).
-fn routes() -> Result<Vec<(ipnet::IpNet, u32)>, FactsError> {
-    const NETLINK_ROUTE: i32 = 0;
+/// The unicast routes of the main table of the namespace of `sock` (RTM_GETROUTE dump):
+/// destination and output interface.
+fn routes_on(sock: BorrowedFd<'_>) -> Result<Vec<(ipnet::IpNet, u32)>, FactsError> {
     const RTM_GETROUTE: u16 = 26;
+    const RTMSG_LEN: usize = 12;
     const RT_TABLE_MAIN: u8 = 254;
     const RTN_UNICAST: u8 = 1;
     const RTA_DST: u16 = 1;
     const RTA_OIF: u16 = 4;
-    const RTMSG_LEN: usize = 12;
     let mut routes = Vec::new();
-    for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
-        let mut rtmsg = [0u8; RTMSG_LEN];
-        rtmsg[0] = family;
-        use crate::netlink::{NLM_F_DUMP, NLM_F_REQUEST};
-        let request = crate::netlink::message(RTM_GETROUTE, NLM_F_REQUEST | NLM_F_DUMP, &rtmsg);
-        crate::netlink::exchange(NETLINK_ROUTE, &request, |_, body| {
-            // struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags.
-            if body.len() < RTMSG_LEN || body[4] != RT_TABLE_MAIN || body[7] != RTN_UNICAST {
-                return;
+    netlink::exchange_on(sock, &dump(RTM_GETROUTE, RTMSG_LEN), |_, body| {
+        // struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags.
+        if body.len() < RTMSG_LEN || body[4] != RT_TABLE_MAIN || body[7] != RTN_UNICAST {
+            return;
+        }
+        let (family, dst_len) = (body[0], body[1]);
+        let (mut dst, mut oif) = (None, None);
+        for (kind, value) in netlink::attributes(&body[RTMSG_LEN..]) {
+            match (kind, value.len()) {
+                (RTA_DST, _) => dst = ip_of(value),
+                (RTA_OIF, 4) => oif = Some(u32::from_ne_bytes(value.try_into().expect("4 bytes"))),
+                _ => {}
             }
-            let dst_len = body[1];
-            let (mut dst, mut oif) = (None, None);
-            let mut attrs = &body[RTMSG_LEN..];
-            while attrs.len() >= 4 {
-                let len = usize::from(u16::from_ne_bytes([attrs[0], attrs[1]]));
-                let kind = u16::from_ne_bytes([attrs[2], attrs[3]]);
-                if len < 4 || len > attrs.len() {
-                    break;
-                }
-                let value = &attrs[4..len];
-                match (kind, value.len()) {
-                    (RTA_DST, 4) => {
-                        dst = Some(IpAddr::from(<[u8; 4]>::try_from(value).expect("4 bytes")))
-                    }
-                    (RTA_DST, 16) => {
-                        dst = Some(IpAddr::from(<[u8; 16]>::try_from(value).expect("16 bytes")))
-                    }
-                    (RTA_OIF, 4) => {
-                        oif = Some(u32::from_ne_bytes(value.try_into().expect("4 bytes")))
-                    }
-                    _ => {}
-                }
-                attrs = &attrs[((len + 3) & !3).min(attrs.len())..];
-            }
-            // No RTA_DST: the default route.
-            let dst = dst.unwrap_or(if family == libc::AF_INET as u8 {
-                IpAddr::from([0u8; 4])
-            } else {
-                IpAddr::from([0u8; 16])
-            });
-            if let (Ok(net), Some(oif)) = (ipnet::IpNet::new(dst, dst_len), oif) {
-                routes.push((net, oif));
-            }
-        })
-        .map_err(FactsError::Routes)?;
-    }
+        }
+        // No RTA_DST: the default route.
+        let dst = match (dst, i32::from(family)) {
+            (Some(dst), _) => dst,
+            (None, libc::AF_INET) => IpAddr::from([0u8; 4]),
+            (None, libc::AF_INET6) => IpAddr::from([0u8; 16]),
+            (None, _) => return,
+        };
+        if let (Ok(net), Some(oif)) = (ipnet::IpNet::new(dst, dst_len), oif) {
+            routes.push((net, oif));
+        }
+    })
+    .map_err(FactsError::Routes)?;
     Ok(routes)
 }
 

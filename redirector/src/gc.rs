@@ -21,7 +21,7 @@ pub fn teardown(root: &PinRoot, cookie: NetnsCookie) -> Result<Vec<ObjectId>, Ap
     }
     let removed_from = {
         let _lock = NodeLock::acquire(root)?;
-        let state = observe::observe(root, cookie, None)?;
+        let (state, _) = observe::observe(root, cookie, None)?;
         let removal = diff::remove_all(&state);
         let failures: Vec<String> = removal
             .retire

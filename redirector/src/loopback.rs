@@ -24,7 +24,6 @@ pub fn add_inbound_passthrough(netns: &Netns) -> Result<(), LoopbackError> {
 /// Add ::6/128 to `lo`, as istio-iptables does when IPv6 is on: the proxy binds it as the
 /// source of inbound passthrough connections over IPv6 (127.0.0.6 is already in 127/8).
 fn add_inbound_passthrough_v6() -> io::Result<()> {
-    const NETLINK_ROUTE: i32 = 0;
     const RTM_NEWADDR: u16 = 20;
     const IFA_ADDRESS: u16 = 1;
     const IFA_LOCAL: u16 = 2;
@@ -50,7 +49,7 @@ fn add_inbound_passthrough_v6() -> io::Result<()> {
         NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
         &body,
     );
-    match crate::netlink::exchange(NETLINK_ROUTE, &request, |_, _| {}) {
+    match crate::netlink::exchange(crate::netlink::NETLINK_ROUTE, &request, |_, _| {}) {
         Err(err) if err.raw_os_error() == Some(libc::EEXIST) => Ok(()),
         other => other,
     }

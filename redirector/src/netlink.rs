@@ -6,6 +6,8 @@ use std::{
     os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
 };
 
+/// The rtnetlink protocol: links, addresses, routes.
+pub const NETLINK_ROUTE: i32 = 0;
 pub const NLM_F_REQUEST: u16 = 0x1;
 pub const NLM_F_ACK: u16 = 0x4;
 pub const NLM_F_EXCL: u16 = 0x200;
@@ -25,6 +27,25 @@ pub fn message(kind: u16, flags: u16, body: &[u8]) -> Vec<u8> {
     msg.extend_from_slice(&[0; 8]); // sequence number, port id
     msg.extend_from_slice(body);
     msg
+}
+
+/// The attributes (type, value) of a message's attribute area, in order; a malformed
+/// length ends them.
+pub fn attributes(mut attrs: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    std::iter::from_fn(move || {
+        if attrs.len() < 4 {
+            return None;
+        }
+        let len = usize::from(u16::from_ne_bytes([attrs[0], attrs[1]]));
+        let kind = u16::from_ne_bytes([attrs[2], attrs[3]]);
+        if len < 4 || len > attrs.len() {
+            return None;
+        }
+        let value = &attrs[4..len];
+        // Attributes are 4-byte aligned.
+        attrs = &attrs[((len + 3) & !3).min(attrs.len())..];
+        Some((kind, value))
+    })
 }
 
 /// A new `protocol` netlink socket of the calling thread's network namespace (it stays in

@@ -106,13 +106,15 @@ impl PodState {
 
 /// Read what is installed for the pod with this netns cookie. The run-time entries the
 /// kernel made for it (listeners, redirected connections) are read under every object but
-/// `keep`, the one a re-apply keeps them in.
+/// `keep`, the one a re-apply keeps them in; that object's maps, when it is loaded, come
+/// back open for the apply that follows.
 pub fn observe(
     root: &PinRoot,
     netns_cookie: NetnsCookie,
     keep: Option<&ObjectId>,
-) -> Result<PodState, ObserveError> {
+) -> Result<(PodState, Option<NodeMaps>), ObserveError> {
     let mut installations = Vec::new();
+    let mut kept = None;
     for object in root
         .objects()
         .map_err(fs_err("listing", &root.objects_dir()))?
@@ -121,6 +123,9 @@ pub fn observe(
         let linked = object.pod(netns_cookie).dir().exists();
         let runtime = keep != Some(object.id());
         let mut found = observe_pods(&object, &maps, &Pods::One(netns_cookie), runtime)?;
+        if !runtime {
+            kept = Some(maps);
+        }
         if !linked && found.is_empty() {
             continue;
         }
@@ -130,10 +135,11 @@ pub fn observe(
         install.links = observe_links(&object, netns_cookie)?;
         installations.push(install);
     }
-    Ok(PodState {
+    let state = PodState {
         netns_cookie,
         installations,
-    })
+    };
+    Ok((state, kept))
 }
 
 /// Which pods [`observe_pods`] collects.

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context as _};
 use tracing::{info, warn};
 
-use super::{config::IstioConfig, validate};
+use super::{config::IstioConfig, log_sections::Section, validate};
 use crate::{
     apply::{apply, Outcome},
     cgroup::pod_cgroup,
@@ -50,21 +50,24 @@ const LOGGED_ENV: [&str; 21] = [
 pub fn run(cfg: &IstioConfig) -> anyhow::Result<()> {
     // First: on an old kernel even reading the pod's netns cookie fails, less clearly.
     crate::kernel::check_running()?;
-    for flag in &cfg.run.ignored_flags {
-        info!("{flag} is accepted for compatibility and ignored: redirector does not use iptables");
+    {
+        let _section = Section::start();
+        for flag in &cfg.run.ignored_flags {
+            info!("{flag} is accepted for compatibility and ignored: redirector does not use iptables");
+        }
+        info!("Environment:");
+        for name in LOGGED_ENV {
+            info!("{name}={}", std::env::var(name).unwrap_or_default());
+        }
+        info!("Effective config:");
+        for line in cfg.effective_lines() {
+            info!("{line}");
+        }
     }
     let netns = match &cfg.run.network_namespace {
         Some(path) => Netns::open(path)?,
         None => Netns::current()?,
     };
-    info!("Environment:");
-    for name in LOGGED_ENV {
-        info!("{name}={}", std::env::var(name).unwrap_or_default());
-    }
-    info!("Effective config:");
-    for line in cfg.effective_lines() {
-        info!("{line}");
-    }
 
     let root = PinRoot::new(&cfg.run.pin_root);
     let cookie = netns.cookie();
@@ -172,6 +175,7 @@ fn apply_rules(cfg: &IstioConfig, root: &PinRoot, netns: &Netns) -> anyhow::Resu
         }
         Outcome::New(report) => report,
     };
+    let _section = Section::start();
     info!("Applied:");
     for line in plan.to_string().lines() {
         info!("{line}");

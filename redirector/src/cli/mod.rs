@@ -6,6 +6,7 @@ mod daemon;
 mod explain;
 mod gc;
 mod istio_iptables;
+mod log_sections;
 mod pod;
 mod status;
 mod trace;
@@ -119,7 +120,7 @@ fn init_logging(json: bool, istio_levels: &str) {
     let filter = tracing_subscriber::EnvFilter::new(log_level(istio_levels));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(|| log_sections::Stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     if json {
         builder.json().init();
