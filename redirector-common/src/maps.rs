@@ -45,13 +45,16 @@ pub mod names {
 pub mod capacity {
     /// Pods per node.
     pub const PODS: u32 = 4096;
-    /// Port-set entries over all pods (`-o`, `-q`, `-b`, `-d` ports).
-    pub const PORT_ENTRIES: u32 = 65536;
+    /// Port-set entries over all pods (`-o`, `-q`, `-b`, `-d` ports): 8 a pod on average
+    /// at the pod capacity (istio's standard injection lists 3). The bucket array, sized by
+    /// this at creation, is 16 bytes an entry whether used or not.
+    pub const PORT_ENTRIES: u32 = 32768;
     /// CIDR entries per family over all pods.
     pub const CIDR_ENTRIES: u32 = 65536;
     /// Connections between `connect()` and the handshake completing, node-wide: entries
-    /// live for a handshake (microseconds on loopback), so this bounds connects in flight.
-    pub const PENDING_CONNECTIONS: u32 = 8192;
+    /// live for a handshake with the proxy on loopback (microseconds), so this bounds
+    /// connects in flight; past it the least recently used entry goes first.
+    pub const PENDING_CONNECTIONS: u32 = 4096;
     /// Redirected connections whose original destination the proxy may still ask for.
     /// Entries go when the proxy's socket closes; past this many open redirected
     /// connections the least recently used entry goes first, which only matters if the

@@ -104,14 +104,18 @@ impl PodState {
     }
 }
 
-/// Read what is installed for the pod with this netns cookie. The run-time entries the
-/// kernel made for it (listeners, redirected connections) are read under every object but
-/// `keep`, the one a re-apply keeps them in; that object's maps, when it is loaded, come
+/// Read what is installed for the pod with this netns cookie: its links and the entries
+/// user space wrote for it. The entries the kernel made for it (listeners, redirected
+/// connections) are not read: finding them means reading node-wide maps through, and
+/// they go by themselves — a listener's when its socket closes, a connection's when the
+/// proxy's socket closes or, unused, when newer connections need the room (a connection
+/// already redirected keeps its original destination, as conntrack keeps its entries when
+/// iptables rules are removed). The maps of the object `open`, when it is loaded, come
 /// back open for the apply that follows.
 pub fn observe(
     root: &PinRoot,
     netns_cookie: NetnsCookie,
-    keep: Option<&ObjectId>,
+    open: Option<&ObjectId>,
 ) -> Result<(PodState, Option<NodeMaps>), ObserveError> {
     let mut installations = Vec::new();
     let mut kept = None;
@@ -121,9 +125,8 @@ pub fn observe(
     {
         let maps = NodeMaps::open(&object)?;
         let linked = object.pod(netns_cookie).dir().exists();
-        let runtime = keep != Some(object.id());
-        let mut found = observe_pods(&object, &maps, &Pods::One(netns_cookie), runtime)?;
-        if !runtime {
+        let mut found = observe_pods(&object, &maps, &Pods::One(netns_cookie), false)?;
+        if open == Some(object.id()) {
             kept = Some(maps);
         }
         if !linked && found.is_empty() {

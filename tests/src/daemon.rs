@@ -12,13 +12,34 @@ use crate::{unique_name, Cgroup, ChildGuard, NetNs, Spawn};
 #[derive(Debug)]
 pub struct StateDir {
     path: PathBuf,
+    /// A tmpfs of its own is mounted on it (unmounted on drop).
+    tmpfs: bool,
 }
 
 impl StateDir {
     pub fn new(hint: &str) -> Self {
         let path = std::env::temp_dir().join(unique_name(hint));
         std::fs::create_dir_all(&path).expect("creating a state directory");
-        StateDir { path }
+        StateDir { path, tmpfs: false }
+    }
+
+    /// A state directory on a tmpfs of its own, as the daemon's `/run/redirector` is on a
+    /// node (/tmp may be a disk file system, where every new record is an inode written).
+    pub fn on_tmpfs(hint: &str) -> Self {
+        let mut dir = StateDir::new(hint);
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs"])
+            .arg(&dir.path)
+            .output()
+            .expect("running mount");
+        assert!(
+            out.status.success(),
+            "mounting a tmpfs on {}: {}",
+            dir.path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        dir.tmpfs = true;
+        dir
     }
 
     pub fn path(&self) -> &Path {
@@ -28,6 +49,12 @@ impl StateDir {
 
 impl Drop for StateDir {
     fn drop(&mut self) {
+        if self.tmpfs {
+            let unmounted = Command::new("umount").arg(&self.path).status();
+            if !unmounted.is_ok_and(|s| s.success()) {
+                eprintln!("warning: unmounting the tmpfs on {}", self.path.display());
+            }
+        }
         if let Err(err) = std::fs::remove_dir_all(&self.path) {
             eprintln!("warning: removing {}: {err}", self.path.display());
         }

@@ -72,7 +72,7 @@ fn a_pod_whose_ports_do_not_fit_is_refused_and_rolled_back() {
     if !require_root() {
         return;
     }
-    let per_pod = 20_000;
+    let per_pod = 10_000;
     let ports: Vec<String> = (1..=per_pod).map(|p| p.to_string()).collect();
     fill_until_refused(
         "capports",

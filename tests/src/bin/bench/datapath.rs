@@ -154,7 +154,7 @@ impl Bed {
                 let topo = Topology::under(&node, &hint);
                 (
                     Some(node),
-                    Some(StateDir::new("benchstate")),
+                    Some(StateDir::on_tmpfs("benchstate")),
                     Some(PinRoot::new(&hint)),
                     topo,
                 )

@@ -41,6 +41,11 @@ pub fn added_cpu(dp: &DataPath, a: Mode, b: Mode, load: &str) -> Vec<f64> {
     x.iter().zip(&y).map(|(x, y)| x - y).collect()
 }
 
+/// Whether this run measured `mode` (`--modes` may leave modes out).
+fn ran(dp: &DataPath, mode: Mode) -> bool {
+    dp.samples.iter().any(|s| s.mode == mode)
+}
+
 fn range(v: &[f64], digits: usize) -> String {
     let (lo, hi) = min_max(v);
     format!("{:.d$} ({:.d$}–{:.d$})", median(v), lo, hi, d = digits)
@@ -93,15 +98,19 @@ pub fn markdown(dp: &DataPath, setup: &Setup, machine: &str) -> String {
             (Mode::Iptables, Mode::Explicit),
             (Mode::RedirectorTraced, Mode::Redirector),
         ];
+        let pairs: Vec<_> = pairs
+            .into_iter()
+            .filter(|(a, b)| ran(dp, *a) && ran(dp, *b))
+            .collect();
         let _ = write!(s, "| load |");
-        for (a, b) in pairs {
+        for (a, b) in &pairs {
             let _ = write!(s, " {} / {} |", a.name(), b.name());
         }
         let _ = writeln!(s, "\n|---|{}", "---:|".repeat(pairs.len()));
         for load in LOADS {
             let _ = write!(s, "| {} |", load.name);
-            for (a, b) in pairs {
-                let _ = write!(s, " {} |", range(&rps_ratio(dp, a, b, load.name), 2));
+            for (a, b) in &pairs {
+                let _ = write!(s, " {} |", range(&rps_ratio(dp, *a, *b, load.name), 2));
             }
             let _ = writeln!(s);
         }
@@ -115,18 +124,22 @@ pub fn markdown(dp: &DataPath, setup: &Setup, machine: &str) -> String {
             Mode::RedirectorDaemon,
             Mode::RedirectorTraced,
         ];
+        let added: Vec<_> = added
+            .into_iter()
+            .filter(|m| ran(dp, *m) && ran(dp, Mode::Explicit))
+            .collect();
         let _ = write!(s, "| load |");
-        for mode in added {
+        for mode in &added {
             let _ = write!(s, " {} |", mode.name());
         }
         let _ = writeln!(s, "\n|---|{}", "---:|".repeat(added.len()));
         for load in LOADS {
             let _ = write!(s, "| {} |", load.name);
-            for mode in added {
+            for mode in &added {
                 let _ = write!(
                     s,
                     " {} |",
-                    range(&added_cpu(dp, mode, Mode::Explicit, load.name), 1)
+                    range(&added_cpu(dp, *mode, Mode::Explicit, load.name), 1)
                 );
             }
             let _ = writeln!(s);
@@ -143,7 +156,10 @@ pub fn markdown(dp: &DataPath, setup: &Setup, machine: &str) -> String {
                 Mode::Redirector,
                 Mode::RedirectorDaemon,
                 Mode::RedirectorTraced,
-            ] {
+            ]
+            .into_iter()
+            .filter(|m| ran(dp, *m))
+            {
                 let mut total = 0.0;
                 for p in dp.programs.iter().filter(|p| p.mode == mode) {
                     total += p.ns_per_req;
@@ -240,8 +256,12 @@ pub fn targets(dp: &DataPath, setup: &Setup) -> String {
         rows.push((target.to_string(), measured, met))
     };
     let new_conn = ["new-conn-8", "new-conn-64"];
-    if !dp.samples.is_empty() {
-        for mode in [Mode::Redirector, Mode::RedirectorDaemon] {
+    let against = [Mode::Explicit, Mode::Iptables];
+    if against.iter().all(|m| ran(dp, *m)) {
+        for mode in [Mode::Redirector, Mode::RedirectorDaemon]
+            .into_iter()
+            .filter(|m| ran(dp, *m))
+        {
             let added: Vec<f64> = new_conn
                 .iter()
                 .map(|l| median(&added_cpu(dp, mode, Mode::Explicit, l)))

@@ -1,8 +1,8 @@
 //! Per-pod setup: one pod with the object already loaded — `redirector istio-iptables`
 //! against `iptables-restore` of istio's rules and a bare `nsenter true`, each started the
 //! way an init container is (entering a fresh netns); the first pod on a node (the object
-//! load); and N pods in sequence, init-container mode and through the daemon, with the
-//! kernel memory they add.
+//! load); and N pods in sequence, init-container mode and through the daemon (its state
+//! directory on a tmpfs, as `/run/redirector` is on a node), with the kernel memory they add.
 
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::os::unix::net::UnixStream;
@@ -195,7 +195,7 @@ impl Client {
 fn daemon_sequence(pods: usize, client: Client) -> Sequence {
     let root = PinRoot::new("bdseq");
     let node = Cgroup::new("bdnode");
-    let state = StateDir::new("bdstate");
+    let state = StateDir::on_tmpfs("bdstate");
     let daemon = Daemon::start(&root, &node, &state);
     let socket = state.path().join("redirector.sock");
     let made: Vec<NetNs> = (0..pods).map(|_| NetNs::new("bdseq")).collect();
