@@ -539,10 +539,10 @@ pub(crate) fn retire(ops: &ObjectOps, cookie: NetnsCookie) -> Vec<String> {
 
 /// Remove an object (programs, maps, empty dirs) once no pod and no node link uses it.
 pub(crate) fn collect_if_unused(obj: &ObjectPins) -> Result<(), FsError> {
-    let pods = obj.pods().map_err(fs_err("listing", &obj.pods_dir()))?;
+    let pods = obj.has_pods().map_err(fs_err("listing", &obj.pods_dir()))?;
     let node = obj.node();
     let node_links = node.hooks().map_err(fs_err("listing", node.dir()))?;
-    if pods.is_empty() && node_links.is_empty() {
+    if !pods && node_links.is_empty() {
         match fs::remove_dir_all(obj.dir()) {
             Err(err) if err.kind() != io::ErrorKind::NotFound => {
                 return Err(fs_err("removing", obj.dir())(err))

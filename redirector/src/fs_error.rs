@@ -18,6 +18,11 @@ impl FsError {
             source,
         }
     }
+
+    /// The kind of the underlying error, e.g. `NotFound`.
+    pub fn kind(&self) -> io::ErrorKind {
+        self.source.kind()
+    }
 }
 
 /// For `map_err`: the failure of `action` on `path`.

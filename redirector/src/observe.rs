@@ -8,10 +8,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use aya::maps::{LpmTrie, MapData, MapError};
+use aya::maps::{IterableMap as _, LpmTrie, MapData, MapError};
 use redirector_common::{
-    pod_flags, Cidr4Key, Cidr6Key, ConnKey, ListenerKey, NetnsCookie, PodAddrKey, PodConfig,
-    PortKey,
+    pod_flags, Cidr4Key, Cidr6Key, ConnKey, ListenerKey, NetnsCookie, OrigDst, PodAddrKey,
+    PodConfig, PortKey,
 };
 
 use crate::{
@@ -19,6 +19,7 @@ use crate::{
     plan::CidrEntry,
     store::{
         bpf_sys::{pinned_link_target, LinkTarget},
+        node_maps::hash_entries,
         NodeMaps, ObjectId, ObjectPins, OpenMapError, PinRoot,
     },
 };
@@ -280,8 +281,9 @@ pub fn observe_pods(
             }
         }
     }
-    for key in maps.port_sets.keys() {
-        let key = key.map_err(read_err("PORT_SETS"))?;
+    let ports: Vec<(PortKey, u8)> =
+        hash_entries(maps.port_sets.map()).map_err(read_err("PORT_SETS"))?;
+    for (key, _) in ports {
         if let Some(install) = slot(&mut found, object, pods, NetnsCookie(key.netns_cookie)) {
             install.ports.push(key);
         }
@@ -296,8 +298,9 @@ pub fn observe_pods(
             install.cidrs_v6.push(e);
         }
     }
-    for item in maps.pod_by_addr.iter() {
-        let (key, cookie) = item.map_err(read_err("POD_BY_ADDR"))?;
+    let addrs: Vec<(PodAddrKey, NetnsCookie)> =
+        hash_entries(maps.pod_by_addr.map()).map_err(read_err("POD_BY_ADDR"))?;
+    for (key, cookie) in addrs {
         if let Some(install) = slot(&mut found, object, pods, cookie) {
             install.addrs.push(key);
         }
@@ -311,8 +314,9 @@ pub fn observe_pods(
             install.listeners.push(key);
         }
     }
-    for key in maps.orig_dst_by_conn.keys() {
-        let key = key.map_err(read_err("ORIG_DST_BY_CONN"))?;
+    let connections: Vec<(ConnKey, OrigDst)> =
+        hash_entries(maps.orig_dst_by_conn.map()).map_err(read_err("ORIG_DST_BY_CONN"))?;
+    for (key, _) in connections {
         if let Some(install) = slot(&mut found, object, pods, NetnsCookie(key.netns_cookie)) {
             install.connections.push(key);
         }

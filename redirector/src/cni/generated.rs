@@ -90,10 +90,13 @@ proptest! {
                     .filter_map(|v| v.as_str().map(str::to_owned))
                     .collect();
                 // Values are quoted as Rust string literals (escapes included).
+                // A value is named whole (quoted) or by one of its list entries.
                 let named = |g: &String| {
-                    g.split(',').map(str::trim).filter(|e| !e.is_empty()).any(|e| {
-                        err.msg.contains(e) || err.msg.contains(format!("{e:?}").trim_matches('"'))
-                    })
+                    err.msg.contains(&format!("{g:?}"))
+                        || g.split(',').map(str::trim).filter(|e| !e.is_empty()).any(|e| {
+                            err.msg.contains(e)
+                                || err.msg.contains(format!("{e:?}").trim_matches('"'))
+                        })
                 };
                 prop_assert!(
                     err.msg.contains("args must be")

@@ -248,18 +248,27 @@ impl Plugin {
         if !self.root.path().exists() {
             return Ok(());
         }
-        let record = self
-            .records
-            .by_container(&container)
-            .map_err(|e| CniError::new(code::SETUP_FAILED, e.to_string()))?;
-        let cookie = match &record {
-            Some(record) => Some(record.cookie()),
-            // No record (e.g. the state dir was lost): the namespace, if still there.
-            None => env("CNI_NETNS")
-                .filter(|p| !p.is_empty())
-                .and_then(|p| Netns::open(p.as_ref()).ok())
-                .map(|n| n.cookie()),
+        // The namespace, while it is still there, names the record without reading the others.
+        let netns_cookie = env("CNI_NETNS")
+            .filter(|p| !p.is_empty())
+            .and_then(|p| Netns::open(p.as_ref()).ok())
+            .map(|n| n.cookie());
+        let setup_failed =
+            |e: crate::fs_error::FsError| CniError::new(code::SETUP_FAILED, e.to_string());
+        let in_netns = match netns_cookie {
+            Some(cookie) => self.records.get(cookie).map_err(setup_failed)?,
+            None => None,
+        }
+        .filter(|r| r.container_id.as_deref() == Some(container.as_str()));
+        let record = match in_netns {
+            Some(record) => Some(record),
+            None => self
+                .records
+                .by_container(&container)
+                .map_err(setup_failed)?,
         };
+        // No record (e.g. the state dir was lost): the namespace, if still there.
+        let cookie = record.as_ref().map(|r| r.cookie()).or(netns_cookie);
         remove_pod(&self.root, &self.records, record, cookie)
             .map(drop)
             .map_err(|e| CniError::new(code::SETUP_FAILED, e))

@@ -3,8 +3,10 @@
 //! reboot, like the pins).
 
 use std::{
+    collections::HashMap,
     fs, io,
     path::{Path, PathBuf},
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
 };
 
 use redirector_common::NetnsCookie;
@@ -32,21 +34,81 @@ impl PodRecord {
     }
 }
 
+/// How a request may name a pod besides its netns cookie.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Alias {
+    Name(String),
+    Container(String),
+    Netns(PathBuf),
+}
+
+impl Alias {
+    fn of(record: &PodRecord) -> impl Iterator<Item = Alias> {
+        let name = record.name.clone().map(Alias::Name);
+        name.into_iter()
+            .chain(record.container_id.clone().map(Alias::Container))
+            .chain(Some(Alias::Netns(record.netns.clone())))
+    }
+}
+
 /// The records under one state directory.
+///
+/// Looking a pod up by name or container id reads one record when this process has seen
+/// it (saved or listed it) before, and the whole directory otherwise: the aliases it
+/// remembers are only hints, each checked against the record it points to, because other
+/// processes (the CNI plugin) write records too.
 #[derive(Clone, Debug)]
 pub struct Records {
     dir: PathBuf,
+    aliases: Arc<Mutex<HashMap<Alias, NetnsCookie>>>,
 }
 
 impl Records {
     pub fn new(state_dir: &Path) -> Self {
         Records {
             dir: state_dir.join("pods"),
+            aliases: Arc::default(),
         }
     }
 
     fn path(&self, cookie: NetnsCookie) -> PathBuf {
         self.dir.join(format!("{cookie}.json"))
+    }
+
+    fn aliases(&self) -> MutexGuard<'_, HashMap<Alias, NetnsCookie>> {
+        self.aliases.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn remember(&self, record: &PodRecord) {
+        let mut aliases = self.aliases();
+        for alias in Alias::of(record) {
+            aliases.insert(alias, record.cookie());
+        }
+    }
+
+    /// The record of the pod with this cookie, if there is one.
+    pub fn get(&self, cookie: NetnsCookie) -> Result<Option<PodRecord>, FsError> {
+        match read(&self.path(cookie)) {
+            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
+            other => other.map(Some),
+        }
+    }
+
+    /// The record known by `alias`: the one its hint points to if that still matches, else
+    /// the first match among all records.
+    fn by_alias(&self, alias: Alias) -> Result<Option<PodRecord>, FsError> {
+        let hint = self.aliases().get(&alias).copied();
+        if let Some(cookie) = hint {
+            if let Some(record) = self.get(cookie)? {
+                if Alias::of(&record).any(|a| a == alias) {
+                    return Ok(Some(record));
+                }
+            }
+        }
+        Ok(self
+            .all()?
+            .into_iter()
+            .find(|r| Alias::of(r).any(|a| a == alias)))
     }
 
     /// Write a record, replacing any earlier one of the same pod (write, then rename).
@@ -57,10 +119,13 @@ impl Records {
         let json = serde_json::to_vec_pretty(record).map_err(io::Error::other);
         json.and_then(|json| fs::write(&staging, json))
             .map_err(fs_err("writing", &staging))?;
-        fs::rename(&staging, &path).map_err(fs_err("replacing", &path))
+        fs::rename(&staging, &path).map_err(fs_err("replacing", &path))?;
+        self.remember(record);
+        Ok(())
     }
 
     pub fn remove(&self, cookie: NetnsCookie) -> Result<(), FsError> {
+        self.aliases().retain(|_, c| *c != cookie);
         let path = self.path(cookie);
         match fs::remove_file(&path) {
             Err(err) if err.kind() != io::ErrorKind::NotFound => {
@@ -87,32 +152,41 @@ impl Records {
             if !is_record {
                 continue;
             }
-            let text = fs::read(&path).map_err(fs_err("reading", &path))?;
-            let record = serde_json::from_slice(&text)
-                .map_err(|err| fs_err("parsing", &path)(io::Error::other(err)))?;
-            records.push(record);
+            records.push(read(&path)?);
         }
         records.sort_by_key(|r: &PodRecord| r.netns_cookie);
+        for record in &records {
+            self.remember(record);
+        }
         Ok(records)
     }
 
     /// The record of the pod set up for container (sandbox) `id`.
     pub fn by_container(&self, id: &str) -> Result<Option<PodRecord>, FsError> {
-        Ok(self
-            .all()?
-            .into_iter()
-            .find(|r| r.container_id.as_deref() == Some(id)))
+        self.by_alias(Alias::Container(id.to_owned()))
     }
 
-    /// The record of the pod named `name`, or in the namespace at `netns`.
+    /// The record of the pod named `name`, else the one in the namespace at `netns`.
     pub fn find(
         &self,
         name: Option<&str>,
         netns: Option<&Path>,
     ) -> Result<Option<PodRecord>, FsError> {
-        Ok(self.all()?.into_iter().find(|r| {
-            name.is_some_and(|n| r.name.as_deref() == Some(n))
-                || netns.is_some_and(|p| r.netns == p)
-        }))
+        let aliases = name
+            .map(|n| Alias::Name(n.to_owned()))
+            .into_iter()
+            .chain(netns.map(|p| Alias::Netns(p.to_path_buf())));
+        for alias in aliases {
+            if let Some(record) = self.by_alias(alias)? {
+                return Ok(Some(record));
+            }
+        }
+        Ok(None)
     }
+}
+
+/// One record file; a file that does not parse is an error naming it.
+fn read(path: &Path) -> Result<PodRecord, FsError> {
+    let text = fs::read(path).map_err(fs_err("reading", path))?;
+    serde_json::from_slice(&text).map_err(|err| fs_err("parsing", path)(io::Error::other(err)))
 }

@@ -1,7 +1,7 @@
 //! The few bpf(2) commands aya 0.14 does not expose for our use: creating a cgroup link
 //! or netns link for any attach type (aya cannot turn a `CgroupSockoptLink` into a pinnable
 //! link) and
-//! pinning/opening objects by path.
+//! pinning/opening objects by path, and reading a hash map in batches.
 
 use std::{
     ffi::CString,
@@ -14,6 +14,7 @@ use std::{
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_LINK_UPDATE: libc::c_long = 29;
 const BPF_LINK_TYPE_CGROUP: u32 = 3;
@@ -37,6 +38,59 @@ fn bpf(cmd: libc::c_long, attr: &mut BpfAttr) -> io::Result<libc::c_long> {
         Err(io::Error::last_os_error())
     } else {
         Ok(ret)
+    }
+}
+
+fn set_ptr(attr: &mut BpfAttr, word: usize, ptr: u64) {
+    attr.0[word] = ptr as u32;
+    attr.0[word + 1] = (ptr >> 32) as u32;
+}
+
+/// Every key and value of a hash map (not per-CPU) as raw bytes, `key_size` and
+/// `value_size` apiece, read with BPF_MAP_LOOKUP_BATCH: a call per thousands of entries,
+/// where walking the keys takes one per entry. Entries written meanwhile may be missed,
+/// as with any walk of a live map.
+pub fn hash_entries(
+    map: BorrowedFd<'_>,
+    key_size: usize,
+    value_size: usize,
+) -> io::Result<(Vec<u8>, Vec<u8>)> {
+    // A call returns whole buckets; one larger than the buffer is ENOSPC (with nothing
+    // returned), answered by a larger buffer.
+    let mut per_call = 4096usize;
+    let (mut keys, mut values) = (Vec::new(), Vec::new());
+    let mut entries = 0usize;
+    // Where the next call starts: a bucket index (u32) for hash maps; none at first.
+    let (mut start, mut next) = (None::<u64>, 0u64);
+    loop {
+        keys.resize((entries + per_call) * key_size, 0);
+        values.resize((entries + per_call) * value_size, 0);
+        let mut attr = BpfAttr([0; 32]);
+        set_ptr(
+            &mut attr,
+            0,
+            start.as_ref().map_or(0, |s| s as *const u64 as u64),
+        );
+        set_ptr(&mut attr, 2, &raw mut next as u64);
+        set_ptr(&mut attr, 4, keys[entries * key_size..].as_mut_ptr() as u64);
+        set_ptr(
+            &mut attr,
+            6,
+            values[entries * value_size..].as_mut_ptr() as u64,
+        );
+        attr.0[8] = per_call as u32;
+        attr.0[9] = map.as_raw_fd() as u32;
+        let result = bpf(BPF_MAP_LOOKUP_BATCH, &mut attr);
+        // The kernel writes back how many entries it filled.
+        entries += attr.0[8] as usize;
+        keys.truncate(entries * key_size);
+        values.truncate(entries * value_size);
+        match result {
+            Ok(_) => start = Some(next),
+            Err(err) if err.raw_os_error() == Some(libc::ENOENT) => return Ok((keys, values)),
+            Err(err) if err.raw_os_error() == Some(libc::ENOSPC) => per_call *= 2,
+            Err(err) => return Err(err),
+        }
     }
 }
 

@@ -6,7 +6,9 @@ use redirector_common::{
     PodConfig, PortKey,
 };
 
-use super::pins::ObjectPins;
+use std::os::fd::AsFd as _;
+
+use super::{bpf_sys, pins::ObjectPins};
 
 #[derive(Debug, thiserror::Error)]
 #[error("opening pinned map {name} at {path}: {source}")]
@@ -30,6 +32,31 @@ pub struct NodeMaps {
     pub counters: PerCpuHashMap<MapData, NetnsCookie, Counters>,
     pub pod_by_addr: HashMap<MapData, PodAddrKey, NetnsCookie>,
     pub listeners: SockHash<MapData, ListenerKey>,
+}
+
+/// Every entry of a hash map (not per-CPU), read in batches: a bpf call per thousands of
+/// entries, where walking its keys takes one or two per entry.
+pub fn hash_entries<K: bytemuck::Pod, V: bytemuck::Pod>(
+    map: &MapData,
+) -> Result<Vec<(K, V)>, aya::maps::MapError> {
+    let (key_size, value_size) = (size_of::<K>(), size_of::<V>());
+    let (keys, values) =
+        bpf_sys::hash_entries(map.fd().as_fd(), key_size, value_size).map_err(|io_error| {
+            aya::maps::MapError::SyscallError(aya::sys::SyscallError {
+                call: "bpf_map_lookup_batch",
+                io_error,
+            })
+        })?;
+    Ok(keys
+        .chunks_exact(key_size)
+        .zip(values.chunks_exact(value_size))
+        .map(|(k, v)| {
+            (
+                bytemuck::pod_read_unaligned(k),
+                bytemuck::pod_read_unaligned(v),
+            )
+        })
+        .collect())
 }
 
 fn open<T>(pins: &ObjectPins, name: &'static str) -> Result<T, OpenMapError>

@@ -171,6 +171,27 @@ impl ObjectPins {
             .collect())
     }
 
+    /// Whether any pod has a link directory under this object: [`Self::pods`] up to the
+    /// first one.
+    pub fn has_pods(&self) -> io::Result<bool> {
+        let entries = match fs::read_dir(self.pods_dir()) {
+            Ok(entries) => entries,
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(err) => return Err(err),
+        };
+        for entry in entries {
+            if entry?
+                .file_name()
+                .to_string_lossy()
+                .parse::<NetnsCookie>()
+                .is_ok()
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     pub fn pod(&self, netns_cookie: NetnsCookie) -> PodPins {
         PodPins(self.pods_dir().join(netns_cookie.to_string()))
     }
