@@ -87,7 +87,8 @@ impl Verdict {
 /// Whether `id` is among the first `count` entries of `list`. Indexes a fixed-size array
 /// with a constant-bounded loop: a slice of map-given length is beyond the verifier.
 #[inline(always)]
-fn listed<const N: usize>(list: &[u32; N], count: u32, id: u32) -> bool {
+fn listed<const N: usize>(list: &[u32; N], count: u8, id: u32) -> bool {
+    let count = u32::from(count);
     let mut i = 0;
     while i < N {
         if i as u32 >= count {

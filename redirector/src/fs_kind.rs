@@ -16,8 +16,13 @@ pub fn is_cgroup2_dir(path: &Path) -> bool {
     path.is_dir() && fs_magic(path) == Some(CGROUP2_SUPER_MAGIC)
 }
 
-/// Whether `path` is on a mounted bpffs.
-pub fn is_bpffs(path: &Path) -> bool {
-    const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
-    fs_magic(path) == Some(BPF_FS_MAGIC)
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// Whether `path`, or the nearest of its ancestors that exists, is on a mounted bpffs;
+/// `None` when none can be read. A directory removed while this looks (a cleanup racing
+/// an apply removes an empty pin root) hands the question to its parent.
+pub fn nearest_is_bpffs(path: &Path) -> Option<bool> {
+    path.ancestors()
+        .find_map(fs_magic)
+        .map(|magic| magic == BPF_FS_MAGIC)
 }

@@ -58,11 +58,12 @@ fn ifindexes(names: &[String], interfaces: &[(String, u32)]) -> Vec<u32> {
 }
 
 /// The first `N` ids as a fixed array and a count (config validation keeps lists within N).
-fn owner_array<const N: usize>(ids: &[u32]) -> ([u32; N], u32) {
+fn owner_array<const N: usize>(ids: &[u32]) -> ([u32; N], u8) {
     let mut out = [0; N];
     let n = ids.len().min(N);
     out[..n].copy_from_slice(&ids[..n]);
-    (out, n as u32)
+    // N is MAX_OWNERS or MAX_IFACES: a byte holds it.
+    (out, n as u8)
 }
 
 fn cidr_entry(netns_cookie: NetnsCookie, list: CidrList, net: IpNet, plan: &mut PodPlan) {
@@ -160,6 +161,7 @@ pub fn plan_pod(cfg: &CaptureConfig, facts: &PodFacts) -> PodPlan {
         exclude_ifaces,
         virt_iface_count,
         virt_ifaces,
+        reserved: [0; 3],
     };
     let mut plan = PodPlan {
         netns_cookie: cookie,

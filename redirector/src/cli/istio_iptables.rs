@@ -13,7 +13,7 @@ use crate::{
     cgroup::pod_cgroup,
     diff::Mode,
     facts::PodFacts,
-    fs_kind::is_bpffs,
+    fs_kind::nearest_is_bpffs,
     gc::teardown,
     loopback,
     netns::Netns,
@@ -209,11 +209,8 @@ fn apply_rules(cfg: &IstioConfig, root: &PinRoot, netns: &Netns) -> anyhow::Resu
 }
 
 pub(super) fn require_bpffs(root: &Path) -> anyhow::Result<()> {
-    let probe = root
-        .ancestors()
-        .find(|p| p.exists())
-        .context("pin root has no existing ancestor")?;
-    if !is_bpffs(probe) && !is_bpffs(root) {
+    let on_bpffs = nearest_is_bpffs(root).context("pin root has no existing ancestor")?;
+    if !on_bpffs {
         bail!(
             "{} is not on a bpffs mount: mount one with `mount -t bpf bpf {BPFFS_MOUNT}` (in a container, mount the host's {BPFFS_MOUNT})",
             root.display()
