@@ -213,22 +213,23 @@ pub fn markdown(dp: &DataPath, setup: &Setup, machine: &str) -> String {
         let _ = writeln!(s, "\n### Pods in sequence\n");
         let _ = writeln!(
             s,
-            "| mode | pods | total s | pod 10 ms | last 10 pods ms | kernel memory per additional pod |"
+            "| mode | pods | total s | pod 10 ms | last 10 pods ms | kernel memory per additional pod | all removed again, s |"
         );
-        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|");
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|");
         for q in &setup.sequences {
             let n = q.per_pod_ms.len();
             let tenth = q.per_pod_ms.get(9).copied().unwrap_or(f64::NAN);
             let last = median(&q.per_pod_ms[n.saturating_sub(10)..]);
             let _ = writeln!(
                 s,
-                "| {} | {} | {:.2} | {:.2} | {:.2} | {} |",
+                "| {} | {} | {:.2} | {:.2} | {:.2} | {} | {} |",
                 q.mode,
                 q.pods,
                 q.total_s,
                 tenth,
                 last,
-                per_pod_kib(q)
+                per_pod_kib(q),
+                q.removal_s.map_or("–".into(), |s| format!("{s:.2}"))
             );
         }
     }

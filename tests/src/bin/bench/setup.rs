@@ -85,6 +85,9 @@ pub struct Sequence {
     pub per_pod_ms: Vec<f64>,
     /// Kernel memory (Slab + Percpu + VmallocUsed) after pod 1, 100, 1,000 …, less before pod 1.
     pub kernel_bytes_after: Vec<(usize, i64)>,
+    /// Wall time to remove every pod again, by name, on the same API connection (the API
+    /// client only).
+    pub removal_s: Option<f64>,
 }
 
 #[derive(Debug, Default, serde::Serialize)]
@@ -278,6 +281,19 @@ fn daemon_sequence(pods: usize, client: Client) -> Sequence {
         }
     }
     seq.total_s = start.elapsed().as_secs_f64();
+    if let Some((reader, writer)) = api.as_mut() {
+        let start = Instant::now();
+        for i in 0..pods {
+            let req = serde_json::json!({"op": "del", "name": format!("bench/p{i}")});
+            writeln!(writer, "{req}").expect("writing to the daemon");
+            let mut line = String::new();
+            reader
+                .read_line(&mut line)
+                .expect("reading the daemon's answer");
+            assert!(line.contains("\"removed\""), "daemon: {line}");
+        }
+        seq.removal_s = Some(start.elapsed().as_secs_f64());
+    }
     drop(api);
     let _ = daemon.terminate();
     drop(made);
