@@ -194,6 +194,30 @@ impl Client {
     }
 }
 
+/// One connection to the daemon's API.
+struct Api {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+}
+
+impl Api {
+    fn connect(socket: &std::path::Path) -> Self {
+        let writer = UnixStream::connect(socket).expect("connecting to the daemon");
+        let reader = BufReader::new(writer.try_clone().expect("cloning the connection"));
+        Api { reader, writer }
+    }
+
+    /// Send `request`; panics unless the answer contains `expected`.
+    fn ask(&mut self, request: &serde_json::Value, expected: &str) {
+        writeln!(self.writer, "{request}").expect("writing to the daemon");
+        let mut line = String::new();
+        self.reader
+            .read_line(&mut line)
+            .expect("reading the daemon's answer");
+        assert!(line.contains(expected), "daemon: {line}");
+    }
+}
+
 /// `pods` pods added through a daemon.
 fn daemon_sequence(pods: usize, client: Client) -> Sequence {
     let root = PinRoot::new("bdseq");
@@ -206,10 +230,7 @@ fn daemon_sequence(pods: usize, client: Client) -> Sequence {
     let plugin = cni_dir.path().join("redirector-cni");
     let binary = std::fs::canonicalize(redirector_bin()).expect("the redirector binary");
     std::os::unix::fs::symlink(binary, &plugin).unwrap();
-    let mut api = matches!(client, Client::Api).then(|| {
-        let s = UnixStream::connect(&socket).expect("connecting to the daemon");
-        (BufReader::new(s.try_clone().unwrap()), s)
-    });
+    let mut api = matches!(client, Client::Api).then(|| Api::connect(&socket));
     let mut seq = Sequence {
         mode: client.name(),
         pods,
@@ -259,17 +280,12 @@ fn daemon_sequence(pods: usize, client: Client) -> Sequence {
                     );
                 timed(&mut cmd, Some(&conf.to_string()))
             }
-            (Client::Api, Some((reader, writer))) => {
+            (Client::Api, Some(api)) => {
                 let req = serde_json::json!({
                     "op": "add", "netns": ns.path(), "name": name, "args": STANDARD_INJECTION,
                 });
                 let t = Instant::now();
-                writeln!(writer, "{req}").expect("writing to the daemon");
-                let mut line = String::new();
-                reader
-                    .read_line(&mut line)
-                    .expect("reading the daemon's answer");
-                assert!(line.contains("\"ok\":true"), "daemon: {line}");
+                api.ask(&req, "\"ok\":true");
                 t.elapsed().as_secs_f64() * 1e3
             }
             (Client::Api, None) => unreachable!("the API client connects first"),
@@ -281,16 +297,11 @@ fn daemon_sequence(pods: usize, client: Client) -> Sequence {
         }
     }
     seq.total_s = start.elapsed().as_secs_f64();
-    if let Some((reader, writer)) = api.as_mut() {
+    if let Some(api) = api.as_mut() {
         let start = Instant::now();
         for i in 0..pods {
             let req = serde_json::json!({"op": "del", "name": format!("bench/p{i}")});
-            writeln!(writer, "{req}").expect("writing to the daemon");
-            let mut line = String::new();
-            reader
-                .read_line(&mut line)
-                .expect("reading the daemon's answer");
-            assert!(line.contains("\"removed\""), "daemon: {line}");
+            api.ask(&req, "\"removed\"");
         }
         seq.removal_s = Some(start.elapsed().as_secs_f64());
     }
