@@ -17,12 +17,21 @@ pub fn is_cgroup2_dir(path: &Path) -> bool {
 }
 
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+const TMPFS_MAGIC: i64 = 0x0102_1994;
 
-/// Whether `path`, or the nearest of its ancestors that exists, is on a mounted bpffs;
-/// `None` when none can be read. A directory removed while this looks (a cleanup racing
-/// an apply removes an empty pin root) hands the question to its parent.
+/// The filesystem magic of `path`, or of the nearest of its ancestors that exists; `None`
+/// when none can be read. A directory removed while this looks (a cleanup racing an apply
+/// removes an empty pin root) hands the question to its parent.
+fn nearest_magic(path: &Path) -> Option<i64> {
+    path.ancestors().find_map(fs_magic)
+}
+
+/// Whether `path` (or the nearest ancestor that exists) is on a mounted bpffs.
 pub fn nearest_is_bpffs(path: &Path) -> Option<bool> {
-    path.ancestors()
-        .find_map(fs_magic)
-        .map(|magic| magic == BPF_FS_MAGIC)
+    nearest_magic(path).map(|magic| magic == BPF_FS_MAGIC)
+}
+
+/// Whether `path` (or the nearest ancestor that exists) is on a tmpfs.
+pub fn nearest_is_tmpfs(path: &Path) -> Option<bool> {
+    nearest_magic(path).map(|magic| magic == TMPFS_MAGIC)
 }

@@ -3,8 +3,8 @@
 //! A pod that has neither links nor a configuration under an object has nothing there, so
 //! setting up a new pod reads no node-wide map beyond one lookup per object. Only a
 //! pod that is installed somewhere has its entries collected, with one pass over each map
-//! for any number of pods ([`observe_pods`], which garbage collection uses for all the
-//! pods it removes at once).
+//! for any number of pods (hash maps read in batches; [`observe_pods`], which garbage
+//! collection uses for all the pods it removes at once).
 
 use std::collections::{BTreeMap, BTreeSet};
 

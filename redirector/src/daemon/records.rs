@@ -53,10 +53,10 @@ impl Alias {
 
 /// The records under one state directory.
 ///
-/// Looking a pod up by name or container id reads one record when this process has seen
-/// it (saved or listed it) before, and the whole directory otherwise: the aliases it
-/// remembers are only hints, each checked against the record it points to, because other
-/// processes (the CNI plugin) write records too.
+/// Looking a pod up by name, container id or netns path reads one record when this
+/// process has seen it (saved or listed it) before, and the whole directory otherwise:
+/// the aliases it remembers are only hints, each checked against the record it points to,
+/// because other processes (the CNI plugin) write records too.
 #[derive(Clone, Debug)]
 pub struct Records {
     dir: PathBuf,
