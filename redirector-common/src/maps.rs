@@ -439,9 +439,11 @@ impl ConnKey {
     }
 }
 
-/// Number of counter slots per pod: a power of two (the kernel masks indexes with it), with
-/// room for reasons added later.
-pub const COUNTER_SLOTS: usize = 32;
+/// Number of counter slots per pod: the reasons, with room for a few added later. Each
+/// pod has a set per CPU, so a slot costs 8 bytes × CPUs per pod.
+pub const COUNTER_SLOTS: usize = 24;
+
+const _: () = assert!(crate::Reason::ALL.len() <= COUNTER_SLOTS);
 
 /// Per-pod, per-CPU decision counters, indexed by [`crate::Reason`].
 #[repr(C)]

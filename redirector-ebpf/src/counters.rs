@@ -14,10 +14,13 @@ pub fn count(netns_cookie: NetnsCookie, reason: Reason) {
 /// [`count`] by the reason's number, as read back from a map.
 #[inline(always)]
 pub fn count_raw(netns_cookie: NetnsCookie, reason: u8) {
+    let slot = usize::from(reason);
+    if slot >= COUNTER_SLOTS {
+        return;
+    }
     if let Some(counters) = COUNTERS.get_ptr_mut(netns_cookie) {
-        let slot = usize::from(reason) & (COUNTER_SLOTS - 1);
         // SAFETY: a valid pointer to this CPU's value, which no other CPU writes, so a
-        // plain increment is exact; the slot is masked into bounds.
+        // plain increment is exact; the slot is checked to be in bounds above.
         unsafe { (*counters).by_reason[slot] += 1 };
     }
 }
