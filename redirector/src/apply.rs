@@ -263,6 +263,8 @@ fn stage(
         _ => None,
     };
     let mut staged = Vec::new();
+    // Made just before its first link, so that an apply stopped earlier leaves none.
+    let mut pod_dir_made = false;
     for write in writes {
         match write {
             Write::Port(key) => {
@@ -342,8 +344,9 @@ fn stage(
                         target: target_name,
                         source,
                     })?;
-                if staged.is_empty() {
+                if !pod_dir_made {
                     fs::create_dir_all(pod.dir()).map_err(fs_err("creating", pod.dir()))?;
+                    pod_dir_made = true;
                 }
                 // No staged pin is left here: `apply` cleared them under the node lock.
                 let path = pod.staging_link(spec.hook);

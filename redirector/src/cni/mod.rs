@@ -253,20 +253,10 @@ impl Plugin {
             .filter(|p| !p.is_empty())
             .and_then(|p| Netns::open(p.as_ref()).ok())
             .map(|n| n.cookie());
-        let setup_failed =
-            |e: crate::fs_error::FsError| CniError::new(code::SETUP_FAILED, e.to_string());
-        let in_netns = match netns_cookie {
-            Some(cookie) => self.records.get(cookie).map_err(setup_failed)?,
-            None => None,
-        }
-        .filter(|r| r.container_id.as_deref() == Some(container.as_str()));
-        let record = match in_netns {
-            Some(record) => Some(record),
-            None => self
-                .records
-                .by_container(&container)
-                .map_err(setup_failed)?,
-        };
+        let record = self
+            .records
+            .by_container(&container, netns_cookie)
+            .map_err(|e| CniError::new(code::SETUP_FAILED, e.to_string()))?;
         // No record (e.g. the state dir was lost): the namespace, if still there.
         let cookie = record.as_ref().map(|r| r.cookie()).or(netns_cookie);
         remove_pod(&self.root, &self.records, record, cookie)
@@ -279,7 +269,7 @@ impl Plugin {
         let node = self.node(code::NOT_AVAILABLE)?;
         let record = self
             .records
-            .by_container(&container)
+            .by_container(&container, None)
             .map_err(|e| CniError::new(code::SETUP_FAILED, e.to_string()))?
             .ok_or_else(|| {
                 CniError::new(

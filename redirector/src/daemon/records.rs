@@ -87,18 +87,22 @@ impl Records {
     }
 
     /// The record of the pod with this cookie, if there is one.
-    pub fn get(&self, cookie: NetnsCookie) -> Result<Option<PodRecord>, FsError> {
+    fn get(&self, cookie: NetnsCookie) -> Result<Option<PodRecord>, FsError> {
         match read(&self.path(cookie)) {
             Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
             other => other.map(Some),
         }
     }
 
-    /// The record known by `alias`: the one its hint points to if that still matches, else
-    /// the first match among all records.
-    fn by_alias(&self, alias: Alias) -> Result<Option<PodRecord>, FsError> {
-        let hint = self.aliases().get(&alias).copied();
-        if let Some(cookie) = hint {
+    /// The record known by `alias`: the one a hint points to if that matches — the hint
+    /// remembered, then `hint`, the caller's guess — else the first match among all records.
+    fn by_alias(
+        &self,
+        alias: Alias,
+        hint: Option<NetnsCookie>,
+    ) -> Result<Option<PodRecord>, FsError> {
+        let remembered = self.aliases().get(&alias).copied();
+        for cookie in remembered.into_iter().chain(hint) {
             if let Some(record) = self.get(cookie)? {
                 if Alias::of(&record).any(|a| a == alias) {
                     return Ok(Some(record));
@@ -161,9 +165,14 @@ impl Records {
         Ok(records)
     }
 
-    /// The record of the pod set up for container (sandbox) `id`.
-    pub fn by_container(&self, id: &str) -> Result<Option<PodRecord>, FsError> {
-        self.by_alias(Alias::Container(id.to_owned()))
+    /// The record of the pod set up for container (sandbox) `id`; `netns_cookie`, the
+    /// cookie of its namespace when the caller knows it, is looked at first.
+    pub fn by_container(
+        &self,
+        id: &str,
+        netns_cookie: Option<NetnsCookie>,
+    ) -> Result<Option<PodRecord>, FsError> {
+        self.by_alias(Alias::Container(id.to_owned()), netns_cookie)
     }
 
     /// The record of the pod named `name`, else the one in the namespace at `netns`.
@@ -177,7 +186,7 @@ impl Records {
             .into_iter()
             .chain(netns.map(|p| Alias::Netns(p.to_path_buf())));
         for alias in aliases {
-            if let Some(record) = self.by_alias(alias)? {
+            if let Some(record) = self.by_alias(alias, None)? {
                 return Ok(Some(record));
             }
         }

@@ -107,16 +107,22 @@ impl PinRoot {
     }
 }
 
-/// The names in a directory, sorted; a missing directory has none.
-pub fn names_in(dir: &Path) -> io::Result<Vec<String>> {
+/// The names in a directory as they are read, unsorted; a missing directory has none.
+fn read_names(dir: &Path) -> io::Result<impl Iterator<Item = io::Result<String>>> {
     let entries = match fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Ok(entries) => Some(entries),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => None,
         Err(err) => return Err(err),
     };
-    let mut names = entries
-        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
-        .collect::<io::Result<Vec<_>>>()?;
+    Ok(entries
+        .into_iter()
+        .flatten()
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned())))
+}
+
+/// The names in a directory, sorted; a missing directory has none.
+pub fn names_in(dir: &Path) -> io::Result<Vec<String>> {
+    let mut names = read_names(dir)?.collect::<io::Result<Vec<_>>>()?;
     names.sort();
     Ok(names)
 }
@@ -171,21 +177,11 @@ impl ObjectPins {
             .collect())
     }
 
-    /// Whether any pod has a link directory under this object: [`Self::pods`] up to the
-    /// first one.
+    /// Whether any pod has a link directory under this object: [`Self::pods`], read up to
+    /// the first one.
     pub fn has_pods(&self) -> io::Result<bool> {
-        let entries = match fs::read_dir(self.pods_dir()) {
-            Ok(entries) => entries,
-            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(false),
-            Err(err) => return Err(err),
-        };
-        for entry in entries {
-            if entry?
-                .file_name()
-                .to_string_lossy()
-                .parse::<NetnsCookie>()
-                .is_ok()
-            {
+        for name in read_names(&self.pods_dir())? {
+            if name?.parse::<NetnsCookie>().is_ok() {
                 return Ok(true);
             }
         }
