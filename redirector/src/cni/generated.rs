@@ -90,9 +90,11 @@ proptest! {
                     .filter_map(|v| v.as_str().map(str::to_owned))
                     .collect();
                 // Values are quoted as Rust string literals (escapes included).
-                // A value is named whole (quoted) or by one of its list entries.
+                // A value is named whole (quoted, after annotations' trim) or by one
+                // of its list entries.
                 let named = |g: &String| {
                     err.msg.contains(&format!("{g:?}"))
+                        || err.msg.contains(&format!("{:?}", g.trim()))
                         || g.split(',').map(str::trim).filter(|e| !e.is_empty()).any(|e| {
                             err.msg.contains(e)
                                 || err.msg.contains(format!("{e:?}").trim_matches('"'))
