@@ -25,7 +25,7 @@ use crate::{
     plan::{CidrEntry, PodPlan},
     store::{
         bpf_sys, ensure_loaded, open_program, programs::AttachTarget, EbpfObject, NodeLock,
-        NodeMaps, ObjectError, ObjectId, ObjectPins, OpenMapError, PinRoot, PodPins,
+        NodeMaps, ObjectError, ObjectId, ObjectPins, OpenMapError, OpenMaps, PinRoot, PodPins,
     },
 };
 
@@ -110,13 +110,14 @@ pub enum Outcome {
 }
 
 /// Make the pod in `netns` what `plan` describes, under the object `object` (loaded and
-/// pinned first if this node does not have it yet).
+/// pinned first if this node does not have it yet), with the maps `maps` keeps open.
 pub fn apply(
     root: &PinRoot,
     object: &EbpfObject,
     plan: &PodPlan,
     netns: &Netns,
     mode: Mode,
+    maps: &mut OpenMaps,
 ) -> Result<Outcome, ApplyError> {
     let _lock = NodeLock::acquire(root)?;
     let started = Instant::now();
@@ -129,7 +130,7 @@ pub fn apply(
         "removing links staged by an interrupted run in",
         staged.dir(),
     ))?;
-    let (state, opened) = observe::observe(root, cookie, Some(object.id()))?;
+    let state = observe::observe(root, cookie, maps)?;
     tracing::debug!("observed pod {cookie} in {:?}", started.elapsed());
     let pod_diff = diff::diff(plan, &target, targets, &state, mode);
     if pod_diff.is_empty() {
@@ -138,30 +139,25 @@ pub fn apply(
     let load_started = Instant::now();
     let (obj, object_loaded) = ensure_loaded(root, object)?;
     let object_load_time = object_loaded.then(|| load_started.elapsed());
-    let mut maps = match opened {
-        // Opened by observe: the object was loaded already.
-        Some(maps) if !object_loaded => maps,
-        _ => NodeMaps::open(&obj)?,
-    };
     let ops = pod_diff.target.as_ref().expect("a plan has a target");
     let mut undo = Vec::new();
-    let installed = stage(&obj, &mut maps, plan, netns, &ops.writes, &mut undo)
+    let target_maps = maps.get(&obj)?;
+    let installed = stage(&obj, target_maps, plan, netns, &ops.writes, &mut undo)
         .and_then(|staged| commit(&obj.pod(cookie), staged));
     if let Err(err) = installed {
-        rollback(&mut maps, &obj.pod(cookie), cookie, undo);
-        drop(maps);
+        rollback(target_maps, &obj.pod(cookie), cookie, undo);
         collect_if_unused(&obj)?;
         return Err(err);
     }
     tracing::debug!("wrote and swapped in {:?}", started.elapsed());
-    let mut failures = remove(&obj, &mut maps, cookie, &ops.removals);
-    for retired in &pod_diff.retire {
-        failures.extend(retire(retired, cookie));
-    }
+    let mut failures = remove(&obj, target_maps, cookie, &ops.removals);
     let capture_ports = [plan.config.inbound_port, plan.config.outbound_port];
-    tracing::debug!("removed in {:?}", started.elapsed());
-    let listeners = crate::listeners::register_existing(&mut maps, netns, &capture_ports);
+    let listeners = crate::listeners::register_existing(target_maps, netns, &capture_ports);
     tracing::debug!("registered listeners in {:?}", started.elapsed());
+    for retired in &pod_diff.retire {
+        failures.extend(retire(retired, cookie, maps));
+    }
+    tracing::debug!("removed in {:?}", started.elapsed());
     if !failures.is_empty() {
         return Err(ApplyError::Removals(failures));
     }
@@ -187,8 +183,9 @@ pub fn is_installed(
     object: &EbpfObject,
     plan: &PodPlan,
     netns: &Netns,
+    maps: &mut OpenMaps,
 ) -> Result<bool, ApplyError> {
-    let (state, _) = observe::observe(root, plan.netns_cookie, Some(object.id()))?;
+    let state = observe::observe(root, plan.netns_cookie, maps)?;
     let targets = attach_targets(plan, netns)?;
     let target = root.object(object.id());
     Ok(!state.is_empty() && diff::diff(plan, &target, targets, &state, Mode::Changes).is_empty())
@@ -529,9 +526,9 @@ fn unpinned(result: io::Result<()>) -> Result<(), String> {
 }
 
 /// Remove a pod from an object entirely, and the object once no pod uses it.
-pub(crate) fn retire(ops: &ObjectOps, cookie: NetnsCookie) -> Vec<String> {
-    let mut failures = match NodeMaps::open(&ops.object) {
-        Ok(mut maps) => remove(&ops.object, &mut maps, cookie, &ops.removals),
+pub(crate) fn retire(ops: &ObjectOps, cookie: NetnsCookie, maps: &mut OpenMaps) -> Vec<String> {
+    let mut failures = match maps.get(&ops.object) {
+        Ok(maps) => remove(&ops.object, maps, cookie, &ops.removals),
         Err(err) => vec![err.to_string()],
     };
     if let Err(err) = collect_if_unused(&ops.object) {

@@ -10,23 +10,27 @@ use crate::{
     diff,
     fs_error::fs_err,
     observe::{self, observe_links, observe_pods, Pods},
-    store::{NodeLock, NodeMaps, ObjectId, PinRoot},
+    store::{NodeLock, NodeMaps, ObjectId, OpenMaps, PinRoot},
 };
 
 /// Remove everything installed for the pod, under every object, and the pin root itself
 /// when nothing else is left in it. Returns the objects it was removed from.
-pub fn teardown(root: &PinRoot, cookie: NetnsCookie) -> Result<Vec<ObjectId>, ApplyError> {
+pub fn teardown(
+    root: &PinRoot,
+    cookie: NetnsCookie,
+    maps: &mut OpenMaps,
+) -> Result<Vec<ObjectId>, ApplyError> {
     if !root.path().exists() {
         return Ok(Vec::new());
     }
     let removed_from = {
         let _lock = NodeLock::acquire(root)?;
-        let (state, _) = observe::observe(root, cookie, None)?;
+        let state = observe::observe(root, cookie, maps)?;
         let removal = diff::remove_all(&state);
         let failures: Vec<String> = removal
             .retire
             .iter()
-            .flat_map(|ops| retire(ops, cookie))
+            .flat_map(|ops| retire(ops, cookie, maps))
             .collect();
         if !failures.is_empty() {
             return Err(ApplyError::Removals(failures));

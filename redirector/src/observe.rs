@@ -20,7 +20,7 @@ use crate::{
     store::{
         bpf_sys::{pinned_link_target, LinkTarget},
         node_maps::hash_entries,
-        NodeMaps, ObjectId, ObjectPins, OpenMapError, PinRoot,
+        NodeMaps, ObjectPins, OpenMapError, OpenMaps, PinRoot,
     },
 };
 
@@ -111,25 +111,21 @@ impl PodState {
 /// they go by themselves — a listener's when its socket closes, a connection's when the
 /// proxy's socket closes or, unused, when newer connections need the room (a connection
 /// already redirected keeps its original destination, as conntrack keeps its entries when
-/// iptables rules are removed). The maps of the object `open`, when it is loaded, come
-/// back open for the apply that follows.
+/// iptables rules are removed). Each object's maps are taken from `maps`, which keeps
+/// them open for the apply that follows and, in the daemon, for the next pod.
 pub fn observe(
     root: &PinRoot,
     netns_cookie: NetnsCookie,
-    open: Option<&ObjectId>,
-) -> Result<(PodState, Option<NodeMaps>), ObserveError> {
-    let mut installations = Vec::new();
-    let mut kept = None;
-    for object in root
+    maps: &mut OpenMaps,
+) -> Result<PodState, ObserveError> {
+    let objects = root
         .objects()
-        .map_err(fs_err("listing", &root.objects_dir()))?
-    {
-        let maps = NodeMaps::open(&object)?;
+        .map_err(fs_err("listing", &root.objects_dir()))?;
+    maps.retain_loaded(&objects);
+    let mut installations = Vec::new();
+    for object in objects {
         let linked = object.pod(netns_cookie).dir().exists();
-        let mut found = observe_pods(&object, &maps, &Pods::One(netns_cookie), false)?;
-        if open == Some(object.id()) {
-            kept = Some(maps);
-        }
+        let mut found = observe_pods(&object, maps.get(&object)?, &Pods::One(netns_cookie), false)?;
         if !linked && found.is_empty() {
             continue;
         }
@@ -139,11 +135,10 @@ pub fn observe(
         install.links = observe_links(&object, netns_cookie)?;
         installations.push(install);
     }
-    let state = PodState {
+    Ok(PodState {
         netns_cookie,
         installations,
-    };
-    Ok((state, kept))
+    })
 }
 
 /// Which pods [`observe_pods`] collects.

@@ -1,11 +1,13 @@
 //! The engine as a library, the way a node daemon uses it: one process sets up two pods
 //! at the same time from two threads, each through its own `Netns` handle, and the
-//! process itself never changes network namespace.
+//! process itself never changes network namespace; the maps it keeps open between pods
+//! follow the object when another process removes it and loads it again.
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use redirector::{
     apply::{apply, Outcome},
@@ -15,7 +17,7 @@ use redirector::{
     gc::teardown,
     netns::Netns,
     plan::plan_pod,
-    store::{self, EbpfObject},
+    store::{self, EbpfObject, OpenMaps},
 };
 use redirector_tests::redirector::{object_ids, PinRoot, STANDARD_INJECTION};
 use redirector_tests::{
@@ -62,8 +64,14 @@ struct Target {
 }
 
 impl Target {
-    /// Set the pod up through the library, as `redirector istio-iptables` would.
-    fn set_up(&self, root: &store::PinRoot, object: &EbpfObject) -> Outcome {
+    /// Set the pod up through the library, as `redirector istio-iptables` would, with the
+    /// maps `maps` keeps open.
+    fn set_up(
+        &self,
+        root: &store::PinRoot,
+        object: &EbpfObject,
+        maps: &Mutex<OpenMaps>,
+    ) -> Outcome {
         let netns = Netns::open(&self.netns).expect("opening the pod's netns");
         assert_eq!(netns.cookie().get(), self.cookie);
         let argv = std::iter::once("istio-iptables").chain(STANDARD_INJECTION);
@@ -79,7 +87,8 @@ impl Target {
             "the pod's own addresses, read inside its namespace: {facts:?}"
         );
         let plan = plan_pod(&cfg.capture, &facts);
-        apply(root, object, &plan, &netns, Mode::Changes).expect("applying")
+        let mut maps = maps.lock().unwrap();
+        apply(root, object, &plan, &netns, Mode::Changes, &mut maps).expect("applying")
     }
 }
 
@@ -94,12 +103,13 @@ fn one_process_sets_up_two_pods_at_once_without_changing_its_namespace() {
     let pods = [ProxiedPod::new("enga"), ProxiedPod::new("engb")];
     let object = EbpfObject::configured().expect("the embedded object");
     let before = thread_namespaces();
+    let maps = Mutex::default();
 
     let targets: Vec<Target> = pods.iter().map(AsTarget::target).collect();
     let outcomes: Vec<Outcome> = std::thread::scope(|scope| {
         let running: Vec<_> = targets
             .iter()
-            .map(|target| scope.spawn(|| target.set_up(&root, &object)))
+            .map(|target| scope.spawn(|| target.set_up(&root, &object, &maps)))
             .collect();
         running.into_iter().map(|t| t.join().unwrap()).collect()
     });
@@ -115,14 +125,14 @@ fn one_process_sets_up_two_pods_at_once_without_changing_its_namespace() {
         assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
         // The same plan again is no change.
         assert!(matches!(
-            pod.target().set_up(&root, &object),
+            pod.target().set_up(&root, &object, &maps),
             Outcome::Unchanged
         ));
     }
 
     for pod in &pods {
-        let removed = teardown(&root, redirector_common::NetnsCookie(pod.topo.pod.cookie()))
-            .expect("removing the pod");
+        let removed =
+            teardown(&root, cookie_of(pod), &mut maps.lock().unwrap()).expect("removing the pod");
         assert_eq!(removed.len(), 1);
         let dst = pod.service(false);
         assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
@@ -131,4 +141,46 @@ fn one_process_sets_up_two_pods_at_once_without_changing_its_namespace() {
         !pins.path().exists(),
         "the last pod's teardown removes the pin root"
     );
+}
+
+fn cookie_of(pod: &ProxiedPod) -> redirector_common::NetnsCookie {
+    redirector_common::NetnsCookie(pod.topo.pod.cookie())
+}
+
+#[test]
+fn maps_kept_open_follow_the_object_when_it_is_loaded_again() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let pins = PinRoot::new("engine-reload");
+    let root = store::PinRoot::new(pins.path());
+    let object = EbpfObject::configured().expect("the embedded object");
+    let [first, second, third] = ["engr1", "engr2", "engr3"].map(ProxiedPod::new);
+    let kept = Mutex::default();
+    assert!(matches!(
+        first.target().set_up(&root, &object, &kept),
+        Outcome::New(_)
+    ));
+    // Another process removes the only pod, and with it the object; a third loads the
+    // object again at the same path, with new maps.
+    teardown(&root, cookie_of(&first), &mut OpenMaps::default()).expect("removing the pod");
+    assert!(!pins.path().exists(), "the object went with its last pod");
+    second.target().set_up(&root, &object, &Mutex::default());
+    assert_eq!(object_ids(&pins).len(), 1);
+
+    // The maps kept since the first pod are the removed object's: the pod set up with them
+    // is configured in the object its links run.
+    assert!(matches!(
+        third.target().set_up(&root, &object, &kept),
+        Outcome::New(_)
+    ));
+    for pod in [&second, &third] {
+        let dst = pod.service(false);
+        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+    }
+    for pod in [&second, &third] {
+        teardown(&root, cookie_of(pod), &mut kept.lock().unwrap()).expect("removing the pod");
+    }
+    assert!(!pins.path().exists());
 }

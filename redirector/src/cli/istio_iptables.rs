@@ -19,7 +19,7 @@ use crate::{
     netns::Netns,
     node::covering,
     plan::{dns_capture_enabled, plan_pod},
-    store::{pins::BPFFS_MOUNT, EbpfObject, PinRoot, OBJECT_OVERRIDE_ENV},
+    store::{pins::BPFFS_MOUNT, EbpfObject, OpenMaps, PinRoot, OBJECT_OVERRIDE_ENV},
 };
 
 /// Environment variables istio-iptables reads, logged as its "Environment" section.
@@ -76,7 +76,7 @@ pub fn run(cfg: &IstioConfig) -> anyhow::Result<()> {
             info!("dry run: would remove every pin, link and map entry of pod netns {cookie}");
             return Ok(());
         }
-        let removed = teardown(&root, cookie)?;
+        let removed = teardown(&root, cookie, &mut OpenMaps::default())?;
         let removed: Vec<&str> = removed.iter().map(|id| id.as_str()).collect();
         info!("cleaned up pod netns {cookie} (from objects {removed:?})");
         return Ok(());
@@ -162,7 +162,7 @@ fn apply_rules(cfg: &IstioConfig, root: &PinRoot, netns: &Netns) -> anyhow::Resu
     } else {
         Mode::Changes
     };
-    let report = match apply(root, &object, &plan, netns, mode)? {
+    let report = match apply(root, &object, &plan, netns, mode, &mut OpenMaps::default())? {
         Outcome::Unchanged => {
             info!("found this exact state already installed for the pod: nothing to apply (--force-apply applies it again)");
             return Ok(());

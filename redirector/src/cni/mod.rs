@@ -27,7 +27,7 @@ use crate::{
     },
     netns::Netns,
     node::node_object,
-    store::{pins::DEFAULT_ROOT, EbpfObject, PinRoot},
+    store::{pins::DEFAULT_ROOT, EbpfObject, OpenMaps, PinRoot},
 };
 
 /// The version this plugin answers in.
@@ -219,11 +219,11 @@ impl Plugin {
                     ),
                 )
             })?;
-        Ok(Node {
-            root: self.root.clone(),
-            object: EbpfObject::pinned(object.id().clone()),
-            records: self.records.clone(),
-        })
+        Ok(Node::new(
+            self.root.clone(),
+            EbpfObject::pinned(object.id().clone()),
+            self.records.clone(),
+        ))
     }
 
     fn add(&self, conf: &NetConf) -> Result<Option<Value>, CniError> {
@@ -259,9 +259,15 @@ impl Plugin {
             .map_err(|e| CniError::new(code::SETUP_FAILED, e.to_string()))?;
         // No record (e.g. the state dir was lost): the namespace, if still there.
         let cookie = record.as_ref().map(|r| r.cookie()).or(netns_cookie);
-        remove_pod(&self.root, &self.records, record, cookie)
-            .map(drop)
-            .map_err(|e| CniError::new(code::SETUP_FAILED, e))
+        remove_pod(
+            &self.root,
+            &self.records,
+            record,
+            cookie,
+            &mut OpenMaps::default(),
+        )
+        .map(drop)
+        .map_err(|e| CniError::new(code::SETUP_FAILED, e))
     }
 
     fn check(&self) -> Result<(), CniError> {

@@ -37,7 +37,7 @@ use self::{
 };
 use crate::{
     node::{attach_node, detach_node, node_object, upgrade},
-    store::{EbpfObject, PinRoot},
+    store::{EbpfObject, OpenMaps, PinRoot},
 };
 
 /// How the daemon runs.
@@ -85,11 +85,7 @@ fn start(config: &DaemonConfig) -> anyhow::Result<Node> {
         attachment.cgroup.display(),
         attachment.attached.len()
     );
-    let node = Node {
-        root,
-        object,
-        records: Records::new(&config.state_dir),
-    };
+    let node = Node::new(root, object, Records::new(&config.state_dir));
     let (removed, kept) = node.reconcile().map_err(anyhow::Error::msg)?;
     info!(
         "reconciled: {kept} pod(s) kept as they are, {} gone pod(s) removed {removed:?}",
@@ -302,10 +298,11 @@ pub fn uninstall(config: &DaemonConfig) -> anyhow::Result<()> {
     let root = PinRoot::new(&config.pin_root);
     let records = Records::new(&config.state_dir);
     let mut pods = 0;
+    let mut maps = OpenMaps::default();
     if root.path().exists() {
         for object in root.objects().context("listing pinned objects")? {
             for cookie in object.pods().context("listing pods")? {
-                crate::gc::teardown(&root, cookie)?;
+                crate::gc::teardown(&root, cookie, &mut maps)?;
                 records.remove(cookie)?;
                 pods += 1;
             }

@@ -1,7 +1,11 @@
 //! The daemon's handling of each request, on the engine: blocking work, run off the
 //! async threads.
 
-use std::{collections::BTreeMap, path::Path};
+use std::{
+    collections::BTreeMap,
+    path::Path,
+    sync::{Mutex, MutexGuard, PoisonError},
+};
 
 use redirector_common::{NetnsCookie, PodConfig, Reason, COUNTER_SLOTS};
 
@@ -19,7 +23,7 @@ use crate::{
     loopback,
     netns::Netns,
     plan::{plan_pod, PodPlan},
-    store::{EbpfObject, PinRoot},
+    store::{EbpfObject, OpenMaps, PinRoot},
 };
 
 /// The node state the daemon owns.
@@ -27,6 +31,8 @@ pub struct Node {
     pub root: PinRoot,
     pub object: EbpfObject,
     pub records: Records,
+    /// The object's maps, open from one request to the next.
+    maps: Mutex<OpenMaps>,
 }
 
 /// Whether a flag was given.
@@ -60,6 +66,21 @@ pub fn parse_flags(args: &[String]) -> Result<IstioConfig, String> {
 }
 
 impl Node {
+    pub fn new(root: PinRoot, object: EbpfObject, records: Records) -> Self {
+        Node {
+            root,
+            object,
+            records,
+            maps: Mutex::default(),
+        }
+    }
+
+    /// The open maps; a request that panicked holding them left nothing half-written in
+    /// them that the next apply's observe does not read again.
+    fn maps(&self) -> MutexGuard<'_, OpenMaps> {
+        self.maps.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     pub fn handle(&self, request: Request) -> Response {
         let result = match request {
             Request::Add {
@@ -108,8 +129,15 @@ impl Node {
         if plan.config.flags & redirector_common::pod_flags::IPV6 != 0 {
             loopback::add_inbound_passthrough(&netns).map_err(|e| e.to_string())?;
         }
-        let outcome = apply(&self.root, &self.object, &plan, &netns, Mode::Changes)
-            .map_err(|e| format!("setting up pod netns {}: {e}", netns.cookie()))?;
+        let outcome = apply(
+            &self.root,
+            &self.object,
+            &plan,
+            &netns,
+            Mode::Changes,
+            &mut self.maps(),
+        )
+        .map_err(|e| format!("setting up pod netns {}: {e}", netns.cookie()))?;
         let record = PodRecord {
             netns_cookie: netns.cookie().get(),
             netns: netns_path.to_path_buf(),
@@ -188,7 +216,7 @@ impl Node {
         record: Option<PodRecord>,
         cookie: Option<NetnsCookie>,
     ) -> Result<Response, String> {
-        remove_pod(&self.root, &self.records, record, cookie)
+        remove_pod(&self.root, &self.records, record, cookie, &mut self.maps())
     }
 
     fn check(&self, pod: &PodRef) -> Result<Response, String> {
@@ -211,8 +239,8 @@ impl Node {
             ));
         }
         let plan = self.plan(&netns, &cfg)?;
-        let same =
-            is_installed(&self.root, &self.object, &plan, &netns).map_err(|e| e.to_string())?;
+        let same = is_installed(&self.root, &self.object, &plan, &netns, &mut self.maps())
+            .map_err(|e| e.to_string())?;
         if same {
             Ok(Response::done(
                 "captured as planned",
@@ -262,11 +290,12 @@ pub fn remove_pod(
     records: &Records,
     record: Option<PodRecord>,
     cookie: Option<NetnsCookie>,
+    maps: &mut OpenMaps,
 ) -> Result<Response, String> {
     let Some(cookie) = cookie else {
         return Ok(Response::done("no such pod", Vec::new()));
     };
-    let removed = teardown(root, cookie).map_err(|e| e.to_string())?;
+    let removed = teardown(root, cookie, maps).map_err(|e| e.to_string())?;
     records.remove(cookie).map_err(|e| e.to_string())?;
     let message = if removed.is_empty() && record.is_none() {
         "no such pod"

@@ -9,7 +9,7 @@ pub mod pins;
 pub mod programs;
 
 pub use lock::NodeLock;
-pub use node_maps::{NodeMaps, OpenMapError};
+pub use node_maps::{NodeMaps, OpenMapError, OpenMaps};
 pub use object::{
     ensure_loaded, ensure_loaded_sharing, open_program, EbpfObject, ObjectError,
     OBJECT_OVERRIDE_ENV,

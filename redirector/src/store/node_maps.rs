@@ -6,7 +6,10 @@ use redirector_common::{
     PodConfig, PortKey,
 };
 
-use std::os::fd::AsFd as _;
+use std::{
+    os::fd::AsFd as _,
+    path::{Path, PathBuf},
+};
 
 use super::{bpf_sys, pins::ObjectPins};
 
@@ -32,6 +35,66 @@ pub struct NodeMaps {
     pub counters: PerCpuHashMap<MapData, NetnsCookie, Counters>,
     pub pod_by_addr: HashMap<MapData, PodAddrKey, NetnsCookie>,
     pub listeners: SockHash<MapData, ListenerKey>,
+}
+
+/// The maps of a node's objects, kept open from one call to the next: the daemon keeps
+/// them for its lifetime, a one-shot command for one apply. Kept maps are used again only
+/// while the object's pins still hold them (an object removed and loaded again has new
+/// maps), which one map's id tells: two bpf calls where opening them all takes twenty.
+#[derive(Default)]
+pub struct OpenMaps(Vec<Kept>);
+
+struct Kept {
+    object: PathBuf,
+    /// The id of the object's POD_CONFIG map when these maps were opened.
+    pod_config_id: u32,
+    maps: NodeMaps,
+}
+
+impl OpenMaps {
+    /// The maps of `object`: the kept ones if its pins still hold them, else opened anew.
+    pub fn get(&mut self, object: &ObjectPins) -> Result<&mut NodeMaps, OpenMapError> {
+        let pod_config_id = pinned_map_id(object, names::POD_CONFIG)?;
+        let kept = (self.0.iter())
+            .position(|k| k.object == object.dir() && k.pod_config_id == pod_config_id);
+        let index = match kept {
+            Some(i) => i,
+            None => {
+                self.0.retain(|k| k.object != object.dir());
+                self.0.push(Kept {
+                    object: object.dir().to_path_buf(),
+                    pod_config_id,
+                    maps: NodeMaps::open(object)?,
+                });
+                self.0.len() - 1
+            }
+        };
+        Ok(&mut self.0[index].maps)
+    }
+
+    /// Lets go of the maps of objects that are no longer loaded.
+    pub fn retain_loaded(&mut self, loaded: &[ObjectPins]) {
+        self.0
+            .retain(|k| loaded.iter().any(|o| o.dir() == k.object));
+    }
+}
+
+fn pinned_map_id(pins: &ObjectPins, name: &'static str) -> Result<u32, OpenMapError> {
+    let path = pins.map(name);
+    aya::maps::MapInfo::from_pin(&path)
+        .map(|info| info.id())
+        .map_err(open_err(name, &path))
+}
+
+fn open_err<'a>(
+    name: &'static str,
+    path: &'a Path,
+) -> impl Fn(aya::maps::MapError) -> OpenMapError + Copy + 'a {
+    move |source| OpenMapError {
+        name,
+        path: path.display().to_string(),
+        source,
+    }
 }
 
 /// Every entry of a hash map (not per-CPU), read in batches: a bpf call per thousands of
@@ -64,11 +127,7 @@ where
     T: TryFrom<Map, Error = aya::maps::MapError>,
 {
     let path = pins.map(name);
-    let err = |source| OpenMapError {
-        name,
-        path: path.display().to_string(),
-        source,
-    };
+    let err = open_err(name, &path);
     let data = MapData::from_pin(&path).map_err(err)?;
     let map = Map::from_map_data(data).map_err(err)?;
     T::try_from(map).map_err(err)
