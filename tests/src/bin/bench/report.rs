@@ -213,20 +213,18 @@ pub fn markdown(dp: &DataPath, setup: &Setup, machine: &str) -> String {
         let _ = writeln!(s, "\n### Pods in sequence\n");
         let _ = writeln!(
             s,
-            "| mode | pods | total s | pod 10 ms | last 10 pods ms | kernel memory per additional pod | all removed again, s |"
+            "| mode | pods | total s | pods 6–15 ms | last 10 pods ms | kernel memory per additional pod | all removed again, s |"
         );
         let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|");
         for q in &setup.sequences {
-            let n = q.per_pod_ms.len();
-            let tenth = q.per_pod_ms.get(9).copied().unwrap_or(f64::NAN);
-            let last = median(&q.per_pod_ms[n.saturating_sub(10)..]);
+            let (early, last) = early_and_late(q);
             let _ = writeln!(
                 s,
                 "| {} | {} | {:.2} | {:.2} | {:.2} | {} | {} |",
                 q.mode,
                 q.pods,
                 q.total_s,
-                tenth,
+                early,
                 last,
                 per_pod_kib(q),
                 q.removal_s.map_or("–".into(), |s| format!("{s:.2}"))
@@ -330,10 +328,10 @@ pub fn targets(dp: &DataPath, setup: &Setup) -> String {
             );
         }
         if q.mode == "init-container" && q.per_pod_ms.len() >= 20 {
-            let n = q.per_pod_ms.len();
-            let r = median(&q.per_pod_ms[n - 10..]) / median(&q.per_pod_ms[5..15]);
+            let (early, late) = early_and_late(q);
+            let r = late / early;
             row(
-                &format!("pod {n} as fast as pod 10 (init container)"),
+                &format!("pod {} as fast as pod 10 (init container)", q.pods),
                 format!("{r:.2}×"),
                 Some(r <= 1.15),
             );
@@ -379,4 +377,14 @@ pub fn per_pod_kib(q: &crate::setup::Sequence) -> String {
         }
         _ => "-".into(),
     }
+}
+
+/// Medians of a sequence's pods 6–15 and of its last 10 pods: one pod's time alone is
+/// too noisy to compare.
+fn early_and_late(q: &crate::setup::Sequence) -> (f64, f64) {
+    let n = q.per_pod_ms.len();
+    (
+        median(&q.per_pod_ms[n.min(5)..n.min(15)]),
+        median(&q.per_pod_ms[n.saturating_sub(10)..]),
+    )
 }
