@@ -92,16 +92,24 @@ impl Target {
     }
 }
 
-#[test]
-fn one_process_sets_up_two_pods_at_once_without_changing_its_namespace() {
+/// A pin root of the test's own and the embedded object; `None` without root.
+fn engine(name: &str) -> Option<(PinRoot, store::PinRoot, EbpfObject)> {
     if !require_root() {
-        return;
+        return None;
     }
     use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let pins = PinRoot::new("engine");
+    let pins = PinRoot::new(name);
     let root = store::PinRoot::new(pins.path());
-    let pods = [ProxiedPod::new("enga"), ProxiedPod::new("engb")];
     let object = EbpfObject::configured().expect("the embedded object");
+    Some((pins, root, object))
+}
+
+#[test]
+fn one_process_sets_up_two_pods_at_once_without_changing_its_namespace() {
+    let Some((pins, root, object)) = engine("engine") else {
+        return;
+    };
+    let pods = [ProxiedPod::new("enga"), ProxiedPod::new("engb")];
     let before = thread_namespaces();
     let maps = Mutex::default();
 
@@ -149,13 +157,9 @@ fn cookie_of(pod: &ProxiedPod) -> redirector_common::NetnsCookie {
 
 #[test]
 fn maps_kept_open_follow_the_object_when_it_is_loaded_again() {
-    if !require_root() {
+    let Some((pins, root, object)) = engine("engine-reload") else {
         return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let pins = PinRoot::new("engine-reload");
-    let root = store::PinRoot::new(pins.path());
-    let object = EbpfObject::configured().expect("the embedded object");
+    };
     let [first, second, third] = ["engr1", "engr2", "engr3"].map(ProxiedPod::new);
     let kept = Mutex::default();
     assert!(matches!(
