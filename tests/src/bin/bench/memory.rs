@@ -3,6 +3,7 @@
 
 use std::path::Path;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 /// Slab + Percpu + VmallocUsed from /proc/meminfo, in bytes: where map entries, links and
 /// per-CPU counters live.
@@ -17,6 +18,28 @@ pub fn kernel_bytes() -> u64 {
         })
         .sum::<u64>()
         * 1024
+}
+
+/// [`kernel_bytes`] held by what is alive: the kernel's reclaimable caches (unused dentries
+/// and inodes, which come and go by hundreds of megabytes on a busy machine) dropped
+/// first, then read once it has stopped moving (no change of 64 KiB or more for 2 s, 20 s
+/// at most), for what is freed in the background. A pod's pins and records stay: bpffs
+/// and tmpfs hold their dentries.
+pub fn retained_kernel_bytes() -> u64 {
+    const STILL: u64 = 64 * 1024;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    // "2": reclaimable slab objects (dentries and inodes), not the page cache.
+    std::fs::write("/proc/sys/vm/drop_caches", "2").expect("dropping the kernel's caches");
+    let (mut since, mut at) = (Instant::now(), kernel_bytes());
+    loop {
+        std::thread::sleep(Duration::from_millis(250));
+        let now = kernel_bytes();
+        if now.abs_diff(at) >= STILL {
+            (since, at) = (Instant::now(), now);
+        } else if since.elapsed() >= Duration::from_secs(2) || Instant::now() > deadline {
+            return now;
+        }
+    }
 }
 
 /// The memory the object under `objects/<id>` locks: `bytes_memlock` of every pinned map

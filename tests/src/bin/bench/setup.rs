@@ -4,10 +4,11 @@
 //! load); and N pods in sequence, init-container mode and through the daemon (its state
 //! directory on a tmpfs, as `/run/redirector` is on a node), with the kernel memory they add.
 
+use std::any::Any;
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::os::unix::net::UnixStream;
 use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use redirector_tests::cgroup::Cgroup;
 use redirector_tests::daemon::{Daemon, StateDir};
@@ -139,6 +140,43 @@ fn one_pod(samples: usize) -> OnePod {
     out
 }
 
+/// What the sequences made, kept until all of them are measured: the kernel frees a
+/// network namespace (about 200 KiB) or an object in the background, for seconds, and a
+/// sequence measured while the last one's 1,000 namespaces go would read megabytes less.
+type Kept = Vec<Box<dyn Any>>;
+
+/// Kernel memory across a sequence ([`memory::retained_kernel_bytes`]), with the time
+/// spent reading it kept out of the sequence's own.
+struct MemoryMarks {
+    base: u64,
+    waited: Duration,
+}
+
+impl MemoryMarks {
+    fn start() -> Self {
+        MemoryMarks {
+            base: memory::retained_kernel_bytes(),
+            waited: Duration::ZERO,
+        }
+    }
+
+    /// Records the memory added since the start when `pods` is a milestone.
+    fn after(&mut self, pods: usize, seq: &mut Sequence) {
+        if milestones(seq.pods).contains(&pods) {
+            let reading = Instant::now();
+            let bytes = memory::retained_kernel_bytes();
+            seq.kernel_bytes_after
+                .push((pods, bytes as i64 - self.base as i64));
+            self.waited += reading.elapsed();
+        }
+    }
+
+    /// Seconds since `start`, less the time spent reading memory.
+    fn seconds_since(&self, start: Instant) -> f64 {
+        start.elapsed().saturating_sub(self.waited).as_secs_f64()
+    }
+}
+
 fn milestones(pods: usize) -> Vec<usize> {
     [1, 10, 100, 1000]
         .into_iter()
@@ -147,7 +185,7 @@ fn milestones(pods: usize) -> Vec<usize> {
 }
 
 /// `pods` pods set up one after another by init containers, under one pin root.
-fn init_sequence(pods: usize) -> (Sequence, PinRoot) {
+fn init_sequence(pods: usize, kept: &mut Kept) -> (Sequence, PinRoot) {
     let root = PinRoot::new("bseq");
     let made: Vec<(NetNs, Cgroup)> = (0..pods)
         .map(|_| (NetNs::new("bseq"), Cgroup::new("bseq")))
@@ -158,18 +196,15 @@ fn init_sequence(pods: usize) -> (Sequence, PinRoot) {
         ..Sequence::default()
     };
     // Pod 0 loads the object; the sequence counts the pods after it.
-    let mem0 = memory::kernel_bytes();
+    let mut marks = MemoryMarks::start();
     let start = Instant::now();
     for (i, (ns, cg)) in made.iter().enumerate() {
         seq.per_pod_ms
             .push(timed(&mut init_container(ns, cg, &root), None));
-        if milestones(pods).contains(&(i + 1)) {
-            seq.kernel_bytes_after
-                .push((i + 1, memory::kernel_bytes() as i64 - mem0 as i64));
-        }
+        marks.after(i + 1, &mut seq);
     }
-    seq.total_s = start.elapsed().as_secs_f64();
-    drop(made);
+    seq.total_s = marks.seconds_since(start);
+    kept.push(Box::new(made));
     (seq, root)
 }
 
@@ -219,7 +254,7 @@ impl Api {
 }
 
 /// `pods` pods added through a daemon.
-fn daemon_sequence(pods: usize, client: Client) -> Sequence {
+fn daemon_sequence(pods: usize, client: Client, kept: &mut Kept) -> Sequence {
     let root = PinRoot::new("bdseq");
     let node = Cgroup::new("bdnode");
     let state = StateDir::on_tmpfs("bdstate");
@@ -236,7 +271,7 @@ fn daemon_sequence(pods: usize, client: Client) -> Sequence {
         pods,
         ..Sequence::default()
     };
-    let mem0 = memory::kernel_bytes();
+    let mut marks = MemoryMarks::start();
     let start = Instant::now();
     for (i, ns) in made.iter().enumerate() {
         let name = format!("bench/p{i}");
@@ -291,12 +326,9 @@ fn daemon_sequence(pods: usize, client: Client) -> Sequence {
             (Client::Api, None) => unreachable!("the API client connects first"),
         };
         seq.per_pod_ms.push(ms);
-        if milestones(pods).contains(&(i + 1)) {
-            seq.kernel_bytes_after
-                .push((i + 1, memory::kernel_bytes() as i64 - mem0 as i64));
-        }
+        marks.after(i + 1, &mut seq);
     }
-    seq.total_s = start.elapsed().as_secs_f64();
+    seq.total_s = marks.seconds_since(start);
     if let Some(api) = api.as_mut() {
         let start = Instant::now();
         for i in 0..pods {
@@ -306,8 +338,7 @@ fn daemon_sequence(pods: usize, client: Client) -> Sequence {
         seq.removal_s = Some(start.elapsed().as_secs_f64());
     }
     drop(api);
-    let _ = daemon.terminate();
-    drop(made);
+    kept.push(Box::new((daemon, made, root, node, state, cni_dir)));
     seq
 }
 
@@ -322,7 +353,8 @@ pub fn run(samples: usize, pods: usize) -> Setup {
         median(&out.one_pod.iptables_restore_ms),
         median(&out.one_pod.nsenter_true_ms)
     );
-    let (seq, root) = init_sequence(pods);
+    let mut kept = Kept::new();
+    let (seq, root) = init_sequence(pods, &mut kept);
     eprintln!(
         "bench: {pods} pods (init containers) in {:.2} s",
         seq.total_s
@@ -336,9 +368,9 @@ pub fn run(samples: usize, pods: usize) -> Setup {
         out.object_memlock = total;
         out.map_memlock = maps;
     }
-    drop(root);
+    kept.push(Box::new(root));
     for client in [Client::Api, Client::PodAdd, Client::CniAdd] {
-        let seq = daemon_sequence(pods, client);
+        let seq = daemon_sequence(pods, client, &mut kept);
         eprintln!("bench: {pods} pods ({}) in {:.2} s", seq.mode, seq.total_s);
         out.sequences.push(seq);
     }
