@@ -75,6 +75,9 @@ pub const MAX_OWNERS: usize = 8;
 /// Most interfaces one pod may list in `-c` or `-k`.
 pub const MAX_IFACES: usize = 8;
 
+// PodConfig counts its list entries in bytes.
+const _: () = assert!(MAX_OWNERS <= u8::MAX as usize && MAX_IFACES <= u8::MAX as usize);
+
 pub const AF_INET: u16 = 2;
 pub const AF_INET6: u16 = 10;
 

@@ -4,10 +4,9 @@
 use std::{
     fs, io,
     net::IpAddr,
+    os::fd::{AsFd, BorrowedFd},
     path::{Path, PathBuf},
 };
-
-use std::os::fd::{AsFd, BorrowedFd};
 
 use redirector_common::{decision::INBOUND_PASSTHROUGH_V6, NetnsCookie};
 

@@ -62,7 +62,7 @@ fn owner_array<const N: usize>(ids: &[u32]) -> ([u32; N], u8) {
     let mut out = [0; N];
     let n = ids.len().min(N);
     out[..n].copy_from_slice(&ids[..n]);
-    // N is MAX_OWNERS or MAX_IFACES: a byte holds it.
+    // N is MAX_OWNERS or MAX_IFACES, which a byte holds (asserted beside them).
     (out, n as u8)
 }
 

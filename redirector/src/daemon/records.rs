@@ -94,25 +94,29 @@ impl Records {
         }
     }
 
-    /// The record known by `alias`: the one a hint points to if that matches — the hint
-    /// remembered, then `hint`, the caller's guess — else the first match among all records.
+    /// The record known by the first of `aliases` that names one: the one a hint points
+    /// to if that matches — the hint remembered, then `hint`, the caller's guess — else the
+    /// first match among all records, which are read once for all the aliases.
     fn by_alias(
         &self,
-        alias: Alias,
+        aliases: &[Alias],
         hint: Option<NetnsCookie>,
     ) -> Result<Option<PodRecord>, FsError> {
-        let remembered = self.aliases().get(&alias).copied();
-        for cookie in remembered.into_iter().chain(hint) {
-            if let Some(record) = self.get(cookie)? {
-                if Alias::of(&record).any(|a| a == alias) {
-                    return Ok(Some(record));
+        for alias in aliases {
+            let remembered = self.aliases().get(alias).copied();
+            for cookie in remembered.into_iter().chain(hint) {
+                if let Some(record) = self.get(cookie)? {
+                    if Alias::of(&record).any(|a| a == *alias) {
+                        return Ok(Some(record));
+                    }
                 }
             }
         }
-        Ok(self
-            .all()?
-            .into_iter()
-            .find(|r| Alias::of(r).any(|a| a == alias)))
+        let all = self.all()?;
+        Ok(aliases
+            .iter()
+            .find_map(|alias| all.iter().find(|r| Alias::of(r).any(|a| a == *alias)))
+            .cloned())
     }
 
     /// Write a record, replacing any earlier one of the same pod (write, then rename).
@@ -172,7 +176,7 @@ impl Records {
         id: &str,
         netns_cookie: Option<NetnsCookie>,
     ) -> Result<Option<PodRecord>, FsError> {
-        self.by_alias(Alias::Container(id.to_owned()), netns_cookie)
+        self.by_alias(&[Alias::Container(id.to_owned())], netns_cookie)
     }
 
     /// The record of the pod named `name`, else the one in the namespace at `netns`.
@@ -181,16 +185,10 @@ impl Records {
         name: Option<&str>,
         netns: Option<&Path>,
     ) -> Result<Option<PodRecord>, FsError> {
-        let aliases = name
-            .map(|n| Alias::Name(n.to_owned()))
-            .into_iter()
-            .chain(netns.map(|p| Alias::Netns(p.to_path_buf())));
-        for alias in aliases {
-            if let Some(record) = self.by_alias(alias, None)? {
-                return Ok(Some(record));
-            }
-        }
-        Ok(None)
+        let aliases: Vec<Alias> = (name.map(|n| Alias::Name(n.to_owned())).into_iter())
+            .chain(netns.map(|p| Alias::Netns(p.to_path_buf())))
+            .collect();
+        self.by_alias(&aliases, None)
     }
 }
 

@@ -84,7 +84,8 @@ pub struct Sequence {
     pub total_s: f64,
     /// Wall time of each pod's setup, in order.
     pub per_pod_ms: Vec<f64>,
-    /// Kernel memory (Slab + Percpu + VmallocUsed) after pod 1, 100, 1,000 …, less before pod 1.
+    /// Kernel memory still allocated ([`memory::retained_kernel_bytes`]) after pod 1, 10,
+    /// 100, 1,000 …, less before pod 1.
     pub kernel_bytes_after: Vec<(usize, i64)>,
     /// Wall time to remove every pod again, by name, on the same API connection (the API
     /// client only).
