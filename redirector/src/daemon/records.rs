@@ -1,6 +1,13 @@
 //! What the daemon knows that bpffs does not: each pod's name, namespace path and flags,
-//! one JSON file per pod under the state directory (a tmpfs such as /run: gone with a
-//! reboot, like the pins).
+//! under the state directory (a tmpfs such as /run: gone with a reboot, like the pins).
+//!
+//! Records are kept in [`SHARDS`] files, a pod's in `shard-<cookie mod SHARDS>.json`, not
+//! one file per pod: on a tmpfs a file takes an inode, a dentry and a whole page, about
+//! 5 KiB, which a pod would otherwise pay for a few hundred bytes of record. Writers
+//! rewrite a shard (write, then rename) holding a lock on the directory, since the daemon
+//! and CNI plugins write records concurrently; readers see one whole shard or the other.
+//! `<cookie>.json`, one pod's record as earlier releases wrote it, is still read, and is
+//! removed when that pod's record is next written or removed.
 
 use std::{
     collections::HashMap,
@@ -12,9 +19,17 @@ use std::{
 use redirector_common::NetnsCookie;
 use serde::{Deserialize, Serialize};
 
-use crate::fs_error::{fs_err, FsError};
+use crate::{
+    fs_error::{fs_err, FsError},
+    store::DirLock,
+};
 
 pub const DEFAULT_STATE_DIR: &str = "/run/redirector";
+
+/// How many files the records are spread over: at 1,000 pods a shard holds about 16
+/// records, a few KiB to rewrite per change.
+pub const SHARDS: u64 = 64;
+const SHARD_PREFIX: &str = "shard-";
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PodRecord {
@@ -71,7 +86,13 @@ impl Records {
         }
     }
 
-    fn path(&self, cookie: NetnsCookie) -> PathBuf {
+    fn shard_path(&self, cookie: NetnsCookie) -> PathBuf {
+        self.dir
+            .join(format!("{SHARD_PREFIX}{:02}.json", cookie.get() % SHARDS))
+    }
+
+    /// Where an earlier release kept this pod's record.
+    fn legacy_path(&self, cookie: NetnsCookie) -> PathBuf {
         self.dir.join(format!("{cookie}.json"))
     }
 
@@ -88,7 +109,11 @@ impl Records {
 
     /// The record of the pod with this cookie, if there is one.
     fn get(&self, cookie: NetnsCookie) -> Result<Option<PodRecord>, FsError> {
-        match read(&self.path(cookie)) {
+        let shard = read_shard(&self.shard_path(cookie))?;
+        if let Some(record) = shard.into_iter().find(|r| r.cookie() == cookie) {
+            return Ok(Some(record));
+        }
+        match read_legacy(&self.legacy_path(cookie)) {
             Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
             other => other.map(Some),
         }
@@ -119,25 +144,46 @@ impl Records {
             .cloned())
     }
 
-    /// Write a record, replacing any earlier one of the same pod (write, then rename).
+    /// Write a record, replacing any earlier one of the same pod.
     pub fn save(&self, record: &PodRecord) -> Result<(), FsError> {
         fs::create_dir_all(&self.dir).map_err(fs_err("creating", &self.dir))?;
-        let path = self.path(record.cookie());
-        let staging = self.dir.join(format!(".{}.json", record.netns_cookie));
-        let json = serde_json::to_vec_pretty(record).map_err(io::Error::other);
-        json.and_then(|json| fs::write(&staging, json))
-            .map_err(fs_err("writing", &staging))?;
-        fs::rename(&staging, &path).map_err(fs_err("replacing", &path))?;
+        self.rewrite_shard(record.cookie(), Some(record))?;
         self.remember(record);
         Ok(())
     }
 
     pub fn remove(&self, cookie: NetnsCookie) -> Result<(), FsError> {
         self.aliases().retain(|_, c| *c != cookie);
-        let path = self.path(cookie);
-        match fs::remove_file(&path) {
+        if !self.dir.exists() {
+            return Ok(());
+        }
+        self.rewrite_shard(cookie, None)
+    }
+
+    /// Puts `record` in place of the pod's record in its shard, or takes the pod's record
+    /// out (`None`), under the directory's lock; the pod's legacy file goes too.
+    fn rewrite_shard(
+        &self,
+        cookie: NetnsCookie,
+        record: Option<&PodRecord>,
+    ) -> Result<(), FsError> {
+        let _lock = DirLock::acquire(&self.dir)?;
+        let path = self.shard_path(cookie);
+        let mut shard = read_shard(&path)?;
+        let before = shard.len();
+        shard.retain(|r| r.cookie() != cookie);
+        let changed = record.is_some() || shard.len() != before;
+        if let Some(record) = record {
+            let at = shard.partition_point(|r| r.netns_cookie < record.netns_cookie);
+            shard.insert(at, record.clone());
+        }
+        if changed {
+            write_shard(&self.dir, &path, &shard)?;
+        }
+        let legacy = self.legacy_path(cookie);
+        match fs::remove_file(&legacy) {
             Err(err) if err.kind() != io::ErrorKind::NotFound => {
-                Err(fs_err("removing", &path)(err))
+                Err(fs_err("removing", &legacy)(err))
             }
             _ => Ok(()),
         }
@@ -151,17 +197,22 @@ impl Records {
             Err(err) => return Err(fs_err("listing", &self.dir)(err)),
         };
         let mut records = Vec::new();
+        let mut legacy = Vec::new();
         for entry in entries {
             let path = entry.map_err(fs_err("listing", &self.dir))?.path();
-            let is_record = path.extension().is_some_and(|e| e == "json")
-                && !path
-                    .file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with('.'));
-            if !is_record {
+            let name = path.file_name().unwrap_or_default().to_string_lossy();
+            if !name.ends_with(".json") || name.starts_with('.') {
                 continue;
             }
-            records.push(read(&path)?);
+            if name.starts_with(SHARD_PREFIX) {
+                records.extend(read_shard(&path)?);
+            } else {
+                legacy.push(read_legacy(&path)?);
+            }
         }
+        // A legacy file beside its pod's sharded record is older: writes remove it after.
+        legacy.retain(|l| !records.iter().any(|r| r.netns_cookie == l.netns_cookie));
+        records.extend(legacy);
         records.sort_by_key(|r: &PodRecord| r.netns_cookie);
         for record in &records {
             self.remember(record);
@@ -192,8 +243,173 @@ impl Records {
     }
 }
 
-/// One record file; a file that does not parse is an error naming it.
-fn read(path: &Path) -> Result<PodRecord, FsError> {
+/// The records of one shard, sorted by cookie; a missing shard has none. A shard that
+/// does not parse is an error naming it.
+fn read_shard(path: &Path) -> Result<Vec<PodRecord>, FsError> {
+    match fs::read(path) {
+        Ok(text) => parse(path, &text),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(err) => Err(fs_err("reading", path)(err)),
+    }
+}
+
+/// Replaces a shard (write, then rename); an empty shard is removed.
+fn write_shard(dir: &Path, path: &Path, shard: &[PodRecord]) -> Result<(), FsError> {
+    if shard.is_empty() {
+        return match fs::remove_file(path) {
+            Err(err) if err.kind() != io::ErrorKind::NotFound => Err(fs_err("removing", path)(err)),
+            _ => Ok(()),
+        };
+    }
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let staging = dir.join(format!(".{name}"));
+    let json = serde_json::to_vec(shard).map_err(io::Error::other);
+    json.and_then(|json| fs::write(&staging, json))
+        .map_err(fs_err("writing", &staging))?;
+    fs::rename(&staging, path).map_err(fs_err("replacing", path))
+}
+
+/// A record file of an earlier release: one pod's record.
+fn read_legacy(path: &Path) -> Result<PodRecord, FsError> {
     let text = fs::read(path).map_err(fs_err("reading", path))?;
-    serde_json::from_slice(&text).map_err(|err| fs_err("parsing", path)(io::Error::other(err)))
+    parse(path, &text)
+}
+
+fn parse<T: serde::de::DeserializeOwned>(path: &Path, text: &[u8]) -> Result<T, FsError> {
+    serde_json::from_slice(text).map_err(|err| fs_err("parsing", path)(io::Error::other(err)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A state directory of its own, removed when dropped.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(name: &str) -> Self {
+            let dir = std::env::temp_dir().join(format!("records-{name}-{}", std::process::id()));
+            let _ = fs::remove_dir_all(&dir);
+            fs::create_dir_all(&dir).unwrap();
+            Scratch(dir)
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn record(cookie: u64, name: &str) -> PodRecord {
+        PodRecord {
+            netns_cookie: cookie,
+            netns: PathBuf::from(format!("/run/netns/{name}")),
+            name: Some(format!("default/{name}")),
+            args: vec!["-p".into(), "15001".into()],
+            container_id: None,
+        }
+    }
+
+    fn files(records: &Records) -> Vec<String> {
+        crate::store::pins::names_in(&records.dir).unwrap()
+    }
+
+    #[test]
+    fn pods_of_one_shard_share_its_file_and_keep_their_own_records() {
+        let scratch = Scratch::new("shared");
+        let records = Records::new(&scratch.0);
+        let (a, b, c) = (record(5, "a"), record(5 + SHARDS, "b"), record(6, "c"));
+        for r in [&a, &b, &c] {
+            records.save(r).unwrap();
+        }
+        assert_eq!(files(&records), ["shard-05.json", "shard-06.json"]);
+        assert_eq!(records.all().unwrap(), [a.clone(), c.clone(), b.clone()]);
+
+        let renamed = PodRecord {
+            name: Some("default/renamed".into()),
+            ..a.clone()
+        };
+        records.save(&renamed).unwrap();
+        records.remove(b.cookie()).unwrap();
+        // Another process's view: nothing remembered, everything read from the files.
+        let fresh = Records::new(&scratch.0);
+        assert_eq!(fresh.get(a.cookie()).unwrap(), Some(renamed.clone()));
+        assert_eq!(fresh.get(b.cookie()).unwrap(), None);
+        assert_eq!(
+            fresh.find(Some("default/c"), None).unwrap(),
+            Some(c.clone())
+        );
+        assert_eq!(fresh.all().unwrap(), [renamed, c.clone()]);
+
+        records.remove(a.cookie()).unwrap();
+        records.remove(c.cookie()).unwrap();
+        records.remove(c.cookie()).unwrap();
+        assert!(files(&records).is_empty(), "{:?}", files(&records));
+    }
+
+    #[test]
+    fn a_record_file_of_an_earlier_release_is_read_and_replaced_on_the_next_write() {
+        let scratch = Scratch::new("legacy");
+        let records = Records::new(&scratch.0);
+        fs::create_dir_all(&records.dir).unwrap();
+        let (old, other) = (record(7, "old"), record(8, "other"));
+        for r in [&old, &other] {
+            let json = serde_json::to_vec_pretty(r).unwrap();
+            fs::write(records.dir.join(format!("{}.json", r.netns_cookie)), json).unwrap();
+        }
+        assert_eq!(records.all().unwrap(), [old.clone(), other.clone()]);
+        assert_eq!(
+            records.find(None, Some(&old.netns)).unwrap(),
+            Some(old.clone())
+        );
+
+        let updated = PodRecord {
+            args: vec!["-p".into(), "15002".into()],
+            ..old.clone()
+        };
+        records.save(&updated).unwrap();
+        records.remove(other.cookie()).unwrap();
+        assert_eq!(files(&records), ["shard-07.json"]);
+        assert_eq!(Records::new(&scratch.0).all().unwrap(), [updated]);
+    }
+
+    #[test]
+    fn writers_at_once_lose_no_record() {
+        let scratch = Scratch::new("racing");
+        // Separate values, as separate processes (the daemon, CNI plugins) have: nothing
+        // shared but the files.
+        std::thread::scope(|s| {
+            for writer in 0..8u64 {
+                let records = Records::new(&scratch.0);
+                s.spawn(move || {
+                    for i in 0..40 {
+                        // Writers' cookies fall in the same shards.
+                        records.save(&record(writer * 1000 + i, "p")).unwrap();
+                    }
+                });
+            }
+        });
+        let all = Records::new(&scratch.0).all().unwrap();
+        let cookies: Vec<u64> = all.iter().map(|r| r.netns_cookie).collect();
+        let expected: Vec<u64> = (0..8)
+            .flat_map(|w| (0..40).map(move |i| w * 1000 + i))
+            .collect();
+        assert_eq!(cookies, expected);
+    }
+
+    #[test]
+    fn a_shard_that_does_not_parse_is_an_error_naming_it() {
+        let scratch = Scratch::new("broken");
+        let records = Records::new(&scratch.0);
+        fs::create_dir_all(&records.dir).unwrap();
+        fs::write(records.dir.join("shard-03.json"), "{not json").unwrap();
+        let err = records.all().unwrap_err().to_string();
+        assert!(
+            err.contains("parsing") && err.contains("shard-03.json"),
+            "{err}"
+        );
+        let err = records.save(&record(3, "x")).unwrap_err().to_string();
+        assert!(err.contains("shard-03.json"), "{err}");
+    }
 }

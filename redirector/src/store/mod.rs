@@ -8,7 +8,7 @@ pub mod object;
 pub mod pins;
 pub mod programs;
 
-pub use lock::NodeLock;
+pub use lock::{DirLock, NodeLock};
 pub use node_maps::{NodeMaps, OpenMapError, OpenMaps};
 pub use object::{
     ensure_loaded, ensure_loaded_sharing, open_program, EbpfObject, ObjectError,
