@@ -429,10 +429,9 @@ fn rollback(maps: &mut NodeMaps, pod: &PodPins, cookie: NetnsCookie, undo: Vec<U
             tracing::warn!("rollback step failed: {err}");
         }
     }
-    // Removes the pod dir only if it is empty, i.e. the pod had no links before; a
-    // non-empty one stays, as it should.
-    if fs::remove_dir(pod.dir()).is_ok() {
-        tracing::debug!("removed the new link directory {}", pod.dir().display());
+    // A pod directory (an earlier release's) goes only if the pod had no links before.
+    if let Err(err) = pod.remove_dir_if_empty() {
+        tracing::warn!("removing {}: {err}", pod.dir().display());
     }
 }
 
@@ -495,13 +494,9 @@ pub(crate) fn remove(
     if let Err(err) = pod.clear_staged() {
         failures.push(fs_err("removing staged links in", pod.dir())(err).to_string());
     }
-    // Only an empty directory goes: the pod may keep other links here.
-    if pod.dir().exists() && pod.hooks().is_ok_and(|hooks| hooks.is_empty()) {
-        if let Err(err) = fs::remove_dir(pod.dir()) {
-            if err.kind() != io::ErrorKind::NotFound {
-                failures.push(fs_err("removing", pod.dir())(err).to_string());
-            }
-        }
+    // A pod directory (an earlier release's) goes once empty: the pod may keep other links.
+    if let Err(err) = pod.remove_dir_if_empty() {
+        failures.push(fs_err("removing", pod.dir())(err).to_string());
     }
     failures
 }
@@ -539,7 +534,9 @@ pub(crate) fn retire(ops: &ObjectOps, cookie: NetnsCookie, maps: &mut OpenMaps) 
 
 /// Remove an object (programs, maps, empty dirs) once no pod and no node link uses it.
 pub(crate) fn collect_if_unused(obj: &ObjectPins) -> Result<(), FsError> {
-    let pods = obj.has_pods().map_err(fs_err("listing", &obj.pods_dir()))?;
+    let pods = obj
+        .has_pods()
+        .map_err(fs_err("listing", &obj.links_dir()))?;
     let node = obj.node();
     let node_links = node.hooks().map_err(fs_err("listing", node.dir()))?;
     if !pods && node_links.is_empty() {

@@ -35,6 +35,16 @@ pub fn teardown(
         if !failures.is_empty() {
             return Err(ApplyError::Removals(failures));
         }
+        if removal.retire.is_empty() {
+            // Nothing left of the pod: a cleanup killed after its last removal may have
+            // left the object it emptied.
+            for object in root
+                .objects()
+                .map_err(fs_err("listing", &root.objects_dir()))?
+            {
+                collect_if_unused(&object)?;
+            }
+        }
         removal.retired_objects()
     };
     remove_empty_root(root);
@@ -65,7 +75,7 @@ pub fn collect_stale(root: &PinRoot) -> Result<Vec<NetnsCookie>, ApplyError> {
             let mut stale = Vec::new();
             for cookie in object
                 .pods()
-                .map_err(fs_err("listing", &object.pods_dir()))?
+                .map_err(fs_err("listing", &object.links_dir()))?
             {
                 let links = observe_links(&object, cookie)?;
                 if links.iter().any(observe::ObservedLink::attached) {

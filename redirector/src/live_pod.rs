@@ -37,7 +37,7 @@ impl LivePod {
             .objects()
             .map_err(fs_err("listing", &root.objects_dir()))?
         {
-            if !object.pod(netns_cookie).dir().exists() {
+            if !object.pod(netns_cookie).is_linked() {
                 continue;
             }
             let maps = NodeMaps::open(&object)?;

@@ -203,7 +203,7 @@ pub fn upgrade(root: &PinRoot, object: &EbpfObject) -> Result<Option<Upgrade>, A
     let entries = if shared {
         // The new programs use the same maps: nothing to copy, nothing in flight lost.
         old.pods()
-            .map_err(|e| fs_err("listing", &old.pods_dir())(e).into())
+            .map_err(|e| fs_err("listing", &old.links_dir())(e).into())
     } else {
         copy_entries(&old, &new)
     };
@@ -329,7 +329,7 @@ fn link_moves(
 ) -> Result<Vec<Move>, ApplyError> {
     let mut dirs = vec![(old.node(), new.node())];
     let mut cookies: Vec<_> = pods.to_vec();
-    cookies.extend(old.pods().map_err(fs_err("listing", &old.pods_dir()))?);
+    cookies.extend(old.pods().map_err(fs_err("listing", &old.links_dir()))?);
     cookies.sort();
     cookies.dedup();
     dirs.extend(cookies.iter().map(|c| (old.pod(*c), new.pod(*c))));
@@ -400,9 +400,10 @@ fn switch_links(new: &ObjectPins, moves: &[Move]) -> Result<(), ApplyError> {
 /// Remove an object whose links have all moved away: its empty link directories, then
 /// its programs and maps.
 fn remove_object(old: &ObjectPins) -> Result<(), ApplyError> {
-    for cookie in old.pods().map_err(fs_err("listing", &old.pods_dir()))? {
-        let dir = old.pod(cookie);
-        fs::remove_dir(dir.dir()).map_err(fs_err("removing", dir.dir()))?;
+    for cookie in old.pods().map_err(fs_err("listing", &old.links_dir()))? {
+        let pod = old.pod(cookie);
+        pod.remove_dir_if_empty()
+            .map_err(fs_err("removing", pod.dir()))?;
     }
     let node = old.node();
     if node.dir().exists() {

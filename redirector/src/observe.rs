@@ -124,7 +124,7 @@ pub fn observe(
     maps.retain_loaded(&objects);
     let mut installations = Vec::new();
     for object in objects {
-        let linked = object.pod(netns_cookie).dir().exists();
+        let linked = object.pod(netns_cookie).is_linked();
         let mut found = observe_pods(&object, maps.get(&object)?, &Pods::One(netns_cookie), false)?;
         if !linked && found.is_empty() {
             continue;

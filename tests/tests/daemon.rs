@@ -154,7 +154,7 @@ fn killed_daemon_leaves_pods_captured_and_a_new_one_rebuilds_its_view() {
 
     let doomed_link = pins_under(root.path())
         .into_iter()
-        .find(|p| p.ends_with(format!("pods/{}/sk_lookup", doomed.topo.pod.cookie())))
+        .find(|p| p.ends_with(format!("links/{}_sk_lookup", doomed.topo.pod.cookie())))
         .expect("the doomed pod's link");
     let mut doomed = Some(doomed);
 

@@ -203,6 +203,14 @@ fn app_queries_go_through_the_dns_proxy_and_the_resolvers_accept_the_replies() {
     }
 }
 
+/// Whether `pin` is a pod's link (`links/<cookie>_<hook>`) of a hook starting with one of
+/// `hooks`.
+fn is_link_of(pin: &std::path::Path, hooks: &[&str]) -> bool {
+    let name = pin.file_name().unwrap_or_default().to_string_lossy();
+    let hook = name.split_once('_').map_or("", |(_, hook)| hook);
+    pin.parent().is_some_and(|d| d.ends_with("links")) && hooks.iter().any(|h| hook.starts_with(h))
+}
+
 /// Proves that the source checks above test the restoration: with the recvmsg programs
 /// detached (their pins removed), the proxy still answers, but the reply's source is
 /// 127.0.0.1:15053 and c-ares drops it.
@@ -224,10 +232,7 @@ fn without_the_recvmsg_programs_replies_come_from_the_proxy_and_c_ares_drops_the
     );
     let recvmsg_pins: Vec<_> = pins_under(pod.pins.path())
         .into_iter()
-        .filter(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("recvmsg"))
-        })
+        .filter(|p| is_link_of(p, &["recvmsg"]))
         .collect();
     assert_eq!(
         recvmsg_pins.len(),
@@ -368,14 +373,7 @@ fn without_redirect_dns_nothing_of_dns_is_captured_and_switching_off_detaches() 
     check_off("switched off");
     let dns_pins: Vec<_> = pins_under(pod.pins.path())
         .into_iter()
-        .filter(|p| {
-            let name = p
-                .file_name()
-                .unwrap_or_default()
-                .to_string_lossy()
-                .into_owned();
-            name.starts_with("recvmsg") || name.starts_with("sendmsg")
-        })
+        .filter(|p| is_link_of(p, &["recvmsg", "sendmsg"]))
         .collect();
     assert_eq!(
         dns_pins,

@@ -35,7 +35,7 @@ fn gc_removes_pods_that_are_gone_and_keeps_live_ones() {
         .iter()
         .filter(|p| {
             p.to_string_lossy()
-                .contains(&format!("/pods/{gone_cookie}/"))
+                .contains(&format!("/links/{gone_cookie}_"))
         })
         .map(|p| pinned_id("link", p))
         .collect();

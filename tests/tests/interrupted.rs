@@ -133,7 +133,7 @@ fn a_cleanup_killed_at_any_step_is_finished_by_the_next_run() {
         pod.install(&root, &with_exclusion());
         let ids: Vec<u64> = pins_under(root.path())
             .iter()
-            .filter(|p| p.to_string_lossy().contains("/pods/"))
+            .filter(|p| p.to_string_lossy().contains("/links/"))
             .map(|p| redirector_tests::bpftool::pinned_id("link", p))
             .collect();
         let killed = killed_at(&pod, &root, &["--cleanup-only"], step);

@@ -215,7 +215,7 @@ fn cleanup_only_leaves_no_program_link_map_or_pin() {
     };
     let progs = ids("prog", "/progs/");
     let maps = ids("map", "/maps/");
-    let links = ids("link", "/pods/");
+    let links = ids("link", "/links/");
     assert_eq!(links.len(), 7, "the pod's links");
     assert!(
         progs.len() >= links.len() && !maps.is_empty(),
@@ -437,13 +437,14 @@ fn a_failed_apply_leaves_the_pod_as_it_was() {
     let links = cgroup_attachments(pod.topo.pod_cgroup.path());
 
     // Make the last step fail: a directory where a new link is staged before the swap.
-    let pod_dir = pins
+    let connect4 = format!("{}_connect4", pod.topo.pod.cookie());
+    let staging = pins
         .iter()
-        .find(|p| p.ends_with("connect4"))
+        .find(|p| p.ends_with(&connect4))
         .and_then(|p| p.parent())
-        .expect("the pod's link directory")
-        .to_path_buf();
-    std::fs::create_dir(pod_dir.join("staging-connect4")).unwrap();
+        .expect("the pod's connect4 link")
+        .join(format!("staging-{connect4}"));
+    std::fs::create_dir(&staging).unwrap();
     let out = istio_iptables(
         &pod.topo.pod,
         &pod.topo.pod_cgroup,
@@ -456,11 +457,95 @@ fn a_failed_apply_leaves_the_pod_as_it_was() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    std::fs::remove_dir(pod_dir.join("staging-connect4")).unwrap();
+    std::fs::remove_dir(&staging).unwrap();
 
     // Same pins, same links, same decisions: nothing of the new config took effect.
     assert_eq!(pins_under(root.path()), pins);
     assert_eq!(cgroup_attachments(pod.topo.pod_cgroup.path()), links);
     assert_proxied(&pod.connect(APP_UID, APP_UID, included), included);
     assert_direct(&pod.connect(APP_UID, APP_UID, excluded), excluded);
+}
+
+/// Moves a pod's link pins where releases before the flat `links/` layout put them,
+/// `objects/<id>/pods/<cookie>/<hook>`, as a node upgraded from such a release has them.
+fn pin_as_an_earlier_release(root: &PinRoot, cookie: u64) -> usize {
+    let prefix = format!("{cookie}_");
+    let mut moved = 0;
+    for pin in pins_under(root.path()) {
+        let Some(hook) = pin
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .strip_prefix(&prefix)
+        else {
+            continue;
+        };
+        let object = pin.parent().unwrap().parent().unwrap();
+        let dir = object.join("pods").join(cookie.to_string());
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::rename(&pin, dir.join(hook)).unwrap();
+        moved += 1;
+    }
+    moved
+}
+
+#[test]
+fn a_pod_pinned_by_an_earlier_release_is_kept_updated_and_moved_on_upgrade() {
+    if !require_root() {
+        return;
+    }
+    let pod = pod("legacy");
+    let root = PinRoot::new("legacy");
+    pod.install(&root, &STANDARD_INJECTION);
+    let cookie = pod.topo.pod.cookie();
+    assert_eq!(pin_as_an_earlier_release(&root, cookie), 7);
+    let in_pod_dir = |root: &PinRoot| {
+        pins_under(root.path())
+            .iter()
+            .filter(|p| p.to_string_lossy().contains(&format!("/pods/{cookie}/")))
+            .count()
+    };
+    let dst = pod.service(false);
+    assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+    let links = pod_links(&root, cookie).expect("the pod is seen where it is");
+    assert_eq!(links.len(), 7, "{links:?}");
+
+    // The same flags: nothing to do. Changed flags: updated where it is, not doubled.
+    let log = pod.install(&root, &STANDARD_INJECTION);
+    assert!(log.contains("nothing to apply"), "{log}");
+    let mut changed: Vec<&str> = STANDARD_INJECTION.to_vec();
+    changed.extend(["-o", "9999", "--force-apply"]);
+    let log = pod.install(&root, &changed);
+    assert!(log.contains("pod attached in"), "{log}");
+    assert_eq!(in_pod_dir(&root), 7, "{:?}", pins_under(root.path()));
+    assert_eq!(cgroup_attachments(pod.topo.pod_cgroup.path()).len(), 6);
+    assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+
+    // A new object takes the pod over and pins its links the current way.
+    let next = redirector_tests::redirector::NextObject::new();
+    let mut cmd = redirector_tests::redirector::istio_iptables_command(
+        &pod.topo.pod,
+        &pod.topo.pod_cgroup,
+        &root,
+    );
+    cmd.args(&changed).env("REDIRECTOR_EBPF_OBJECT", &next.path);
+    let out = cmd.output().unwrap();
+    drop(next);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pins = pins_under(root.path());
+    assert_eq!(in_pod_dir(&root), 0, "{pins:?}");
+    assert!(
+        !pins.iter().any(|p| p.to_string_lossy().contains("/pods/")),
+        "the earlier release's pod directory is gone: {pins:?}"
+    );
+    assert_eq!(pod_links(&root, cookie).map(|l| l.len()), Some(7));
+    assert_eq!(cgroup_attachments(pod.topo.pod_cgroup.path()).len(), 6);
+    assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+    pod.install(&root, &["--cleanup-only"]);
+    assert!(!root.path().exists(), "{:?}", pins_under(root.path()));
 }

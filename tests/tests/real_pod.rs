@@ -292,7 +292,7 @@ fn redirection_persists_without_a_redirector_process(
         cookie,
         progs: ids("prog", "/progs/"),
         maps: ids("map", "/maps/"),
-        links: ids("link", &format!("/pods/{cookie}/")),
+        links: ids("link", &format!("/links/{cookie}_")),
     };
     assert!(
         installed.links.len() >= 4 && !installed.maps.is_empty(),

@@ -4,9 +4,14 @@
 //! <root>/                                  default /sys/fs/bpf/redirector
 //!   objects/<object id>/progs/<program>    the node's programs, loaded once
 //!   objects/<object id>/maps/<map>         the node's maps, shared by all pods
-//!   objects/<object id>/pods/<netns cookie>/<program>   a pod's links
+//!   objects/<object id>/links/<netns cookie>_<program>  a pod's links
 //!   objects/<object id>/node/<program>     daemon mode: cgroup links at the node cgroup
 //! ```
+//! A pod's links sit side by side with every other pod's, with no directory per pod: on
+//! bpffs a directory costs an inode and a dentry, about 0.85 KiB a pod. Earlier releases
+//! pinned them in `objects/<object id>/pods/<netns cookie>/<program>`; such a pod is
+//! still read, updated and removed where it is, and moves to `links/` when the node's
+//! object is upgraded.
 //! A new binary with a different eBPF object gets a new object id; pods move to it when
 //! their configuration is applied again, and an object with no pods left is removed.
 
@@ -16,6 +21,8 @@ use std::{
 };
 
 use redirector_common::NetnsCookie;
+
+use super::programs::POD_PROGRAMS;
 
 pub const DEFAULT_ROOT: &str = "/sys/fs/bpf/redirector";
 /// Marks a pin that is not in place yet. bpffs rejects names containing '.', so no
@@ -159,28 +166,47 @@ impl ObjectPins {
         self.maps_dir().join(name)
     }
 
-    pub fn pods_dir(&self) -> PathBuf {
+    /// Where pods' links are pinned.
+    pub fn links_dir(&self) -> PathBuf {
+        self.dir.join("links")
+    }
+
+    /// Where an earlier release pinned each pod's links, in a directory per pod.
+    fn legacy_pods_dir(&self) -> PathBuf {
         self.dir.join("pods")
     }
 
     /// The node-level links of daemon mode: the cgroup programs attached once at the node
     /// cgroup, one pin per hook.
     pub fn node(&self) -> PodPins {
-        PodPins(self.dir.join("node"))
+        PodPins::in_dir(self.dir.join("node"))
     }
 
-    /// The pods with a link directory under this object.
+    /// The pods with a link pinned under this object.
     pub fn pods(&self) -> io::Result<Vec<NetnsCookie>> {
-        Ok(names_in(&self.pods_dir())?
+        let mut pods: Vec<NetnsCookie> = names_in(&self.links_dir())?
             .iter()
-            .filter_map(|name| name.parse().ok())
-            .collect())
+            .filter_map(|name| cookie_of_link(name))
+            .chain(
+                names_in(&self.legacy_pods_dir())?
+                    .iter()
+                    .filter_map(|name| name.parse().ok()),
+            )
+            .collect();
+        pods.sort();
+        pods.dedup();
+        Ok(pods)
     }
 
-    /// Whether any pod has a link directory under this object: [`Self::pods`], read up to
-    /// the first one.
+    /// Whether any pod has a link pinned under this object: [`Self::pods`], read up to the
+    /// first one.
     pub fn has_pods(&self) -> io::Result<bool> {
-        for name in read_names(&self.pods_dir())? {
+        for name in read_names(&self.links_dir())? {
+            if cookie_of_link(&name?).is_some() {
+                return Ok(true);
+            }
+        }
+        for name in read_names(&self.legacy_pods_dir())? {
             if name?.parse::<NetnsCookie>().is_ok() {
                 return Ok(true);
             }
@@ -188,41 +214,118 @@ impl ObjectPins {
         Ok(false)
     }
 
+    /// A pod's links: in `links/`, or in its directory if an earlier release made one.
     pub fn pod(&self, netns_cookie: NetnsCookie) -> PodPins {
-        PodPins(self.pods_dir().join(netns_cookie.to_string()))
+        let legacy = self.legacy_pods_dir().join(netns_cookie.to_string());
+        if fs::symlink_metadata(&legacy).is_ok() {
+            return PodPins::in_dir(legacy);
+        }
+        PodPins {
+            dir: self.links_dir(),
+            prefix: format!("{netns_cookie}_"),
+        }
     }
 }
 
-/// A directory of link pins, one per hook: a pod's under one object, or the node's.
+/// The pod a pin under `links/` belongs to (`<cookie>_<program>`); none for staged ones.
+fn cookie_of_link(name: &str) -> Option<NetnsCookie> {
+    name.split_once('_')?.0.parse().ok()
+}
+
+/// The link pins of one pod under one object, or of the node, one per hook: named
+/// `<prefix><hook>` in `dir`. A pod's have its cookie as prefix, among other pods' in
+/// `links/`; the node's, and those of a pod an earlier release pinned, have a directory
+/// of their own and no prefix.
 #[derive(Clone, Debug)]
-pub struct PodPins(PathBuf);
+pub struct PodPins {
+    dir: PathBuf,
+    prefix: String,
+}
 
 impl PodPins {
-    pub fn dir(&self) -> &Path {
-        &self.0
+    fn in_dir(dir: PathBuf) -> Self {
+        PodPins {
+            dir,
+            prefix: String::new(),
+        }
     }
 
-    /// The hooks this pod has a link pinned for (staged links excluded).
+    /// Whether the links share their directory with other pods' (read hook by hook, never
+    /// by listing it).
+    fn is_shared(&self) -> bool {
+        !self.prefix.is_empty()
+    }
+
+    /// The directory the links are pinned in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The hooks a link is pinned for (staged links excluded).
     pub fn hooks(&self) -> io::Result<Vec<String>> {
-        Ok(names_in(&self.0)?
-            .into_iter()
-            .filter(|name| !name.starts_with(STAGING_PREFIX))
-            .collect())
+        if !self.is_shared() {
+            return Ok(names_in(&self.dir)?
+                .into_iter()
+                .filter(|name| !name.starts_with(STAGING_PREFIX))
+                .collect());
+        }
+        let mut hooks = Vec::new();
+        for program in &POD_PROGRAMS {
+            match fs::symlink_metadata(self.link(program.hook)) {
+                Ok(_) => hooks.push(program.hook.to_owned()),
+                Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+                Err(err) => return Err(err),
+            }
+        }
+        hooks.sort();
+        Ok(hooks)
+    }
+
+    /// Whether any link is pinned.
+    pub fn is_linked(&self) -> bool {
+        if self.is_shared() {
+            POD_PROGRAMS
+                .iter()
+                .any(|p| fs::symlink_metadata(self.link(p.hook)).is_ok())
+        } else {
+            self.dir.exists()
+        }
     }
 
     pub fn link(&self, program: &str) -> PathBuf {
-        self.0.join(program)
+        self.dir.join(format!("{}{program}", self.prefix))
     }
 
     /// Where a new link is pinned before it replaces the current one.
     pub fn staging_link(&self, program: &str) -> PathBuf {
-        self.0.join(format!("{STAGING_PREFIX}{program}"))
+        self.dir
+            .join(format!("{STAGING_PREFIX}{}{program}", self.prefix))
     }
 
     /// Removes links a killed run staged and never swapped in (the caller holds the node
     /// lock, so no live run is staging): unpinned, they detach.
     pub fn clear_staged(&self) -> io::Result<()> {
-        remove_staged_in(&self.0, |p| fs::remove_file(p))
+        if !self.is_shared() {
+            return remove_staged_in(&self.dir, |p| fs::remove_file(p));
+        }
+        for program in &POD_PROGRAMS {
+            match fs::remove_file(self.staging_link(program.hook)) {
+                Err(err) if err.kind() != io::ErrorKind::NotFound => return Err(err),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the links' own directory once no link is left in it; a shared one stays.
+    pub fn remove_dir_if_empty(&self) -> io::Result<()> {
+        if self.is_shared() || !self.hooks()?.is_empty() {
+            return Ok(());
+        }
+        match fs::remove_dir(&self.dir) {
+            Err(err) if err.kind() != io::ErrorKind::NotFound => Err(err),
+            _ => Ok(()),
+        }
     }
 }
 
