@@ -342,7 +342,7 @@ fn stage(
                         source,
                     })?;
                 if !pod_dir_made {
-                    fs::create_dir_all(pod.dir()).map_err(fs_err("creating", pod.dir()))?;
+                    pod.make_dirs().map_err(fs_err("creating", pod.dir()))?;
                     pod_dir_made = true;
                 }
                 // No staged pin is left here: `apply` cleared them under the node lock.
@@ -534,12 +534,20 @@ pub(crate) fn retire(ops: &ObjectOps, cookie: NetnsCookie, maps: &mut OpenMaps) 
 
 /// Remove an object (programs, maps, empty dirs) once no pod and no node link uses it.
 pub(crate) fn collect_if_unused(obj: &ObjectPins) -> Result<(), FsError> {
+    // The node's few links first: a daemon's object has them, and then the pods, which
+    // can be thousands, need not be listed.
+    let node = obj.node();
+    if !node
+        .hooks()
+        .map_err(fs_err("listing", node.dir()))?
+        .is_empty()
+    {
+        return Ok(());
+    }
     let pods = obj
         .has_pods()
         .map_err(fs_err("listing", &obj.links_dir()))?;
-    let node = obj.node();
-    let node_links = node.hooks().map_err(fs_err("listing", node.dir()))?;
-    if !pods && node_links.is_empty() {
+    if !pods {
         match fs::remove_dir_all(obj.dir()) {
             Err(err) if err.kind() != io::ErrorKind::NotFound => {
                 return Err(fs_err("removing", obj.dir())(err))

@@ -37,7 +37,8 @@ impl LivePod {
             .objects()
             .map_err(fs_err("listing", &root.objects_dir()))?
         {
-            if !object.pod(netns_cookie).is_linked() {
+            let pod = object.pod(netns_cookie);
+            if !pod.is_linked().map_err(fs_err("reading", pod.dir()))? {
                 continue;
             }
             let maps = NodeMaps::open(&object)?;

@@ -124,15 +124,15 @@ pub fn observe(
     maps.retain_loaded(&objects);
     let mut installations = Vec::new();
     for object in objects {
-        let linked = object.pod(netns_cookie).is_linked();
+        let links = observe_links(&object, netns_cookie)?;
         let mut found = observe_pods(&object, maps.get(&object)?, &Pods::One(netns_cookie), false)?;
-        if !linked && found.is_empty() {
+        if links.is_empty() && found.is_empty() {
             continue;
         }
         let mut install = found
             .remove(&netns_cookie)
             .unwrap_or_else(|| Installation::empty(object.clone()));
-        install.links = observe_links(&object, netns_cookie)?;
+        install.links = links;
         installations.push(install);
     }
     Ok(PodState {

@@ -436,14 +436,15 @@ fn a_failed_apply_leaves_the_pod_as_it_was() {
     let pins = pins_under(root.path());
     let links = cgroup_attachments(pod.topo.pod_cgroup.path());
 
-    // Make the last step fail: a directory where a new link is staged before the swap.
+    // Make the apply fail: a directory where new links are staged, which it cannot clear.
     let connect4 = format!("{}_connect4", pod.topo.pod.cookie());
-    let staging = pins
+    let object = pins
         .iter()
         .find(|p| p.ends_with(&connect4))
-        .and_then(|p| p.parent())
+        .and_then(|p| p.parent()?.parent())
         .expect("the pod's connect4 link")
-        .join(format!("staging-{connect4}"));
+        .to_path_buf();
+    let staging = object.join("staging").join(&connect4);
     std::fs::create_dir(&staging).unwrap();
     let out = istio_iptables(
         &pod.topo.pod,

@@ -5,6 +5,7 @@
 //!   objects/<object id>/progs/<program>    the node's programs, loaded once
 //!   objects/<object id>/maps/<map>         the node's maps, shared by all pods
 //!   objects/<object id>/links/<netns cookie>_<program>  a pod's links
+//!   objects/<object id>/staging/<netns cookie>_<program>  a pod's links being swapped in
 //!   objects/<object id>/node/<program>     daemon mode: cgroup links at the node cgroup
 //! ```
 //! A pod's links sit side by side with every other pod's, with no directory per pod: on
@@ -79,8 +80,10 @@ impl PinRoot {
     }
 
     pub fn object(&self, id: &ObjectId) -> ObjectPins {
+        let dir = self.objects_dir().join(id.as_str());
         ObjectPins {
-            dir: self.objects_dir().join(id.as_str()),
+            legacy_pods: dir.join(LEGACY_PODS).exists(),
+            dir,
             id: id.clone(),
         }
     }
@@ -92,6 +95,7 @@ impl PinRoot {
                 .objects_dir()
                 .join(format!("{STAGING_PREFIX}{id}-{}", std::process::id())),
             id: id.clone(),
+            legacy_pods: false,
         }
     }
 
@@ -134,11 +138,17 @@ pub fn names_in(dir: &Path) -> io::Result<Vec<String>> {
     Ok(names)
 }
 
+/// Where earlier releases pinned each pod's links, a directory per pod.
+const LEGACY_PODS: &str = "pods";
+
 /// The pins of one loaded object.
 #[derive(Clone, Debug)]
 pub struct ObjectPins {
     dir: PathBuf,
     id: ObjectId,
+    /// Whether an earlier release pinned pods under this object (read once, so that the
+    /// pods of today's layout cost no lookup of a directory of their own).
+    legacy_pods: bool,
 }
 
 impl ObjectPins {
@@ -173,7 +183,7 @@ impl ObjectPins {
 
     /// Where an earlier release pinned each pod's links, in a directory per pod.
     fn legacy_pods_dir(&self) -> PathBuf {
-        self.dir.join("pods")
+        self.dir.join(LEGACY_PODS)
     }
 
     /// The node-level links of daemon mode: the cgroup programs attached once at the node
@@ -216,13 +226,16 @@ impl ObjectPins {
 
     /// A pod's links: in `links/`, or in its directory if an earlier release made one.
     pub fn pod(&self, netns_cookie: NetnsCookie) -> PodPins {
-        let legacy = self.legacy_pods_dir().join(netns_cookie.to_string());
-        if fs::symlink_metadata(&legacy).is_ok() {
-            return PodPins::in_dir(legacy);
+        if self.legacy_pods {
+            let legacy = self.legacy_pods_dir().join(netns_cookie.to_string());
+            if fs::symlink_metadata(&legacy).is_ok() {
+                return PodPins::in_dir(legacy);
+            }
         }
         PodPins {
             dir: self.links_dir(),
             prefix: format!("{netns_cookie}_"),
+            staging: self.dir.join("staging"),
         }
     }
 }
@@ -234,17 +247,20 @@ fn cookie_of_link(name: &str) -> Option<NetnsCookie> {
 
 /// The link pins of one pod under one object, or of the node, one per hook: named
 /// `<prefix><hook>` in `dir`. A pod's have its cookie as prefix, among other pods' in
-/// `links/`; the node's, and those of a pod an earlier release pinned, have a directory
-/// of their own and no prefix.
+/// `links/`, and are staged in `staging/`; the node's, and those of a pod an earlier
+/// release pinned, have a directory of their own, no prefix, and are staged in it as
+/// `staging-<hook>`.
 #[derive(Clone, Debug)]
 pub struct PodPins {
     dir: PathBuf,
     prefix: String,
+    staging: PathBuf,
 }
 
 impl PodPins {
     fn in_dir(dir: PathBuf) -> Self {
         PodPins {
+            staging: dir.clone(),
             dir,
             prefix: String::new(),
         }
@@ -261,7 +277,13 @@ impl PodPins {
         &self.dir
     }
 
-    /// The hooks a link is pinned for (staged links excluded).
+    /// Creates the directories links are staged and pinned in.
+    pub fn make_dirs(&self) -> io::Result<()> {
+        fs::create_dir_all(&self.dir)?;
+        fs::create_dir_all(&self.staging)
+    }
+
+    /// The hooks a link is pinned for (staged links excluded), sorted.
     pub fn hooks(&self) -> io::Result<Vec<String>> {
         if !self.is_shared() {
             return Ok(names_in(&self.dir)?
@@ -269,12 +291,13 @@ impl PodPins {
                 .filter(|name| !name.starts_with(STAGING_PREFIX))
                 .collect());
         }
+        let Some(dir) = DirFd::open(&self.dir)? else {
+            return Ok(Vec::new());
+        };
         let mut hooks = Vec::new();
         for program in &POD_PROGRAMS {
-            match fs::symlink_metadata(self.link(program.hook)) {
-                Ok(_) => hooks.push(program.hook.to_owned()),
-                Err(err) if err.kind() == io::ErrorKind::NotFound => {}
-                Err(err) => return Err(err),
+            if dir.has(&format!("{}{}", self.prefix, program.hook))? {
+                hooks.push(program.hook.to_owned());
             }
         }
         hooks.sort();
@@ -282,14 +305,19 @@ impl PodPins {
     }
 
     /// Whether any link is pinned.
-    pub fn is_linked(&self) -> bool {
-        if self.is_shared() {
-            POD_PROGRAMS
-                .iter()
-                .any(|p| fs::symlink_metadata(self.link(p.hook)).is_ok())
-        } else {
-            self.dir.exists()
+    pub fn is_linked(&self) -> io::Result<bool> {
+        if !self.is_shared() {
+            return Ok(self.dir.exists());
         }
+        let Some(dir) = DirFd::open(&self.dir)? else {
+            return Ok(false);
+        };
+        for program in &POD_PROGRAMS {
+            if dir.has(&format!("{}{}", self.prefix, program.hook))? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     pub fn link(&self, program: &str) -> PathBuf {
@@ -298,18 +326,22 @@ impl PodPins {
 
     /// Where a new link is pinned before it replaces the current one.
     pub fn staging_link(&self, program: &str) -> PathBuf {
-        self.dir
-            .join(format!("{STAGING_PREFIX}{}{program}", self.prefix))
+        if self.is_shared() {
+            self.staging.join(format!("{}{program}", self.prefix))
+        } else {
+            self.dir.join(format!("{STAGING_PREFIX}{program}"))
+        }
     }
 
     /// Removes links a killed run staged and never swapped in (the caller holds the node
-    /// lock, so no live run is staging): unpinned, they detach.
+    /// lock, so no live run is staging): unpinned, they detach. For a pod in `links/`,
+    /// that is every link in `staging/`, whichever pod's: all are a killed run's.
     pub fn clear_staged(&self) -> io::Result<()> {
         if !self.is_shared() {
             return remove_staged_in(&self.dir, |p| fs::remove_file(p));
         }
-        for program in &POD_PROGRAMS {
-            match fs::remove_file(self.staging_link(program.hook)) {
+        for name in names_in(&self.staging)? {
+            match fs::remove_file(self.staging.join(name)) {
                 Err(err) if err.kind() != io::ErrorKind::NotFound => return Err(err),
                 _ => {}
             }
@@ -325,6 +357,44 @@ impl PodPins {
         match fs::remove_dir(&self.dir) {
             Err(err) if err.kind() != io::ErrorKind::NotFound => Err(err),
             _ => Ok(()),
+        }
+    }
+}
+
+/// A directory opened for looking names up in it, one path component each rather than
+/// the whole path from the root.
+struct DirFd(std::os::fd::OwnedFd);
+
+impl DirFd {
+    /// The directory, or `None` if there is none.
+    fn open(dir: &Path) -> io::Result<Option<Self>> {
+        match fs::File::open(dir) {
+            Ok(file) => Ok(Some(DirFd(file.into()))),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Whether `name` is in the directory.
+    fn has(&self, name: &str) -> io::Result<bool> {
+        use std::os::fd::AsRawFd;
+        let name = std::ffi::CString::new(name).map_err(io::Error::other)?;
+        let mut stat = std::mem::MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: a directory fd we own, a NUL-terminated name, and room for the result.
+        let rc = unsafe {
+            libc::fstatat(
+                self.0.as_raw_fd(),
+                name.as_ptr(),
+                stat.as_mut_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        };
+        match rc {
+            0 => Ok(true),
+            _ => match io::Error::last_os_error() {
+                err if err.kind() == io::ErrorKind::NotFound => Ok(false),
+                err => Err(err),
+            },
         }
     }
 }

@@ -5,14 +5,14 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// Slab + Percpu + VmallocUsed from /proc/meminfo, in bytes: where map entries, links and
-/// per-CPU counters live.
+/// Slab + Percpu + VmallocUsed + Shmem from /proc/meminfo, in bytes: where map entries,
+/// links, pins and per-CPU counters live, and the daemon's records (tmpfs pages).
 pub fn kernel_bytes() -> u64 {
     let info = std::fs::read_to_string("/proc/meminfo").expect("reading /proc/meminfo");
     info.lines()
         .filter_map(|l| {
             let (key, rest) = l.split_once(':')?;
-            matches!(key, "Slab" | "Percpu" | "VmallocUsed")
+            matches!(key, "Slab" | "Percpu" | "VmallocUsed" | "Shmem")
                 .then(|| rest.split_whitespace().next()?.parse::<u64>().ok())
                 .flatten()
         })
