@@ -240,7 +240,7 @@ impl ObjectPins {
     }
 }
 
-/// The pod a pin under `links/` belongs to (`<cookie>_<program>`); none for staged ones.
+/// The pod a pin under `links/` belongs to, by its name (`<cookie>_<program>`).
 fn cookie_of_link(name: &str) -> Option<NetnsCookie> {
     name.split_once('_')?.0.parse().ok()
 }
