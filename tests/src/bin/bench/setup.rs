@@ -151,13 +151,16 @@ type Kept = Vec<Box<dyn Any>>;
 struct MemoryMarks {
     base: u64,
     waited: Duration,
+    /// The sequence's own tmpfs (the daemon's state directory), whose pages count too.
+    tmpfs: Option<std::path::PathBuf>,
 }
 
 impl MemoryMarks {
-    fn start() -> Self {
+    fn start(tmpfs: Option<&std::path::Path>) -> Self {
         MemoryMarks {
-            base: memory::retained_kernel_bytes(),
+            base: memory::retained_kernel_bytes(tmpfs),
             waited: Duration::ZERO,
+            tmpfs: tmpfs.map(|p| p.to_path_buf()),
         }
     }
 
@@ -165,7 +168,7 @@ impl MemoryMarks {
     fn after(&mut self, pods: usize, seq: &mut Sequence) {
         if milestones(seq.pods).contains(&pods) {
             let reading = Instant::now();
-            let bytes = memory::retained_kernel_bytes();
+            let bytes = memory::retained_kernel_bytes(self.tmpfs.as_deref());
             seq.kernel_bytes_after
                 .push((pods, bytes as i64 - self.base as i64));
             self.waited += reading.elapsed();
@@ -197,7 +200,7 @@ fn init_sequence(pods: usize, kept: &mut Kept) -> (Sequence, PinRoot) {
         ..Sequence::default()
     };
     // Pod 0 loads the object; the sequence counts the pods after it.
-    let mut marks = MemoryMarks::start();
+    let mut marks = MemoryMarks::start(None);
     let start = Instant::now();
     for (i, (ns, cg)) in made.iter().enumerate() {
         seq.per_pod_ms
@@ -272,7 +275,7 @@ fn daemon_sequence(pods: usize, client: Client, kept: &mut Kept) -> Sequence {
         pods,
         ..Sequence::default()
     };
-    let mut marks = MemoryMarks::start();
+    let mut marks = MemoryMarks::start(Some(state.path()));
     let start = Instant::now();
     for (i, ns) in made.iter().enumerate() {
         let name = format!("bench/p{i}");
