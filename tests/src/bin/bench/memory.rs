@@ -53,7 +53,7 @@ fn used_bytes(mount: &Path) -> u64 {
     assert_eq!(rc, 0, "statvfs {}", mount.display());
     // SAFETY: statvfs succeeded, so it filled `stat`.
     let stat = unsafe { stat.assume_init() };
-    (stat.f_blocks - stat.f_bfree) as u64 * stat.f_frsize as u64
+    (stat.f_blocks - stat.f_bfree) * stat.f_frsize
 }
 
 /// The memory the object under `objects/<id>` locks: `bytes_memlock` of every pinned map
