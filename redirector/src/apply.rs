@@ -19,7 +19,7 @@ use redirector_common::{Counters, NetnsCookie, PodAddrKey, PodConfig};
 use crate::{
     diff::{self, AttachTargets, Mode, ObjectOps, Removal, Write},
     fault,
-    fs_error::{fs_err, FsError},
+    fs_error::{fs_err, gone_ok, FsError},
     netns::Netns,
     observe::{self, ObserveError},
     plan::{CidrEntry, PodPlan},
@@ -420,10 +420,7 @@ fn rollback(maps: &mut NodeMaps, pod: &PodPins, cookie: NetnsCookie, undo: Vec<U
             Undo::Addr(key, Some(owner)) => maps.pod_by_addr.insert(key, owner, 0).map_err(e),
             Undo::Addr(key, None) => maps.pod_by_addr.remove(&key).map_err(e),
             Undo::Counters => maps.counters.remove(&cookie).map_err(e),
-            Undo::StagedLink(path) => match fs::remove_file(&path) {
-                Err(err) if err.kind() != io::ErrorKind::NotFound => Err(err.to_string()),
-                _ => Ok(()),
-            },
+            Undo::StagedLink(path) => unpinned(fs::remove_file(&path)),
         };
         if let Err(err) = undone {
             tracing::warn!("rollback step failed: {err}");
@@ -514,10 +511,7 @@ fn gone(result: Result<(), MapError>) -> Result<(), String> {
 
 /// A pin removed, or already gone.
 fn unpinned(result: io::Result<()>) -> Result<(), String> {
-    match result {
-        Err(err) if err.kind() != io::ErrorKind::NotFound => Err(err.to_string()),
-        _ => Ok(()),
-    }
+    gone_ok(result).map_err(|err| err.to_string())
 }
 
 /// Remove a pod from an object entirely, and the object once no pod uses it.
@@ -548,12 +542,7 @@ pub(crate) fn collect_if_unused(obj: &ObjectPins) -> Result<(), FsError> {
         .has_pods()
         .map_err(fs_err("listing", &obj.links_dir()))?;
     if !pods {
-        match fs::remove_dir_all(obj.dir()) {
-            Err(err) if err.kind() != io::ErrorKind::NotFound => {
-                return Err(fs_err("removing", obj.dir())(err))
-            }
-            _ => {}
-        }
+        gone_ok(fs::remove_dir_all(obj.dir())).map_err(fs_err("removing", obj.dir()))?;
     }
     Ok(())
 }

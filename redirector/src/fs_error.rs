@@ -29,3 +29,11 @@ impl FsError {
 pub fn fs_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> FsError + 'a {
     move |source| FsError::new(action, path.display(), source)
 }
+
+/// A removal's result, with its target already gone counted as done.
+pub fn gone_ok(result: io::Result<()>) -> io::Result<()> {
+    match result {
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}

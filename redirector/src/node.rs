@@ -10,7 +10,7 @@ use std::{
 
 use crate::{
     apply::{collect_if_unused, ApplyError},
-    fs_error::fs_err,
+    fs_error::{fs_err, gone_ok},
     netns::Netns,
     observe::{observe_links, observe_pods, Pods},
     store::{
@@ -84,12 +84,7 @@ pub fn attach_node(
                     source,
                 })?;
             let staging = node.staging_link(spec.hook);
-            match fs::remove_file(&staging) {
-                Err(err) if err.kind() != io::ErrorKind::NotFound => {
-                    return Err(fs_err("removing", &staging)(err).into())
-                }
-                _ => {}
-            }
+            gone_ok(fs::remove_file(&staging)).map_err(fs_err("removing", &staging))?;
             bpf_sys::obj_pin(link.as_fd(), &staging).map_err(fs_err("pinning link", &staging))?;
             fs::rename(&staging, &pin).map_err(fs_err("replacing link", &pin))?;
             attached.push(spec.hook);

@@ -373,6 +373,23 @@ fn a_redirected_socket_reports_its_original_peer() {
     }
 }
 
+/// `redirector istio-iptables ARGS` for the pod with a rebuilt kernel side: the same
+/// programs, different bytes, so a different object.
+fn install_with_a_new_object(
+    pod: &ProxiedPod,
+    root: &PinRoot,
+    args: &[&str],
+) -> std::process::Output {
+    let next = redirector_tests::redirector::NextObject::new();
+    let mut cmd = redirector_tests::redirector::istio_iptables_command(
+        &pod.topo.pod,
+        &pod.topo.pod_cgroup,
+        root,
+    );
+    cmd.args(args).env("REDIRECTOR_EBPF_OBJECT", &next.path);
+    cmd.output().unwrap()
+}
+
 #[test]
 fn a_new_object_takes_over_the_pod_without_doubling() {
     if !require_root() {
@@ -386,17 +403,8 @@ fn a_new_object_takes_over_the_pod_without_doubling() {
     let before = object_ids(&root);
     assert_eq!(before.len(), 1);
 
-    // A rebuilt kernel side: the same programs, different bytes, so a different object.
-    let next = redirector_tests::redirector::NextObject::new();
-    let mut cmd = redirector_tests::redirector::istio_iptables_command(
-        &pod.topo.pod,
-        &pod.topo.pod_cgroup,
-        &root,
-    );
-    cmd.args(STANDARD_INJECTION)
-        .env("REDIRECTOR_EBPF_OBJECT", &next.path);
-    let out = cmd.output().unwrap();
-    drop(next);
+    // A rebuilt kernel side takes the pod over.
+    let out = install_with_a_new_object(&pod, &root, &STANDARD_INJECTION);
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{log}");
     assert!(
@@ -524,15 +532,7 @@ fn a_pod_pinned_by_an_earlier_release_is_kept_updated_and_moved_on_upgrade() {
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
 
     // A new object takes the pod over and pins its links the current way.
-    let next = redirector_tests::redirector::NextObject::new();
-    let mut cmd = redirector_tests::redirector::istio_iptables_command(
-        &pod.topo.pod,
-        &pod.topo.pod_cgroup,
-        &root,
-    );
-    cmd.args(&changed).env("REDIRECTOR_EBPF_OBJECT", &next.path);
-    let out = cmd.output().unwrap();
-    drop(next);
+    let out = install_with_a_new_object(&pod, &root, &changed);
     assert!(
         out.status.success(),
         "{}",

@@ -20,7 +20,7 @@ use redirector_common::NetnsCookie;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    fs_error::{fs_err, FsError},
+    fs_error::{fs_err, gone_ok, FsError},
     store::DirLock,
 };
 
@@ -181,12 +181,7 @@ impl Records {
             write_shard(&self.dir, &path, &shard)?;
         }
         let legacy = self.legacy_path(cookie);
-        match fs::remove_file(&legacy) {
-            Err(err) if err.kind() != io::ErrorKind::NotFound => {
-                Err(fs_err("removing", &legacy)(err))
-            }
-            _ => Ok(()),
-        }
+        gone_ok(fs::remove_file(&legacy)).map_err(fs_err("removing", &legacy))
     }
 
     /// Every record, by netns cookie. A file that does not parse is an error naming it.
@@ -256,10 +251,7 @@ fn read_shard(path: &Path) -> Result<Vec<PodRecord>, FsError> {
 /// Replaces a shard (write, then rename); an empty shard is removed.
 fn write_shard(dir: &Path, path: &Path, shard: &[PodRecord]) -> Result<(), FsError> {
     if shard.is_empty() {
-        return match fs::remove_file(path) {
-            Err(err) if err.kind() != io::ErrorKind::NotFound => Err(fs_err("removing", path)(err)),
-            _ => Ok(()),
-        };
+        return gone_ok(fs::remove_file(path)).map_err(fs_err("removing", path));
     }
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let staging = dir.join(format!(".{name}"));

@@ -24,6 +24,7 @@ use std::{
 use redirector_common::NetnsCookie;
 
 use super::programs::POD_PROGRAMS;
+use crate::fs_error::gone_ok;
 
 pub const DEFAULT_ROOT: &str = "/sys/fs/bpf/redirector";
 /// Marks a pin that is not in place yet. bpffs rejects names containing '.', so no
@@ -102,7 +103,9 @@ impl PinRoot {
     /// Removes objects a killed run was loading (`staging-*`, never renamed into place).
     /// The caller holds the node lock, so no live run is loading one.
     pub fn clear_staging_objects(&self) -> io::Result<()> {
-        remove_staged_in(&self.objects_dir(), |p| fs::remove_dir_all(p))
+        remove_prefixed_in(&self.objects_dir(), STAGING_PREFIX, |p| {
+            fs::remove_dir_all(p)
+        })
     }
 
     /// Every fully loaded object under the root (staging leftovers and foreign entries
@@ -192,17 +195,17 @@ impl ObjectPins {
         PodPins::in_dir(self.dir.join("node"))
     }
 
+    /// The pod of every link pinned under this object (once per link), as the directories
+    /// are read: `links/<cookie>_<hook>`, then an earlier release's `pods/<cookie>/`.
+    fn pod_names(&self) -> io::Result<impl Iterator<Item = io::Result<NetnsCookie>>> {
+        let links = read_names(&self.links_dir())?.map(|name| Ok(cookie_of_link(&name?)));
+        let legacy = read_names(&self.legacy_pods_dir())?.map(|name| Ok(name?.parse().ok()));
+        Ok(links.chain(legacy).filter_map(Result::transpose))
+    }
+
     /// The pods with a link pinned under this object.
     pub fn pods(&self) -> io::Result<Vec<NetnsCookie>> {
-        let mut pods: Vec<NetnsCookie> = names_in(&self.links_dir())?
-            .iter()
-            .filter_map(|name| cookie_of_link(name))
-            .chain(
-                names_in(&self.legacy_pods_dir())?
-                    .iter()
-                    .filter_map(|name| name.parse().ok()),
-            )
-            .collect();
+        let mut pods = self.pod_names()?.collect::<io::Result<Vec<_>>>()?;
         pods.sort();
         pods.dedup();
         Ok(pods)
@@ -211,17 +214,10 @@ impl ObjectPins {
     /// Whether any pod has a link pinned under this object: [`Self::pods`], read up to the
     /// first one.
     pub fn has_pods(&self) -> io::Result<bool> {
-        for name in read_names(&self.links_dir())? {
-            if cookie_of_link(&name?).is_some() {
-                return Ok(true);
-            }
-        }
-        for name in read_names(&self.legacy_pods_dir())? {
-            if name?.parse::<NetnsCookie>().is_ok() {
-                return Ok(true);
-            }
-        }
-        Ok(false)
+        self.pod_names()?
+            .next()
+            .transpose()
+            .map(|first| first.is_some())
     }
 
     /// A pod's links: in `links/`, or in its directory if an earlier release made one.
@@ -291,15 +287,10 @@ impl PodPins {
                 .filter(|name| !name.starts_with(STAGING_PREFIX))
                 .collect());
         }
-        let Some(dir) = DirFd::open(&self.dir)? else {
-            return Ok(Vec::new());
-        };
-        let mut hooks = Vec::new();
-        for program in &POD_PROGRAMS {
-            if dir.has(&format!("{}{}", self.prefix, program.hook))? {
-                hooks.push(program.hook.to_owned());
-            }
-        }
+        let mut hooks = self
+            .shared_hooks()?
+            .map(|hook| hook.map(str::to_owned))
+            .collect::<io::Result<Vec<_>>>()?;
         hooks.sort();
         Ok(hooks)
     }
@@ -309,15 +300,22 @@ impl PodPins {
         if !self.is_shared() {
             return Ok(self.dir.exists());
         }
-        let Some(dir) = DirFd::open(&self.dir)? else {
-            return Ok(false);
-        };
-        for program in &POD_PROGRAMS {
-            if dir.has(&format!("{}{}", self.prefix, program.hook))? {
-                return Ok(true);
-            }
-        }
-        Ok(false)
+        self.shared_hooks()?
+            .next()
+            .transpose()
+            .map(|first| first.is_some())
+    }
+
+    /// The hooks pinned for a pod in the shared `links/`, each looked up by its name, as
+    /// they are found.
+    fn shared_hooks(&self) -> io::Result<impl Iterator<Item = io::Result<&'static str>> + '_> {
+        let dir = DirFd::open(&self.dir)?;
+        Ok(POD_PROGRAMS.iter().filter_map(move |program| {
+            let pinned = dir
+                .as_ref()?
+                .has(&format!("{}{}", self.prefix, program.hook));
+            pinned.map(|yes| yes.then_some(program.hook)).transpose()
+        }))
     }
 
     pub fn link(&self, program: &str) -> PathBuf {
@@ -337,16 +335,8 @@ impl PodPins {
     /// lock, so no live run is staging): unpinned, they detach. For a pod in `links/`,
     /// that is every link in `staging/`, whichever pod's: all are a killed run's.
     pub fn clear_staged(&self) -> io::Result<()> {
-        if !self.is_shared() {
-            return remove_staged_in(&self.dir, |p| fs::remove_file(p));
-        }
-        for name in names_in(&self.staging)? {
-            match fs::remove_file(self.staging.join(name)) {
-                Err(err) if err.kind() != io::ErrorKind::NotFound => return Err(err),
-                _ => {}
-            }
-        }
-        Ok(())
+        let prefix = if self.is_shared() { "" } else { STAGING_PREFIX };
+        remove_prefixed_in(&self.staging, prefix, |p| fs::remove_file(p))
     }
 
     /// Removes the links' own directory once no link is left in it; a shared one stays.
@@ -354,10 +344,7 @@ impl PodPins {
         if self.is_shared() || !self.hooks()?.is_empty() {
             return Ok(());
         }
-        match fs::remove_dir(&self.dir) {
-            Err(err) if err.kind() != io::ErrorKind::NotFound => Err(err),
-            _ => Ok(()),
-        }
+        gone_ok(fs::remove_dir(&self.dir))
     }
 }
 
@@ -399,17 +386,14 @@ impl DirFd {
     }
 }
 
-/// Removes every `staging-*` entry of `dir` with `remove`; a missing `dir` has none.
-fn remove_staged_in(dir: &Path, remove: fn(&Path) -> io::Result<()>) -> io::Result<()> {
-    let names = match names_in(dir) {
-        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(()),
-        other => other?,
-    };
-    for name in names.iter().filter(|n| n.starts_with(STAGING_PREFIX)) {
-        match remove(&dir.join(name)) {
-            Err(err) if err.kind() != io::ErrorKind::NotFound => return Err(err),
-            _ => {}
-        }
+/// Removes every entry of `dir` named `prefix…` with `remove`; a missing `dir` has none.
+fn remove_prefixed_in(
+    dir: &Path,
+    prefix: &str,
+    remove: fn(&Path) -> io::Result<()>,
+) -> io::Result<()> {
+    for name in names_in(dir)?.iter().filter(|n| n.starts_with(prefix)) {
+        gone_ok(remove(&dir.join(name)))?;
     }
     Ok(())
 }
