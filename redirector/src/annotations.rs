@@ -1,5 +1,11 @@
-//! istio's pod annotations, turned into istio-iptables flags as istio's sidecar injector
-//! does, over default flags (the CNI network's, or an API request's).
+//! istio's pod annotations: whether a pod is captured at all, and its istio-iptables flags
+//! as istio's sidecar injector turns annotations into them, over default flags (the CNI
+//! network's, or an API request's).
+//!
+//! A plugin in the cluster network's chain sees every pod of the node — CoreDNS,
+//! kube-system, pods with no sidecar — and capturing a pod with no proxy sends its
+//! connections to a port where nothing listens. So the plugin captures a pod only when it
+//! is meant to be meshed ([`left_alone`]).
 
 use std::collections::BTreeMap;
 
@@ -24,13 +30,36 @@ pub const INJECT: &str = "sidecar.istio.io/inject";
 /// The annotation the injector sets on a pod it injected.
 pub const STATUS: &str = "sidecar.istio.io/status";
 
-/// Whether the pod is to be captured: not when `sidecar.istio.io/inject` is false, nor,
-/// with `require_status`, without the injector's status annotation.
-pub fn captured(annotations: &BTreeMap<String, String>, require_status: bool) -> bool {
+/// The rules of one network configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct Rules<'a> {
+    /// Only pods carrying the injector's `sidecar.istio.io/status`.
+    pub require_status: bool,
+    /// Namespaces whose pods are never captured.
+    pub exclude_namespaces: &'a [String],
+}
+
+/// Why a pod is left alone; `None` when it is to be captured.
+pub fn left_alone(
+    rules: Rules<'_>,
+    namespace: Option<&str>,
+    annotations: &BTreeMap<String, String>,
+) -> Option<String> {
+    if let Some(ns) = namespace.filter(|ns| rules.exclude_namespaces.iter().any(|e| e == ns)) {
+        return Some(format!("namespace {ns} is excluded (excludeNamespaces)"));
+    }
     let opted_out = annotations
         .get(INJECT)
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("false"));
-    !opted_out && (!require_status || annotations.contains_key(STATUS))
+    if opted_out {
+        return Some(format!("{INJECT} is false"));
+    }
+    if rules.require_status && !annotations.contains_key(STATUS) {
+        return Some(format!(
+            "no {STATUS} annotation: the pod was not injected (requireSidecarStatus)"
+        ));
+    }
+    None
 }
 
 /// `defaults` with each annotated flag replaced (appended if absent).
@@ -105,11 +134,30 @@ mod tests {
     }
 
     #[test]
-    fn inject_false_opts_out_and_status_can_be_required() {
-        assert!(captured(&map(&[]), false));
-        assert!(!captured(&map(&[(INJECT, "false")]), false));
-        assert!(captured(&map(&[(INJECT, "true")]), false));
-        assert!(!captured(&map(&[]), true));
-        assert!(captured(&map(&[(STATUS, "{}")]), true));
+    fn only_injected_pods_outside_excluded_namespaces_are_captured() {
+        let excluded = vec!["kube-system".to_string()];
+        let rules = Rules {
+            require_status: true,
+            exclude_namespaces: &excluded,
+        };
+        let injected = map(&[(STATUS, "{}")]);
+        assert_eq!(left_alone(rules, Some("default"), &injected), None);
+        assert_eq!(left_alone(rules, None, &injected), None);
+        let why = left_alone(rules, Some("kube-system"), &injected).unwrap();
+        assert!(why.contains("kube-system"), "{why}");
+        let why = left_alone(rules, Some("default"), &map(&[])).unwrap();
+        assert!(why.contains(STATUS), "{why}");
+        let opted_out = map(&[(STATUS, "{}"), (INJECT, " False ")]);
+        assert!(left_alone(rules, Some("default"), &opted_out).is_some());
+    }
+
+    #[test]
+    fn without_required_status_every_pod_not_opted_out_is_captured() {
+        let rules = Rules {
+            require_status: false,
+            exclude_namespaces: &[],
+        };
+        assert_eq!(left_alone(rules, Some("kube-system"), &map(&[])), None);
+        assert!(left_alone(rules, Some("default"), &map(&[(INJECT, "false")])).is_some());
     }
 }

@@ -34,6 +34,12 @@ impl CniError {
         }
     }
 
+    /// The error as answered to a configuration of `version`.
+    pub fn in_version(mut self, version: &str) -> Self {
+        version.clone_into(&mut self.cni_version);
+        self
+    }
+
     pub fn details(mut self, details: impl ToString) -> Self {
         self.details = details.to_string();
         self

@@ -33,6 +33,7 @@ fn conf() -> impl Strategy<Value = Value> {
         prop_oneof![
             Just("1.0.0".to_string()),
             Just("0.4.0".to_string()),
+            Just("0.3.1".to_string()),
             Just("9.9.9".to_string()),
             "\\PC{0,6}"
         ],
@@ -77,7 +78,7 @@ proptest! {
                 return Ok(());
             }
         };
-        match pod_flags(&parsed) {
+        match pod_flags(&parsed, Some("default")) {
             Ok(Some(flags)) => prop_assert!(parse_flags(&flags).is_ok()),
             Ok(None) => {}
             Err(err) => {

@@ -1,26 +1,29 @@
-//! `redirector-cni`: a chained CNI plugin (spec 1.0.0 and 1.1.0), the binary invoked under
+//! `redirector-cni`: a chained CNI plugin (spec 0.3.0 to 1.1.0), the binary invoked under
 //! that name. ADD captures the pod before any of its containers runs, writing its entries
 //! into the pinned maps itself, under the node lock, with the engine the daemon and the
-//! init containers use — so no daemon is on the pod-start path. It needs the node's
-//! programs pinned (a daemon has run since the node started); without them ADD fails with
-//! code 11 (try again later), so the runtime retries instead of starting a pod uncaptured.
-//! DEL is keyed on CNI_CONTAINERID and idempotent.
+//! init containers use — so no daemon is on the pod-start path.
+//!
+//! Only pods meant to be meshed are captured ([`annotations::left_alone`]): every other pod passes ADD
+//! whatever state the node is in — nothing pinned after a reboot, no daemon, a refused
+//! kernel. A pod that is to be captured needs the node's programs pinned (a daemon has run
+//! since the node started); without them ADD fails with code 11 (try again later), so the
+//! runtime retries instead of starting a meshed pod uncaptured. DEL is keyed on
+//! CNI_CONTAINERID, idempotent, and never fails for want of pins or of a usable kernel.
 
+mod conf;
 mod error;
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    io::Read,
-    path::PathBuf,
-    process::ExitCode,
-};
+use std::{collections::BTreeSet, io::Read, path::PathBuf, process::ExitCode};
 
-use serde::Deserialize;
 use serde_json::{json, Value};
 
-use self::error::{code, CniError};
+pub use self::conf::{DEFAULT_EXCLUDED_NAMESPACES, SUPPORTED, VERSION};
+use self::{
+    conf::{asked_version, parse_conf, NetConf},
+    error::{code, CniError},
+};
 use crate::{
-    annotations,
+    annotations::{self, left_alone, Rules},
     daemon::{
         pods::{parse_flags, remove_pod, Node},
         records::{Records, DEFAULT_STATE_DIR},
@@ -30,67 +33,18 @@ use crate::{
     store::{pins::DEFAULT_ROOT, EbpfObject, OpenMaps, PinRoot},
 };
 
-/// The version this plugin answers in.
-pub const VERSION: &str = "1.1.0";
-const SUPPORTED: [&str; 3] = ["0.4.0", "1.0.0", "1.1.0"];
-
-/// The network configuration on stdin: the spec's keys and ours.
-#[derive(Debug, Deserialize)]
-struct NetConf {
-    #[serde(rename = "cniVersion")]
-    cni_version: String,
-    #[serde(rename = "type")]
-    kind: String,
-    /// istio-iptables flags for the pods of this network (a list); the spec's `args`
-    /// object convention is accepted and ignored.
-    #[serde(default)]
-    args: Value,
-    /// The daemon's socket; the plugin does not need the daemon to run.
-    #[serde(default)]
-    #[expect(
-        dead_code,
-        reason = "accepted for the documented network configuration"
-    )]
-    socket: Option<PathBuf>,
-    #[serde(default, rename = "pinRoot")]
-    pin_root: Option<PathBuf>,
-    #[serde(default, rename = "stateDir")]
-    state_dir: Option<PathBuf>,
-    /// Capture only pods the injector marked (`sidecar.istio.io/status`).
-    #[serde(default, rename = "requireSidecarStatus")]
-    require_status: bool,
-    #[serde(default, rename = "prevResult")]
-    prev_result: Option<Value>,
-    /// containerd sends `null` for parts it has nothing for.
-    #[serde(default, rename = "runtimeConfig")]
-    runtime_config: Option<RuntimeConfig>,
-    #[serde(default, rename = "cni.dev/valid-attachments")]
-    valid_attachments: Option<Vec<Attachment>>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct RuntimeConfig {
-    /// containerd passes the pod's annotations to a plugin declaring this capability
-    /// (`null` when the pod has none).
-    #[serde(default, rename = "io.kubernetes.cri.pod-annotations")]
-    pod_annotations: Option<BTreeMap<String, String>>,
-}
-
-#[derive(Debug, Deserialize)]
-struct Attachment {
-    #[serde(rename = "containerID")]
-    container_id: String,
-}
-
-/// Run the plugin: the command from `CNI_COMMAND`, the configuration from stdin.
+/// Run the plugin: the command from `CNI_COMMAND`, the configuration from stdin. Results
+/// and errors are answered in the version the configuration asked for.
 pub fn main() -> ExitCode {
-    match run() {
+    let mut version = VERSION;
+    match run(&mut version) {
         Ok(Some(output)) => {
             println!("{output}");
             ExitCode::SUCCESS
         }
         Ok(None) => ExitCode::SUCCESS,
         Err(err) => {
+            let err = err.in_version(version);
             println!("{}", serde_json::to_string(&err).unwrap_or_default());
             ExitCode::FAILURE
         }
@@ -107,20 +61,21 @@ fn required_env(name: &str) -> Result<String, CniError> {
         .ok_or_else(|| CniError::new(code::INVALID_ENV, format!("{name} is not set")))
 }
 
-fn run() -> Result<Option<Value>, CniError> {
+fn run(version: &mut &'static str) -> Result<Option<Value>, CniError> {
     let command = required_env("CNI_COMMAND")?;
+    let stdin = read_stdin()?;
+    *version = asked_version(&stdin);
     if command == "VERSION" {
         return Ok(Some(
-            json!({ "cniVersion": VERSION, "supportedVersions": SUPPORTED }),
+            json!({ "cniVersion": *version, "supportedVersions": SUPPORTED }),
         ));
     }
-    let conf = read_conf()?;
-    crate::kernel::check_running().map_err(|e| CniError::new(code::SETUP_FAILED, e.to_string()))?;
+    let conf = parse_conf(&stdin)?;
     let plugin = Plugin::new(&conf);
     match command.as_str() {
         "ADD" => plugin.add(&conf),
         "DEL" => plugin.del().map(|()| None),
-        "CHECK" => plugin.check().map(|()| None),
+        "CHECK" => plugin.check(&conf).map(|()| None),
         "STATUS" => plugin.status().map(|()| None),
         "GC" => plugin.gc(&conf).map(|()| None),
         other => Err(CniError::new(
@@ -130,49 +85,23 @@ fn run() -> Result<Option<Value>, CniError> {
     }
 }
 
-fn read_conf() -> Result<NetConf, CniError> {
+fn read_stdin() -> Result<String, CniError> {
     let mut stdin = String::new();
     std::io::stdin()
         .read_to_string(&mut stdin)
         .map_err(|e| CniError::new(code::DECODE, "reading the network configuration").details(e))?;
-    parse_conf(&stdin)
-}
-
-/// The network configuration from its JSON, checked for a version and type this plugin
-/// speaks.
-fn parse_conf(json: &str) -> Result<NetConf, CniError> {
-    let conf: NetConf = serde_json::from_str(json).map_err(|e| {
-        CniError::new(code::DECODE, "decoding the network configuration").details(e)
-    })?;
-    if !SUPPORTED.contains(&conf.cni_version.as_str()) {
-        return Err(CniError::new(
-            code::INCOMPATIBLE_VERSION,
-            format!(
-                "cniVersion {} is not supported (supported: {})",
-                conf.cni_version,
-                SUPPORTED.join(", ")
-            ),
-        ));
-    }
-    if conf.kind != "redirector-cni" {
-        return Err(CniError::new(
-            code::INVALID_CONFIG,
-            format!("type {:?} is not redirector-cni", conf.kind),
-        ));
-    }
-    Ok(conf)
+    Ok(stdin)
 }
 
 /// The pod's istio-iptables flags: the network's `args` overridden by the pod's istio
-/// annotations, validated; `None` when the annotations say the pod is not captured.
-fn pod_flags(conf: &NetConf) -> Result<Option<Vec<String>>, CniError> {
-    let no_annotations = BTreeMap::new();
-    let annotations = conf
-        .runtime_config
-        .as_ref()
-        .and_then(|r| r.pod_annotations.as_ref())
-        .unwrap_or(&no_annotations);
-    if !annotations::captured(annotations, conf.require_status) {
+/// annotations, validated; `None` when the pod is left alone.
+fn pod_flags(conf: &NetConf, namespace: Option<&str>) -> Result<Option<Vec<String>>, CniError> {
+    let annotations = conf.annotations();
+    let rules = Rules {
+        require_status: conf.require_status,
+        exclude_namespaces: &conf.exclude_namespaces,
+    };
+    if left_alone(rules, namespace, &annotations).is_some() {
         return Ok(None);
     }
     let defaults: Vec<String> = match &conf.args {
@@ -183,9 +112,15 @@ fn pod_flags(conf: &NetConf) -> Result<Option<Vec<String>>, CniError> {
             .ok_or_else(|| CniError::new(code::INVALID_CONFIG, "args must be a list of strings"))?,
         _ => Vec::new(),
     };
-    let flags = annotations::flags(&defaults, annotations);
+    let flags = annotations::flags(&defaults, &annotations);
     parse_flags(&flags).map_err(|e| CniError::new(code::INVALID_CONFIG, e))?;
     Ok(Some(flags))
+}
+
+/// The kernel check, for the commands that need the programs: a kernel redirector refuses
+/// cannot serve a meshed pod.
+fn kernel_ready(failure: u32) -> Result<(), CniError> {
+    crate::kernel::check_running().map_err(|e| CniError::new(failure, e.to_string()))
 }
 
 struct Plugin {
@@ -206,24 +141,25 @@ impl Plugin {
         }
     }
 
-    /// The engine over the node's pinned object, or "try again later" when there is none.
-    fn node(&self, unavailable: u32) -> Result<Node, CniError> {
+    /// The node's pinned object, if any.
+    fn pinned(&self) -> Result<Option<EbpfObject>, CniError> {
         let object = node_object(&self.root)
-            .map_err(|e| CniError::new(code::SETUP_FAILED, "reading the pins").details(e))?
-            .ok_or_else(|| {
-                CniError::new(
-                    unavailable,
-                    format!(
-                        "nothing is pinned under {}: the redirector daemon has not run on this node since it started",
-                        self.root.path().display()
-                    ),
-                )
-            })?;
-        Ok(Node::new(
-            self.root.clone(),
-            EbpfObject::pinned(object.id().clone()),
-            self.records.clone(),
-        ))
+            .map_err(|e| CniError::new(code::SETUP_FAILED, "reading the pins").details(e))?;
+        Ok(object.map(|o| EbpfObject::pinned(o.id().clone())))
+    }
+
+    /// The engine over the node's pinned object, or `unavailable` when there is none.
+    fn node(&self, unavailable: u32) -> Result<Node, CniError> {
+        let object = self.pinned()?.ok_or_else(|| {
+            CniError::new(
+                unavailable,
+                format!(
+                    "nothing is pinned under {}: the redirector daemon has not run on this node since it started",
+                    self.root.path().display()
+                ),
+            )
+        })?;
+        Ok(Node::new(self.root.clone(), object, self.records.clone()))
     }
 
     fn add(&self, conf: &NetConf) -> Result<Option<Value>, CniError> {
@@ -234,20 +170,21 @@ impl Plugin {
         if let Some(object) = result.as_object_mut() {
             object.insert("cniVersion".into(), conf.cni_version.clone().into());
         }
-        let Some(flags) = pod_flags(conf)? else {
+        let Some(flags) = pod_flags(conf, pod_namespace().as_deref())? else {
             return Ok(Some(result));
         };
+        kernel_ready(code::SETUP_FAILED)?;
         let node = self.node(code::TRY_AGAIN_LATER)?;
         node.add(&PathBuf::from(netns), pod_name(), flags, Some(container))
             .map_err(|e| CniError::new(code::SETUP_FAILED, e))?;
         Ok(Some(result))
     }
 
+    /// Best effort and repeatable: with nothing pinned (a node just rebooted, an uninstall
+    /// half done) or a kernel redirector refuses, nothing of the pod can be in the kernel,
+    /// and only its record goes.
     fn del(&self) -> Result<(), CniError> {
         let container = required_env("CNI_CONTAINERID")?;
-        if !self.root.path().exists() {
-            return Ok(());
-        }
         // The namespace, while it is still there, names the record without reading the others.
         let netns_cookie = env("CNI_NETNS")
             .filter(|p| !p.is_empty())
@@ -257,6 +194,15 @@ impl Plugin {
             .records
             .by_container(&container, netns_cookie)
             .map_err(|e| CniError::new(code::SETUP_FAILED, e.to_string()))?;
+        let kernel_state = kernel_ready(code::SETUP_FAILED).is_ok() && self.root.path().exists();
+        if !kernel_state {
+            if let Some(record) = record {
+                self.records
+                    .remove(record.cookie())
+                    .map_err(|e| CniError::new(code::SETUP_FAILED, e.to_string()))?;
+            }
+            return Ok(());
+        }
         // No record (e.g. the state dir was lost): the namespace, if still there.
         let cookie = record.as_ref().map(|r| r.cookie()).or(netns_cookie);
         remove_pod(
@@ -270,8 +216,14 @@ impl Plugin {
         .map_err(|e| CniError::new(code::SETUP_FAILED, e))
     }
 
-    fn check(&self) -> Result<(), CniError> {
+    /// A pod the rules leave alone needs nothing; a captured one must be installed exactly
+    /// as its flags plan it.
+    fn check(&self, conf: &NetConf) -> Result<(), CniError> {
         let container = required_env("CNI_CONTAINERID")?;
+        if pod_flags(conf, pod_namespace().as_deref())?.is_none() {
+            return Ok(());
+        }
+        kernel_ready(code::SETUP_FAILED)?;
         let node = self.node(code::NOT_AVAILABLE)?;
         let record = self
             .records
@@ -288,51 +240,65 @@ impl Plugin {
             .map_err(|e| CniError::new(code::SETUP_FAILED, e))
     }
 
-    /// Ready when the node's programs are pinned.
+    /// Ready when the kernel is one redirector runs on and the node's programs are pinned.
     fn status(&self) -> Result<(), CniError> {
+        kernel_ready(code::NOT_AVAILABLE)?;
         self.node(code::NOT_AVAILABLE).map(drop)
     }
 
-    /// Remove the pods of containers the runtime no longer has, and pods that are gone.
+    /// Remove the pods of containers the runtime no longer has, and pods that are gone;
+    /// with nothing pinned or a refused kernel, only their records.
     fn gc(&self, conf: &NetConf) -> Result<(), CniError> {
-        if !self.root.path().exists() {
-            return Ok(());
-        }
+        let failed = |e: String| CniError::new(code::SETUP_FAILED, e);
+        let node = if kernel_ready(code::SETUP_FAILED).is_ok() && self.root.path().exists() {
+            self.pinned()?
+                .map(|object| Node::new(self.root.clone(), object, self.records.clone()))
+        } else {
+            None
+        };
         if let Some(valid) = &conf.valid_attachments {
             let valid: BTreeSet<&str> = valid.iter().map(|a| a.container_id.as_str()).collect();
-            let records = self
-                .records
-                .all()
-                .map_err(|e| CniError::new(code::SETUP_FAILED, e.to_string()))?;
-            let node = self.node(code::NOT_AVAILABLE)?;
-            for record in records {
-                let stale = record
+            let records = self.records.all().map_err(|e| failed(e.to_string()))?;
+            let stale = records.into_iter().filter(|record| {
+                record
                     .container_id
                     .as_deref()
-                    .is_some_and(|id| !valid.contains(id));
-                if stale {
-                    let cookie = record.cookie();
-                    node.remove(Some(record), Some(cookie))
-                        .map_err(|e| CniError::new(code::SETUP_FAILED, e))?;
+                    .is_some_and(|id| !valid.contains(id))
+            });
+            for record in stale {
+                let cookie = record.cookie();
+                match &node {
+                    Some(node) => node.remove(Some(record), Some(cookie)).map(drop).map_err(failed)?,
+                    None => self.records.remove(cookie).map_err(|e| failed(e.to_string()))?,
                 }
             }
         }
+        if node.is_none() {
+            return Ok(());
+        }
         crate::gc::collect_stale(&self.root)
             .map(drop)
-            .map_err(|e| CniError::new(code::SETUP_FAILED, e.to_string()))
+            .map_err(|e| failed(e.to_string()))
     }
+}
+
+/// One of CNI_ARGS' `KEY=value` pairs.
+fn cni_arg(key: &str) -> Option<String> {
+    env("CNI_ARGS")?
+        .split(';')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == key)
+        .map(|(_, v)| v.to_owned())
+}
+
+/// The pod's namespace (`K8S_POD_NAMESPACE`), if given.
+fn pod_namespace() -> Option<String> {
+    cni_arg("K8S_POD_NAMESPACE")
 }
 
 /// `namespace/name` from CNI_ARGS (`K8S_POD_NAMESPACE`, `K8S_POD_NAME`), if given.
 fn pod_name() -> Option<String> {
-    let args = env("CNI_ARGS")?;
-    let get = |key: &str| {
-        args.split(';')
-            .filter_map(|kv| kv.split_once('='))
-            .find(|(k, _)| *k == key)
-            .map(|(_, v)| v.to_owned())
-    };
-    match (get("K8S_POD_NAMESPACE"), get("K8S_POD_NAME")) {
+    match (pod_namespace(), cni_arg("K8S_POD_NAME")) {
         (Some(ns), Some(name)) => Some(format!("{ns}/{name}")),
         (None, Some(name)) => Some(name),
         _ => None,

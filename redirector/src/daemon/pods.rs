@@ -89,11 +89,13 @@ impl Node {
                 args,
                 annotations,
             } => {
-                if !crate::annotations::captured(&annotations, false) {
-                    return Response::done(
-                        "not captured: sidecar.istio.io/inject is false",
-                        Vec::new(),
-                    );
+                // The API is asked for this pod by name: only an explicit opt-out holds.
+                let rules = crate::annotations::Rules {
+                    require_status: false,
+                    exclude_namespaces: &[],
+                };
+                if let Some(why) = crate::annotations::left_alone(rules, None, &annotations) {
+                    return Response::done(format!("not captured: {why}"), Vec::new());
                 }
                 let args = crate::annotations::flags(&args, &annotations);
                 self.add(&netns, name, args, None)

@@ -1,0 +1,165 @@
+//! The network configuration a runtime passes on stdin, and the CNI versions it may ask in.
+
+use std::{collections::BTreeMap, path::PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::error::{code, CniError};
+
+/// The version this plugin answers VERSION in when the configuration names none.
+pub const VERSION: &str = "1.1.0";
+
+/// Every version a configuration may ask for. flannel, Calico, Cilium and kindnet write
+/// 0.3.1, and a runtime passes the list's version to every plugin in it.
+pub const SUPPORTED: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+
+/// The namespaces left alone when the configuration names none.
+pub const DEFAULT_EXCLUDED_NAMESPACES: [&str; 1] = ["kube-system"];
+
+/// The network configuration on stdin: the spec's keys and ours.
+#[derive(Debug, Deserialize)]
+pub struct NetConf {
+    #[serde(rename = "cniVersion")]
+    pub cni_version: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// istio-iptables flags for the pods of this network (a list); the spec's `args`
+    /// object convention is accepted and ignored.
+    #[serde(default)]
+    pub args: Value,
+    /// The daemon's socket; the plugin does not need the daemon to run.
+    #[serde(default)]
+    #[expect(
+        dead_code,
+        reason = "accepted for the documented network configuration"
+    )]
+    pub socket: Option<PathBuf>,
+    #[serde(default, rename = "pinRoot")]
+    pub pin_root: Option<PathBuf>,
+    #[serde(default, rename = "stateDir")]
+    pub state_dir: Option<PathBuf>,
+    /// Capture only pods the injector marked (`sidecar.istio.io/status`); on unless the
+    /// configuration says `false`, since a pod with no sidecar has nothing listening on
+    /// the ports its connections would be sent to.
+    #[serde(default = "yes", rename = "requireSidecarStatus")]
+    pub require_status: bool,
+    /// Pods of these namespaces (`K8S_POD_NAMESPACE`) are never captured.
+    #[serde(default = "default_excluded", rename = "excludeNamespaces")]
+    pub exclude_namespaces: Vec<String>,
+    #[serde(default, rename = "prevResult")]
+    pub prev_result: Option<Value>,
+    /// containerd sends `null` for parts it has nothing for.
+    #[serde(default, rename = "runtimeConfig")]
+    pub runtime_config: Option<RuntimeConfig>,
+    #[serde(default, rename = "cni.dev/valid-attachments")]
+    pub valid_attachments: Option<Vec<Attachment>>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn default_excluded() -> Vec<String> {
+    DEFAULT_EXCLUDED_NAMESPACES.map(String::from).to_vec()
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct RuntimeConfig {
+    /// containerd passes the pod's annotations to a plugin declaring this capability
+    /// (`null` when the pod has none).
+    #[serde(default, rename = "io.kubernetes.cri.pod-annotations")]
+    pub pod_annotations: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Attachment {
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+}
+
+impl NetConf {
+    /// The pod's annotations (none when the runtime passed none).
+    pub fn annotations(&self) -> BTreeMap<String, String> {
+        self.runtime_config
+            .as_ref()
+            .and_then(|r| r.pod_annotations.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// The network configuration from its JSON, checked for a version and type this plugin
+/// speaks.
+pub fn parse_conf(json: &str) -> Result<NetConf, CniError> {
+    let conf: NetConf = serde_json::from_str(json).map_err(|e| {
+        CniError::new(code::DECODE, "decoding the network configuration").details(e)
+    })?;
+    if !SUPPORTED.contains(&conf.cni_version.as_str()) {
+        return Err(CniError::new(
+            code::INCOMPATIBLE_VERSION,
+            format!(
+                "cniVersion {} is not supported (supported: {})",
+                conf.cni_version,
+                SUPPORTED.join(", ")
+            ),
+        ));
+    }
+    if conf.kind != "redirector-cni" {
+        return Err(CniError::new(
+            code::INVALID_CONFIG,
+            format!("type {:?} is not redirector-cni", conf.kind),
+        ));
+    }
+    Ok(conf)
+}
+
+/// The version a VERSION call is answered in: the configuration's, when it names one this
+/// plugin speaks (VERSION's stdin may be anything).
+pub fn asked_version(stdin: &str) -> &'static str {
+    serde_json::from_str::<Value>(stdin)
+        .ok()
+        .and_then(|v| v.get("cniVersion")?.as_str().map(str::to_owned))
+        .and_then(|asked| SUPPORTED.into_iter().find(|v| *v == asked))
+        .unwrap_or(VERSION)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conf(version: &str) -> String {
+        format!(r#"{{"cniVersion":"{version}","name":"k8s-pod-network","type":"redirector-cni"}}"#)
+    }
+
+    #[test]
+    fn every_version_in_use_is_accepted() {
+        for version in SUPPORTED {
+            let parsed = parse_conf(&conf(version)).unwrap();
+            assert_eq!(parsed.cni_version, version);
+        }
+        let err = parse_conf(&conf("0.2.0")).unwrap_err();
+        assert_eq!(err.code, code::INCOMPATIBLE_VERSION);
+        assert!(err.msg.contains("0.2.0") && err.msg.contains("0.3.1"), "{}", err.msg);
+    }
+
+    #[test]
+    fn defaults_capture_only_injected_pods_outside_kube_system() {
+        let parsed = parse_conf(&conf("0.3.1")).unwrap();
+        assert!(parsed.require_status);
+        assert_eq!(parsed.exclude_namespaces, ["kube-system"]);
+        let open = parse_conf(
+            r#"{"cniVersion":"1.0.0","type":"redirector-cni","requireSidecarStatus":false,"excludeNamespaces":[]}"#,
+        )
+        .unwrap();
+        assert!(!open.require_status);
+        assert!(open.exclude_namespaces.is_empty());
+    }
+
+    #[test]
+    fn version_is_answered_in_the_version_asked() {
+        assert_eq!(asked_version(&conf("0.3.1")), "0.3.1");
+        assert_eq!(asked_version("{}"), VERSION);
+        assert_eq!(asked_version(&conf("9.9.9")), VERSION);
+        assert_eq!(asked_version("not json"), VERSION);
+    }
+}
