@@ -20,6 +20,7 @@ pub mod fault;
 pub mod fs_error;
 pub mod fs_kind;
 pub mod gc;
+pub mod install_cni;
 pub mod kernel;
 pub mod listeners;
 pub mod live_pod;

@@ -1,0 +1,216 @@
+//! `redirector install-cni`: the plugin binary into the node's CNI bin dir, and
+//! redirector's entry chained into the cluster network's configuration — the file the
+//! container runtime loads — read and written as JSON, atomically, mode kept. Network
+//! plugins rewrite that file when they restart or upgrade, which drops the entry and
+//! leaves every later pod uncaptured: [`watch`] puts it back.
+
+mod conflist;
+mod files;
+mod watch;
+
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+};
+
+use serde_json::{json, Value};
+
+pub use self::{conflist::PLUGIN_TYPE, watch::watch};
+use self::{
+    conflist::{is_config_file, runtime_pick, ConfError, Edit},
+    files::{install_binary, mode_of, replace},
+};
+use crate::fs_error::{fs_err, gone_ok, FsError};
+
+/// The plugin's file name in the CNI bin dir (the `type` of its entry).
+pub const PLUGIN_FILE: &str = PLUGIN_TYPE;
+
+/// How often a write that lost a race with another writer is tried again at once.
+const RACE_RETRIES: usize = 5;
+
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    #[error(
+        "no network configuration (*.conflist, *.conf, *.json) in {0} yet: is the cluster network installed?"
+    )]
+    NoConfig(PathBuf),
+    #[error("{0} (the file is left as it is)")]
+    Conf(#[from] ConfError),
+    #[error(transparent)]
+    Fs(#[from] FsError),
+    #[error("{0} kept changing while being edited")]
+    Contended(PathBuf),
+}
+
+/// What redirector's entry says: the plugin's keys (see `cni::conf`).
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// istio-iptables flags for the network's pods.
+    pub args: Vec<String>,
+    pub require_sidecar_status: bool,
+    pub exclude_namespaces: Vec<String>,
+    pub pin_root: Option<PathBuf>,
+    pub state_dir: Option<PathBuf>,
+}
+
+impl Entry {
+    pub fn to_json(&self) -> Value {
+        let mut entry = json!({
+            "type": PLUGIN_TYPE,
+            "args": self.args,
+            "requireSidecarStatus": self.require_sidecar_status,
+            "excludeNamespaces": self.exclude_namespaces,
+        });
+        if let Some(root) = &self.pin_root {
+            entry["pinRoot"] = json!(root);
+        }
+        if let Some(dir) = &self.state_dir {
+            entry["stateDir"] = json!(dir);
+        }
+        entry["capabilities"] = json!({"io.kubernetes.cri.pod-annotations": true});
+        entry
+    }
+}
+
+/// One node's CNI directories and what goes into them.
+#[derive(Debug, Clone)]
+pub struct Installer {
+    pub conf_dir: PathBuf,
+    pub bin_dir: PathBuf,
+    /// The binary installed as [`PLUGIN_FILE`].
+    pub plugin: PathBuf,
+    pub entry: Value,
+}
+
+impl Installer {
+    fn plugin_path(&self) -> PathBuf {
+        self.bin_dir.join(PLUGIN_FILE)
+    }
+
+    /// Copy the plugin binary in; whether it was written.
+    pub fn install_plugin(&self) -> Result<bool, FsError> {
+        install_binary(&self.plugin, &self.plugin_path())
+    }
+
+    /// Whether the plugin binary is in the bin dir.
+    pub fn plugin_installed(&self) -> bool {
+        self.plugin_path().exists()
+    }
+
+    /// Remove the plugin binary; whether it was there.
+    pub fn remove_plugin(&self) -> Result<bool, FsError> {
+        let path = self.plugin_path();
+        let existed = path.exists();
+        gone_ok(fs::remove_file(&path)).map_err(fs_err("removing", &path))?;
+        Ok(existed)
+    }
+
+    /// The configuration files of the directory, in the order the runtime tries them.
+    fn config_files(&self) -> Result<Vec<String>, FsError> {
+        let entries = fs::read_dir(&self.conf_dir).map_err(fs_err("listing", &self.conf_dir))?;
+        let mut names: Vec<String> = entries
+            .filter_map(Result::ok)
+            .filter(|e| e.file_type().is_ok_and(|t| !t.is_dir()))
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| is_config_file(n))
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Chain the entry into the file the runtime loads. What changed, if anything.
+    pub fn chain(&self) -> Result<Option<String>, InstallError> {
+        for _ in 0..RACE_RETRIES {
+            let file = runtime_pick(self.config_files()?)
+                .ok_or_else(|| InstallError::NoConfig(self.conf_dir.clone()))?;
+            let path = self.conf_dir.join(&file);
+            let Some(text) = read(&path)? else {
+                continue; // removed since it was listed
+            };
+            let edit = conflist::chain(&file, &String::from_utf8_lossy(&text), &self.entry)?;
+            if let Some(outcome) = self.apply(&path, &text, edit)? {
+                return Ok(outcome);
+            }
+        }
+        Err(InstallError::Contended(self.conf_dir.clone()))
+    }
+
+    /// Take the entry out of every configuration file that has it (a file that sorted
+    /// first earlier may still have one). What changed.
+    pub fn unchain_all(&self) -> Result<Vec<String>, InstallError> {
+        let mut changes = Vec::new();
+        if !self.conf_dir.exists() {
+            return Ok(changes);
+        }
+        for file in self.config_files()? {
+            let path = self.conf_dir.join(&file);
+            for attempt in 0.. {
+                let Some(text) = read(&path)? else {
+                    break;
+                };
+                let text_str = String::from_utf8_lossy(&text);
+                let edit = match conflist::unchain(&file, &text_str) {
+                    Ok(edit) => edit,
+                    // Someone else's broken file that does not name the plugin: not ours to fix.
+                    Err(_) if !text_str.contains(PLUGIN_TYPE) => break,
+                    Err(err) => return Err(err.into()),
+                };
+                match self.apply(&path, &text, edit)? {
+                    Some(change) => {
+                        changes.extend(change);
+                        break;
+                    }
+                    None if attempt + 1 >= RACE_RETRIES => {
+                        return Err(InstallError::Contended(path));
+                    }
+                    None => {}
+                }
+            }
+        }
+        Ok(changes)
+    }
+
+    /// Carry out `edit` of `path` (read as `original`). `None` when `path` changed since it
+    /// was read (nothing is written); else what changed, if anything.
+    fn apply(
+        &self,
+        path: &Path,
+        original: &[u8],
+        edit: Edit,
+    ) -> Result<Option<Option<String>>, InstallError> {
+        let Edit::Write {
+            file,
+            contents,
+            replaces,
+            what,
+        } = edit
+        else {
+            return Ok(Some(None));
+        };
+        let target = self.conf_dir.join(&file);
+        let mut text = serde_json::to_string_pretty(&contents).unwrap_or_default();
+        text.push('\n');
+        if !replace(&target, text.as_bytes(), mode_of(path)?, Some((path, original)))? {
+            return Ok(None);
+        }
+        let mut change = format!("{what} {}", target.display());
+        if let Some(old) = replaces {
+            let old = self.conf_dir.join(old);
+            gone_ok(fs::remove_file(&old)).map_err(fs_err("removing", &old))?;
+            change.push_str(&format!(" (was {})", old.display()));
+        }
+        Ok(Some(Some(change)))
+    }
+}
+
+/// A file's bytes; `None` if it is gone.
+fn read(path: &Path) -> Result<Option<Vec<u8>>, FsError> {
+    match fs::read(path) {
+        Ok(text) => Ok(Some(text)),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(err) => Err(fs_err("reading", path)(err)),
+    }
+}
+
+#[cfg(test)]
+mod tests;
