@@ -22,6 +22,27 @@ const FLAG_ANNOTATIONS: [(&str, &str); 9] = [
     ("sidecar.istio.io/interceptionMode", "-m"),
 ];
 
+/// The flags istio's injector gives its init container by default
+/// (`istio-iptables -p 15001 -z 15006 -u 1337 -m REDIRECT -i '*' -x "" -b '*' -d 15090,15021,15020`).
+pub const STANDARD_INJECTION: [&str; 16] = [
+    "-p",
+    "15001",
+    "-z",
+    "15006",
+    "-u",
+    "1337",
+    "-m",
+    "REDIRECT",
+    "-i",
+    "*",
+    "-x",
+    "",
+    "-b",
+    "*",
+    "-d",
+    "15090,15021,15020",
+];
+
 /// The proxy's own inbound ports, which the injector always adds to `-d`.
 const PROXY_INBOUND_PORTS: [&str; 3] = ["15090", "15021", "15020"];
 

@@ -431,24 +431,7 @@ mod tests {
         decide_outbound(&plan.config, &attempt, plan)
     }
 
-    const STANDARD: [&str; 16] = [
-        "-p",
-        "15001",
-        "-z",
-        "15006",
-        "-u",
-        "1337",
-        "-m",
-        "REDIRECT",
-        "-i",
-        "*",
-        "-x",
-        "",
-        "-b",
-        "*",
-        "-d",
-        "15090,15021,15020",
-    ];
+    use crate::annotations::STANDARD_INJECTION as STANDARD;
 
     #[test]
     fn standard_injection_decisions_follow_istio_rule_order() {

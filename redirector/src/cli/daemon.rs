@@ -28,9 +28,19 @@ pub struct DaemonArgs {
     /// DEL, a pod deleted without `pod del`); 0: only at start.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     gc_interval: u64,
-    /// Remove everything instead: every pod's capture, the node links, the records.
+    /// Remove everything instead: first the CNI plugin's entry from the network
+    /// configuration (an entry whose programs are gone would fail every meshed pod's
+    /// start), then every pod's capture, the node links, the records.
     #[arg(long)]
     uninstall: bool,
+    /// With --uninstall: the CNI configuration directory the entry is taken out of.
+    #[arg(
+        long,
+        value_name = "DIR",
+        env = "REDIRECTOR_CNI_CONF_DIR",
+        default_value = crate::install_cni::DEFAULT_CONF_DIR
+    )]
+    cni_conf_dir: PathBuf,
 }
 
 pub fn run(args: &DaemonArgs) -> anyhow::Result<()> {
@@ -51,6 +61,9 @@ pub fn run(args: &DaemonArgs) -> anyhow::Result<()> {
             .then(|| std::time::Duration::from_secs(args.gc_interval)),
     };
     if args.uninstall {
+        for change in crate::install_cni::unchain_all(&args.cni_conf_dir)? {
+            tracing::info!("{change}");
+        }
         return daemon::uninstall(&config);
     }
     super::istio_iptables::require_bpffs(&config.pin_root)?;

@@ -5,6 +5,7 @@ pub mod config;
 mod daemon;
 mod explain;
 mod gc;
+mod install_cni;
 mod istio_iptables;
 mod log_sections;
 mod pod;
@@ -38,6 +39,9 @@ enum Command {
     Gc(gc::GcArgs),
     /// Run the node-level daemon: pods captured by their network namespace, no init container.
     Daemon(daemon::DaemonArgs),
+    /// Install the CNI plugin on the node: the binary into the CNI bin dir and its entry
+    /// chained into the cluster network's configuration (`--watch` keeps it there).
+    InstallCni(install_cni::InstallCniArgs),
     /// Talk to the daemon: add, delete, list and check pods.
     Pod(pod::PodArgs),
     /// Watch a pod's decisions (or every pod's) as they happen, with their reasons.
@@ -93,7 +97,7 @@ fn run_command(argv: Vec<OsString>) -> ExitCode {
         }
     };
     // The daemon says what it does; the other commands print their results.
-    let level = if matches!(command, Command::Daemon(_)) {
+    let level = if matches!(command, Command::Daemon(_) | Command::InstallCni(_)) {
         "default:info"
     } else {
         "default:warn"
@@ -104,6 +108,7 @@ fn run_command(argv: Vec<OsString>) -> ExitCode {
         Command::Explain(args) => explain::run(args),
         Command::Gc(args) => gc::run(args),
         Command::Daemon(args) => daemon::run(args),
+        Command::InstallCni(args) => install_cni::run(args),
         Command::Pod(args) => pod::run(args),
         Command::Trace(args) => trace::run(args),
     };

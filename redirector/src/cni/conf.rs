@@ -14,8 +14,8 @@ pub const VERSION: &str = "1.1.0";
 /// 0.3.1, and a runtime passes the list's version to every plugin in it.
 pub const SUPPORTED: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 
-/// The namespaces left alone when the configuration names none.
-pub const DEFAULT_EXCLUDED_NAMESPACES: [&str; 1] = ["kube-system"];
+/// The namespaces left alone when the configuration names none (comma-separated).
+pub const DEFAULT_EXCLUDED_NAMESPACES: &str = "kube-system";
 
 /// The network configuration on stdin: the spec's keys and ours.
 #[derive(Debug, Deserialize)]
@@ -61,7 +61,10 @@ fn yes() -> bool {
 }
 
 fn default_excluded() -> Vec<String> {
-    DEFAULT_EXCLUDED_NAMESPACES.map(String::from).to_vec()
+    DEFAULT_EXCLUDED_NAMESPACES
+        .split(',')
+        .map(String::from)
+        .collect()
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -139,7 +142,11 @@ mod tests {
         }
         let err = parse_conf(&conf("0.2.0")).unwrap_err();
         assert_eq!(err.code, code::INCOMPATIBLE_VERSION);
-        assert!(err.msg.contains("0.2.0") && err.msg.contains("0.3.1"), "{}", err.msg);
+        assert!(
+            err.msg.contains("0.2.0") && err.msg.contains("0.3.1"),
+            "{}",
+            err.msg
+        );
     }
 
     #[test]

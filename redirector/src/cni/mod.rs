@@ -268,8 +268,14 @@ impl Plugin {
             for record in stale {
                 let cookie = record.cookie();
                 match &node {
-                    Some(node) => node.remove(Some(record), Some(cookie)).map(drop).map_err(failed)?,
-                    None => self.records.remove(cookie).map_err(|e| failed(e.to_string()))?,
+                    Some(node) => node
+                        .remove(Some(record), Some(cookie))
+                        .map(drop)
+                        .map_err(failed)?,
+                    None => self
+                        .records
+                        .remove(cookie)
+                        .map_err(|e| failed(e.to_string()))?,
                 }
             }
         }

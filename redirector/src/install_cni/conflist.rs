@@ -69,7 +69,9 @@ fn is_ours(plugin: &Value) -> bool {
 
 /// The positions of redirector's entries in a list's plugins.
 fn ours(plugins: &[Value]) -> Vec<usize> {
-    (0..plugins.len()).filter(|&i| is_ours(&plugins[i])).collect()
+    (0..plugins.len())
+        .filter(|&i| is_ours(&plugins[i]))
+        .collect()
 }
 
 /// The edit that chains `entry` into `file` (whose content is `text`): appended last to
@@ -338,7 +340,10 @@ mod tests {
             written(unchain("10-calico.conflist", &chained.to_string()).unwrap());
         assert_eq!((file.as_str(), replaces), ("10-calico.conflist", None));
         assert_eq!(unchained, serde_json::from_str::<Value>(CALICO).unwrap());
-        assert_eq!(unchain("10-calico.conflist", CALICO).unwrap(), Edit::Unchanged);
+        assert_eq!(
+            unchain("10-calico.conflist", CALICO).unwrap(),
+            Edit::Unchanged
+        );
         assert_eq!(unchain("10-bridge.conf", BRIDGE).unwrap(), Edit::Unchanged);
     }
 
@@ -348,7 +353,8 @@ mod tests {
             {"type": "bridge"},
             {"type": PLUGIN_TYPE, CONVERTED_FROM: "../../etc/passwd.conf"}
         ]});
-        let (file, contents, replaces) = written(unchain("10-x.conflist", &conf.to_string()).unwrap());
+        let (file, contents, replaces) =
+            written(unchain("10-x.conflist", &conf.to_string()).unwrap());
         assert_eq!((file.as_str(), replaces), ("10-x.conflist", None));
         assert_eq!(contents["plugins"].as_array().unwrap().len(), 1);
     }
@@ -358,9 +364,17 @@ mod tests {
         let cases = [
             ("10-a.conflist", "{\"plugins\": [", "is not JSON"),
             ("10-a.conflist", "[]", "not a JSON object"),
-            ("10-a.conflist", r#"{"cniVersion":"1.0.0","name":"a"}"#, "no \"plugins\" list"),
+            (
+                "10-a.conflist",
+                r#"{"cniVersion":"1.0.0","name":"a"}"#,
+                "no \"plugins\" list",
+            ),
             ("10-a.conflist", r#"{"plugins":{}}"#, "not a list"),
-            ("10-a.conf", r#"{"cniVersion":"1.0.0","name":"a"}"#, "neither a plugin list"),
+            (
+                "10-a.conf",
+                r#"{"cniVersion":"1.0.0","name":"a"}"#,
+                "neither a plugin list",
+            ),
         ];
         for (file, text, problem) in cases {
             let err = chain(file, text, &entry()).unwrap_err();
@@ -371,7 +385,13 @@ mod tests {
 
     #[test]
     fn the_runtime_loads_the_lexically_first_configuration_file() {
-        let names = ["99-z.conflist", "README", "10-b.json", ".10-a.conf.tmp", "00-multus.conf"];
+        let names = [
+            "99-z.conflist",
+            "README",
+            "10-b.json",
+            ".10-a.conf.tmp",
+            "00-multus.conf",
+        ];
         assert_eq!(
             runtime_pick(names.map(String::from)).as_deref(),
             Some("00-multus.conf")

@@ -99,7 +99,10 @@ mod tests {
         // Someone else wrote it since it was read: nothing is written.
         assert!(!replace(&path, b"newer", 0o600, Some((&path, b"old"))).unwrap());
         assert_eq!(fs::read_to_string(&path).unwrap(), "new");
-        let names: Vec<_> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(names, ["10-a.conflist"]);
     }
 

@@ -22,6 +22,11 @@ use self::{
 };
 use crate::fs_error::{fs_err, gone_ok, FsError};
 
+/// Where container runtimes read network configurations from by default.
+pub const DEFAULT_CONF_DIR: &str = "/etc/cni/net.d";
+/// Where container runtimes look for plugin binaries by default.
+pub const DEFAULT_BIN_DIR: &str = "/opt/cni/bin";
+
 /// The plugin's file name in the CNI bin dir (the `type` of its entry).
 pub const PLUGIN_FILE: &str = PLUGIN_TYPE;
 
@@ -105,101 +110,26 @@ impl Installer {
         Ok(existed)
     }
 
-    /// The configuration files of the directory, in the order the runtime tries them.
-    fn config_files(&self) -> Result<Vec<String>, FsError> {
-        let entries = fs::read_dir(&self.conf_dir).map_err(fs_err("listing", &self.conf_dir))?;
-        let mut names: Vec<String> = entries
-            .filter_map(Result::ok)
-            .filter(|e| e.file_type().is_ok_and(|t| !t.is_dir()))
-            .filter_map(|e| e.file_name().into_string().ok())
-            .filter(|n| is_config_file(n))
-            .collect();
-        names.sort();
-        Ok(names)
-    }
-
     /// Chain the entry into the file the runtime loads. What changed, if anything.
     pub fn chain(&self) -> Result<Option<String>, InstallError> {
         for _ in 0..RACE_RETRIES {
-            let file = runtime_pick(self.config_files()?)
+            let file = runtime_pick(config_files(&self.conf_dir)?)
                 .ok_or_else(|| InstallError::NoConfig(self.conf_dir.clone()))?;
             let path = self.conf_dir.join(&file);
             let Some(text) = read(&path)? else {
                 continue; // removed since it was listed
             };
             let edit = conflist::chain(&file, &String::from_utf8_lossy(&text), &self.entry)?;
-            if let Some(outcome) = self.apply(&path, &text, edit)? {
+            if let Some(outcome) = apply(&self.conf_dir, &path, &text, edit)? {
                 return Ok(outcome);
             }
         }
         Err(InstallError::Contended(self.conf_dir.clone()))
     }
 
-    /// Take the entry out of every configuration file that has it (a file that sorted
-    /// first earlier may still have one). What changed.
+    /// Take the entry out of every configuration file that has it. What changed.
     pub fn unchain_all(&self) -> Result<Vec<String>, InstallError> {
-        let mut changes = Vec::new();
-        if !self.conf_dir.exists() {
-            return Ok(changes);
-        }
-        for file in self.config_files()? {
-            let path = self.conf_dir.join(&file);
-            for attempt in 0.. {
-                let Some(text) = read(&path)? else {
-                    break;
-                };
-                let text_str = String::from_utf8_lossy(&text);
-                let edit = match conflist::unchain(&file, &text_str) {
-                    Ok(edit) => edit,
-                    // Someone else's broken file that does not name the plugin: not ours to fix.
-                    Err(_) if !text_str.contains(PLUGIN_TYPE) => break,
-                    Err(err) => return Err(err.into()),
-                };
-                match self.apply(&path, &text, edit)? {
-                    Some(change) => {
-                        changes.extend(change);
-                        break;
-                    }
-                    None if attempt + 1 >= RACE_RETRIES => {
-                        return Err(InstallError::Contended(path));
-                    }
-                    None => {}
-                }
-            }
-        }
-        Ok(changes)
-    }
-
-    /// Carry out `edit` of `path` (read as `original`). `None` when `path` changed since it
-    /// was read (nothing is written); else what changed, if anything.
-    fn apply(
-        &self,
-        path: &Path,
-        original: &[u8],
-        edit: Edit,
-    ) -> Result<Option<Option<String>>, InstallError> {
-        let Edit::Write {
-            file,
-            contents,
-            replaces,
-            what,
-        } = edit
-        else {
-            return Ok(Some(None));
-        };
-        let target = self.conf_dir.join(&file);
-        let mut text = serde_json::to_string_pretty(&contents).unwrap_or_default();
-        text.push('\n');
-        if !replace(&target, text.as_bytes(), mode_of(path)?, Some((path, original)))? {
-            return Ok(None);
-        }
-        let mut change = format!("{what} {}", target.display());
-        if let Some(old) = replaces {
-            let old = self.conf_dir.join(old);
-            gone_ok(fs::remove_file(&old)).map_err(fs_err("removing", &old))?;
-            change.push_str(&format!(" (was {})", old.display()));
-        }
-        Ok(Some(Some(change)))
+        unchain_all(&self.conf_dir)
     }
 }
 
@@ -210,6 +140,91 @@ fn read(path: &Path) -> Result<Option<Vec<u8>>, FsError> {
         Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(err) => Err(fs_err("reading", path)(err)),
     }
+}
+
+/// Take redirector's entry out of every configuration file of `conf_dir` that has one (a
+/// file that sorted first earlier may still have one). What changed.
+pub fn unchain_all(conf_dir: &Path) -> Result<Vec<String>, InstallError> {
+    let mut changes = Vec::new();
+    if !conf_dir.exists() {
+        return Ok(changes);
+    }
+    for file in config_files(conf_dir)? {
+        let path = conf_dir.join(&file);
+        for attempt in 0.. {
+            let Some(text) = read(&path)? else {
+                break;
+            };
+            let text_str = String::from_utf8_lossy(&text);
+            let edit = match conflist::unchain(&file, &text_str) {
+                Ok(edit) => edit,
+                // Someone else's broken file that does not name the plugin: not ours to fix.
+                Err(_) if !text_str.contains(PLUGIN_TYPE) => break,
+                Err(err) => return Err(err.into()),
+            };
+            match apply(conf_dir, &path, &text, edit)? {
+                Some(change) => {
+                    changes.extend(change);
+                    break;
+                }
+                None if attempt + 1 >= RACE_RETRIES => {
+                    return Err(InstallError::Contended(path));
+                }
+                None => {}
+            }
+        }
+    }
+    Ok(changes)
+}
+
+/// Carry out `edit` of `path` (read as `original`). `None` when `path` changed since it
+/// was read (nothing is written); else what changed, if anything.
+fn apply(
+    conf_dir: &Path,
+    path: &Path,
+    original: &[u8],
+    edit: Edit,
+) -> Result<Option<Option<String>>, InstallError> {
+    let Edit::Write {
+        file,
+        contents,
+        replaces,
+        what,
+    } = edit
+    else {
+        return Ok(Some(None));
+    };
+    let target = conf_dir.join(&file);
+    let mut text = serde_json::to_string_pretty(&contents).unwrap_or_default();
+    text.push('\n');
+    if !replace(
+        &target,
+        text.as_bytes(),
+        mode_of(path)?,
+        Some((path, original)),
+    )? {
+        return Ok(None);
+    }
+    let mut change = format!("{what} {}", target.display());
+    if let Some(old) = replaces {
+        let old = conf_dir.join(old);
+        gone_ok(fs::remove_file(&old)).map_err(fs_err("removing", &old))?;
+        change.push_str(&format!(" (was {})", old.display()));
+    }
+    Ok(Some(Some(change)))
+}
+
+/// The configuration files of `dir`, in the order the runtime tries them.
+fn config_files(dir: &Path) -> Result<Vec<String>, FsError> {
+    let entries = fs::read_dir(dir).map_err(fs_err("listing", dir))?;
+    let mut names: Vec<String> = entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| !t.is_dir()))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| is_config_file(n))
+        .collect();
+    names.sort();
+    Ok(names)
 }
 
 #[cfg(test)]

@@ -85,7 +85,11 @@ impl Node {
 fn install_chains_the_file_the_runtime_loads_keeps_its_mode_and_is_idempotent() {
     let node = Node::new();
     node.write("10-flannel.conflist", FLANNEL, 0o640);
-    node.write("99-loopback.conf", r#"{"cniVersion":"0.3.1","name":"lo","type":"loopback"}"#, 0o644);
+    node.write(
+        "99-loopback.conf",
+        r#"{"cniVersion":"0.3.1","name":"lo","type":"loopback"}"#,
+        0o644,
+    );
     assert!(node.installer.install_plugin().unwrap());
     let change = node.installer.chain().unwrap().unwrap();
     assert!(change.contains("10-flannel.conflist"), "{change}");
@@ -128,22 +132,34 @@ fn uninstall_restores_every_file_and_removes_the_binary() {
     // A file that sorted first earlier still has an entry.
     node.write("20-flannel.conflist", FLANNEL, 0o644);
     let mut older: Value = serde_json::from_str(FLANNEL).unwrap();
-    older["plugins"].as_array_mut().unwrap().push(node.installer.entry.clone());
+    older["plugins"]
+        .as_array_mut()
+        .unwrap()
+        .push(node.installer.entry.clone());
     node.write("20-flannel.conflist", &older.to_string(), 0o644);
 
     let changes = node.installer.unchain_all().unwrap();
     assert_eq!(changes.len(), 2, "{changes:?}");
     assert!(node.installer.remove_plugin().unwrap());
     assert_eq!(node.names(), ["10-bridge.conf", "20-flannel.conflist"]);
-    assert_eq!(node.read("10-bridge.conf"), serde_json::from_str::<Value>(bridge).unwrap());
+    assert_eq!(
+        node.read("10-bridge.conf"),
+        serde_json::from_str::<Value>(bridge).unwrap()
+    );
     let mode = fs::metadata(node.installer.conf_dir.join("10-bridge.conf"))
         .unwrap()
         .permissions()
         .mode();
     assert_eq!(mode & 0o777, 0o600);
-    assert_eq!(node.read("20-flannel.conflist"), serde_json::from_str::<Value>(FLANNEL).unwrap());
+    assert_eq!(
+        node.read("20-flannel.conflist"),
+        serde_json::from_str::<Value>(FLANNEL).unwrap()
+    );
     assert!(!node.installer.plugin_installed());
-    assert!(node.installer.unchain_all().unwrap().is_empty(), "nothing left to do");
+    assert!(
+        node.installer.unchain_all().unwrap().is_empty(),
+        "nothing left to do"
+    );
 }
 
 /// Poll for `cond` up to `limit`; how long it took.
@@ -172,8 +188,13 @@ fn the_watch_puts_the_entry_back_after_a_rewrite_and_follows_the_first_file() {
         // Waits for the cluster network's file.
         std::thread::sleep(Duration::from_millis(100));
         node.write("10-flannel.conflist", FLANNEL, 0o644);
-        let first = within(Duration::from_secs(10), || node.chained("10-flannel.conflist"));
-        assert!(first.is_some(), "the entry was not chained into the new file");
+        let first = within(Duration::from_secs(10), || {
+            node.chained("10-flannel.conflist")
+        });
+        assert!(
+            first.is_some(),
+            "the entry was not chained into the new file"
+        );
         assert!(node.installer.plugin_installed());
 
         // flannel restarts and rewrites its file (write + rename, as installers do).
@@ -182,14 +203,18 @@ fn the_watch_puts_the_entry_back_after_a_rewrite_and_follows_the_first_file() {
             let tmp = node.installer.conf_dir.join(".flannel.tmp");
             fs::write(&tmp, FLANNEL).unwrap();
             fs::rename(&tmp, node.installer.conf_dir.join("10-flannel.conflist")).unwrap();
-            let back = within(Duration::from_secs(1), || node.chained("10-flannel.conflist"));
+            let back = within(Duration::from_secs(1), || {
+                node.chained("10-flannel.conflist")
+            });
             took.push(back.expect("the entry was not back within 1 s of a rewrite"));
         }
         eprintln!("entry back after a rewrite in {took:?}");
 
         // A file that sorts first now: it is chained too.
         node.write("00-multus.conflist", FLANNEL, 0o644);
-        assert!(within(Duration::from_secs(1), || node.chained("00-multus.conflist")).is_some());
+        assert!(within(Duration::from_secs(1), || node
+            .chained("00-multus.conflist"))
+        .is_some());
         // A broken file sorting first is reported and left alone.
         node.write("00-aaa.conflist", "not json", 0o644);
         std::thread::sleep(Duration::from_millis(200));

@@ -29,7 +29,10 @@ pub fn watch(
     until: Option<&dyn Fn() -> bool>,
 ) -> Result<(), InstallError> {
     if installer.install_plugin()? {
-        tracing::info!("installed {}", installer.bin_dir.join(super::PLUGIN_FILE).display());
+        tracing::info!(
+            "installed {}",
+            installer.bin_dir.join(super::PLUGIN_FILE).display()
+        );
     }
     let mut watcher: Option<Inotify> = None;
     let mut reported: Option<String> = None;
@@ -38,7 +41,10 @@ pub fn watch(
             watcher = watch_dir(&installer.conf_dir);
         }
         if !installer.plugin_installed() && installer.install_plugin()? {
-            tracing::info!("installed {} again", installer.bin_dir.join(super::PLUGIN_FILE).display());
+            tracing::info!(
+                "installed {} again",
+                installer.bin_dir.join(super::PLUGIN_FILE).display()
+            );
         }
         match installer.chain() {
             Ok(change) => {
@@ -100,10 +106,9 @@ fn wait(inotify: &mut Inotify, timeout: Duration) -> bool {
             match inotify.read_events(&mut buffer) {
                 Ok(events) => {
                     for event in events {
-                        if event
-                            .mask
-                            .intersects(EventMask::IGNORED | EventMask::DELETE_SELF | EventMask::MOVE_SELF)
-                        {
+                        if event.mask.intersects(
+                            EventMask::IGNORED | EventMask::DELETE_SELF | EventMask::MOVE_SELF,
+                        ) {
                             alive = false;
                         }
                         // Our own staging files come and go with every write.

@@ -1,0 +1,138 @@
+//! `redirector install-cni`: flags and env, then the installer.
+
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::Context;
+
+use crate::{
+    annotations::STANDARD_INJECTION,
+    cni::DEFAULT_EXCLUDED_NAMESPACES,
+    daemon::pods::parse_flags,
+    install_cni::{watch, Entry, Installer},
+};
+
+/// How often the watch reads the directory with no event, in case one was missed.
+const RECHECK: Duration = Duration::from_secs(30);
+
+#[derive(clap::Args, Debug)]
+pub struct InstallCniArgs {
+    /// The node's CNI configuration directory (the container runtime's conf_dir).
+    #[arg(
+        long,
+        value_name = "DIR",
+        env = "REDIRECTOR_CNI_CONF_DIR",
+        default_value = crate::install_cni::DEFAULT_CONF_DIR
+    )]
+    conf_dir: PathBuf,
+    /// The node's CNI bin directory: the plugin is copied in as `redirector-cni`.
+    #[arg(
+        long,
+        value_name = "DIR",
+        env = "REDIRECTOR_CNI_BIN_DIR",
+        default_value = crate::install_cni::DEFAULT_BIN_DIR
+    )]
+    bin_dir: PathBuf,
+    /// Keep running: wait for the cluster network's configuration, and put the entry back
+    /// whenever a rewrite drops it or another file starts to sort first.
+    #[arg(long, env = "REDIRECTOR_CNI_WATCH", conflicts_with = "uninstall")]
+    watch: bool,
+    /// Take the entry out of every configuration file (a file made from a single plugin's
+    /// `.conf` goes back to it) and remove the plugin binary.
+    #[arg(long)]
+    uninstall: bool,
+    /// The binary installed as the plugin (default: this one).
+    #[arg(long, value_name = "PATH")]
+    plugin: Option<PathBuf>,
+    /// Capture only pods carrying istio's `sidecar.istio.io/status` (the injector's mark).
+    #[arg(
+        long,
+        value_name = "BOOL",
+        env = "REDIRECTOR_CNI_REQUIRE_SIDECAR_STATUS",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    require_sidecar_status: bool,
+    /// Namespaces whose pods are never captured, comma-separated ("" for none).
+    #[arg(
+        long,
+        value_name = "NS,...",
+        env = "REDIRECTOR_CNI_EXCLUDE_NAMESPACES",
+        default_value = DEFAULT_EXCLUDED_NAMESPACES
+    )]
+    exclude_namespaces: String,
+    /// The pin root the plugin uses, when not the default.
+    #[arg(long, value_name = "DIR")]
+    pin_root: Option<PathBuf>,
+    /// The daemon's state directory the plugin uses, when not the default.
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// istio-iptables flags for the network's pods (default: istio's standard injection);
+    /// pods override them with istio's annotations.
+    #[arg(last = true, value_name = "FLAGS", allow_hyphen_values = true)]
+    flags: Vec<String>,
+}
+
+pub fn run(args: &InstallCniArgs) -> anyhow::Result<()> {
+    let flags = if args.flags.is_empty() {
+        STANDARD_INJECTION.map(String::from).to_vec()
+    } else {
+        args.flags.clone()
+    };
+    parse_flags(&flags).map_err(|e| anyhow::anyhow!("the pods' flags: {e}"))?;
+    let exclude_namespaces = args
+        .exclude_namespaces
+        .split(',')
+        .map(str::trim)
+        .filter(|ns| !ns.is_empty())
+        .map(String::from)
+        .collect();
+    let plugin = match &args.plugin {
+        Some(path) => path.clone(),
+        None => std::env::current_exe().context("finding this binary")?,
+    };
+    let installer = Installer {
+        conf_dir: args.conf_dir.clone(),
+        bin_dir: args.bin_dir.clone(),
+        plugin,
+        entry: Entry {
+            args: flags,
+            require_sidecar_status: args.require_sidecar_status,
+            exclude_namespaces,
+            pin_root: args.pin_root.clone(),
+            state_dir: args.state_dir.clone(),
+        }
+        .to_json(),
+    };
+    if args.uninstall {
+        for change in installer.unchain_all()? {
+            tracing::info!("{change}");
+        }
+        if installer.remove_plugin()? {
+            tracing::info!(
+                "removed {}",
+                installer
+                    .bin_dir
+                    .join(crate::install_cni::PLUGIN_FILE)
+                    .display()
+            );
+        }
+        return Ok(());
+    }
+    if args.watch {
+        return Ok(watch(&installer, RECHECK, None)?);
+    }
+    if installer.install_plugin()? {
+        tracing::info!(
+            "installed {}",
+            installer
+                .bin_dir
+                .join(crate::install_cni::PLUGIN_FILE)
+                .display()
+        );
+    }
+    match installer.chain()? {
+        Some(change) => tracing::info!("{change}"),
+        None => tracing::info!("the entry is in place"),
+    }
+    Ok(())
+}
