@@ -1,0 +1,278 @@
+//! `redirector install-cni` run as an operator (or the DaemonSet) runs it, on CNI
+//! directories of the test's own: chaining, bad input refused with nothing written, a
+//! read-only directory, the watch putting the entry back after a network plugin's
+//! rewrite, uninstall restoring the file; and `daemon --uninstall` taking the entry out
+//! before the pins.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::redirector::{redirector_bin, PinRoot};
+use redirector_tests::{require_root, Cgroup, Spawn};
+
+/// flannel's conflist (cniVersion 0.3.1).
+const FLANNEL: &str = r#"{
+  "name": "cbr0",
+  "cniVersion": "0.3.1",
+  "plugins": [
+    {"type": "flannel", "delegate": {"hairpinMode": true, "isDefaultGateway": true}},
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}"#;
+
+/// A node's CNI directories.
+struct CniDirs {
+    dir: StateDir,
+}
+
+impl CniDirs {
+    fn new() -> Self {
+        let dir = StateDir::new("instcni");
+        std::fs::create_dir(dir.path().join("net.d")).unwrap();
+        std::fs::create_dir(dir.path().join("bin")).unwrap();
+        CniDirs { dir }
+    }
+
+    fn conf_dir(&self) -> PathBuf {
+        self.dir.path().join("net.d")
+    }
+
+    fn bin_dir(&self) -> PathBuf {
+        self.dir.path().join("bin")
+    }
+
+    fn conflist(&self) -> PathBuf {
+        self.conf_dir().join("10-flannel.conflist")
+    }
+
+    fn dirs_args(&self) -> Vec<String> {
+        vec![
+            "--conf-dir".into(),
+            self.conf_dir().display().to_string(),
+            "--bin-dir".into(),
+            self.bin_dir().display().to_string(),
+        ]
+    }
+
+    fn install(&self, extra: &[&str]) -> Output {
+        Command::new(redirector_bin())
+            .arg("install-cni")
+            .args(self.dirs_args())
+            .args(extra)
+            .output()
+            .unwrap()
+    }
+
+    fn entries(&self, file: &Path) -> Vec<Value> {
+        let conf: Value = serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap();
+        conf["plugins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["type"] == "redirector-cni")
+            .cloned()
+            .collect()
+    }
+
+    fn chained(&self) -> bool {
+        std::fs::read(self.conflist())
+            .ok()
+            .and_then(|t| serde_json::from_slice::<Value>(&t).ok())
+            .and_then(|c| c["plugins"].as_array()?.last().cloned())
+            .is_some_and(|last| last["type"] == "redirector-cni")
+    }
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn install_chains_the_entry_once_and_bad_input_writes_nothing() {
+    if !require_root() {
+        return;
+    }
+    let dirs = CniDirs::new();
+    // A bad flag for the pods: named, nothing written.
+    std::fs::write(dirs.conflist(), FLANNEL).unwrap();
+    let out = dirs.install(&["--", "-p", "70000"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("70000"), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(dirs.conflist()).unwrap(), FLANNEL);
+    assert!(!dirs.bin_dir().join("redirector-cni").exists());
+
+    // No network yet: a clear error.
+    std::fs::remove_file(dirs.conflist()).unwrap();
+    let out = dirs.install(&[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("no network configuration"), "{err}");
+    std::fs::write(dirs.conflist(), FLANNEL).unwrap();
+
+    let out = dirs.install(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let entries = dirs.entries(&dirs.conflist());
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0]["requireSidecarStatus"], true);
+    assert_eq!(
+        entries[0]["excludeNamespaces"],
+        serde_json::json!(["kube-system"])
+    );
+    assert_eq!(entries[0]["args"][1], "15001");
+    assert_eq!(
+        std::fs::read(dirs.bin_dir().join("redirector-cni")).unwrap(),
+        std::fs::read(redirector_bin()).unwrap(),
+        "the plugin is this binary"
+    );
+    let out = dirs.install(&[]);
+    assert!(out.status.success());
+    assert_eq!(dirs.entries(&dirs.conflist()).len(), 1, "never duplicated");
+
+    // A file sorting first that is not JSON: named, untouched.
+    let broken = dirs.conf_dir().join("00-broken.conflist");
+    std::fs::write(&broken, "{not json").unwrap();
+    let out = dirs.install(&[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("00-broken.conflist"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(std::fs::read_to_string(&broken).unwrap(), "{not json");
+}
+
+/// `dir` bind-mounted read-only onto itself until dropped.
+struct ReadOnly(PathBuf);
+
+impl ReadOnly {
+    fn new(dir: &Path) -> Self {
+        for args in [&["--bind"][..], &["-o", "remount,ro,bind"][..]] {
+            let ok = Command::new("mount")
+                .args(args)
+                .arg(dir)
+                .arg(dir)
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "mount {args:?} {}", dir.display());
+        }
+        ReadOnly(dir.to_path_buf())
+    }
+}
+
+impl Drop for ReadOnly {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_read_only_configuration_directory_is_an_error_naming_it() {
+    if !require_root() {
+        return;
+    }
+    let dirs = CniDirs::new();
+    std::fs::write(dirs.conflist(), FLANNEL).unwrap();
+    let _ro = ReadOnly::new(&dirs.conf_dir());
+    let out = dirs.install(&[]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("10-flannel.conflist") && err.contains("Read-only"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(dirs.conflist()).unwrap(), FLANNEL);
+}
+
+#[test]
+fn the_watch_puts_the_entry_back_and_uninstall_restores_the_file() {
+    if !require_root() {
+        return;
+    }
+    let dirs = CniDirs::new();
+    let watcher = Spawn::new(redirector_bin())
+        .arg("install-cni")
+        .args(dirs.dirs_args())
+        .arg("--watch")
+        .spawn();
+    // The network's file appears after the watch started.
+    std::thread::sleep(Duration::from_millis(200));
+    std::fs::write(dirs.conflist(), FLANNEL).unwrap();
+    let wait = |limit: Duration| {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if dirs.chained() {
+                return Some(start.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        None
+    };
+    assert!(
+        wait(Duration::from_secs(5)).is_some(),
+        "{}",
+        watcher.stderr()
+    );
+    // flannel restarts: its file rewritten (write + rename), then in place.
+    let mut took = Vec::new();
+    for round in 0..6 {
+        if round % 2 == 0 {
+            let tmp = dirs.conf_dir().join(".flannel.tmp");
+            std::fs::write(&tmp, FLANNEL).unwrap();
+            std::fs::rename(&tmp, dirs.conflist()).unwrap();
+        } else {
+            std::fs::write(dirs.conflist(), FLANNEL).unwrap();
+        }
+        let back = wait(Duration::from_secs(1));
+        took.push(
+            back.unwrap_or_else(|| {
+                panic!("the entry was not back within 1 s: {}", watcher.stderr())
+            }),
+        );
+    }
+    eprintln!("install-cni --watch: entry back after a rewrite in {took:?}");
+    drop(watcher);
+
+    let out = dirs.install(&["--uninstall"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let restored: Value = serde_json::from_slice(&std::fs::read(dirs.conflist()).unwrap()).unwrap();
+    assert_eq!(restored, serde_json::from_str::<Value>(FLANNEL).unwrap());
+    assert!(!dirs.bin_dir().join("redirector-cni").exists());
+}
+
+#[test]
+fn daemon_uninstall_takes_the_entry_out_before_the_pins() {
+    if !require_root() {
+        return;
+    }
+    let dirs = CniDirs::new();
+    std::fs::write(dirs.conflist(), FLANNEL).unwrap();
+    let out = dirs.install(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let root = PinRoot::new("instcni");
+    let node = Cgroup::new("instcni");
+    let state = StateDir::new("instcnistate");
+    drop(Daemon::start(&root, &node, &state).kill());
+    assert!(root.path().exists());
+    let out = Command::new(redirector_bin())
+        .args(["daemon", "--uninstall", "--pin-root"])
+        .arg(root.path())
+        .arg("--state-dir")
+        .arg(state.path())
+        .arg("--cgroup")
+        .arg(node.path())
+        .arg("--cni-conf-dir")
+        .arg(dirs.conf_dir())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(dirs.entries(&dirs.conflist()).is_empty());
+    assert!(
+        !root.path().join("objects").exists(),
+        "the pins are gone too"
+    );
+}
