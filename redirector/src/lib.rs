@@ -30,6 +30,7 @@ pub mod netns;
 pub mod node;
 pub mod observe;
 pub mod plan;
+pub mod pod_cgroup;
 mod sock_diag;
 pub mod spec;
 pub mod store;

@@ -51,6 +51,17 @@ pub fn node_object(root: &PinRoot) -> Result<Option<ObjectPins>, ApplyError> {
     Ok(None)
 }
 
+/// The cgroup (its inode) the node's programs are attached at, read from a node link.
+pub fn node_cgroup_id(object: &ObjectPins) -> Option<u64> {
+    let node = object.node();
+    node.hooks().ok()?.iter().find_map(|hook| {
+        match bpf_sys::pinned_link_target(&node.link(hook)).ok()? {
+            LinkTarget::Cgroup(id) if id != 0 => Some(id),
+            _ => None,
+        }
+    })
+}
+
 /// Attach `object`'s cgroup programs at `cgroup`, loading the object if the node lacks it.
 /// A hook already attached there is kept as it is; one attached elsewhere is moved by an
 /// atomic swap of its pin. On failure, the links made by this call are removed again.

@@ -98,14 +98,21 @@ fn summary(pod: &PodInfo) -> String {
         .iter()
         .map(|(r, n)| format!("{r}={n}"))
         .collect();
-    format!(
+    let mut line = format!(
         "{}\tnetns cookie {}\t{}\t{}\t{}",
         pod.name.as_deref().unwrap_or("-"),
         pod.netns_cookie,
         pod.netns.display(),
         pod.config.as_deref().unwrap_or("(not installed)"),
         counters.join(" ")
-    )
+    );
+    if let Some(cgroup) = &pod.outside_node_cgroup {
+        line.push_str(&format!(
+            "\tNOT CAPTURED: runs in {}, outside the node cgroup",
+            cgroup.display()
+        ));
+    }
+    line
 }
 
 pub fn run(args: &PodArgs) -> anyhow::Result<()> {

@@ -79,6 +79,10 @@ pub struct PodInfo {
     /// Non-zero decision counters, by reason name.
     #[serde(default)]
     pub counters: Vec<(String, u64)>,
+    /// The pod's cgroup, when its processes run outside the node cgroup the programs are
+    /// attached at: then none of them runs on its sockets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outside_node_cgroup: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

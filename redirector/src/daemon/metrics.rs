@@ -102,6 +102,13 @@ fn register_node(registry: &mut Registry, node: &Node) -> Result<(), String> {
     let pods = Gauge::<i64>::default();
     pods.set(records.len() as i64);
     registry.register("pods", "Pods the daemon manages", pods);
+    let outside = Gauge::<i64>::default();
+    outside.set(node.outside_count() as i64);
+    registry.register(
+        "pods_outside_node_cgroup",
+        "Pods whose processes run outside the node cgroup the programs are attached at: not captured",
+        outside,
+    );
     let decisions = Family::<DecisionLabels, Counter>::default();
     for record in &records {
         let Ok(live) = LivePod::open(&node.root, record.cookie()) else {

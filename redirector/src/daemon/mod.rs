@@ -85,7 +85,8 @@ fn start(config: &DaemonConfig) -> anyhow::Result<Node> {
         attachment.cgroup.display(),
         attachment.attached.len()
     );
-    let node = Node::new(root, object, Records::new(&config.state_dir));
+    let node = Node::new(root, object, Records::new(&config.state_dir))
+        .with_node_cgroup(config.cgroup.clone());
     let (removed, kept) = node.reconcile().map_err(anyhow::Error::msg)?;
     info!(
         "reconciled: {kept} pod(s) kept as they are, {} gone pod(s) removed {removed:?}",

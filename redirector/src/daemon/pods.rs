@@ -2,8 +2,8 @@
 //! async threads.
 
 use std::{
-    collections::BTreeMap,
-    path::Path,
+    collections::{BTreeMap, HashSet},
+    path::{Path, PathBuf},
     sync::{Mutex, MutexGuard, PoisonError},
 };
 
@@ -33,6 +33,10 @@ pub struct Node {
     pub records: Records,
     /// The object's maps, open from one request to the next.
     maps: Mutex<OpenMaps>,
+    /// The node cgroup the programs are attached at, to name it (the daemon's `--cgroup`).
+    node_cgroup: Option<PathBuf>,
+    /// Pods whose processes run outside the node cgroup, by netns cookie: their cgroup.
+    outside: Mutex<BTreeMap<u64, PathBuf>>,
 }
 
 /// Whether a flag was given.
@@ -72,7 +76,76 @@ impl Node {
             object,
             records,
             maps: Mutex::default(),
+            node_cgroup: None,
+            outside: Mutex::default(),
         }
+    }
+
+    /// Name the node cgroup in what is reported of pods outside it.
+    pub fn with_node_cgroup(mut self, cgroup: PathBuf) -> Self {
+        self.node_cgroup = Some(cgroup);
+        self
+    }
+
+    /// The node cgroup's inode, from the node's links.
+    fn node_cgroup_id(&self) -> Option<u64> {
+        crate::node::node_cgroup_id(&self.root.object(self.object.id()))
+    }
+
+    fn describe_node_cgroup(&self, id: u64) -> String {
+        match &self.node_cgroup {
+            Some(path) => path.display().to_string(),
+            None => format!("with inode {id}"),
+        }
+    }
+
+    /// Find the pods whose processes run outside the node cgroup (one pass over /proc),
+    /// log the ones newly found, and keep them for `list` and the metrics. How many.
+    pub fn find_outside(&self) -> Result<usize, String> {
+        let Some(node) = self.node_cgroup_id() else {
+            return Ok(0);
+        };
+        let records = self.records.all().map_err(|e| e.to_string())?;
+        let ids: Vec<_> = records
+            .iter()
+            .map(|r| crate::pod_cgroup::netns_id(&r.netns))
+            .collect();
+        let wanted: HashSet<_> = ids.iter().flatten().copied().collect();
+        let cgroups = crate::pod_cgroup::cgroups_of(&wanted);
+        let mut found = BTreeMap::new();
+        for (record, id) in records.iter().zip(ids) {
+            let Some(cgroup) = id.and_then(|id| cgroups.get(&id)) else {
+                continue;
+            };
+            if !crate::pod_cgroup::is_below(cgroup, node) {
+                found.insert(record.netns_cookie, cgroup.clone());
+            }
+        }
+        let mut outside = self.outside.lock().unwrap_or_else(PoisonError::into_inner);
+        for (cookie, cgroup) in &found {
+            if !outside.contains_key(cookie) {
+                let name = records
+                    .iter()
+                    .find(|r| r.netns_cookie == *cookie)
+                    .and_then(|r| r.name.as_deref())
+                    .unwrap_or("-");
+                tracing::warn!(
+                    "pod {name} (netns cookie {cookie}) runs in cgroup {}, outside the node cgroup {}: none of the node's programs runs on its sockets, so it is not captured",
+                    cgroup.display(),
+                    self.describe_node_cgroup(node)
+                );
+            }
+        }
+        *outside = found;
+        Ok(outside.len())
+    }
+
+    /// How many pods were last found outside the node cgroup.
+    pub fn outside_count(&self) -> usize {
+        self.outside
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
     }
 
     /// The open maps; a request that panicked holding them left nothing half-written in
@@ -243,6 +316,15 @@ impl Node {
         let plan = self.plan(&netns, &cfg)?;
         let same = is_installed(&self.root, &self.object, &plan, &netns, &mut self.maps())
             .map_err(|e| e.to_string())?;
+        if let Some(node) = self.node_cgroup_id() {
+            if let Some(cgroup) = crate::pod_cgroup::outside(&record.netns, node) {
+                return Err(format!(
+                    "the pod runs in cgroup {}, outside the node cgroup {}: none of the node's programs runs on its sockets",
+                    cgroup.display(),
+                    self.describe_node_cgroup(node)
+                ));
+            }
+        }
         if same {
             Ok(Response::done(
                 "captured as planned",
@@ -260,10 +342,17 @@ impl Node {
     }
 
     fn info(&self, record: &PodRecord) -> PodInfo {
-        match LivePod::open(&self.root, record.cookie()) {
+        let mut info = match LivePod::open(&self.root, record.cookie()) {
             Ok(live) => pod_info(record, Some(&live.config), &live.counters()),
             Err(_) => pod_info(record, None, &[0; COUNTER_SLOTS]),
-        }
+        };
+        info.outside_node_cgroup = self
+            .outside
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&record.netns_cookie)
+            .cloned();
+        info
     }
 
     /// Start-up reconcile: remove pods whose namespace (and cgroup) are gone, and the
@@ -281,6 +370,7 @@ impl Node {
                     .map_err(|e| e.to_string())?;
             }
         }
+        self.find_outside()?;
         Ok((removed, kept))
     }
 }
@@ -329,5 +419,6 @@ fn pod_info(
             .filter(|r| counters[**r as usize] != 0)
             .map(|r| (r.name().to_owned(), counters[*r as usize]))
             .collect(),
+        outside_node_cgroup: None,
     }
 }

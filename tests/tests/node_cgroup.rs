@@ -1,0 +1,97 @@
+//! A daemon pod whose processes run outside the daemon's `--cgroup` has map entries and no
+//! program on its sockets — captured on paper, not in the kernel. The daemon says so: a
+//! log line naming both cgroups, a metric, a mark in `pod list`, and `pod check` fails.
+
+use std::time::{Duration, Instant};
+
+use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::redirector::{PinRoot, STANDARD_INJECTION};
+use redirector_tests::{require_root, Cgroup, NetNs, Spawn};
+
+#[test]
+fn a_pod_outside_the_node_cgroup_is_reported_and_fails_its_check() {
+    if !require_root() {
+        return;
+    }
+    let root = PinRoot::new("ncg");
+    let node = Cgroup::new("ncgnode");
+    let elsewhere = Cgroup::new("ncgelsewhere");
+    let inside = Cgroup::under(&node, "ncgpod");
+    let state = StateDir::new("ncgstate");
+    let daemon = Daemon::start_with(
+        &root,
+        &node,
+        &state,
+        &["--gc-interval", "1", "--metrics-addr", "127.0.0.1:0"],
+    );
+
+    // One pod runs in a cgroup below the node's, one outside it.
+    let good = NetNs::new("ncggood");
+    let bad = NetNs::new("ncgbad");
+    let _good_proc = Spawn::new("sleep")
+        .arg("60")
+        .netns(&good)
+        .cgroup(&inside)
+        .spawn();
+    let _bad_proc = Spawn::new("sleep")
+        .arg("60")
+        .netns(&bad)
+        .cgroup(&elsewhere)
+        .spawn();
+    daemon.add(&good, "default/good", &STANDARD_INJECTION);
+    daemon.add(&bad, "default/bad", &STANDARD_INJECTION);
+
+    let out = daemon.pod(&["check", "--name", "default/good"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = daemon.pod(&["check", "--name", "default/bad"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let elsewhere_path = elsewhere.path().display().to_string();
+    assert!(
+        err.contains(&elsewhere_path) && err.contains(&node.path().display().to_string()),
+        "the check names both cgroups: {err}"
+    );
+
+    // The next collection marks it in the list, counts it and logs it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let marked = loop {
+        let pods = daemon.pods();
+        let bad_pod = pods.iter().find(|p| p["name"] == "default/bad").cloned();
+        if let Some(pod) = bad_pod.filter(|p| p.get("outside_node_cgroup").is_some()) {
+            break pod;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not marked: {pods:?}\n{}",
+            daemon.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(marked["outside_node_cgroup"], elsewhere_path.as_str());
+    let good_pod = daemon
+        .pods()
+        .into_iter()
+        .find(|p| p["name"] == "default/good")
+        .unwrap();
+    assert!(good_pod.get("outside_node_cgroup").is_none(), "{good_pod}");
+    let out = daemon.pod(&["list"]);
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(listed.contains("NOT CAPTURED"), "{listed}");
+    let (status, metrics) = daemon.http_get("/metrics");
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("redirector_pods_outside_node_cgroup 1"),
+        "{metrics}"
+    );
+    let log = daemon.log();
+    assert!(
+        log.lines().any(|l| l.contains("default/bad")
+            && l.contains(&elsewhere_path)
+            && l.contains(&node.path().display().to_string())),
+        "{log}"
+    );
+}
