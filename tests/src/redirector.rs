@@ -6,25 +6,7 @@ use std::process::{Command, Output};
 
 use crate::{bin_path, unique_name, Cgroup, ChildGuard, NetNs};
 
-/// The flags istio's sidecar injector passes to istio-iptables.
-pub const STANDARD_INJECTION: [&str; 16] = [
-    "-p",
-    "15001",
-    "-z",
-    "15006",
-    "-u",
-    "1337",
-    "-m",
-    "REDIRECT",
-    "-i",
-    "*",
-    "-x",
-    "",
-    "-b",
-    "*",
-    "-d",
-    "15090,15021,15020",
-];
+pub use redirector::annotations::STANDARD_INJECTION;
 
 /// A bpffs directory for one test's pins; removed (with anything left in it) on drop.
 pub struct PinRoot {

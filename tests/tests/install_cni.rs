@@ -15,14 +15,7 @@ use redirector_tests::redirector::{redirector_bin, PinRoot};
 use redirector_tests::{require_root, Cgroup, Spawn};
 
 /// flannel's conflist (cniVersion 0.3.1).
-const FLANNEL: &str = r#"{
-  "name": "cbr0",
-  "cniVersion": "0.3.1",
-  "plugins": [
-    {"type": "flannel", "delegate": {"hairpinMode": true, "isDefaultGateway": true}},
-    {"type": "portmap", "capabilities": {"portMappings": true}}
-  ]
-}"#;
+const FLANNEL: &str = include_str!("../../redirector/src/install_cni/testdata/flannel.conflist");
 
 /// A node's CNI directories.
 struct CniDirs {

@@ -197,61 +197,19 @@ mod tests {
     use super::*;
 
     /// Calico's conflist as its installer writes it (cniVersion 0.3.1).
-    const CALICO: &str = r#"{
-  "name": "k8s-pod-network",
-  "cniVersion": "0.3.1",
-  "plugins": [
-    {
-      "type": "calico",
-      "log_level": "info",
-      "datastore_type": "kubernetes",
-      "nodename": "node-1",
-      "mtu": 0,
-      "ipam": {"type": "calico-ipam"},
-      "policy": {"type": "k8s"},
-      "kubernetes": {"kubeconfig": "/etc/cni/net.d/calico-kubeconfig"}
-    },
-    {"type": "portmap", "snat": true, "capabilities": {"portMappings": true}},
-    {"type": "bandwidth", "capabilities": {"bandwidth": true}}
-  ]
-}"#;
+    const CALICO: &str = include_str!("testdata/calico.conflist");
 
     /// Cilium's `05-cilium.conflist`.
-    const CILIUM: &str = r#"{
-  "cniVersion": "0.3.1",
-  "name": "cilium",
-  "plugins": [
-    {
-       "type": "cilium-cni",
-       "enable-debug": false,
-       "log-file": "/var/run/cilium/cilium-cni.log"
-    }
-  ]
-}"#;
+    const CILIUM: &str = include_str!("testdata/cilium.conflist");
 
     /// flannel's `10-flannel.conflist`.
-    const FLANNEL: &str = r#"{
-  "name": "cbr0",
-  "cniVersion": "0.3.1",
-  "plugins": [
-    {"type": "flannel", "delegate": {"hairpinMode": true, "isDefaultGateway": true}},
-    {"type": "portmap", "capabilities": {"portMappings": true}}
-  ]
-}"#;
+    const FLANNEL: &str = include_str!("testdata/flannel.conflist");
 
     /// A single bridge plugin, as `10-bridge.conf`.
-    const BRIDGE: &str = r#"{
-  "cniVersion": "0.4.0",
-  "name": "bridge",
-  "type": "bridge",
-  "bridge": "cni0",
-  "isGateway": true,
-  "ipMasq": true,
-  "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.22.0.0/16"}]], "routes": [{"dst": "0.0.0.0/0"}]}
-}"#;
+    const BRIDGE: &str = include_str!("testdata/bridge.conf");
 
     /// A conflist on one line, whose last `]` closes an inner array.
-    const ONE_LINE: &str = r#"{"cniVersion":"1.0.0","name":"net","plugins":[{"type":"ptp","ipam":{"type":"host-local","ranges":[[{"subnet":"10.9.0.0/24"}]]}}]}"#;
+    const ONE_LINE: &str = include_str!("testdata/one-line.conflist");
 
     fn entry() -> Value {
         json!({"type": PLUGIN_TYPE, "args": ["-p", "15001"], "capabilities": {"io.kubernetes.cri.pod-annotations": true}})

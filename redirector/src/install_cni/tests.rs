@@ -13,14 +13,7 @@ use tempfile::TempDir;
 
 use super::*;
 
-const FLANNEL: &str = r#"{
-  "name": "cbr0",
-  "cniVersion": "0.3.1",
-  "plugins": [
-    {"type": "flannel", "delegate": {"hairpinMode": true, "isDefaultGateway": true}},
-    {"type": "portmap", "capabilities": {"portMappings": true}}
-  ]
-}"#;
+const FLANNEL: &str = include_str!("testdata/flannel.conflist");
 
 struct Node {
     _dir: TempDir,
