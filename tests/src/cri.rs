@@ -234,19 +234,49 @@ state = "{state}"
         self.child.stderr()
     }
 
-    /// RunPodSandbox as kubelet does: a pod network namespace, `annotations`, and
-    /// `cgroup_parent` (relative to the cgroup2 root). Its id and config.
+    /// RunPodSandbox as kubelet does for a pod of namespace `default`: a pod network
+    /// namespace, `annotations`, and `cgroup_parent` (relative to the cgroup2 root). Its id
+    /// and config.
     pub fn run_sandbox(
         &mut self,
         name: &str,
         annotations: &[(&str, &str)],
         cgroup_parent: &str,
     ) -> (String, PodSandboxConfig) {
+        self.run_sandbox_in("default", name, annotations, cgroup_parent)
+    }
+
+    /// [`Containerd::run_sandbox`] for a pod of Kubernetes namespace `namespace`.
+    pub fn run_sandbox_in(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        annotations: &[(&str, &str)],
+        cgroup_parent: &str,
+    ) -> (String, PodSandboxConfig) {
+        self.try_run_sandbox(namespace, name, annotations, cgroup_parent)
+            .unwrap_or_else(|e| {
+                panic!(
+                    "RunPodSandbox {namespace}/{name}: {e}\ncontainerd:\n{}",
+                    self.log()
+                )
+            })
+    }
+
+    /// [`Containerd::run_sandbox_in`], with the runtime's refusal (a CNI ADD that failed,
+    /// for one) as the error instead of a panic.
+    pub fn try_run_sandbox(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        annotations: &[(&str, &str)],
+        cgroup_parent: &str,
+    ) -> Result<(String, PodSandboxConfig), tonic::Status> {
         let config = PodSandboxConfig {
             metadata: Some(PodSandboxMetadata {
                 name: name.into(),
-                uid: format!("uid-{name}"),
-                namespace: "default".into(),
+                uid: format!("uid-{namespace}-{name}"),
+                namespace: namespace.into(),
                 attempt: 0,
             }),
             hostname: name.into(),
@@ -254,6 +284,7 @@ state = "{state}"
                 .dir
                 .path()
                 .join("logs")
+                .join(namespace)
                 .join(name)
                 .display()
                 .to_string(),
@@ -277,11 +308,10 @@ state = "{state}"
         };
         let id = self
             .runtime
-            .block_on(self.client.run_pod_sandbox(request))
-            .unwrap_or_else(|e| panic!("RunPodSandbox {name}: {e}\ncontainerd:\n{}", self.log()))
+            .block_on(self.client.run_pod_sandbox(request))?
             .into_inner()
             .pod_sandbox_id;
-        (id, config)
+        Ok((id, config))
     }
 
     /// The sandbox's IP address, from PodSandboxStatus.
