@@ -8,7 +8,9 @@ use std::process::{Command, Stdio};
 use serde_json::{json, Value};
 
 use redirector_tests::daemon::{Daemon, StateDir};
-use redirector_tests::redirector::{pod_links, redirector_bin, PinRoot, STANDARD_INJECTION};
+use redirector_tests::redirector::{
+    pins_under, pod_links, redirector_bin, PinRoot, STANDARD_INJECTION,
+};
 use redirector_tests::{
     assert_direct, assert_proxied, require_root, use_probe_bin, Cgroup, ProxiedPod, APP_UID,
 };
@@ -27,18 +29,29 @@ impl Plugin {
         Plugin { path, _dir: dir }
     }
 
-    /// Run `command` with the runtime's env and `conf` on stdin: success and stdout JSON.
+    /// Run `command` with the runtime's env for a pod of namespace `default` and `conf` on
+    /// stdin: success and stdout JSON.
     fn call(&self, command: &str, container: &str, netns: &str, conf: &Value) -> (bool, Value) {
+        self.call_in("default", command, container, netns, conf)
+    }
+
+    /// [`Plugin::call`] for a pod of Kubernetes namespace `namespace` (`K8S_POD_NAMESPACE`).
+    fn call_in(
+        &self,
+        namespace: &str,
+        command: &str,
+        container: &str,
+        netns: &str,
+        conf: &Value,
+    ) -> (bool, Value) {
+        let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME=web");
         let env = [
             ("CNI_COMMAND", command),
             ("CNI_CONTAINERID", container),
             ("CNI_NETNS", netns),
             ("CNI_IFNAME", "eth0"),
             ("CNI_PATH", "/opt/cni/bin"),
-            (
-                "CNI_ARGS",
-                "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web",
-            ),
+            ("CNI_ARGS", args.as_str()),
         ];
         let out = self.run(&env, &conf.to_string());
         let stdout = String::from_utf8_lossy(&out.stdout);
@@ -83,7 +96,19 @@ impl Plugin {
     }
 }
 
+/// The annotation istio's injector sets on every pod it injected a sidecar into.
+const STATUS: &str = "sidecar.istio.io/status";
+
+/// The network configuration for a pod the injector marked, with `annotations` besides.
 fn conf(root: &Path, state: &Path, annotations: Value) -> Value {
+    let mut annotations = annotations;
+    annotations[STATUS] = json!("{}");
+    conf_for(root, state, annotations)
+}
+
+/// The network configuration (CNI 1.0.0, the default selection) for a pod with exactly
+/// `annotations`.
+fn conf_for(root: &Path, state: &Path, annotations: Value) -> Value {
     json!({
         "cniVersion": "1.0.0",
         "name": "pods",
@@ -101,16 +126,49 @@ fn conf(root: &Path, state: &Path, annotations: Value) -> Value {
     })
 }
 
+/// A CNI 0.3.1 network configuration, as flannel, Calico and kindnet write them, for a pod
+/// with exactly `annotations`, with a 0.3.1-shaped prevResult (`ips[].version`).
+fn conf_031(root: &Path, state: &Path, annotations: Value) -> Value {
+    json!({
+        "cniVersion": "0.3.1",
+        "name": "k8s-pod-network",
+        "type": "redirector-cni",
+        "pinRoot": root,
+        "stateDir": state,
+        "args": STANDARD_INJECTION,
+        "runtimeConfig": { "io.kubernetes.cri.pod-annotations": annotations },
+        "prevResult": {
+            "cniVersion": "0.3.1",
+            "interfaces": [{"name": "eth0", "sandbox": "/var/run/netns/x"}],
+            "ips": [{"version": "4", "address": "10.1.2.3/24", "interface": 0}]
+        }
+    })
+}
+
+/// What the state directory holds (the pods' records, every file under it), as text to
+/// search.
+fn recorded(state: &Path) -> String {
+    pins_under(state)
+        .iter()
+        .map(|file| std::fs::read_to_string(file).unwrap_or_default())
+        .collect()
+}
+
 #[test]
 fn plugin_speaks_cni_version_and_errors() {
     let plugin = Plugin::new();
     let (ok, version) = plugin.raw("VERSION", "{}");
     assert!(ok);
     assert_eq!(version["cniVersion"], "1.1.0");
-    assert!(version["supportedVersions"]
-        .as_array()
-        .unwrap()
-        .contains(&json!("1.0.0")));
+    assert_eq!(
+        version["supportedVersions"],
+        json!(["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]),
+        "{version}"
+    );
+    // Asked in the version a runtime's conflist names, VERSION answers in it.
+    let (ok, version) = plugin.raw("VERSION", r#"{"cniVersion":"0.3.1"}"#);
+    assert!(ok);
+    assert_eq!(version["cniVersion"], "0.3.1", "{version}");
     let (ok, err) = plugin.raw("ADD", "{not json");
     assert!(!ok);
     assert_eq!(err["code"], 6, "{err}");
@@ -213,4 +271,133 @@ fn add_captures_before_the_pod_runs_and_del_is_idempotent() {
     assert!(!ok);
     assert_eq!(err["code"], 7, "{err}");
     assert!(err["msg"].as_str().unwrap().contains("70000"), "{err}");
+}
+
+/// The pods a node just rebooted (nothing pinned, no daemon yet) sees through a CNI 0.3.1
+/// network: every pod the plugin leaves alone starts, a meshed one is held back (code 11)
+/// in the network's version, and DEL, GC and STATUS answer as they should.
+fn start_with_nothing_pinned(plugin: &Plugin, root: &PinRoot, state: &Path, netns: &str) {
+    let unannotated = conf_031(root.path(), state, json!({}));
+    let system = conf_031(root.path(), state, json!({ STATUS: "{}" }));
+    let opted_out = conf_031(
+        root.path(),
+        state,
+        json!({ STATUS: "{}", "sidecar.istio.io/inject": "false" }),
+    );
+    let injected = conf_031(root.path(), state, json!({ STATUS: "{}" }));
+
+    let (ok, result) = plugin.call("ADD", "plain-pod", netns, &unannotated);
+    assert!(ok, "a pod with no sidecar starts: {result}");
+    assert_eq!(result, unannotated["prevResult"], "prevResult passed on");
+    assert_eq!(result["cniVersion"], "0.3.1");
+    let (ok, result) = plugin.call_in("kube-system", "ADD", "system-pod", netns, &system);
+    assert!(ok, "a kube-system pod starts: {result}");
+    assert_eq!(result, system["prevResult"]);
+    let (ok, result) = plugin.call("ADD", "optout-pod", netns, &opted_out);
+    assert!(ok, "an opted-out pod starts: {result}");
+    assert_eq!(result, opted_out["prevResult"]);
+
+    let (ok, err) = plugin.call("ADD", "meshed-pod", netns, &injected);
+    assert!(!ok, "a meshed pod must not start uncaptured: {err}");
+    assert_eq!(err["code"], 11, "{err}");
+    assert_eq!(err["cniVersion"], "0.3.1", "{err}");
+    assert!(
+        err["msg"].as_str().unwrap().contains("nothing is pinned"),
+        "{err}"
+    );
+
+    // Nothing was installed or recorded for any of them.
+    assert_eq!(pins_under(root.path()), Vec::<PathBuf>::new());
+    let records = recorded(state);
+    for id in ["plain-pod", "system-pod", "optout-pod", "meshed-pod"] {
+        assert!(!records.contains(id), "{id} recorded: {records}");
+    }
+
+    for (id, conf) in [
+        ("plain-pod", &unannotated),
+        ("system-pod", &system),
+        ("optout-pod", &opted_out),
+        ("meshed-pod", &injected),
+    ] {
+        let (ok, err) = plugin.call("DEL", id, netns, conf);
+        assert!(ok, "DEL {id}: {err}");
+        let (ok, err) = plugin.call("DEL", id, "", conf);
+        assert!(ok, "second DEL {id}: {err}");
+    }
+    let gc = json!({
+        "cniVersion": "1.1.0",
+        "name": "k8s-pod-network",
+        "type": "redirector-cni",
+        "pinRoot": root.path(),
+        "stateDir": state,
+        "cni.dev/valid-attachments": [],
+    });
+    let (ok, err) = plugin.call("GC", "", "", &gc);
+    assert!(ok, "GC: {err}");
+    let (ok, err) = plugin.call("STATUS", "", "", &unannotated);
+    assert!(!ok);
+    assert_eq!(err["code"], 50, "{err}");
+    assert_eq!(err["cniVersion"], "0.3.1", "{err}");
+}
+
+#[test]
+fn a_node_with_nothing_pinned_starts_every_pod_it_leaves_alone() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let plugin = Plugin::new();
+    let root = PinRoot::new("cniboot");
+    let node = Cgroup::new("node");
+    let state = StateDir::new("state");
+    let pod = ProxiedPod::under(&node, "bootpod");
+    let netns = pod.topo.pod.path().display().to_string();
+    let dst = pod.service(false);
+
+    // A rebooted node: no pin root at all; then one made (bpffs mounted, the directory
+    // created) with nothing in it.
+    assert!(!root.path().exists());
+    start_with_nothing_pinned(&plugin, &root, state.path(), &netns);
+    std::fs::create_dir(root.path()).unwrap();
+    start_with_nothing_pinned(&plugin, &root, state.path(), &netns);
+    assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
+
+    // A daemon runs (pins the node's programs): the meshed pod kubelet retries now starts
+    // captured; the pods left alone stay so with the programs there.
+    Daemon::start(&root, &node, &state).kill();
+    let injected = conf_031(root.path(), state.path(), json!({ STATUS: "{}" }));
+    let (ok, result) = plugin.call("ADD", "meshed-pod", &netns, &injected);
+    assert!(ok, "{result}");
+    assert_eq!(result, injected["prevResult"]);
+    assert_eq!(result["cniVersion"], "0.3.1");
+    assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+    assert!(recorded(state.path()).contains("meshed-pod"));
+    let (ok, err) = plugin.call("DEL", "meshed-pod", &netns, &injected);
+    assert!(ok, "{err}");
+    assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
+    assert_eq!(pod_links(&root, pod.topo.pod.cookie()), None);
+
+    let unannotated = conf_031(root.path(), state.path(), json!({}));
+    let (ok, result) = plugin.call("ADD", "plain-pod", &netns, &unannotated);
+    assert!(ok, "{result}");
+    assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
+    let system = conf_031(root.path(), state.path(), json!({ STATUS: "{}" }));
+    let (ok, result) = plugin.call_in("kube-system", "ADD", "system-pod", &netns, &system);
+    assert!(ok, "{result}");
+    assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
+    assert_eq!(pod_links(&root, pod.topo.pod.cookie()), None);
+
+    // The selection switched off explicitly: a pod with no annotation is captured, in
+    // default and in kube-system alike.
+    let mut open = conf_031(root.path(), state.path(), json!({}));
+    open["requireSidecarStatus"] = json!(false);
+    open["excludeNamespaces"] = json!([]);
+    for namespace in ["default", "kube-system"] {
+        let (ok, result) = plugin.call_in(namespace, "ADD", "open-pod", &netns, &open);
+        assert!(ok, "{namespace}: {result}");
+        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+        let (ok, err) = plugin.call_in(namespace, "DEL", "open-pod", &netns, &open);
+        assert!(ok, "{namespace}: {err}");
+        assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
+    }
 }
