@@ -300,6 +300,9 @@ fn daemon_sequence(pods: usize, client: Client, kept: &mut Kept) -> Sequence {
                     "pinRoot": root.path(),
                     "stateDir": state.path(),
                     "args": STANDARD_INJECTION,
+                    "runtimeConfig": {
+                        "io.kubernetes.cri.pod-annotations": {"sidecar.istio.io/status": "{}"}
+                    },
                     "prevResult": {
                         "cniVersion": "1.0.0",
                         "interfaces": [{"name": "eth0", "sandbox": ns.path()}],
