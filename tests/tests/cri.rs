@@ -24,6 +24,27 @@ fn landed(stdout: &str) -> ConnOutcome {
     ConnOutcome::parse(stdout)
 }
 
+/// The node's network at `cni_version`: ptp with host-local addresses in
+/// 10.x.`third_octet`.0/24, then `redirector-cni` with the default pod selection.
+fn chained_network(
+    cni_version: &str,
+    third_octet: u8,
+    ipam: &StateDir,
+    root: &PinRoot,
+    state: &StateDir,
+) -> serde_json::Value {
+    let subnet = 200 + (std::process::id() % 50);
+    json!({
+        "cniVersion": cni_version,
+        "name": "rdtcri",
+        "plugins": [
+            {"type": "ptp", "ipam": {"type": "host-local", "subnet": format!("10.{subnet}.{third_octet}.0/24"), "dataDir": ipam.path()}},
+            {"type": "redirector-cni", "pinRoot": root.path(), "stateDir": state.path(),
+             "args": STANDARD_INJECTION, "capabilities": {"io.kubernetes.cri.pod-annotations": true}}
+        ]
+    })
+}
+
 #[test]
 fn containerd_pods_are_captured_by_the_cni_plugin_with_no_init_container() {
     if !require_root() || !require_tools("containerd pod", &["containerd", "runc"]) {
@@ -35,17 +56,8 @@ fn containerd_pods_are_captured_by_the_cni_plugin_with_no_init_container() {
     let node = Cgroup::new("crinode");
     let state = StateDir::new("cristate");
     let daemon = Daemon::start(&root, &node, &state);
-    let subnet = 200 + (std::process::id() % 50);
     let ipam = StateDir::new("ipam");
-    let conflist = json!({
-        "cniVersion": "1.0.0",
-        "name": "rdtcri",
-        "plugins": [
-            {"type": "ptp", "ipam": {"type": "host-local", "subnet": format!("10.{subnet}.77.0/24"), "dataDir": ipam.path()}},
-            {"type": "redirector-cni", "pinRoot": root.path(), "stateDir": state.path(),
-             "args": STANDARD_INJECTION, "capabilities": {"io.kubernetes.cri.pod-annotations": true}}
-        ]
-    });
+    let conflist = chained_network("1.0.0", 77, &ipam, &root, &state);
     let redirector = redirector_bin();
     let mut cri = Containerd::start(&conflist, &[("redirector-cni", redirector.as_path())]);
     let parent = node.relative_path();
@@ -182,17 +194,8 @@ fn a_rebooted_node_starts_pods_it_leaves_alone_and_holds_injected_ones_until_pin
     let root = PinRoot::new("crireboot");
     let node = Cgroup::new("crinode");
     let state = StateDir::new("cristate");
-    let subnet = 200 + (std::process::id() % 50);
     let ipam = StateDir::new("ipam");
-    let conflist = json!({
-        "cniVersion": "0.3.1",
-        "name": "rdtcri",
-        "plugins": [
-            {"type": "ptp", "ipam": {"type": "host-local", "subnet": format!("10.{subnet}.78.0/24"), "dataDir": ipam.path()}},
-            {"type": "redirector-cni", "pinRoot": root.path(), "stateDir": state.path(),
-             "args": STANDARD_INJECTION, "capabilities": {"io.kubernetes.cri.pod-annotations": true}}
-        ]
-    });
+    let conflist = chained_network("0.3.1", 78, &ipam, &root, &state);
     let redirector = redirector_bin();
     let mut cri = Containerd::start(&conflist, &[("redirector-cni", redirector.as_path())]);
     let parent = node.relative_path();
