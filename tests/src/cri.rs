@@ -165,6 +165,10 @@ state = "{state}"
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{IMAGE}"
   restrict_oom_score_adj = true
+  # Pod network namespaces under this containerd's own directory, not /var/run/netns: a
+  # sandbox whose setup or teardown failed half-way leaves no namespace behind when the
+  # directory's mounts are removed.
+  netns_mounts_under_state_dir = true
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   [plugins."io.containerd.grpc.v1.cri".cni]
