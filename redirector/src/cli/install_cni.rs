@@ -108,13 +108,7 @@ pub fn run(args: &InstallCniArgs) -> anyhow::Result<()> {
             tracing::info!("{change}");
         }
         if installer.remove_plugin()? {
-            tracing::info!(
-                "removed {}",
-                installer
-                    .bin_dir
-                    .join(crate::install_cni::PLUGIN_FILE)
-                    .display()
-            );
+            tracing::info!("removed {}", installer.plugin_path().display());
         }
         return Ok(());
     }
@@ -122,13 +116,7 @@ pub fn run(args: &InstallCniArgs) -> anyhow::Result<()> {
         return Ok(watch(&installer, RECHECK, None)?);
     }
     if installer.install_plugin()? {
-        tracing::info!(
-            "installed {}",
-            installer
-                .bin_dir
-                .join(crate::install_cni::PLUGIN_FILE)
-                .display()
-        );
+        tracing::info!("installed {}", installer.plugin_path().display());
     }
     match installer.chain()? {
         Some(change) => tracing::info!("{change}"),

@@ -141,6 +141,12 @@ impl Plugin {
         }
     }
 
+    /// Whether anything of a pod can be in the kernel: not with no pin root (a node just
+    /// rebooted, an uninstall done) nor on a kernel redirector refuses.
+    fn may_hold_kernel_state(&self) -> bool {
+        self.root.path().exists() && kernel_ready(code::SETUP_FAILED).is_ok()
+    }
+
     /// The node's pinned object, if any.
     fn pinned(&self) -> Result<Option<EbpfObject>, CniError> {
         let object = node_object(&self.root)
@@ -194,8 +200,7 @@ impl Plugin {
             .records
             .by_container(&container, netns_cookie)
             .map_err(|e| CniError::new(code::SETUP_FAILED, e.to_string()))?;
-        let kernel_state = kernel_ready(code::SETUP_FAILED).is_ok() && self.root.path().exists();
-        if !kernel_state {
+        if !self.may_hold_kernel_state() {
             if let Some(record) = record {
                 self.records
                     .remove(record.cookie())
@@ -250,7 +255,7 @@ impl Plugin {
     /// with nothing pinned or a refused kernel, only their records.
     fn gc(&self, conf: &NetConf) -> Result<(), CniError> {
         let failed = |e: String| CniError::new(code::SETUP_FAILED, e);
-        let node = if kernel_ready(code::SETUP_FAILED).is_ok() && self.root.path().exists() {
+        let node = if self.may_hold_kernel_state() {
             self.pinned()?
                 .map(|object| Node::new(self.root.clone(), object, self.records.clone()))
         } else {

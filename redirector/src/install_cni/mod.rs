@@ -88,7 +88,8 @@ pub struct Installer {
 }
 
 impl Installer {
-    fn plugin_path(&self) -> PathBuf {
+    /// Where the plugin binary goes.
+    pub fn plugin_path(&self) -> PathBuf {
         self.bin_dir.join(PLUGIN_FILE)
     }
 

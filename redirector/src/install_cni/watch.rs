@@ -29,10 +29,7 @@ pub fn watch(
     until: Option<&dyn Fn() -> bool>,
 ) -> Result<(), InstallError> {
     if installer.install_plugin()? {
-        tracing::info!(
-            "installed {}",
-            installer.bin_dir.join(super::PLUGIN_FILE).display()
-        );
+        tracing::info!("installed {}", installer.plugin_path().display());
     }
     let mut watcher: Option<Inotify> = None;
     let mut reported: Option<String> = None;
@@ -41,10 +38,7 @@ pub fn watch(
             watcher = watch_dir(&installer.conf_dir);
         }
         if !installer.plugin_installed() && installer.install_plugin()? {
-            tracing::info!(
-                "installed {} again",
-                installer.bin_dir.join(super::PLUGIN_FILE).display()
-            );
+            tracing::info!("installed {} again", installer.plugin_path().display());
         }
         match installer.chain() {
             Ok(change) => {
