@@ -147,6 +147,18 @@ fn conf_031(root: &Path, state: &Path, annotations: Value) -> Value {
 
 /// What the state directory holds (the pods' records, every file under it), as text to
 /// search.
+/// A CNI 1.1 GC call's configuration for which the runtime knows no container.
+fn gc_conf(root: &PinRoot, state: &Path) -> Value {
+    json!({
+        "cniVersion": "1.1.0",
+        "name": "k8s-pod-network",
+        "type": "redirector-cni",
+        "pinRoot": root.path(),
+        "stateDir": state,
+        "cni.dev/valid-attachments": [],
+    })
+}
+
 fn recorded(state: &Path) -> String {
     pins_under(state)
         .iter()
@@ -324,15 +336,7 @@ fn start_with_nothing_pinned(plugin: &Plugin, root: &PinRoot, state: &Path, netn
         let (ok, err) = plugin.call("DEL", id, "", conf);
         assert!(ok, "second DEL {id}: {err}");
     }
-    let gc = json!({
-        "cniVersion": "1.1.0",
-        "name": "k8s-pod-network",
-        "type": "redirector-cni",
-        "pinRoot": root.path(),
-        "stateDir": state,
-        "cni.dev/valid-attachments": [],
-    });
-    let (ok, err) = plugin.call("GC", "", "", &gc);
+    let (ok, err) = plugin.call("GC", "", "", &gc_conf(root, state));
     assert!(ok, "GC: {err}");
     let (ok, err) = plugin.call("STATUS", "", "", &unannotated);
     assert!(!ok);
@@ -400,4 +404,27 @@ fn a_node_with_nothing_pinned_starts_every_pod_it_leaves_alone() {
         assert!(ok, "{namespace}: {err}");
         assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     }
+
+    // An uninstall done half-way: a captured pod's record is left, the pins are gone.
+    // DEL, and GC for a container the runtime no longer has, still succeed and take the
+    // record; pods left alone still start.
+    for command in ["DEL", "GC"] {
+        Daemon::start(&root, &node, &state).kill();
+        let (ok, result) = plugin.call("ADD", "half-done", &netns, &injected);
+        assert!(ok, "{result}");
+        std::fs::remove_dir_all(root.path()).unwrap();
+        assert!(recorded(state.path()).contains("half-done"));
+        let (ok, err) = match command {
+            "DEL" => plugin.call("DEL", "half-done", &netns, &injected),
+            _ => plugin.call("GC", "", "", &gc_conf(&root, state.path())),
+        };
+        assert!(ok, "{command} with the pins gone: {err}");
+        assert!(
+            !recorded(state.path()).contains("half-done"),
+            "{command} left the record"
+        );
+    }
+    let (ok, result) = plugin.call("ADD", "plain-pod", &netns, &unannotated);
+    assert!(ok, "{result}");
+    assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
 }
