@@ -31,6 +31,20 @@ fn find_cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
     })
 }
 
+/// The mount points of cgroup v1 hierarchies (a hybrid layout's `name=systemd` one): runc
+/// makes a container's cgroup in each of them as well as in cgroup2.
+fn cgroup_v1_roots() -> Vec<PathBuf> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let dash = fields.iter().position(|f| *f == "-")?;
+            (fields.get(dash + 1) == Some(&"cgroup")).then(|| PathBuf::from(unescape(fields[4])))
+        })
+        .collect()
+}
+
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.
 fn unescape(field: &str) -> String {
     let mut out = String::new();
@@ -106,6 +120,14 @@ impl Drop for Cgroup {
         // Never panic here: this may run while a test is already unwinding.
         if let Err(e) = remove_tree(&self.path) {
             eprintln!("warning: cannot remove cgroup {}: {e}", self.path.display());
+        }
+        // What a container runtime made under this cgroup's name in the v1 hierarchies.
+        let relative = self.relative_path();
+        for root in cgroup_v1_roots() {
+            let dir = root.join(relative.trim_start_matches('/'));
+            if let Err(e) = rmdir_tree_with(&dir, &|_| {}) {
+                eprintln!("warning: cannot remove cgroup {}: {e}", dir.display());
+            }
         }
     }
 }
