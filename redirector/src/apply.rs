@@ -122,6 +122,9 @@ pub fn apply(
     let _lock = NodeLock::acquire(root)?;
     let started = Instant::now();
     let cookie = plan.netns_cookie;
+    // With every setup, a few pods that are gone go too: no map fills with pods deleted
+    // without a cleanup.
+    crate::gc::collect_some(root, maps, cookie, object.id());
     let target = root.object(object.id());
     let targets = attach_targets(plan, netns)?;
     // Links a killed run staged are not the pod's: they go before anything is compared.

@@ -122,10 +122,11 @@ pub fn observe(
         .objects()
         .map_err(fs_err("listing", &root.objects_dir()))?;
     maps.retain_loaded(&objects);
+    let one = BTreeSet::from([netns_cookie]);
     let mut installations = Vec::new();
     for object in objects {
         let links = observe_links(&object, netns_cookie)?;
-        let mut found = observe_pods(&object, maps.get(&object)?, &Pods::One(netns_cookie), false)?;
+        let mut found = observe_pods(&object, maps.get(&object)?, &Pods::These(&one), false)?;
         if links.is_empty() && found.is_empty() {
             continue;
         }
@@ -143,8 +144,10 @@ pub fn observe(
 
 /// Which pods [`observe_pods`] collects.
 pub enum Pods<'a> {
-    /// One pod: the maps keyed by netns cookie alone are looked up, not read through.
-    One(NetnsCookie),
+    /// These pods (one, to observe it; a few that are gone, to remove them): the maps keyed
+    /// by netns cookie alone are looked up, not read through, and the others are read only
+    /// if one of them is configured.
+    These(&'a BTreeSet<NetnsCookie>),
     /// Every pod but these (garbage collection).
     AllBut(&'a BTreeSet<NetnsCookie>),
 }
@@ -152,7 +155,7 @@ pub enum Pods<'a> {
 impl Pods<'_> {
     fn wants(&self, cookie: NetnsCookie) -> bool {
         match self {
-            Pods::One(one) => *one == cookie,
+            Pods::These(these) => these.contains(&cookie),
             Pods::AllBut(live) => !live.contains(&cookie),
         }
     }
@@ -237,29 +240,34 @@ pub fn observe_pods(
 ) -> Result<BTreeMap<NetnsCookie, Installation>, ObserveError> {
     let mut found: BTreeMap<NetnsCookie, Installation> = BTreeMap::new();
     match pods {
-        Pods::One(cookie) => {
-            let config = maps
-                .pod_config
-                .get(cookie, 0)
-                .map(Some)
-                .or_else(absent)
-                .map_err(read_err("POD_CONFIG"))?;
-            let counters = maps
-                .counters
-                .get(cookie, 0)
-                .map(Some)
-                .or_else(absent)
-                .map_err(read_err("COUNTERS"))?
-                .is_some();
-            if config.is_none() && !counters {
+        Pods::These(cookies) => {
+            for cookie in *cookies {
+                let config = maps
+                    .pod_config
+                    .get(cookie, 0)
+                    .map(Some)
+                    .or_else(absent)
+                    .map_err(read_err("POD_CONFIG"))?;
+                let counters = maps
+                    .counters
+                    .get(cookie, 0)
+                    .map(Some)
+                    .or_else(absent)
+                    .map_err(read_err("COUNTERS"))?
+                    .is_some();
+                if config.is_none() && !counters {
+                    continue;
+                }
+                let install = slot(&mut found, object, pods, *cookie).expect("a selected pod");
+                install.config = config.map(as_planned);
+                install.counters = counters;
+            }
+            if found.is_empty() {
                 // Not configured here: apply writes both before any link, and removal
-                // drops both only after the links, so nothing else of the pod is here
+                // drops both only after the links, so nothing else of these pods is here
                 // (what an interrupted run leaves, gc collects).
                 return Ok(found);
             }
-            let install = slot(&mut found, object, pods, *cookie).expect("the pod");
-            install.config = config.map(as_planned);
-            install.counters = counters;
         }
         Pods::AllBut(_) => {
             for item in maps.pod_config.iter() {

@@ -91,19 +91,17 @@ pub fn wait_gone(kind: &str, ids: &[u64], timeout: Duration) -> Vec<u64> {
     }
 }
 
-/// Wait until the network-namespace link pinned at `path` is detached (its namespace is
-/// gone; the kernel tears namespaces down asynchronously); whether it is.
-pub fn wait_netns_link_detached(path: &Path, timeout: Duration) -> bool {
+/// Wait until the cgroup or network-namespace link pinned at `path` is detached (its
+/// cgroup or namespace is gone; the kernel releases both asynchronously); whether it is.
+pub fn wait_link_detached(path: &Path, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     loop {
         let v = bpftool_json(&["link", "show", "pinned", &path.to_string_lossy()]);
-        let ino = v
-            .as_array()
-            .and_then(|a| a.first())
-            .unwrap_or(&v)
-            .get("netns_ino")
-            .and_then(|i| i.as_u64());
-        if ino == Some(0) {
+        let link = v.as_array().and_then(|a| a.first()).unwrap_or(&v);
+        let target = ["netns_ino", "cgroup_id"]
+            .iter()
+            .find_map(|field| link.get(field).and_then(|i| i.as_u64()));
+        if target == Some(0) {
             return true;
         }
         if Instant::now() > deadline {

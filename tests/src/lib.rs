@@ -17,6 +17,7 @@
 
 pub mod bpftool;
 pub mod cgroup;
+pub mod churn;
 pub mod conformance;
 pub mod conformance_cases;
 pub mod conformance_rules;

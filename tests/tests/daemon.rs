@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use redirector_tests::bpftool::wait_netns_link_detached;
+use redirector_tests::bpftool::wait_link_detached;
 use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::redirector::{
     object_ids, pins_under, pod_links, NextObject, PinRoot, STANDARD_INJECTION,
@@ -176,7 +176,7 @@ fn killed_daemon_leaves_pods_captured_and_a_new_one_rebuilds_its_view() {
                 // The second pod goes away while no daemon runs.
                 drop(doomed.take());
                 assert!(
-                    wait_netns_link_detached(&doomed_link, Duration::from_secs(10)),
+                    wait_link_detached(&doomed_link, Duration::from_secs(10)),
                     "the removed pod's namespace is torn down"
                 );
             }

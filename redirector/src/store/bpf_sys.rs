@@ -1,7 +1,8 @@
 //! The few bpf(2) commands aya 0.14 does not expose for our use: creating a cgroup link
 //! or netns link for any attach type (aya cannot turn a `CgroupSockoptLink` into a pinnable
 //! link) and
-//! pinning/opening objects by path, and reading a hash map in batches.
+//! pinning/opening objects by path, reading a hash map in batches, and walking its keys
+//! from a given one.
 
 use std::{
     ffi::CString,
@@ -11,6 +12,7 @@ use std::{
     path::Path,
 };
 
+const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
@@ -91,6 +93,22 @@ pub fn hash_entries(
             Err(err) if err.raw_os_error() == Some(libc::ENOSPC) => per_call *= 2,
             Err(err) => return Err(err),
         }
+    }
+}
+
+/// The key after `key` in the map's own order (its first key for `None`, or when `key` is
+/// not in it any more); `Ok(None)` after the last. Each call is one bpf call, whatever the
+/// size of the map.
+pub fn next_key<K: bytemuck::Pod>(map: BorrowedFd<'_>, key: Option<&K>) -> io::Result<Option<K>> {
+    let mut next = K::zeroed();
+    let mut attr = BpfAttr([0; 32]);
+    attr.0[0] = map.as_raw_fd() as u32;
+    set_ptr(&mut attr, 2, key.map_or(0, |k| k as *const K as u64));
+    set_ptr(&mut attr, 4, &raw mut next as u64);
+    match bpf(BPF_MAP_GET_NEXT_KEY, &mut attr) {
+        Ok(_) => Ok(Some(next)),
+        Err(err) if err.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+        Err(err) => Err(err),
     }
 }
 

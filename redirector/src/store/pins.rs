@@ -7,6 +7,8 @@
 //!   objects/<object id>/links/<netns cookie>_<program>  a pod's links
 //!   objects/<object id>/staging/<netns cookie>_<program>  a pod's links being swapped in
 //!   objects/<object id>/node/<program>     daemon mode: cgroup links at the node cgroup
+//!   objects/<object id>/gc-next/<netns cookie>  where the next setup's collection of pods
+//!                                          that are gone starts (an empty directory)
 //! ```
 //! A pod's links sit side by side with every other pod's, with no directory per pod: on
 //! bpffs a directory costs an inode and a dentry, about 0.85 KiB a pod. Earlier releases
@@ -187,6 +189,12 @@ impl ObjectPins {
     /// Where an earlier release pinned each pod's links, in a directory per pod.
     fn legacy_pods_dir(&self) -> PathBuf {
         self.dir.join(LEGACY_PODS)
+    }
+
+    /// Holds one empty directory named by the netns cookie the next collection of pods that
+    /// are gone starts at (bpffs holds no plain files to write it in).
+    pub fn gc_cursor_dir(&self) -> PathBuf {
+        self.dir.join("gc-next")
     }
 
     /// The node-level links of daemon mode: the cgroup programs attached once at the node

@@ -1,17 +1,55 @@
-//! Removing pods: one pod on request (`--cleanup-only`), and every pod whose cgroup and
-//! network namespace are gone (`redirector gc`).
+//! Removing pods: one pod on request (`--cleanup-only`), every pod whose cgroup and
+//! network namespace are gone (`redirector gc`, and any setup a map has no room for),
+//! and a few of those with every setup ([`round_robin`]).
+
+mod round_robin;
 
 use std::{collections::BTreeSet, fs};
 
 use redirector_common::NetnsCookie;
 
+pub(crate) use round_robin::collect_some;
+pub use round_robin::PODS_CHECKED_PER_SETUP;
+
 use crate::{
-    apply::{collect_if_unused, remove, retire, ApplyError},
-    diff,
+    apply::{apply, collect_if_unused, remove, retire, ApplyError, Outcome},
+    diff::{self, Mode},
     fs_error::fs_err,
-    observe::{self, observe_links, observe_pods, Pods},
-    store::{NodeLock, NodeMaps, ObjectId, OpenMaps, PinRoot},
+    netns::Netns,
+    observe::{self, observe_links, observe_pods, ObserveError, ObservedLink, Pods},
+    plan::PodPlan,
+    store::{EbpfObject, NodeLock, NodeMaps, ObjectId, ObjectPins, OpenMaps, PinRoot},
 };
+
+/// [`apply`]; when a map has no room for the pod, a whole collection of the pods that are
+/// gone ([`collect_stale`]) and, if it removed any, the pod once more.
+pub fn apply_making_room(
+    root: &PinRoot,
+    object: &EbpfObject,
+    plan: &PodPlan,
+    netns: &Netns,
+    mode: Mode,
+    maps: &mut OpenMaps,
+) -> Result<Outcome, ApplyError> {
+    let full = match apply(root, object, plan, netns, mode, maps) {
+        Err(ApplyError::MapFull { map }) => map,
+        other => return other,
+    };
+    match collect_stale(root) {
+        Ok(removed) if !removed.is_empty() => {
+            tracing::info!(
+                "{full} was full: removed {} pod(s) that are gone, applying once more",
+                removed.len()
+            );
+            apply(root, object, plan, netns, mode, maps)
+        }
+        Ok(_) => Err(ApplyError::MapFull { map: full }),
+        Err(err) => {
+            tracing::warn!("{full} is full, and removing the pods that are gone failed: {err}");
+            Err(ApplyError::MapFull { map: full })
+        }
+    }
+}
 
 /// Remove everything installed for the pod, under every object, and the pin root itself
 /// when nothing else is left in it. Returns the objects it was removed from.
@@ -78,30 +116,16 @@ pub fn collect_stale(root: &PinRoot) -> Result<Vec<NetnsCookie>, ApplyError> {
                 .map_err(fs_err("listing", &object.links_dir()))?
             {
                 let links = observe_links(&object, cookie)?;
-                if links.iter().any(observe::ObservedLink::attached) {
+                if links.iter().any(ObservedLink::attached) {
                     live.insert(cookie);
                 } else {
                     stale.push((cookie, links));
                 }
             }
             let mut maps = NodeMaps::open(&object)?;
-            let mut found = observe_pods(&object, &maps, &Pods::AllBut(&live), true)?;
-            for (cookie, links) in stale {
-                let install = found
-                    .entry(cookie)
-                    .or_insert_with(|| observe::Installation::empty(object.clone()));
-                install.links = links;
-            }
-            let mut failures = Vec::new();
-            for (cookie, install) in &found {
-                failures.extend(remove(
-                    &object,
-                    &mut maps,
-                    *cookie,
-                    &diff::removal(install).removals,
-                ));
-                removed.insert(*cookie);
-            }
+            let (found, mut failures) =
+                remove_found(&object, &mut maps, &Pods::AllBut(&live), stale, true)?;
+            removed.extend(found);
             drop(maps);
             if let Err(err) = collect_if_unused(&object) {
                 failures.push(err.to_string());
@@ -113,6 +137,35 @@ pub fn collect_stale(root: &PinRoot) -> Result<Vec<NetnsCookie>, ApplyError> {
     }
     remove_empty_root(root);
     Ok(removed.into_iter().collect())
+}
+
+/// Removes from `object` every pod `pods` selects that has entries, and the pods in
+/// `linked` with the links found for each, reading each map once for all of them (with
+/// `runtime`, also the entries the kernel side made). Returns the pods and what failed.
+fn remove_found(
+    object: &ObjectPins,
+    maps: &mut NodeMaps,
+    pods: &Pods,
+    linked: Vec<(NetnsCookie, Vec<ObservedLink>)>,
+    runtime: bool,
+) -> Result<(Vec<NetnsCookie>, Vec<String>), ObserveError> {
+    let mut found = observe_pods(object, maps, pods, runtime)?;
+    for (cookie, links) in linked {
+        found
+            .entry(cookie)
+            .or_insert_with(|| observe::Installation::empty(object.clone()))
+            .links = links;
+    }
+    let mut failures = Vec::new();
+    for (cookie, install) in &found {
+        failures.extend(remove(
+            object,
+            maps,
+            *cookie,
+            &diff::removal(install).removals,
+        ));
+    }
+    Ok((found.into_keys().collect(), failures))
 }
 
 /// Only empty directories go; another pod's pins keep the root in place.
