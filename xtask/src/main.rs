@@ -41,7 +41,11 @@ enum Command {
         /// Fewer and shorter rounds, 100 pods instead of 1,000.
         #[arg(long)]
         quick: bool,
-        /// Only one part: `datapath` or `setup`.
+        /// The churn of init-container pods (deleted without a cleanup, 10 alive at a
+        /// time) over 10,000 pods instead of 1,000.
+        #[arg(long)]
+        scale: bool,
+        /// Only one part: `datapath`, `setup` or `churn`.
         #[arg(long, value_name = "PART")]
         only: Option<String>,
         /// Only these data-path modes, comma-separated (direct, explicit, iptables,
@@ -84,11 +88,19 @@ fn main() -> Result<()> {
             run::build()?;
             run::demo(daemon)
         }
-        Command::Bench { quick, only, modes } => {
+        Command::Bench {
+            quick,
+            scale,
+            only,
+            modes,
+        } => {
             bootstrap::all()?;
             let mut args = Vec::new();
             if quick {
                 args.push("--quick".to_string());
+            }
+            if scale {
+                args.push("--scale".to_string());
             }
             if let Some(part) = only {
                 args.extend(["--only".to_string(), part]);

@@ -2,8 +2,10 @@
 //! `cargo xtask bench`, which installs wrk and nginx and builds the release binaries first.
 //!
 //! ```text
-//! bench [--quick] [--out DIR] [--only datapath|setup] [--modes NAME,...]
+//! bench [--quick] [--scale] [--out DIR] [--only datapath|setup|churn] [--modes NAME,...]
 //! ```
+//! `--scale` runs the churn of init-container pods (set up and deleted without a cleanup,
+//! 10 alive at a time) over 10,000 pods instead of 1,000.
 //! `--modes` measures only those data-path modes (e.g. to compare two redirector builds
 //! through `REDIRECTOR_BIN`, one without `redirector trace`).
 //! Prints a Markdown report; writes `bench.json` and `bench.svg` to DIR.
@@ -22,29 +24,35 @@ use std::process::ExitCode;
 
 struct Options {
     quick: bool,
+    scale: bool,
     out: PathBuf,
     datapath: bool,
     setup: bool,
+    churn: bool,
     modes: Vec<datapath::Mode>,
 }
 
 fn parse_args() -> Result<Options, String> {
     let mut o = Options {
         quick: false,
+        scale: false,
         out: PathBuf::from("target/bench"),
         datapath: true,
         setup: true,
+        churn: true,
         modes: datapath::Mode::ALL.to_vec(),
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--quick" => o.quick = true,
+            "--scale" => o.scale = true,
             "--out" => o.out = args.next().ok_or("--out needs a directory")?.into(),
             "--only" => match args.next().as_deref() {
-                Some("datapath") => o.setup = false,
+                Some("datapath") => (o.setup, o.churn) = (false, false),
                 Some("setup") => o.datapath = false,
-                other => return Err(format!("--only {other:?}: use datapath or setup")),
+                Some("churn") => (o.datapath, o.setup) = (false, false),
+                other => return Err(format!("--only {other:?}: use datapath, setup or churn")),
             },
             "--modes" => {
                 let list = args.next().ok_or("--modes needs a list")?;
@@ -89,7 +97,7 @@ fn main() -> ExitCode {
         Ok(o) => o,
         Err(e) => {
             eprintln!(
-                "bench: {e}\nusage: bench [--quick] [--out DIR] [--only datapath|setup] [--modes NAME,...]"
+                "bench: {e}\nusage: bench [--quick] [--scale] [--out DIR] [--only datapath|setup|churn] [--modes NAME,...]"
             );
             return ExitCode::from(64);
         }
@@ -108,11 +116,18 @@ fn main() -> ExitCode {
     } else {
         datapath::DataPath::default()
     };
-    let setup = if opts.setup {
+    let mut setup = if opts.setup {
         setup::run(samples, pods)
     } else {
         setup::Setup::default()
     };
+    if opts.churn {
+        setup.churn = setup::churn_sequence(match (opts.scale, opts.quick) {
+            (true, _) => 10_000,
+            (false, true) => 200,
+            (false, false) => 1_000,
+        });
+    }
     let text = format!(
         "{}\n{}",
         report::markdown(&dp, &setup, &machine),

@@ -231,6 +231,43 @@ pub fn markdown(dp: &DataPath, setup: &Setup, machine: &str) -> String {
             );
         }
     }
+    let churn = &setup.churn;
+    if !churn.per_pod_ms.is_empty() {
+        let (first, last) = churn.first_and_last();
+        let _ = writeln!(
+            s,
+            "\n### Churn: {} init-container pods deleted without a cleanup, {} alive at a time\n",
+            churn.pods, churn.alive
+        );
+        let most = churn.installed_every_100.iter().max().copied().unwrap_or(0);
+        let _ = writeln!(
+            s,
+            "Setup {first:.2} ms (first 10 pods, median) and {last:.2} ms (last 10): {:.2}×. \
+             Pods installed every 100 deletions: at most {most}.\n",
+            last / first
+        );
+        let _ = writeln!(
+            s,
+            "| after the last pod | left | then after `redirector gc` |"
+        );
+        let _ = writeln!(s, "|---|---:|---:|");
+        let _ = writeln!(
+            s,
+            "| pods installed | {} | {} |",
+            churn.installed_after, churn.installed_needed
+        );
+        let _ = writeln!(
+            s,
+            "| files pinned | {} | {} |",
+            churn.pins_after, churn.pins_needed
+        );
+        for (map, entries) in &churn.map_fill_after {
+            let needed = (churn.map_fill_needed.iter())
+                .find_map(|(m, n)| (m == map).then_some(*n))
+                .unwrap_or(0);
+            let _ = writeln!(s, "| {map} entries | {entries} | {needed} |");
+        }
+    }
     if setup.object_memlock > 0 {
         let _ = writeln!(
             s,
@@ -348,6 +385,32 @@ pub fn targets(dp: &DataPath, setup: &Setup) -> String {
                 );
             }
         }
+    }
+    let churn = &setup.churn;
+    if churn.per_pod_ms.len() >= 20 {
+        let (first, last) = churn.first_and_last();
+        let r = last / first;
+        row(
+            &format!(
+                "churn of {} pods: last 10 set up within 1.1× of the first 10",
+                churn.pods
+            ),
+            format!("{r:.2}×"),
+            Some(r <= 1.1),
+        );
+        let gone = churn.installed_after.saturating_sub(churn.installed_needed);
+        row(
+            &format!(
+                "churn of {} pods: pods gone but installed ≤ {}",
+                churn.pods,
+                2 * churn.alive
+            ),
+            format!(
+                "{gone} ({} pins more)",
+                churn.pins_after.saturating_sub(churn.pins_needed)
+            ),
+            Some(gone <= 2 * churn.alive as u64),
+        );
     }
     if setup.object_memlock > 0 {
         let mib = setup.object_memlock as f64 / (1 << 20) as f64;

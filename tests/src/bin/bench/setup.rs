@@ -11,9 +11,12 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use redirector_tests::cgroup::Cgroup;
+use redirector_tests::churn::churn;
 use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::iptables::standard_injection;
-use redirector_tests::redirector::{redirector_bin, status, PinRoot, STANDARD_INJECTION};
+use redirector_tests::redirector::{
+    map_fill, pins_under, redirector_bin, status, PinRoot, STANDARD_INJECTION,
+};
 use redirector_tests::NetNs;
 
 use crate::memory;
@@ -92,10 +95,44 @@ pub struct Sequence {
     pub removal_s: Option<f64>,
 }
 
+/// Init-container pods set up one after another, `alive` at a time, each deleted without a
+/// cleanup (namespace and cgroup removed) once `alive` newer ones are up.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct Churn {
+    pub pods: usize,
+    pub alive: usize,
+    /// Wall time of each pod's setup, in order.
+    pub per_pod_ms: Vec<f64>,
+    /// Pods installed under the pin root after every 100 deletions.
+    pub installed_every_100: Vec<u64>,
+    /// After the last pod: pods installed, files pinned, and each map's entries.
+    pub installed_after: u64,
+    pub pins_after: usize,
+    pub map_fill_after: Vec<(String, u64)>,
+    /// The same once `redirector gc` has removed every pod that is gone (what the live
+    /// pods need, and any pod deleted too recently for the kernel to have detached its
+    /// links).
+    pub installed_needed: u64,
+    pub pins_needed: usize,
+    pub map_fill_needed: Vec<(String, u64)>,
+}
+
+impl Churn {
+    /// Medians of the first 10 and of the last 10 pods' setup times.
+    pub fn first_and_last(&self) -> (f64, f64) {
+        let n = self.per_pod_ms.len();
+        (
+            median(&self.per_pod_ms[..n.min(10)]),
+            median(&self.per_pod_ms[n.saturating_sub(10)..]),
+        )
+    }
+}
+
 #[derive(Debug, Default, serde::Serialize)]
 pub struct Setup {
     pub one_pod: OnePod,
     pub sequences: Vec<Sequence>,
+    pub churn: Churn,
     pub object_memlock: u64,
     pub map_memlock: Vec<(String, u64)>,
     pub map_fill: serde_json::Value,
@@ -347,6 +384,43 @@ fn daemon_sequence(pods: usize, client: Client, kept: &mut Kept) -> Sequence {
     drop(api);
     kept.push(Box::new((daemon, made, root, node, state, cni_dir)));
     seq
+}
+
+/// [`Churn`] of `pods` pods, 10 alive at a time, under a pin root of its own.
+pub fn churn_sequence(pods: usize) -> Churn {
+    const ALIVE: usize = 10;
+    let root = PinRoot::new("bchurn");
+    let installed = |root: &PinRoot| {
+        status(root)["objects"][0]["pods"]
+            .as_array()
+            .map_or(0, |p| p.len() as u64)
+    };
+    let mut out = Churn {
+        pods,
+        alive: ALIVE,
+        ..Churn::default()
+    };
+    let run = churn(&root, pods, ALIVE, |_| {
+        out.installed_every_100.push(installed(&root));
+    });
+    out.installed_after = installed(&root);
+    out.pins_after = pins_under(root.path()).len();
+    out.map_fill_after = map_fill(&root);
+    // About what the live pods need: what is left once `redirector gc` removed every pod
+    // that is gone.
+    let mut gc = Command::new(redirector_bin());
+    gc.arg("gc").arg("--pin-root").arg(root.path());
+    timed(&mut gc, None);
+    out.installed_needed = installed(&root);
+    out.pins_needed = pins_under(root.path()).len();
+    out.map_fill_needed = map_fill(&root);
+    out.per_pod_ms = run.setup_ms;
+    let (first, last) = out.first_and_last();
+    eprintln!(
+        "bench: {pods} pods of churn, {ALIVE} alive: {} installed after, setup {first:.2} ms (first 10) and {last:.2} ms (last 10)",
+        out.installed_after
+    );
+    out
 }
 
 pub fn run(samples: usize, pods: usize) -> Setup {
