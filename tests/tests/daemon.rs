@@ -8,11 +8,11 @@ use std::time::Duration;
 use redirector_tests::bpftool::wait_link_detached;
 use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::redirector::{
-    object_ids, pins_under, pod_links, NextObject, PinRoot, STANDARD_INJECTION,
+    install, object_ids, pins_under, pod_links, NextObject, PinRoot, STANDARD_INJECTION,
 };
 use redirector_tests::{
     assert_all_proxied, assert_direct, assert_proxied, require_root, use_probe_bin, Cgroup,
-    ConnOutcome, ProxiedPod, APP_UID, PROXY_UID,
+    ConnOutcome, NetNs, ProxiedPod, APP_UID, PROXY_UID,
 };
 
 #[test]
@@ -360,6 +360,52 @@ fn a_pod_whose_namespace_goes_is_removed_while_the_daemon_runs() {
     assert_eq!(pod_links(&root, gone_cookie), None);
     let dst = kept.service(false);
     assert_proxied(&kept.connect(APP_UID, APP_UID, dst), dst);
+}
+
+#[test]
+fn the_daemons_next_add_removes_pods_that_went_without_a_cleanup() {
+    if !require_root() {
+        return;
+    }
+    let root = PinRoot::new("gcadd");
+    let node = Cgroup::new("node");
+    let state = StateDir::new("state");
+    // No periodic collection: only the adds remove what is gone.
+    let daemon = Daemon::start_with(&root, &node, &state, &["--gc-interval", "0"]);
+    let kept = NetNs::new("kept");
+    daemon.add(&kept, "default/kept", &STANDARD_INJECTION);
+    // A daemon pod deleted without `pod del` (a missed CNI DEL), and an init-container pod
+    // under the node cgroup (in the daemon's object) deleted without `--cleanup-only`.
+    let by_daemon = NetNs::new("gone");
+    daemon.add(&by_daemon, "default/gone", &STANDARD_INJECTION);
+    let by_init = (NetNs::new("initgone"), Cgroup::under(&node, "initgone"));
+    install(&by_init.0, &by_init.1, &root, &STANDARD_INJECTION);
+    let gone = [by_daemon.cookie(), by_init.0.cookie()];
+    drop((by_daemon, by_init));
+    for link in pins_under(root.path()) {
+        let name = link.file_name().unwrap().to_string_lossy().into_owned();
+        if gone.iter().any(|c| name.starts_with(&format!("{c}_"))) {
+            assert!(wait_link_detached(&link, Duration::from_secs(10)), "{name}");
+        }
+    }
+    assert!(gone.iter().all(|c| pod_links(&root, *c).is_some()));
+
+    let new = NetNs::new("new");
+    daemon.add(&new, "default/new", &STANDARD_INJECTION);
+    for cookie in gone {
+        assert_eq!(pod_links(&root, cookie), None, "{}", daemon.log());
+    }
+    assert!(
+        daemon.log().contains("removed 2 pod(s) that are gone"),
+        "{}",
+        daemon.log()
+    );
+    for netns in [&kept, &new] {
+        assert_eq!(
+            pod_links(&root, netns.cookie()),
+            Some(vec!["sk_lookup".to_owned()])
+        );
+    }
 }
 
 #[test]
