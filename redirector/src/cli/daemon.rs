@@ -4,8 +4,35 @@ use std::path::PathBuf;
 
 use crate::{
     cgroup::cgroup2_mount,
-    daemon::{self, api::DEFAULT_SOCKET, records::DEFAULT_STATE_DIR, DaemonConfig},
+    daemon::{
+        self,
+        api::DEFAULT_SOCKET,
+        records::DEFAULT_STATE_DIR,
+        repair::{RepairConfig, RepairMode},
+        DaemonConfig, CONTAINERD_SOCKET,
+    },
 };
+
+/// Repair, unless it is off or no runtime socket is given or found.
+fn repair_config(args: &DaemonArgs) -> Option<RepairConfig> {
+    if args.repair == RepairMode::Off {
+        return None;
+    }
+    let socket = args.cri_socket.clone().or_else(|| {
+        let containerd = PathBuf::from(CONTAINERD_SOCKET);
+        containerd.exists().then_some(containerd)
+    });
+    let Some(cri_socket) = socket else {
+        tracing::info!("repair off: no --cri-socket, and no {CONTAINERD_SOCKET}");
+        return None;
+    };
+    Some(RepairConfig {
+        mode: args.repair,
+        cri_socket,
+        interval: std::time::Duration::from_secs(args.repair_interval),
+        cni_conf_dir: args.cni_conf_dir.clone(),
+    })
+}
 
 #[derive(clap::Args, Debug)]
 pub struct DaemonArgs {
@@ -33,7 +60,8 @@ pub struct DaemonArgs {
     /// start), then every pod's capture, the node links, the records.
     #[arg(long)]
     uninstall: bool,
-    /// With --uninstall: the CNI configuration directory the entry is taken out of.
+    /// The CNI configuration directory holding the plugin's entry: repair reads its rules
+    /// there, --uninstall takes it out.
     #[arg(
         long,
         value_name = "DIR",
@@ -41,6 +69,17 @@ pub struct DaemonArgs {
         default_value = crate::install_cni::DEFAULT_CONF_DIR
     )]
     cni_conf_dir: PathBuf,
+    /// The container runtime's CRI socket, to find pods started before the plugin (or
+    /// while its entry was missing) [default: containerd's, when it exists].
+    #[arg(long, value_name = "PATH", env = "REDIRECTOR_CRI_SOCKET")]
+    cri_socket: Option<PathBuf>,
+    /// What to do with a running pod the plugin's rules capture but nothing captured:
+    /// capture it, only report it (log and metric), or not look.
+    #[arg(long, value_enum, value_name = "MODE", default_value = "capture")]
+    repair: RepairMode,
+    /// Seconds between looks at the node's pods for repair (one is made at start).
+    #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    repair_interval: u64,
 }
 
 pub fn run(args: &DaemonArgs) -> anyhow::Result<()> {
@@ -59,6 +98,7 @@ pub fn run(args: &DaemonArgs) -> anyhow::Result<()> {
         metrics_addr: args.metrics_addr,
         gc_interval: (args.gc_interval > 0)
             .then(|| std::time::Duration::from_secs(args.gc_interval)),
+        repair: repair_config(args),
     };
     if args.uninstall {
         for change in crate::install_cni::unchain_all(&args.cni_conf_dir)? {

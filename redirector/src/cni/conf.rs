@@ -30,10 +30,6 @@ pub struct NetConf {
     pub args: Value,
     /// The daemon's socket; the plugin does not need the daemon to run.
     #[serde(default)]
-    #[expect(
-        dead_code,
-        reason = "accepted for the documented network configuration"
-    )]
     pub socket: Option<PathBuf>,
     #[serde(default, rename = "pinRoot")]
     pub pin_root: Option<PathBuf>,

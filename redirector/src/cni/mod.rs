@@ -10,10 +10,15 @@
 //! runtime retries instead of starting a meshed pod uncaptured. DEL is keyed on
 //! CNI_CONTAINERID, idempotent, and never fails for want of pins or of a usable kernel.
 
-mod conf;
+pub mod conf;
 mod error;
 
-use std::{collections::BTreeSet, io::Read, path::PathBuf, process::ExitCode};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io::Read,
+    path::PathBuf,
+    process::ExitCode,
+};
 
 use serde_json::{json, Value};
 
@@ -93,15 +98,19 @@ fn read_stdin() -> Result<String, CniError> {
     Ok(stdin)
 }
 
-/// The pod's istio-iptables flags: the network's `args` overridden by the pod's istio
-/// annotations, validated; `None` when the pod is left alone.
-fn pod_flags(conf: &NetConf, namespace: Option<&str>) -> Result<Option<Vec<String>>, CniError> {
-    let annotations = conf.annotations();
+/// The istio-iptables flags of a pod of `namespace` with `annotations`: the network's
+/// `args` overridden by the pod's istio annotations, validated; `None` when the pod is
+/// left alone. (The daemon's repair asks it too, for the pods the plugin never saw.)
+pub fn pod_flags(
+    conf: &NetConf,
+    namespace: Option<&str>,
+    annotations: &BTreeMap<String, String>,
+) -> Result<Option<Vec<String>>, CniError> {
     let rules = Rules {
         require_status: conf.require_status,
         exclude_namespaces: &conf.exclude_namespaces,
     };
-    if left_alone(rules, namespace, &annotations).is_some() {
+    if left_alone(rules, namespace, annotations).is_some() {
         return Ok(None);
     }
     let defaults: Vec<String> = match &conf.args {
@@ -112,7 +121,7 @@ fn pod_flags(conf: &NetConf, namespace: Option<&str>) -> Result<Option<Vec<Strin
             .ok_or_else(|| CniError::new(code::INVALID_CONFIG, "args must be a list of strings"))?,
         _ => Vec::new(),
     };
-    let flags = annotations::flags(&defaults, &annotations);
+    let flags = annotations::flags(&defaults, annotations);
     parse_flags(&flags).map_err(|e| CniError::new(code::INVALID_CONFIG, e))?;
     Ok(Some(flags))
 }
@@ -176,7 +185,7 @@ impl Plugin {
         if let Some(object) = result.as_object_mut() {
             object.insert("cniVersion".into(), conf.cni_version.clone().into());
         }
-        let Some(flags) = pod_flags(conf, pod_namespace().as_deref())? else {
+        let Some(flags) = pod_flags(conf, pod_namespace().as_deref(), &conf.annotations())? else {
             return Ok(Some(result));
         };
         kernel_ready(code::SETUP_FAILED)?;
@@ -225,7 +234,7 @@ impl Plugin {
     /// as its flags plan it.
     fn check(&self, conf: &NetConf) -> Result<(), CniError> {
         let container = required_env("CNI_CONTAINERID")?;
-        if pod_flags(conf, pod_namespace().as_deref())?.is_none() {
+        if pod_flags(conf, pod_namespace().as_deref(), &conf.annotations())?.is_none() {
             return Ok(());
         }
         kernel_ready(code::SETUP_FAILED)?;

@@ -44,6 +44,11 @@ struct MapLabels {
 pub struct Metrics {
     requests: Family<OpLabels, Histogram>,
     errors: Family<OpLabels, Counter>,
+    /// Pods the repair captured (`--repair capture`).
+    repaired: Counter,
+    /// Pods the plugin's rules capture that nothing captured, as the last repair round
+    /// found them.
+    uncaptured: Gauge,
     node: OnceLock<Arc<Node>>,
 }
 
@@ -55,6 +60,8 @@ impl Default for Metrics {
                 Histogram::new(exponential_buckets(0.0001, 2.0, 13))
             }),
             errors: Family::default(),
+            repaired: Counter::default(),
+            uncaptured: Gauge::default(),
             node: OnceLock::new(),
         }
     }
@@ -68,6 +75,12 @@ impl Metrics {
         if failed {
             self.errors.get_or_create(&labels).inc();
         }
+    }
+
+    /// A repair round: `captured` pods captured now, `uncaptured` left so.
+    pub fn repaired(&self, captured: usize, uncaptured: usize) {
+        self.repaired.inc_by(captured as u64);
+        self.uncaptured.set(uncaptured as i64);
     }
 
     /// The start-up reconcile is done: serve `/readyz` and the node's metrics.
@@ -86,6 +99,16 @@ impl Metrics {
             "request_errors",
             "API requests that failed, by operation",
             self.errors.clone(),
+        );
+        registry.register(
+            "pods_repaired",
+            "Pods started before the plugin (or while its entry was missing) captured by the repair",
+            self.repaired.clone(),
+        );
+        registry.register(
+            "pods_uncaptured",
+            "Pods the plugin's rules capture that are not captured, at the last repair round",
+            self.uncaptured.clone(),
         );
         if let Some(node) = self.node.get() {
             register_node(&mut registry, node)?;

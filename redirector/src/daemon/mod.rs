@@ -5,12 +5,16 @@
 //! one rebuilds its view from the pins and its records before it serves.
 
 pub mod api;
+mod cri;
 #[cfg(test)]
 mod generated;
 pub mod metrics;
 pub mod pods;
 pub mod records;
+pub mod repair;
 mod trace;
+
+pub use cri::CONTAINERD_SOCKET;
 
 use std::{
     net::SocketAddr,
@@ -53,6 +57,8 @@ pub struct DaemonConfig {
     /// How often the daemon removes pods that are gone (a missed CNI DEL); `None`: only
     /// at start.
     pub gc_interval: Option<std::time::Duration>,
+    /// Capture of pods the plugin never saw, through the runtime's CRI; `None`: off.
+    pub repair: Option<repair::RepairConfig>,
 }
 
 /// Start-up: the object (the pinned one if the node has it), the node-level links, and
@@ -131,6 +137,10 @@ async fn serve(config: DaemonConfig) -> anyhow::Result<()> {
     let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
+    if let Some(repair) = config.repair.clone() {
+        let (node, owner, metrics) = (Arc::clone(&node), Arc::clone(&owner), Arc::clone(&metrics));
+        tokio::spawn(repair_rounds(repair, node, owner, metrics));
+    }
     let mut gc = config.gc_interval.map(|every| {
         let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -178,6 +188,62 @@ async fn serve(config: DaemonConfig) -> anyhow::Result<()> {
     }
     info!("stopped; every pod stays captured");
     Ok(())
+}
+
+/// A repair round now and then every `config.interval`, for as long as the daemon runs.
+/// A runtime that cannot be reached or a configuration with no entry of the plugin's
+/// makes a round do nothing, with a warning.
+async fn repair_rounds(
+    config: repair::RepairConfig,
+    node: Arc<Node>,
+    owner: Arc<Mutex<()>>,
+    metrics: Arc<Metrics>,
+) {
+    let capture = config.mode == repair::RepairMode::Capture;
+    let mut runtime: Option<cri::Runtime> = None;
+    let mut ticks = tokio::time::interval(config.interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let conf = match repair::plugin_conf(&config.cni_conf_dir) {
+            Ok(Some(conf)) => conf,
+            Ok(None) => {
+                tracing::debug!(
+                    "repair: no redirector-cni entry in {} yet",
+                    config.cni_conf_dir.display()
+                );
+                continue;
+            }
+            Err(err) => {
+                tracing::warn!("repair: {err:#}");
+                continue;
+            }
+        };
+        if runtime.is_none() {
+            match cri::Runtime::connect(&config.cri_socket).await {
+                Ok(connected) => runtime = Some(connected),
+                Err(err) => {
+                    tracing::warn!("repair: {err:#}");
+                    continue;
+                }
+            }
+        }
+        let listed = runtime.as_mut().expect("connected above").ready_sandboxes().await;
+        let sandboxes = match listed {
+            Ok(sandboxes) => sandboxes,
+            Err(err) => {
+                tracing::warn!("repair: {err:#}");
+                runtime = None;
+                continue;
+            }
+        };
+        let _owner = owner.lock().await;
+        let node = Arc::clone(&node);
+        match tokio::task::spawn_blocking(move || node.repair(&sandboxes, &conf, capture)).await {
+            Ok(round) => metrics.repaired(round.captured.len(), round.uncaptured.len()),
+            Err(err) => tracing::warn!("repair: {err}"),
+        }
+    }
 }
 
 /// The socket, root only (mode 0600), replacing one a killed daemon left behind.

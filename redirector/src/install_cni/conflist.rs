@@ -63,6 +63,25 @@ fn parse(file: &str, text: &str) -> Result<Map<String, Value>, ConfError> {
     }
 }
 
+/// redirector's entry in `file` (whose content is `text`) as the runtime hands it to the
+/// plugin: with the list's `cniVersion` and `name`; `None` when the file has none.
+pub fn entry(file: &str, text: &str) -> Result<Option<Value>, ConfError> {
+    let conf = parse(file, text)?;
+    let Some(Value::Array(plugins)) = conf.get("plugins") else {
+        return Ok(None);
+    };
+    let Some(Value::Object(ours)) = plugins.iter().find(|p| is_ours(p)) else {
+        return Ok(None);
+    };
+    let mut entry = ours.clone();
+    for key in ["cniVersion", "name"] {
+        if let Some(value) = conf.get(key) {
+            entry.entry(key).or_insert_with(|| value.clone());
+        }
+    }
+    Ok(Some(Value::Object(entry)))
+}
+
 fn is_ours(plugin: &Value) -> bool {
     plugin.get("type").and_then(Value::as_str) == Some(PLUGIN_TYPE)
 }

@@ -215,6 +215,17 @@ fn apply(
     Ok(Some(Some(change)))
 }
 
+/// redirector's entry in the configuration the runtime loads from `conf_dir`, as the
+/// runtime hands it to the plugin; `None` when it has none.
+pub fn chained_entry(conf_dir: &Path) -> Result<Option<Value>, InstallError> {
+    let Some(name) = runtime_pick(config_files(conf_dir)?) else {
+        return Ok(None);
+    };
+    let path = conf_dir.join(&name);
+    let text = fs::read_to_string(&path).map_err(fs_err("reading", &path))?;
+    Ok(conflist::entry(&name, &text)?)
+}
+
 /// The configuration files of `dir`, in the order the runtime tries them.
 fn config_files(dir: &Path) -> Result<Vec<String>, FsError> {
     let entries = fs::read_dir(dir).map_err(fs_err("listing", dir))?;
