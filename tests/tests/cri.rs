@@ -3,6 +3,8 @@
 //! `redirector daemon` on the node. Pods are captured with no init container.
 
 use std::net::SocketAddr;
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 
@@ -10,7 +12,7 @@ use redirector_tests::cri::Containerd;
 use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::podman_host::ForwardingGuard;
 use redirector_tests::redirector::{
-    pins_under, pod_links, redirector_bin, PinRoot, STANDARD_INJECTION,
+    pins_under, pod_links, redirector_bin, run_ok, PinRoot, STANDARD_INJECTION,
 };
 use redirector_tests::{
     require_root, require_tools, use_probe_bin, Cgroup, ConnOutcome, APP_UID, PROXY_UID,
@@ -24,8 +26,20 @@ fn landed(stdout: &str) -> ConnOutcome {
     ConnOutcome::parse(stdout)
 }
 
-/// The node's network at `cni_version`: ptp with host-local addresses in
-/// 10.x.`third_octet`.0/24, then `redirector-cni` with the default pod selection.
+/// The node's own network at `cni_version`: ptp with host-local addresses in
+/// 10.x.`third_octet`.0/24.
+fn primary_network(cni_version: &str, third_octet: u8, ipam: &StateDir) -> serde_json::Value {
+    let subnet = 200 + (std::process::id() % 50);
+    json!({
+        "cniVersion": cni_version,
+        "name": "rdtcri",
+        "plugins": [
+            {"type": "ptp", "ipam": {"type": "host-local", "subnet": format!("10.{subnet}.{third_octet}.0/24"), "dataDir": ipam.path()}},
+        ]
+    })
+}
+
+/// [`primary_network`], then `redirector-cni` with the default pod selection.
 fn chained_network(
     cni_version: &str,
     third_octet: u8,
@@ -33,43 +47,45 @@ fn chained_network(
     root: &PinRoot,
     state: &StateDir,
 ) -> serde_json::Value {
-    let subnet = 200 + (std::process::id() % 50);
-    json!({
-        "cniVersion": cni_version,
-        "name": "rdtcri",
-        "plugins": [
-            {"type": "ptp", "ipam": {"type": "host-local", "subnet": format!("10.{subnet}.{third_octet}.0/24"), "dataDir": ipam.path()}},
-            {"type": "redirector-cni", "pinRoot": root.path(), "stateDir": state.path(),
-             "args": STANDARD_INJECTION, "capabilities": {"io.kubernetes.cri.pod-annotations": true}}
-        ]
+    let mut network = primary_network(cni_version, third_octet, ipam);
+    network["plugins"].as_array_mut().unwrap().push(json!(
+        {"type": "redirector-cni", "pinRoot": root.path(), "stateDir": state.path(),
+         "args": STANDARD_INJECTION, "capabilities": {"io.kubernetes.cri.pod-annotations": true}}
+    ));
+    network
+}
+
+type Sandbox = (String, k8s_cri::v1::PodSandboxConfig);
+
+/// What every test here starts from (fields drop in this order).
+struct NodeSetup {
+    ipam: StateDir,
+    state: StateDir,
+    node: Cgroup,
+    root: PinRoot,
+    _forwarding: ForwardingGuard,
+}
+
+/// Root and containerd checked, the probe binary set, forwarding on, and a node's pin
+/// root, node cgroup, daemon state directory and IPAM directory; `None` to skip.
+fn node_setup(hint: &str) -> Option<NodeSetup> {
+    if !require_root() || !require_tools("containerd pod", &["containerd", "runc"]) {
+        return None;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    Some(NodeSetup {
+        _forwarding: ForwardingGuard::new(),
+        root: PinRoot::new(hint),
+        node: Cgroup::new("crinode"),
+        state: StateDir::new("cristate"),
+        ipam: StateDir::new("ipam"),
     })
 }
 
-#[test]
-fn containerd_pods_are_captured_by_the_cni_plugin_with_no_init_container() {
-    if !require_root() || !require_tools("containerd pod", &["containerd", "runc"]) {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let _forwarding = ForwardingGuard::new();
-    let root = PinRoot::new("cri");
-    let node = Cgroup::new("crinode");
-    let state = StateDir::new("cristate");
-    let daemon = Daemon::start(&root, &node, &state);
-    let ipam = StateDir::new("ipam");
-    let conflist = chained_network("1.0.0", 77, &ipam, &root, &state);
-    let redirector = redirector_bin();
-    let mut cri = Containerd::start(&conflist, &[("redirector-cni", redirector.as_path())]);
-    let parent = node.relative_path();
-
-    // The service: a pod the mesh leaves alone.
-    let svc = cri.run_sandbox(
-        "svc",
-        &[("sidecar.istio.io/inject", "false")],
-        &format!("{parent}/svc"),
-    );
-    let svc_server = cri.start_container(
-        &svc,
+/// The service: `probe serve` on 8080 in `sandbox`; the container and its address.
+fn serve(cri: &mut Containerd, sandbox: &Sandbox) -> (String, SocketAddr) {
+    let server = cri.start_container(
+        sandbox,
         "svc",
         &[
             "probe",
@@ -81,7 +97,90 @@ fn containerd_pods_are_captured_by_the_cni_plugin_with_no_init_container() {
         ],
         0,
     );
-    let svc_addr = SocketAddr::new(cri.sandbox_ip(&svc.0), 8080);
+    (server, SocketAddr::new(cri.sandbox_ip(&sandbox.0), 8080))
+}
+
+/// A pod `namespace/name` with `annotations` under the cgroup `parent`, with an app
+/// container (uid 1000) that only sleeps, to connect from: the sandbox and the container.
+fn app_pod(
+    cri: &mut Containerd,
+    namespace: &str,
+    name: &str,
+    annotations: &[(&str, &str)],
+    parent: &str,
+) -> (Sandbox, String) {
+    let sandbox = cri.run_sandbox_in(namespace, name, annotations, &format!("{parent}/{name}"));
+    let app = cri.start_container(&sandbox, "app", &["sleep", "100000"], i64::from(APP_UID));
+    (sandbox, app)
+}
+
+/// The stand-in sidecar in `sandbox`: `probe proxy` on 15001 and 15006, as uid 1337.
+fn sidecar(cri: &mut Containerd, sandbox: &Sandbox) -> String {
+    cri.start_container(
+        sandbox,
+        "proxy",
+        &[
+            "probe",
+            "proxy",
+            "--listen",
+            "127.0.0.1:15001",
+            "--listen",
+            "0.0.0.0:15006",
+            "--name",
+            "proxy",
+        ],
+        i64::from(PROXY_UID),
+    )
+}
+
+/// `app` connects to `dst`: it lands on its pod's proxy with `dst` as original destination.
+#[track_caller]
+fn assert_lands_on_proxy(cri: &mut Containerd, app: &str, dst: SocketAddr) {
+    let (_, out) = cri.exec(app, &["probe", "connect", &dst.to_string()]);
+    match landed(&out) {
+        ConnOutcome::Proxied { name, orig, .. } if name == "proxy" => assert_eq!(orig, Some(dst)),
+        other => panic!(
+            "{app} -> {dst}: expected the proxy, got {other:?}\n{}",
+            cri.log()
+        ),
+    }
+}
+
+/// `app` connects to `dst`: it reaches the service directly.
+#[track_caller]
+fn assert_reaches_service(cri: &mut Containerd, app: &str, dst: SocketAddr) {
+    let (_, out) = cri.exec(app, &["probe", "connect", &dst.to_string()]);
+    assert!(
+        matches!(landed(&out), ConnOutcome::Served { ref name, .. } if name == "svc"),
+        "{app} -> {dst}: expected the service directly, got {out}"
+    );
+}
+
+#[test]
+fn containerd_pods_are_captured_by_the_cni_plugin_with_no_init_container() {
+    let Some(NodeSetup {
+        root,
+        node,
+        state,
+        ipam,
+        ..
+    }) = node_setup("cri")
+    else {
+        return;
+    };
+    let daemon = Daemon::start(&root, &node, &state);
+    let conflist = chained_network("1.0.0", 77, &ipam, &root, &state);
+    let redirector = redirector_bin();
+    let mut cri = Containerd::start(&conflist, &[("redirector-cni", redirector.as_path())]);
+    let parent = node.relative_path();
+
+    // The service: a pod the mesh leaves alone.
+    let svc = cri.run_sandbox(
+        "svc",
+        &[("sidecar.istio.io/inject", "false")],
+        &format!("{parent}/svc"),
+    );
+    let (svc_server, svc_addr) = serve(&mut cri, &svc);
 
     // The meshed pod: an app and a proxy (uid 1337), no init container.
     let web = cri.run_sandbox("web", &[(STATUS, "{}")], &format!("{parent}/web"));
@@ -98,41 +197,14 @@ fn containerd_pods_are_captured_by_the_cni_plugin_with_no_init_container() {
         ],
         i64::from(APP_UID),
     );
-    let proxy = cri.start_container(
-        &web,
-        "proxy",
-        &[
-            "probe",
-            "proxy",
-            "--listen",
-            "127.0.0.1:15001",
-            "--listen",
-            "0.0.0.0:15006",
-            "--name",
-            "proxy",
-        ],
-        i64::from(PROXY_UID),
-    );
+    let proxy = sidecar(&mut cri, &web);
     let web_addr = SocketAddr::new(cri.sandbox_ip(&web.0), 8080);
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    std::thread::sleep(Duration::from_millis(300));
 
     // Outbound: the app's connection lands on the proxy with its original destination.
-    let (_, out) = cri.exec(&app, &["probe", "connect", &svc_addr.to_string()]);
-    match landed(&out) {
-        ConnOutcome::Proxied { name, orig, .. } if name == "proxy" => {
-            assert_eq!(orig, Some(svc_addr))
-        }
-        other => panic!(
-            "app -> {svc_addr}: expected the proxy, got {other:?}\n{}",
-            cri.log()
-        ),
-    }
+    assert_lands_on_proxy(&mut cri, &app, svc_addr);
     // The proxy's own traffic passes.
-    let (_, out) = cri.exec(&proxy, &["probe", "connect", &svc_addr.to_string()]);
-    assert!(
-        matches!(landed(&out), ConnOutcome::Served { ref name, .. } if name == "svc"),
-        "{out}"
-    );
+    assert_reaches_service(&mut cri, &proxy, svc_addr);
     // Inbound: a connection to the app's port lands on the proxy's -z listener.
     let (_, out) = cri.exec(&svc_server, &["probe", "connect", &web_addr.to_string()]);
     match landed(&out) {
@@ -152,11 +224,7 @@ fn containerd_pods_are_captured_by_the_cni_plugin_with_no_init_container() {
         &format!("{parent}/excl"),
     );
     let excl_app = cri.start_container(&excl, "app", &["sleep", "100000"], i64::from(APP_UID));
-    let (_, out) = cri.exec(&excl_app, &["probe", "connect", &svc_addr.to_string()]);
-    assert!(
-        matches!(landed(&out), ConnOutcome::Served { ref name, .. } if name == "svc"),
-        "{out}"
-    );
+    assert_reaches_service(&mut cri, &excl_app, svc_addr);
 
     assert_eq!(
         daemon.pod_names(),
@@ -186,15 +254,16 @@ fn containerd_pods_are_captured_by_the_cni_plugin_with_no_init_container() {
 /// captured.
 #[test]
 fn a_rebooted_node_starts_pods_it_leaves_alone_and_holds_injected_ones_until_pinned() {
-    if !require_root() || !require_tools("containerd pod", &["containerd", "runc"]) {
+    let Some(NodeSetup {
+        root,
+        node,
+        state,
+        ipam,
+        ..
+    }) = node_setup("crireboot")
+    else {
         return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let _forwarding = ForwardingGuard::new();
-    let root = PinRoot::new("crireboot");
-    let node = Cgroup::new("crinode");
-    let state = StateDir::new("cristate");
-    let ipam = StateDir::new("ipam");
+    };
     let conflist = chained_network("0.3.1", 78, &ipam, &root, &state);
     let redirector = redirector_bin();
     let mut cri = Containerd::start(&conflist, &[("redirector-cni", redirector.as_path())]);
@@ -203,38 +272,18 @@ fn a_rebooted_node_starts_pods_it_leaves_alone_and_holds_injected_ones_until_pin
 
     // A pod with no sidecar annotations: the service, and a client beside it.
     let svc = cri.run_sandbox("svc", &[], &format!("{parent}/svc"));
-    cri.start_container(
-        &svc,
-        "svc",
-        &[
-            "probe",
-            "serve",
-            "--listen",
-            "0.0.0.0:8080",
-            "--name",
-            "svc",
-        ],
-        0,
-    );
-    let svc_addr = SocketAddr::new(cri.sandbox_ip(&svc.0), 8080);
-    let plain = cri.run_sandbox("plain", &[], &format!("{parent}/plain"));
-    let plain_app = cri.start_container(&plain, "app", &["sleep", "100000"], i64::from(APP_UID));
+    let (_, svc_addr) = serve(&mut cri, &svc);
+    let (plain, plain_app) = app_pod(&mut cri, "default", "plain", &[], &parent);
     // A kube-system pod, even one the injector marked.
-    let system = cri.run_sandbox_in(
+    let (system, system_app) = app_pod(
+        &mut cri,
         "kube-system",
         "system",
         &[(STATUS, "{}")],
-        &format!("{parent}/system"),
+        &parent,
     );
-    let system_app = cri.start_container(&system, "app", &["sleep", "100000"], i64::from(APP_UID));
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    let direct = |cri: &mut Containerd, app: &str| {
-        let (_, out) = cri.exec(app, &["probe", "connect", &svc_addr.to_string()]);
-        assert!(
-            matches!(landed(&out), ConnOutcome::Served { ref name, .. } if name == "svc"),
-            "{app} -> {svc_addr}: expected the service directly, got {out}"
-        );
-    };
+    std::thread::sleep(Duration::from_millis(300));
+    let direct = |cri: &mut Containerd, app: &str| assert_reaches_service(cri, app, svc_addr);
     direct(&mut cri, &plain_app);
     direct(&mut cri, &system_app);
 
@@ -254,32 +303,9 @@ fn a_rebooted_node_starts_pods_it_leaves_alone_and_holds_injected_ones_until_pin
     let daemon = Daemon::start(&root, &node, &state);
     let web = cri.run_sandbox_in("default", "web", &[(STATUS, "{}")], &web_parent);
     let app = cri.start_container(&web, "app", &["sleep", "100000"], i64::from(APP_UID));
-    cri.start_container(
-        &web,
-        "proxy",
-        &[
-            "probe",
-            "proxy",
-            "--listen",
-            "127.0.0.1:15001",
-            "--listen",
-            "0.0.0.0:15006",
-            "--name",
-            "proxy",
-        ],
-        i64::from(PROXY_UID),
-    );
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    let (_, out) = cri.exec(&app, &["probe", "connect", &svc_addr.to_string()]);
-    match landed(&out) {
-        ConnOutcome::Proxied { name, orig, .. } if name == "proxy" => {
-            assert_eq!(orig, Some(svc_addr))
-        }
-        other => panic!(
-            "app -> {svc_addr}: expected the proxy, got {other:?}\n{}",
-            cri.log()
-        ),
-    }
+    sidecar(&mut cri, &web);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_lands_on_proxy(&mut cri, &app, svc_addr);
     // The pods started before stay as they were: uncaptured, unrecorded.
     direct(&mut cri, &plain_app);
     direct(&mut cri, &system_app);
@@ -297,4 +323,121 @@ fn a_rebooted_node_starts_pods_it_leaves_alone_and_holds_injected_ones_until_pin
     }
     assert!(daemon.pods().is_empty());
     assert_eq!(pod_links(&root, cookies[0]), None);
+}
+
+/// Waits (up to 15 s) until `done` holds; panics with `what` and the daemon's log.
+fn wait_for(daemon: &Daemon, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}\n{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Pods running before the plugin was chained (the DaemonSet came up after them): the
+/// daemon finds them through the CRI and, by the plugin's own rules, reports them
+/// (`--repair report`) or captures them (`--repair capture`, the default); new
+/// connections of a repaired pod land on its proxy with their original destination.
+#[test]
+fn pods_started_before_the_plugin_are_repaired_through_the_cri() {
+    let Some(NodeSetup {
+        root,
+        node,
+        state,
+        ipam,
+        ..
+    }) = node_setup("crirepair")
+    else {
+        return;
+    };
+    let mut cri = Containerd::start(&primary_network("1.0.0", 79, &ipam), &[]);
+    let parent = node.relative_path();
+    // Before the plugin: a service with no sidecar, an injected pod, an injected
+    // kube-system pod.
+    let svc = cri.run_sandbox("svc", &[], &format!("{parent}/svc"));
+    let (_, svc_addr) = serve(&mut cri, &svc);
+    let (web, app) = app_pod(&mut cri, "default", "web", &[(STATUS, "{}")], &parent);
+    sidecar(&mut cri, &web);
+    let (_system, system_app) = app_pod(
+        &mut cri,
+        "kube-system",
+        "system",
+        &[(STATUS, "{}")],
+        &parent,
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_reaches_service(&mut cri, &app, svc_addr);
+
+    // The DaemonSet's install step chains the plugin into the network's configuration.
+    let conf_dir = cri.dir().join("cni-conf");
+    run_ok(
+        Command::new(redirector_bin())
+            .arg("install-cni")
+            .arg("--conf-dir")
+            .arg(&conf_dir)
+            .arg("--bin-dir")
+            .arg(cri.dir().join("cni-bin"))
+            .arg("--pin-root")
+            .arg(root.path())
+            .arg("--state-dir")
+            .arg(state.path())
+            .arg("--")
+            .args(STANDARD_INJECTION),
+    );
+    let socket = cri.dir().join("containerd.sock");
+    let repair = |mode: &str| -> Vec<String> {
+        [
+            "--cri-socket",
+            &socket.display().to_string(),
+            "--cni-conf-dir",
+            &conf_dir.display().to_string(),
+            "--repair",
+            mode,
+            "--repair-interval",
+            "1",
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    };
+    let metric =
+        |daemon: &Daemon, line: &str| daemon.http_get("/metrics").1.lines().any(|l| l == line);
+
+    // Report: counted and logged, nothing captured.
+    let args = repair("report");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let daemon = Daemon::start_with(&root, &node, &state, &args);
+    wait_for(&daemon, "no report of the uncaptured pod", || {
+        metric(&daemon, "redirector_pods_uncaptured 1")
+    });
+    assert!(daemon.log().contains("pod default/web"), "{}", daemon.log());
+    assert!(daemon.pod_names().is_empty());
+    assert_reaches_service(&mut cri, &app, svc_addr);
+    daemon.terminate();
+
+    // Capture: the injected pod is captured by the first round; the others stay as they were.
+    let args = repair("capture");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let started = Instant::now();
+    let daemon = Daemon::start_with(&root, &node, &state, &args);
+    wait_for(&daemon, "the pod is not repaired", || {
+        daemon.pod_names() == ["default/web"]
+    });
+    eprintln!(
+        "repaired {:.0} ms after the daemon's start",
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    assert_lands_on_proxy(&mut cri, &app, svc_addr);
+    assert_reaches_service(&mut cri, &system_app, svc_addr);
+    wait_for(&daemon, "the repair is not counted", || {
+        metric(&daemon, "redirector_pods_repaired_total 1")
+            && metric(&daemon, "redirector_pods_uncaptured 0")
+    });
+
+    // The repaired pod is the plugin's like any other: CNI DEL removes it.
+    let cookie = daemon.pods()[0]["netns_cookie"].as_u64().unwrap();
+    cri.remove_sandbox(&web.0);
+    assert!(daemon.pods().is_empty());
+    assert_eq!(pod_links(&root, cookie), None);
 }

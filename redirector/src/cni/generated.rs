@@ -78,7 +78,7 @@ proptest! {
                 return Ok(());
             }
         };
-        match pod_flags(&parsed, Some("default")) {
+        match pod_flags(&parsed, Some("default"), &parsed.annotations()) {
             Ok(Some(flags)) => prop_assert!(parse_flags(&flags).is_ok()),
             Ok(None) => {}
             Err(err) => {

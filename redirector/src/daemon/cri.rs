@@ -119,7 +119,8 @@ mod tests {
         let spec = r#"{"pid": 42, "runtimeSpec": {"linux": {"namespaces": [
             {"type": "pid"}, {"type": "network", "path": "/var/run/netns/cni-1"}]}}}"#;
         assert_eq!(netns_of(spec), Some(PathBuf::from("/var/run/netns/cni-1")));
-        let pause = r#"{"pid": 42, "runtimeSpec": {"linux": {"namespaces": [{"type": "network"}]}}}"#;
+        let pause =
+            r#"{"pid": 42, "runtimeSpec": {"linux": {"namespaces": [{"type": "network"}]}}}"#;
         assert_eq!(netns_of(pause), Some(PathBuf::from("/proc/42/ns/net")));
         // A host-network sandbox has no network namespace of its own.
         let host = r#"{"pid": 42, "runtimeSpec": {"linux": {"namespaces": [{"type": "pid"}]}}}"#;

@@ -228,7 +228,11 @@ async fn repair_rounds(
                 }
             }
         }
-        let listed = runtime.as_mut().expect("connected above").ready_sandboxes().await;
+        let listed = runtime
+            .as_mut()
+            .expect("connected above")
+            .ready_sandboxes()
+            .await;
         let sandboxes = match listed {
             Ok(sandboxes) => sandboxes,
             Err(err) => {

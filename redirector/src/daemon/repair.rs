@@ -57,10 +57,7 @@ pub fn plugin_conf(conf_dir: &std::path::Path) -> anyhow::Result<Option<NetConf>
         return Ok(None);
     };
     Ok(Some(serde_json::from_value(entry).map_err(|e| {
-        anyhow::anyhow!(
-            "the redirector-cni entry in {}: {e}",
-            conf_dir.display()
-        )
+        anyhow::anyhow!("the redirector-cni entry in {}: {e}", conf_dir.display())
     })?))
 }
 
@@ -85,7 +82,10 @@ impl Node {
                 continue;
             };
             let cookie = netns.cookie();
-            let recorded = matches!(self.records.by_container(&sandbox.id, Some(cookie)), Ok(Some(_)));
+            let recorded = matches!(
+                self.records.by_container(&sandbox.id, Some(cookie)),
+                Ok(Some(_))
+            );
             if recorded || LivePod::open(&self.root, cookie).is_ok() {
                 continue;
             }
@@ -97,7 +97,12 @@ impl Node {
                 round.uncaptured.push(pod);
                 continue;
             }
-            match self.add(&sandbox.netns, Some(pod.clone()), flags, Some(sandbox.id.clone())) {
+            match self.add(
+                &sandbox.netns,
+                Some(pod.clone()),
+                flags,
+                Some(sandbox.id.clone()),
+            ) {
                 Ok(_) => {
                     tracing::info!(
                         "repaired pod {pod} (sandbox {}): captured now; its connections opened before stay direct",

@@ -222,3 +222,25 @@ fn the_watch_puts_the_entry_back_after_a_rewrite_and_follows_the_first_file() {
         watcher.join().unwrap().unwrap();
     });
 }
+
+#[test]
+fn the_chained_entry_is_read_as_the_runtime_hands_it_to_the_plugin() {
+    let dir = TempDir::new().unwrap();
+    assert_eq!(chained_entry(dir.path()).unwrap(), None, "no configuration");
+    let list = r#"{"cniVersion": "0.3.1", "name": "k8s", "plugins": [{"type": "ptp"}]}"#;
+    fs::write(dir.path().join("10-net.conflist"), list).unwrap();
+    assert_eq!(chained_entry(dir.path()).unwrap(), None, "not chained");
+    let entry = serde_json::json!({"type": "redirector-cni", "args": ["-p", "15001"]});
+    let chained = conflist::chain("10-net.conflist", list, &entry).unwrap();
+    let Edit::Write { contents, .. } = chained else {
+        panic!("chaining writes the file")
+    };
+    fs::write(dir.path().join("10-net.conflist"), contents.to_string()).unwrap();
+    // A later file is not the one the runtime loads.
+    fs::write(dir.path().join("20-other.conflist"), "not json").unwrap();
+    let found = chained_entry(dir.path()).unwrap().expect("the entry");
+    assert_eq!(found["type"], "redirector-cni");
+    assert_eq!(found["args"], serde_json::json!(["-p", "15001"]));
+    assert_eq!(found["cniVersion"], "0.3.1");
+    assert_eq!(found["name"], "k8s");
+}
