@@ -74,7 +74,8 @@ impl Daemon {
         Self::start_with(root, node, state, &[])
     }
 
-    /// [`Daemon::start`] with more flags, e.g. `--metrics-addr 127.0.0.1:0`.
+    /// [`Daemon::start`] with more flags, e.g. `--metrics-addr 127.0.0.1:0`. Repair is off
+    /// unless `extra` sets `--repair`: a test's daemon never asks the host's runtime.
     pub fn start_with(root: &PinRoot, node: &Cgroup, state: &StateDir, extra: &[&str]) -> Self {
         let socket = state.path().join("redirector.sock");
         let args: Vec<String> = vec![
@@ -88,9 +89,15 @@ impl Daemon {
             "--state-dir".into(),
             state.path().display().to_string(),
         ];
+        let repair_off = ["--repair", "off"];
+        let repair_off = if extra.contains(&"--repair") {
+            &[][..]
+        } else {
+            &repair_off[..]
+        };
         let args = args
             .into_iter()
-            .chain(extra.iter().map(|a| a.to_string()))
+            .chain(extra.iter().chain(repair_off).map(|a| a.to_string()))
             .collect();
         Self::spawn(socket, args, Vec::new())
     }
