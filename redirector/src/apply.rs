@@ -111,7 +111,38 @@ pub enum Outcome {
 
 /// Make the pod in `netns` what `plan` describes, under the object `object` (loaded and
 /// pinned first if this node does not have it yet), with the maps `maps` keeps open.
+/// When a map has no room for the pod, every pod that is gone is removed
+/// ([`crate::gc::collect_stale`]) and, if any was, the pod is applied once more.
 pub fn apply(
+    root: &PinRoot,
+    object: &EbpfObject,
+    plan: &PodPlan,
+    netns: &Netns,
+    mode: Mode,
+    maps: &mut OpenMaps,
+) -> Result<Outcome, ApplyError> {
+    let full = match apply_once(root, object, plan, netns, mode, maps) {
+        Err(ApplyError::MapFull { map }) => map,
+        other => return other,
+    };
+    match crate::gc::collect_stale(root) {
+        Ok(removed) if !removed.is_empty() => {
+            tracing::info!(
+                "{full} was full: removed {} pod(s) that are gone, applying once more",
+                removed.len()
+            );
+            apply_once(root, object, plan, netns, mode, maps)
+        }
+        Ok(_) => Err(ApplyError::MapFull { map: full }),
+        Err(err) => {
+            tracing::warn!("{full} is full, and removing the pods that are gone failed: {err}");
+            Err(ApplyError::MapFull { map: full })
+        }
+    }
+}
+
+/// [`apply`], once, under the node lock.
+fn apply_once(
     root: &PinRoot,
     object: &EbpfObject,
     plan: &PodPlan,

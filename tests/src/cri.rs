@@ -17,7 +17,7 @@ use k8s_cri::v1::{
     PodSandboxStatusRequest, RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest,
     StopPodSandboxRequest,
 };
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 use crate::daemon::StateDir;
 use crate::podman::{mounts_under, processes_mentioning};
@@ -210,22 +210,10 @@ state = "{state}"
             .enable_all()
             .build()
             .unwrap();
-        let client = runtime.block_on(async {
-            let path = socket.clone();
-            let channel = Endpoint::try_from("http://localhost")
-                .unwrap()
-                .connect_with_connector(tower::service_fn(move |_: Uri| {
-                    let path = path.clone();
-                    async move {
-                        tokio::net::UnixStream::connect(path)
-                            .await
-                            .map(hyper_util::rt::TokioIo::new)
-                    }
-                }))
-                .await
-                .expect("connecting to containerd's CRI");
-            RuntimeServiceClient::new(channel)
-        });
+        let client = runtime
+            .block_on(redirector::daemon::cri::channel(&socket))
+            .map(RuntimeServiceClient::new)
+            .expect("connecting to containerd's CRI");
         Containerd {
             dir,
             child,

@@ -7,9 +7,10 @@ use crate::{
     daemon::{
         self,
         api::DEFAULT_SOCKET,
+        cri::CONTAINERD_SOCKET,
         records::DEFAULT_STATE_DIR,
         repair::{RepairConfig, RepairMode},
-        DaemonConfig, CONTAINERD_SOCKET,
+        DaemonConfig,
     },
 };
 

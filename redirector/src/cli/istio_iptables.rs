@@ -9,12 +9,12 @@ use tracing::{info, warn};
 
 use super::{config::IstioConfig, log_sections::Section, validate};
 use crate::{
-    apply::Outcome,
+    apply::{apply, Outcome},
     cgroup::pod_cgroup,
     diff::Mode,
     facts::PodFacts,
     fs_kind::nearest_is_bpffs,
-    gc::{apply_making_room, teardown},
+    gc::teardown,
     loopback,
     netns::Netns,
     node::covering,
@@ -162,14 +162,7 @@ fn apply_rules(cfg: &IstioConfig, root: &PinRoot, netns: &Netns) -> anyhow::Resu
     } else {
         Mode::Changes
     };
-    let report = match apply_making_room(
-        root,
-        &object,
-        &plan,
-        netns,
-        mode,
-        &mut OpenMaps::default(),
-    )? {
+    let report = match apply(root, &object, &plan, netns, mode, &mut OpenMaps::default())? {
         Outcome::Unchanged => {
             info!("found this exact state already installed for the pod: nothing to apply (--force-apply applies it again)");
             return Ok(());

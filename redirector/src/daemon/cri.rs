@@ -31,21 +31,26 @@ pub struct Sandbox {
 /// A connection to a runtime's CRI socket.
 pub struct Runtime(RuntimeServiceClient<Channel>);
 
+/// A gRPC channel to the unix socket `socket` (tonic speaks TCP URIs; the URI here is
+/// only a placeholder).
+pub async fn channel(socket: &Path) -> anyhow::Result<Channel> {
+    let path = socket.to_path_buf();
+    Endpoint::try_from("http://localhost")?
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                tokio::net::UnixStream::connect(path)
+                    .await
+                    .map(hyper_util::rt::TokioIo::new)
+            }
+        }))
+        .await
+        .with_context(|| format!("connecting to the CRI socket {}", socket.display()))
+}
+
 impl Runtime {
     pub async fn connect(socket: &Path) -> anyhow::Result<Self> {
-        let path = socket.to_path_buf();
-        let channel = Endpoint::try_from("http://localhost")?
-            .connect_with_connector(tower::service_fn(move |_: Uri| {
-                let path = path.clone();
-                async move {
-                    tokio::net::UnixStream::connect(path)
-                        .await
-                        .map(hyper_util::rt::TokioIo::new)
-                }
-            }))
-            .await
-            .with_context(|| format!("connecting to the CRI socket {}", socket.display()))?;
-        Ok(Runtime(RuntimeServiceClient::new(channel)))
+        Ok(Runtime(RuntimeServiceClient::new(channel(socket).await?)))
     }
 
     /// Every ready sandbox whose network namespace the runtime reports (a host-network

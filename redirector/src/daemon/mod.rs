@@ -5,7 +5,7 @@
 //! one rebuilds its view from the pins and its records before it serves.
 
 pub mod api;
-mod cri;
+pub mod cri;
 #[cfg(test)]
 mod generated;
 pub mod metrics;
@@ -13,8 +13,6 @@ pub mod pods;
 pub mod records;
 pub mod repair;
 mod trace;
-
-pub use cri::CONTAINERD_SOCKET;
 
 use std::{
     net::SocketAddr,

@@ -14,11 +14,11 @@ use super::{
     records::{PodRecord, Records},
 };
 use crate::{
-    apply::{is_installed, Outcome},
+    apply::{apply, is_installed, Outcome},
     cli::config::{parse_istio_iptables, IstioConfig},
     diff::Mode,
     facts::PodFacts,
-    gc::{apply_making_room, teardown},
+    gc::teardown,
     live_pod::LivePod,
     loopback,
     netns::Netns,
@@ -204,7 +204,7 @@ impl Node {
         if plan.config.flags & redirector_common::pod_flags::IPV6 != 0 {
             loopback::add_inbound_passthrough(&netns).map_err(|e| e.to_string())?;
         }
-        let outcome = apply_making_room(
+        let outcome = apply(
             &self.root,
             &self.object,
             &plan,

@@ -1,6 +1,6 @@
 //! Removing pods: one pod on request (`--cleanup-only`), every pod whose cgroup and
-//! network namespace are gone (`redirector gc`, and any setup a map has no room for),
-//! and a few of those with every setup ([`round_robin`]).
+//! network namespace are gone (`redirector gc`, and any setup a map has no room for: see
+//! [`crate::apply::apply`]), and a few of those with every setup ([`round_robin`]).
 
 mod round_robin;
 
@@ -9,47 +9,14 @@ use std::{collections::BTreeSet, fs};
 use redirector_common::NetnsCookie;
 
 pub(crate) use round_robin::collect_some;
-pub use round_robin::PODS_CHECKED_PER_SETUP;
 
 use crate::{
-    apply::{apply, collect_if_unused, remove, retire, ApplyError, Outcome},
-    diff::{self, Mode},
+    apply::{collect_if_unused, remove, retire, ApplyError},
+    diff,
     fs_error::fs_err,
-    netns::Netns,
     observe::{self, observe_links, observe_pods, ObserveError, ObservedLink, Pods},
-    plan::PodPlan,
-    store::{EbpfObject, NodeLock, NodeMaps, ObjectId, ObjectPins, OpenMaps, PinRoot},
+    store::{NodeLock, NodeMaps, ObjectId, ObjectPins, OpenMaps, PinRoot},
 };
-
-/// [`apply`]; when a map has no room for the pod, a whole collection of the pods that are
-/// gone ([`collect_stale`]) and, if it removed any, the pod once more.
-pub fn apply_making_room(
-    root: &PinRoot,
-    object: &EbpfObject,
-    plan: &PodPlan,
-    netns: &Netns,
-    mode: Mode,
-    maps: &mut OpenMaps,
-) -> Result<Outcome, ApplyError> {
-    let full = match apply(root, object, plan, netns, mode, maps) {
-        Err(ApplyError::MapFull { map }) => map,
-        other => return other,
-    };
-    match collect_stale(root) {
-        Ok(removed) if !removed.is_empty() => {
-            tracing::info!(
-                "{full} was full: removed {} pod(s) that are gone, applying once more",
-                removed.len()
-            );
-            apply(root, object, plan, netns, mode, maps)
-        }
-        Ok(_) => Err(ApplyError::MapFull { map: full }),
-        Err(err) => {
-            tracing::warn!("{full} is full, and removing the pods that are gone failed: {err}");
-            Err(ApplyError::MapFull { map: full })
-        }
-    }
-}
 
 /// Remove everything installed for the pod, under every object, and the pin root itself
 /// when nothing else is left in it. Returns the objects it was removed from.
