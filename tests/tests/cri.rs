@@ -368,22 +368,7 @@ fn pods_started_before_the_plugin_are_repaired_through_the_cri() {
     std::thread::sleep(Duration::from_millis(300));
     assert_reaches_service(&mut cri, &app, svc_addr);
 
-    // The DaemonSet's install step chains the plugin into the network's configuration.
     let conf_dir = cri.dir().join("cni-conf");
-    run_ok(
-        Command::new(redirector_bin())
-            .arg("install-cni")
-            .arg("--conf-dir")
-            .arg(&conf_dir)
-            .arg("--bin-dir")
-            .arg(cri.dir().join("cni-bin"))
-            .arg("--pin-root")
-            .arg(root.path())
-            .arg("--state-dir")
-            .arg(state.path())
-            .arg("--")
-            .args(STANDARD_INJECTION),
-    );
     let socket = cri.dir().join("containerd.sock");
     let repair = |mode: &str| -> Vec<String> {
         [
@@ -404,10 +389,32 @@ fn pods_started_before_the_plugin_are_repaired_through_the_cri() {
     let metric =
         |daemon: &Daemon, line: &str| daemon.http_get("/metrics").1.lines().any(|l| l == line);
 
-    // Report: counted and logged, nothing captured.
+    // Report: while the configuration has no entry of the plugin's, there are no rules
+    // to repair by, and nothing is reported; then counted and logged, nothing captured.
     let args = repair("report");
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let daemon = Daemon::start_with(&root, &node, &state, &args);
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(
+        metric(&daemon, "redirector_pods_uncaptured 0"),
+        "{}",
+        daemon.log()
+    );
+    // The DaemonSet's install step chains the plugin into the network's configuration.
+    run_ok(
+        Command::new(redirector_bin())
+            .arg("install-cni")
+            .arg("--conf-dir")
+            .arg(&conf_dir)
+            .arg("--bin-dir")
+            .arg(cri.dir().join("cni-bin"))
+            .arg("--pin-root")
+            .arg(root.path())
+            .arg("--state-dir")
+            .arg(state.path())
+            .arg("--")
+            .args(STANDARD_INJECTION),
+    );
     wait_for(&daemon, "no report of the uncaptured pod", || {
         metric(&daemon, "redirector_pods_uncaptured 1")
     });

@@ -409,6 +409,50 @@ fn the_daemons_next_add_removes_pods_that_went_without_a_cleanup() {
 }
 
 #[test]
+fn a_runtime_that_cannot_be_reached_leaves_the_daemon_serving() {
+    if !require_root() {
+        return;
+    }
+    let root = PinRoot::new("norepair");
+    let node = Cgroup::new("node");
+    let state = StateDir::new("state");
+    // The plugin is chained, so a repair round has rules; the runtime's socket is not there.
+    let conf = StateDir::new("conf");
+    let entry = serde_json::json!({"cniVersion": "1.0.0", "name": "k8s", "plugins": [
+        {"type": "ptp"}, {"type": "redirector-cni", "args": STANDARD_INJECTION}]});
+    std::fs::write(conf.path().join("10-k8s.conflist"), entry.to_string()).unwrap();
+    let socket = state.path().join("no-runtime.sock").display().to_string();
+    let conf_dir = conf.path().display().to_string();
+    let daemon = Daemon::start_with(
+        &root,
+        &node,
+        &state,
+        &[
+            "--cri-socket",
+            &socket,
+            "--cni-conf-dir",
+            &conf_dir,
+            "--repair",
+            "capture",
+            "--repair-interval",
+            "1",
+        ],
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !daemon
+        .log()
+        .contains("repair: connecting to the CRI socket")
+    {
+        assert!(std::time::Instant::now() < deadline, "{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Pods are still set up through the API.
+    let pod = NetNs::new("pod");
+    daemon.add(&pod, "default/pod", &STANDARD_INJECTION);
+    assert_eq!(daemon.pod_names(), ["default/pod"]);
+}
+
+#[test]
 fn bad_requests_get_clear_errors_and_change_nothing() {
     if !require_root() {
         return;
