@@ -2,6 +2,7 @@
 //! build, the privileged test run and the demo.
 
 mod bootstrap;
+mod image;
 mod run;
 mod vm;
 mod workspace;
@@ -53,6 +54,10 @@ enum Command {
         #[arg(long, value_name = "NAME,...")]
         modes: Option<String>,
     },
+    /// Build the static release binary and write the node image as an OCI archive
+    /// (target/image/redirector-<version>.oci.tar, `localhost/redirector:<version>`), with
+    /// nothing pulled: load it with `podman load -i` or `ctr -n k8s.io images import`.
+    Image,
     /// Build the integration tests, then run them in QEMU on other kernels (Debian's packaged
     /// 6.1/6.12 kernels or a bzImage/vmlinux path) and print a verdict table.
     Vm {
@@ -109,6 +114,10 @@ fn main() -> Result<()> {
                 args.extend(["--modes".to_string(), modes]);
             }
             run::bench(&args)
+        }
+        Command::Image => {
+            bootstrap::all()?;
+            image::build().map(drop)
         }
         Command::Vm {
             kernels,
