@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use k8s_cri::v1::{
     runtime_service_client::RuntimeServiceClient, ContainerConfig, ContainerMetadata,
-    CreateContainerRequest, ExecSyncRequest, ImageSpec, Int64Value, LinuxContainerConfig,
+    ContainerState, ContainerStatusRequest, CreateContainerRequest, ExecSyncRequest, ImageSpec, Int64Value, LinuxContainerConfig,
     LinuxContainerSecurityContext, LinuxPodSandboxConfig, LinuxSandboxSecurityContext,
     ListPodSandboxRequest, NamespaceOption, PodSandboxConfig, PodSandboxMetadata,
     PodSandboxStatusRequest, RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest,
@@ -20,112 +20,24 @@ use k8s_cri::v1::{
 use tonic::transport::Channel;
 
 use crate::daemon::StateDir;
+use crate::oci::{self, run};
 use crate::podman::{mounts_under, processes_mentioning};
 use crate::podman_rootfs::Rootfs;
 use crate::{probe_bin, ChildGuard, Spawn};
 
 pub const IMAGE: &str = "localhost/rdt-probe:1";
 
-fn run(cmd: &mut Command) -> String {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+/// `ctr images import` of `archive` into the CRI's namespace.
+fn import(socket: &Path, archive: &Path) {
+    run(Command::new("ctr")
+        .arg("--address")
+        .arg(socket)
+        .args(["-n", "k8s.io", "images", "import"])
+        .arg(archive));
 }
 
-fn sha256(path: &Path) -> (String, u64) {
-    let sum = run(Command::new("sha256sum").arg(path));
-    let digest = sum.split_whitespace().next().expect("a digest").to_owned();
-    (
-        format!("sha256:{digest}"),
-        std::fs::metadata(path).unwrap().len(),
-    )
-}
-
-/// Write `json` as a blob of the OCI layout at `dir`: its digest and size.
-fn blob(dir: &Path, json: &serde_json::Value) -> (String, u64) {
-    let tmp = dir.join("blob.tmp");
-    std::fs::write(&tmp, serde_json::to_vec(json).unwrap()).unwrap();
-    let (digest, size) = sha256(&tmp);
-    let dest = dir
-        .join("blobs/sha256")
-        .join(digest.trim_start_matches("sha256:"));
-    std::fs::rename(&tmp, dest).unwrap();
-    (digest, size)
-}
-
-/// An OCI image archive of `rootfs` named [`IMAGE`], whose command sleeps.
-fn image_archive(work: &Path, rootfs: &Path) -> PathBuf {
-    let layout = work.join("layout");
-    std::fs::create_dir_all(layout.join("blobs/sha256")).unwrap();
-    let layer = layout.join("layer.tar");
-    run(Command::new("tar")
-        .arg("-C")
-        .arg(rootfs)
-        .arg("-cf")
-        .arg(&layer)
-        .arg("."));
-    let (layer_digest, layer_size) = sha256(&layer);
-    std::fs::rename(
-        &layer,
-        layout
-            .join("blobs/sha256")
-            .join(layer_digest.trim_start_matches("sha256:")),
-    )
-    .unwrap();
-    let (config_digest, config_size) = blob(
-        &layout,
-        &serde_json::json!({
-            "architecture": "amd64",
-            "os": "linux",
-            "config": {"Cmd": ["/bin/sleep", "100000"]},
-            "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
-        }),
-    );
-    let (manifest_digest, manifest_size) = blob(
-        &layout,
-        &serde_json::json!({
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest, "size": config_size},
-            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest, "size": layer_size}],
-        }),
-    );
-    std::fs::write(
-        layout.join("index.json"),
-        serde_json::to_vec(&serde_json::json!({
-            "schemaVersion": 2,
-            "manifests": [{
-                "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                "digest": manifest_digest,
-                "size": manifest_size,
-                "annotations": {"io.containerd.image.name": IMAGE, "org.opencontainers.image.ref.name": "1"},
-            }],
-        }))
-        .unwrap(),
-    )
-    .unwrap();
-    std::fs::write(
-        layout.join("oci-layout"),
-        r#"{"imageLayoutVersion":"1.0.0"}"#,
-    )
-    .unwrap();
-    let archive = work.join("image.tar");
-    run(Command::new("tar")
-        .arg("-C")
-        .arg(&layout)
-        .arg("-cf")
-        .arg(&archive)
-        .arg("oci-layout")
-        .arg("index.json")
-        .arg("blobs"));
-    archive
-}
+/// A pod sandbox: its id and the config it was run with.
+pub type Sandbox = (String, PodSandboxConfig);
 
 /// containerd in its own directory, with a CNI network of the test's own.
 pub struct Containerd {
@@ -200,12 +112,13 @@ state = "{state}"
         let rootfs_dir = d.join("rootfs");
         let rootfs = Rootfs::busybox(&rootfs_dir);
         rootfs.add_binary(&probe_bin(), "/usr/local/bin/probe");
-        let archive = image_archive(d, rootfs.path());
-        run(Command::new("ctr")
-            .arg("--address")
-            .arg(&socket)
-            .args(["-n", "k8s.io", "images", "import"])
-            .arg(&archive));
+        let archive = oci::archive(
+            d,
+            rootfs.path(),
+            IMAGE,
+            serde_json::json!({"Cmd": ["/bin/sleep", "100000"]}),
+        );
+        import(&socket, &archive);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -263,8 +176,22 @@ state = "{state}"
         name: &str,
         annotations: &[(&str, &str)],
         cgroup_parent: &str,
-    ) -> Result<(String, PodSandboxConfig), tonic::Status> {
-        let config = PodSandboxConfig {
+    ) -> Result<Sandbox, tonic::Status> {
+        let config = self.sandbox_config(namespace, name, annotations, cgroup_parent);
+        self.run_pod_sandbox(config)
+    }
+
+    /// The config kubelet sends for a pod `namespace/name`: a pod network namespace,
+    /// `annotations`, `cgroup_parent` (relative to the cgroup2 root), logs under this
+    /// containerd's directory.
+    pub fn sandbox_config(
+        &self,
+        namespace: &str,
+        name: &str,
+        annotations: &[(&str, &str)],
+        cgroup_parent: &str,
+    ) -> PodSandboxConfig {
+        PodSandboxConfig {
             metadata: Some(PodSandboxMetadata {
                 name: name.into(),
                 uid: format!("uid-{namespace}-{name}"),
@@ -293,7 +220,11 @@ state = "{state}"
                 ..Default::default()
             }),
             ..Default::default()
-        };
+        }
+    }
+
+    /// RunPodSandbox with `config`.
+    pub fn run_pod_sandbox(&mut self, config: PodSandboxConfig) -> Result<Sandbox, tonic::Status> {
         let request = RunPodSandboxRequest {
             config: Some(config.clone()),
             runtime_handler: String::new(),
@@ -304,6 +235,21 @@ state = "{state}"
             .into_inner()
             .pod_sandbox_id;
         Ok((id, config))
+    }
+
+    /// `ctr images import` of `archive`.
+    pub fn import(&self, archive: &Path) {
+        import(&self.dir.path().join("containerd.sock"), archive);
+    }
+
+    /// The CNI configuration directory the runtime reads.
+    pub fn conf_dir(&self) -> PathBuf {
+        self.dir.path().join("cni-conf")
+    }
+
+    /// The CNI plugin directory the runtime runs plugins from.
+    pub fn bin_dir(&self) -> PathBuf {
+        self.dir.path().join("cni-bin")
     }
 
     /// The sandbox's IP address, from PodSandboxStatus.
@@ -333,7 +279,7 @@ state = "{state}"
     /// CreateContainer + StartContainer: `command` from [`IMAGE`] as `uid` in the sandbox.
     pub fn start_container(
         &mut self,
-        sandbox: &(String, PodSandboxConfig),
+        sandbox: &Sandbox,
         name: &str,
         command: &[&str],
         uid: i64,
@@ -358,6 +304,16 @@ state = "{state}"
             }),
             ..Default::default()
         };
+        self.create_and_start(sandbox, config)
+    }
+
+    /// CreateContainer + StartContainer with `config` in `sandbox`: the container's id.
+    pub fn create_and_start(&mut self, sandbox: &Sandbox, config: ContainerConfig) -> String {
+        let name = config
+            .metadata
+            .as_ref()
+            .map(|m| m.name.clone())
+            .unwrap_or_default();
         let request = CreateContainerRequest {
             pod_sandbox_id: sandbox.0.clone(),
             config: Some(config),
@@ -375,6 +331,41 @@ state = "{state}"
             }))
             .unwrap_or_else(|e| panic!("StartContainer {name}: {e}\ncontainerd:\n{}", self.log()));
         id
+    }
+
+    /// The container's exit code once it has exited, `None` while it runs.
+    pub fn exit_code(&mut self, container: &str) -> Option<i32> {
+        let status = self
+            .runtime
+            .block_on(self.client.container_status(ContainerStatusRequest {
+                container_id: container.into(),
+                verbose: false,
+            }))
+            .unwrap_or_else(|e| panic!("ContainerStatus {container}: {e}"))
+            .into_inner()
+            .status
+            .expect("a container status");
+        (status.state == ContainerState::ContainerExited as i32).then_some(status.exit_code)
+    }
+
+    /// What the container wrote (stdout and stderr, in the CRI log format's order).
+    pub fn container_log(&mut self, container: &str) -> String {
+        let status = self
+            .runtime
+            .block_on(self.client.container_status(ContainerStatusRequest {
+                container_id: container.into(),
+                verbose: false,
+            }))
+            .unwrap_or_else(|e| panic!("ContainerStatus {container}: {e}"))
+            .into_inner()
+            .status
+            .expect("a container status");
+        let log = std::fs::read_to_string(&status.log_path).unwrap_or_default();
+        // Each line: `<time> <stream> <F|P> <text>`.
+        log.lines()
+            .map(|line| line.splitn(4, ' ').nth(3).unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     /// ExecSync: the command's exit code and stdout.

@@ -9,35 +9,17 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use redirector_tests::cri::Containerd;
+use redirector_tests::cri_pods::{
+    app_pod, assert_lands_on_proxy, assert_reaches_service, primary_network, serve, sidecar, STATUS,
+};
 use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::podman_host::ForwardingGuard;
 use redirector_tests::redirector::{
     pins_under, pod_links, redirector_bin, run_ok, PinRoot, STANDARD_INJECTION,
 };
 use redirector_tests::{
-    require_root, require_tools, use_probe_bin, Cgroup, ConnOutcome, APP_UID, PROXY_UID,
+    require_root, require_tools, use_probe_bin, Cgroup, ConnOutcome, APP_UID,
 };
-
-/// The annotation istio's injector sets on every pod it injected a sidecar into.
-const STATUS: &str = "sidecar.istio.io/status";
-
-#[track_caller]
-fn landed(stdout: &str) -> ConnOutcome {
-    ConnOutcome::parse(stdout)
-}
-
-/// The node's own network at `cni_version`: ptp with host-local addresses in
-/// 10.x.`third_octet`.0/24.
-fn primary_network(cni_version: &str, third_octet: u8, ipam: &StateDir) -> serde_json::Value {
-    let subnet = 200 + (std::process::id() % 50);
-    json!({
-        "cniVersion": cni_version,
-        "name": "rdtcri",
-        "plugins": [
-            {"type": "ptp", "ipam": {"type": "host-local", "subnet": format!("10.{subnet}.{third_octet}.0/24"), "dataDir": ipam.path()}},
-        ]
-    })
-}
 
 /// [`primary_network`], then `redirector-cni` with the default pod selection.
 fn chained_network(
@@ -54,8 +36,6 @@ fn chained_network(
     ));
     network
 }
-
-type Sandbox = (String, k8s_cri::v1::PodSandboxConfig);
 
 /// What every test here starts from (fields drop in this order).
 struct NodeSetup {
@@ -80,80 +60,6 @@ fn node_setup(hint: &str) -> Option<NodeSetup> {
         state: StateDir::new("cristate"),
         ipam: StateDir::new("ipam"),
     })
-}
-
-/// The service: `probe serve` on 8080 in `sandbox`; the container and its address.
-fn serve(cri: &mut Containerd, sandbox: &Sandbox) -> (String, SocketAddr) {
-    let server = cri.start_container(
-        sandbox,
-        "svc",
-        &[
-            "probe",
-            "serve",
-            "--listen",
-            "0.0.0.0:8080",
-            "--name",
-            "svc",
-        ],
-        0,
-    );
-    (server, SocketAddr::new(cri.sandbox_ip(&sandbox.0), 8080))
-}
-
-/// A pod `namespace/name` with `annotations` under the cgroup `parent`, with an app
-/// container (uid 1000) that only sleeps, to connect from: the sandbox and the container.
-fn app_pod(
-    cri: &mut Containerd,
-    namespace: &str,
-    name: &str,
-    annotations: &[(&str, &str)],
-    parent: &str,
-) -> (Sandbox, String) {
-    let sandbox = cri.run_sandbox_in(namespace, name, annotations, &format!("{parent}/{name}"));
-    let app = cri.start_container(&sandbox, "app", &["sleep", "100000"], i64::from(APP_UID));
-    (sandbox, app)
-}
-
-/// The stand-in sidecar in `sandbox`: `probe proxy` on 15001 and 15006, as uid 1337.
-fn sidecar(cri: &mut Containerd, sandbox: &Sandbox) -> String {
-    cri.start_container(
-        sandbox,
-        "proxy",
-        &[
-            "probe",
-            "proxy",
-            "--listen",
-            "127.0.0.1:15001",
-            "--listen",
-            "0.0.0.0:15006",
-            "--name",
-            "proxy",
-        ],
-        i64::from(PROXY_UID),
-    )
-}
-
-/// `app` connects to `dst`: it lands on its pod's proxy with `dst` as original destination.
-#[track_caller]
-fn assert_lands_on_proxy(cri: &mut Containerd, app: &str, dst: SocketAddr) {
-    let (_, out) = cri.exec(app, &["probe", "connect", &dst.to_string()]);
-    match landed(&out) {
-        ConnOutcome::Proxied { name, orig, .. } if name == "proxy" => assert_eq!(orig, Some(dst)),
-        other => panic!(
-            "{app} -> {dst}: expected the proxy, got {other:?}\n{}",
-            cri.log()
-        ),
-    }
-}
-
-/// `app` connects to `dst`: it reaches the service directly.
-#[track_caller]
-fn assert_reaches_service(cri: &mut Containerd, app: &str, dst: SocketAddr) {
-    let (_, out) = cri.exec(app, &["probe", "connect", &dst.to_string()]);
-    assert!(
-        matches!(landed(&out), ConnOutcome::Served { ref name, .. } if name == "svc"),
-        "{app} -> {dst}: expected the service directly, got {out}"
-    );
 }
 
 #[test]
@@ -207,7 +113,7 @@ fn containerd_pods_are_captured_by_the_cni_plugin_with_no_init_container() {
     assert_reaches_service(&mut cri, &proxy, svc_addr);
     // Inbound: a connection to the app's port lands on the proxy's -z listener.
     let (_, out) = cri.exec(&svc_server, &["probe", "connect", &web_addr.to_string()]);
-    match landed(&out) {
+    match ConnOutcome::parse(&out) {
         ConnOutcome::Proxied { name, orig, .. } if name == "proxy" => {
             assert_eq!(orig, Some(web_addr))
         }

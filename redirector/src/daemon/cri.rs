@@ -99,37 +99,54 @@ impl Runtime {
 }
 
 /// The network namespace in a sandbox's verbose info (containerd's JSON): the path in its
-/// runtime spec, else its pause process's. `None` for a sandbox in the host's network.
+/// runtime spec when this process sees it, else its pause process's (the runtime may keep
+/// its namespaces in a directory not mounted here; with hostPID the pid is the host's).
+/// `None` for a sandbox in the host's network.
 fn netns_of(info: &str) -> Option<PathBuf> {
-    let info: serde_json::Value = serde_json::from_str(info).ok()?;
-    let namespaces = info["runtimeSpec"]["linux"]["namespaces"].as_array()?;
-    let network = namespaces.iter().find(|ns| ns["type"] == "network")?;
-    match network["path"].as_str() {
-        Some(path) if !path.is_empty() => Some(PathBuf::from(path)),
-        // A new namespace made with the pause process: its pid's.
-        _ => info["pid"]
-            .as_u64()
-            .filter(|pid| *pid > 0)
-            .map(|pid| PathBuf::from(format!("/proc/{pid}/ns/net"))),
-    }
+    netns_candidates(info).into_iter().find(|path| path.exists())
+}
+
+/// The namespace paths [`netns_of`] chooses from, in order of preference.
+fn netns_candidates(info: &str) -> Vec<PathBuf> {
+    let Ok(info) = serde_json::from_str::<serde_json::Value>(info) else {
+        return Vec::new();
+    };
+    let Some(namespaces) = info["runtimeSpec"]["linux"]["namespaces"].as_array() else {
+        return Vec::new();
+    };
+    let Some(network) = namespaces.iter().find(|ns| ns["type"] == "network") else {
+        return Vec::new();
+    };
+    let spec = network["path"]
+        .as_str()
+        .filter(|path| !path.is_empty())
+        .map(PathBuf::from);
+    let pause = info["pid"]
+        .as_u64()
+        .filter(|pid| *pid > 0)
+        .map(|pid| PathBuf::from(format!("/proc/{pid}/ns/net")));
+    spec.into_iter().chain(pause).collect()
 }
 
 #[cfg(test)]
 mod tests {
-    use super::netns_of;
+    use super::netns_candidates;
     use std::path::PathBuf;
 
     #[test]
     fn the_network_namespace_comes_from_the_runtime_spec_or_the_pause_process() {
         let spec = r#"{"pid": 42, "runtimeSpec": {"linux": {"namespaces": [
             {"type": "pid"}, {"type": "network", "path": "/var/run/netns/cni-1"}]}}}"#;
-        assert_eq!(netns_of(spec), Some(PathBuf::from("/var/run/netns/cni-1")));
+        assert_eq!(
+            netns_candidates(spec),
+            [PathBuf::from("/var/run/netns/cni-1"), PathBuf::from("/proc/42/ns/net")]
+        );
         let pause =
             r#"{"pid": 42, "runtimeSpec": {"linux": {"namespaces": [{"type": "network"}]}}}"#;
-        assert_eq!(netns_of(pause), Some(PathBuf::from("/proc/42/ns/net")));
+        assert_eq!(netns_candidates(pause), [PathBuf::from("/proc/42/ns/net")]);
         // A host-network sandbox has no network namespace of its own.
         let host = r#"{"pid": 42, "runtimeSpec": {"linux": {"namespaces": [{"type": "pid"}]}}}"#;
-        assert_eq!(netns_of(host), None);
-        assert_eq!(netns_of("not json"), None);
+        assert!(netns_candidates(host).is_empty());
+        assert!(netns_candidates("not json").is_empty());
     }
 }

@@ -1,0 +1,110 @@
+//! Pods of a mesh on the tests' containerd ([`crate::cri::Containerd`]): the node's
+//! primary network, a service, an app, the stand-in sidecar, and where an app's
+//! connection lands.
+
+use std::net::SocketAddr;
+
+use serde_json::json;
+
+use crate::cri::{Containerd, Sandbox};
+use crate::daemon::StateDir;
+use crate::{ConnOutcome, APP_UID, PROXY_UID};
+
+/// The annotation istio's injector sets on every pod it injected a sidecar into.
+pub const STATUS: &str = "sidecar.istio.io/status";
+
+/// The node's own network at `cni_version`: ptp with host-local addresses in
+/// 10.x.`third_octet`.0/24.
+pub fn primary_network(cni_version: &str, third_octet: u8, ipam: &StateDir) -> serde_json::Value {
+    let subnet = 200 + (std::process::id() % 50);
+    json!({
+        "cniVersion": cni_version,
+        "name": "rdtcri",
+        "plugins": [
+            {"type": "ptp", "ipam": {"type": "host-local", "subnet": format!("10.{subnet}.{third_octet}.0/24"), "dataDir": ipam.path()}},
+        ]
+    })
+}
+
+/// The service: `probe serve` on 8080 in `sandbox`; the container and its address.
+pub fn serve(cri: &mut Containerd, sandbox: &Sandbox) -> (String, SocketAddr) {
+    let server = cri.start_container(
+        sandbox,
+        "svc",
+        &[
+            "probe",
+            "serve",
+            "--listen",
+            "0.0.0.0:8080",
+            "--name",
+            "svc",
+        ],
+        0,
+    );
+    (server, SocketAddr::new(cri.sandbox_ip(&sandbox.0), 8080))
+}
+
+/// A pod `namespace/name` with `annotations` under the cgroup `parent`, with an app
+/// container (uid 1000) that only sleeps, to connect from: the sandbox and the container.
+pub fn app_pod(
+    cri: &mut Containerd,
+    namespace: &str,
+    name: &str,
+    annotations: &[(&str, &str)],
+    parent: &str,
+) -> (Sandbox, String) {
+    let sandbox = cri.run_sandbox_in(namespace, name, annotations, &format!("{parent}/{name}"));
+    let app = cri.start_container(&sandbox, "app", &["sleep", "100000"], i64::from(APP_UID));
+    (sandbox, app)
+}
+
+/// The stand-in sidecar in `sandbox`: `probe proxy` on 15001 and 15006, as uid 1337.
+pub fn sidecar(cri: &mut Containerd, sandbox: &Sandbox) -> String {
+    cri.start_container(
+        sandbox,
+        "proxy",
+        &[
+            "probe",
+            "proxy",
+            "--listen",
+            "127.0.0.1:15001",
+            "--listen",
+            "0.0.0.0:15006",
+            "--name",
+            "proxy",
+        ],
+        i64::from(PROXY_UID),
+    )
+}
+
+/// Where `app`'s connection to `dst` lands.
+pub fn connect(cri: &mut Containerd, app: &str, dst: SocketAddr) -> ConnOutcome {
+    let (_, out) = cri.exec(app, &["probe", "connect", &dst.to_string()]);
+    ConnOutcome::parse(&out)
+}
+
+/// Whether `outcome` is the sidecar's, with `dst` as the original destination.
+pub fn on_proxy(outcome: &ConnOutcome, dst: SocketAddr) -> bool {
+    matches!(outcome, ConnOutcome::Proxied { name, orig, .. } if name == "proxy" && *orig == Some(dst))
+}
+
+/// `app` connects to `dst`: it lands on its pod's proxy with `dst` as original destination.
+#[track_caller]
+pub fn assert_lands_on_proxy(cri: &mut Containerd, app: &str, dst: SocketAddr) {
+    let outcome = connect(cri, app, dst);
+    assert!(
+        on_proxy(&outcome, dst),
+        "{app} -> {dst}: expected the proxy with {dst} as original destination, got {outcome:?}\n{}",
+        cri.log()
+    );
+}
+
+/// `app` connects to `dst`: it reaches the service directly.
+#[track_caller]
+pub fn assert_reaches_service(cri: &mut Containerd, app: &str, dst: SocketAddr) {
+    let outcome = connect(cri, app, dst);
+    assert!(
+        matches!(outcome, ConnOutcome::Served { ref name, .. } if name == "svc"),
+        "{app} -> {dst}: expected the service directly, got {outcome:?}"
+    );
+}

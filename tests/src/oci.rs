@@ -1,0 +1,140 @@
+//! OCI image archives for the tests' containerd, made from directories with `tar` (no
+//! image is pulled here): the probe image, and a release image rebuilt with something
+//! added (the upgrade's next kernel side).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub(crate) fn run(cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn sha256(path: &Path) -> (String, u64) {
+    let sum = run(Command::new("sha256sum").arg(path));
+    let digest = sum.split_whitespace().next().expect("a digest").to_owned();
+    (
+        format!("sha256:{digest}"),
+        std::fs::metadata(path).unwrap().len(),
+    )
+}
+
+fn blob_path(layout: &Path, digest: &str) -> PathBuf {
+    layout
+        .join("blobs/sha256")
+        .join(digest.trim_start_matches("sha256:"))
+}
+
+/// Write `json` as a blob of the OCI layout at `dir`: its digest and size.
+fn blob(dir: &Path, json: &serde_json::Value) -> (String, u64) {
+    let tmp = dir.join("blob.tmp");
+    std::fs::write(&tmp, serde_json::to_vec(json).unwrap()).unwrap();
+    let (digest, size) = sha256(&tmp);
+    std::fs::rename(&tmp, blob_path(dir, &digest)).unwrap();
+    (digest, size)
+}
+
+/// An OCI image archive (in `work`) of `rootfs` as one layer, named `reference`, with
+/// `config` as the image's run config (`Entrypoint`, `Cmd`, `Env`).
+pub fn archive(work: &Path, rootfs: &Path, reference: &str, config: serde_json::Value) -> PathBuf {
+    let layout = work.join("layout");
+    std::fs::create_dir_all(layout.join("blobs/sha256")).unwrap();
+    let layer = layout.join("layer.tar");
+    run(Command::new("tar")
+        .arg("-C")
+        .arg(rootfs)
+        .arg("-cf")
+        .arg(&layer)
+        .arg("."));
+    let (layer_digest, layer_size) = sha256(&layer);
+    std::fs::rename(&layer, blob_path(&layout, &layer_digest)).unwrap();
+    let (config_digest, config_size) = blob(
+        &layout,
+        &serde_json::json!({
+            "architecture": "amd64",
+            "os": "linux",
+            "config": config,
+            "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+        }),
+    );
+    let (manifest_digest, manifest_size) = blob(
+        &layout,
+        &serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest, "size": config_size},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest, "size": layer_size}],
+        }),
+    );
+    std::fs::write(
+        layout.join("index.json"),
+        serde_json::to_vec(&serde_json::json!({
+            "schemaVersion": 2,
+            "manifests": [{
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "digest": manifest_digest,
+                "size": manifest_size,
+                "annotations": {"io.containerd.image.name": reference, "org.opencontainers.image.ref.name": reference},
+            }],
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+    std::fs::write(
+        layout.join("oci-layout"),
+        r#"{"imageLayoutVersion":"1.0.0"}"#,
+    )
+    .unwrap();
+    let archive = work.join("image.tar");
+    run(Command::new("tar")
+        .arg("-C")
+        .arg(&layout)
+        .arg("-cf")
+        .arg(&archive)
+        .arg("oci-layout")
+        .arg("index.json")
+        .arg("blobs"));
+    std::fs::remove_dir_all(&layout).unwrap();
+    archive
+}
+
+/// An image archive's reference, run config and root filesystem (its layers unpacked
+/// into `rootfs`, in order).
+pub fn unpack(archive: &Path, work: &Path, rootfs: &Path) -> (String, serde_json::Value) {
+    let layout = work.join("unpacked");
+    std::fs::create_dir_all(&layout).unwrap();
+    std::fs::create_dir_all(rootfs).unwrap();
+    run(Command::new("tar")
+        .arg("-C")
+        .arg(&layout)
+        .arg("-xf")
+        .arg(archive));
+    let read = |path: PathBuf| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(&path).unwrap())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    };
+    let index = read(layout.join("index.json"));
+    let entry = &index["manifests"][0];
+    let reference = entry["annotations"]["io.containerd.image.name"]
+        .as_str()
+        .expect("the archive names its image")
+        .to_owned();
+    let manifest = read(blob_path(&layout, entry["digest"].as_str().unwrap()));
+    let config = read(blob_path(&layout, manifest["config"]["digest"].as_str().unwrap()));
+    for layer in manifest["layers"].as_array().unwrap() {
+        run(Command::new("tar")
+            .arg("-C")
+            .arg(rootfs)
+            .arg("-xf")
+            .arg(blob_path(&layout, layer["digest"].as_str().unwrap())));
+    }
+    std::fs::remove_dir_all(&layout).unwrap();
+    (reference, config["config"].clone())
+}
