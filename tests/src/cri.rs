@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 
 use k8s_cri::v1::{
     runtime_service_client::RuntimeServiceClient, ContainerConfig, ContainerMetadata,
-    ContainerState, ContainerStatusRequest, CreateContainerRequest, ExecSyncRequest, ImageSpec, Int64Value, LinuxContainerConfig,
-    LinuxContainerSecurityContext, LinuxPodSandboxConfig, LinuxSandboxSecurityContext,
-    ListPodSandboxRequest, NamespaceOption, PodSandboxConfig, PodSandboxMetadata,
-    PodSandboxStatusRequest, RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest,
-    StopPodSandboxRequest,
+    ContainerState, ContainerStatusRequest, CreateContainerRequest, ExecSyncRequest, ImageSpec,
+    Int64Value, LinuxContainerConfig, LinuxContainerSecurityContext, LinuxPodSandboxConfig,
+    LinuxSandboxSecurityContext, ListPodSandboxRequest, NamespaceOption, PodSandboxConfig,
+    PodSandboxMetadata, PodSandboxStatusRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
+    StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
 };
 use tonic::transport::Channel;
 
@@ -331,6 +331,16 @@ state = "{state}"
             }))
             .unwrap_or_else(|e| panic!("StartContainer {name}: {e}\ncontainerd:\n{}", self.log()));
         id
+    }
+
+    /// StopContainer: SIGTERM, then SIGKILL after `grace` seconds.
+    pub fn stop_container(&mut self, container: &str, grace: i64) {
+        self.runtime
+            .block_on(self.client.stop_container(StopContainerRequest {
+                container_id: container.into(),
+                timeout: grace,
+            }))
+            .unwrap_or_else(|e| panic!("StopContainer {container}: {e}"));
     }
 
     /// The container's exit code once it has exited, `None` while it runs.

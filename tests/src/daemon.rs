@@ -181,7 +181,6 @@ impl Daemon {
     /// GET `path` from the metrics server on loopback (started with `--metrics-addr`):
     /// the status code and the body.
     pub fn http_get(&self, path: &str) -> (u16, String) {
-        use std::io::{Read, Write};
         let log = self.log();
         let addr = log
             .split("metrics on http://")
@@ -192,25 +191,7 @@ impl Daemon {
             addr.starts_with("127.0.0.1:"),
             "metrics only on loopback: {addr}"
         );
-        let mut stream =
-            std::net::TcpStream::connect(addr).expect("connecting to the metrics server");
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).unwrap();
-        let status = response
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        let body = response
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b)
-            .unwrap_or("");
-        (status, body.to_owned())
+        http_get(addr, path).expect("asking the metrics server")
     }
 
     /// `redirector pod --socket S ARGS`.
@@ -282,4 +263,26 @@ impl Killed {
         self.env.push((key.to_owned(), value.to_owned()));
         self.restart()
     }
+}
+
+/// `GET path` from the HTTP server at `addr` (loopback): its status and body.
+pub fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b)
+        .unwrap_or("");
+    Ok((status, body.to_owned()))
 }

@@ -23,13 +23,13 @@ pub mod conformance_cases;
 pub mod conformance_rules;
 pub mod cri;
 pub mod cri_pods;
-pub mod kubelet;
 pub mod daemon;
 pub mod dns;
 pub mod dns_net;
 pub mod dns_protocol;
 pub mod dns_wire;
 pub mod iptables;
+pub mod kubelet;
 pub mod netns;
 pub mod oci;
 pub mod paths;
@@ -116,7 +116,12 @@ pub fn require_tools(test: &str, tools: &[&str]) -> bool {
     if missing.is_empty() {
         return true;
     }
-    let why = format!("{test}: {} not installed", missing.join(", "));
+    skip(&format!("{test}: {} not installed", missing.join(", ")))
+}
+
+/// A test that cannot run here for `why`: `false` with a `note: skipping …`, or a panic
+/// where every test must run (CI, `REDIRECTOR_TESTS_REQUIRE_TOOLS`).
+pub fn skip(why: &str) -> bool {
     if std::env::var_os("CI").is_some()
         || std::env::var_os("REDIRECTOR_TESTS_REQUIRE_TOOLS").is_some()
     {

@@ -127,7 +127,10 @@ pub fn unpack(archive: &Path, work: &Path, rootfs: &Path) -> (String, serde_json
         .expect("the archive names its image")
         .to_owned();
     let manifest = read(blob_path(&layout, entry["digest"].as_str().unwrap()));
-    let config = read(blob_path(&layout, manifest["config"]["digest"].as_str().unwrap()));
+    let config = read(blob_path(
+        &layout,
+        manifest["config"]["digest"].as_str().unwrap(),
+    ));
     for layer in manifest["layers"].as_array().unwrap() {
         run(Command::new("tar")
             .arg("-C")
@@ -137,4 +140,17 @@ pub fn unpack(archive: &Path, work: &Path, rootfs: &Path) -> (String, serde_json
     }
     std::fs::remove_dir_all(&layout).unwrap();
     (reference, config["config"].clone())
+}
+
+/// The reference an image archive names its image by.
+pub fn reference(archive: &Path) -> String {
+    let index = run(Command::new("tar")
+        .arg("-xOf")
+        .arg(archive)
+        .arg("index.json"));
+    let index: serde_json::Value = serde_json::from_str(&index).expect("index.json is JSON");
+    index["manifests"][0]["annotations"]["io.containerd.image.name"]
+        .as_str()
+        .expect("the archive names its image")
+        .to_owned()
 }

@@ -17,9 +17,7 @@ use redirector_tests::podman_host::ForwardingGuard;
 use redirector_tests::redirector::{
     pins_under, pod_links, redirector_bin, run_ok, PinRoot, STANDARD_INJECTION,
 };
-use redirector_tests::{
-    require_root, require_tools, use_probe_bin, Cgroup, ConnOutcome, APP_UID,
-};
+use redirector_tests::{require_root, require_tools, use_probe_bin, Cgroup, ConnOutcome, APP_UID};
 
 /// [`primary_network`], then `redirector-cni` with the default pod selection.
 fn chained_network(

@@ -104,6 +104,10 @@ fn install_chains_the_entry_once_and_bad_input_writes_nothing() {
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let err = stderr(&out);
     assert!(err.contains("no network configuration"), "{err}");
+    assert!(
+        !dirs.bin_dir().join("redirector-cni").exists(),
+        "nothing is installed while there is nothing to chain into"
+    );
     std::fs::write(dirs.conflist(), FLANNEL).unwrap();
 
     let out = dirs.install(&[]);

@@ -92,6 +92,7 @@ fn layer(binary: &Path) -> Result<Vec<u8>> {
         ("usr/", 0o755),
         ("usr/local/", 0o755),
         ("usr/local/bin/", 0o755),
+        ("var/", 0o755),
     ] {
         let mut header = header(tar::EntryType::Directory, mode);
         tar.append_data(&mut header, dir, std::io::empty())?;
@@ -111,6 +112,9 @@ fn layer(binary: &Path) -> Result<Vec<u8>> {
     let mut file = header(tar::EntryType::Regular, 0o755);
     file.set_size(bytes.len() as u64);
     tar.append_data(&mut file, BINARY, bytes.as_slice())?;
+    // Runtimes name namespaces under /var/run/netns: the same directory as /run/netns.
+    let mut header_var_run = header(tar::EntryType::Symlink, 0o777);
+    tar.append_link(&mut header_var_run, "var/run", "../run")?;
     for alias in ALIASES {
         let mut header = header(tar::EntryType::Symlink, 0o777);
         tar.append_link(&mut header, format!("usr/local/bin/{alias}"), "redirector")?;

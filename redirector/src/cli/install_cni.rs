@@ -115,6 +115,7 @@ pub fn run(args: &InstallCniArgs) -> anyhow::Result<()> {
     if args.watch {
         return Ok(watch(&installer, RECHECK, None)?);
     }
+    installer.check()?;
     if installer.install_plugin()? {
         tracing::info!("installed {}", installer.plugin_path().display());
     }

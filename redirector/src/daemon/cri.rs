@@ -103,7 +103,9 @@ impl Runtime {
 /// its namespaces in a directory not mounted here; with hostPID the pid is the host's).
 /// `None` for a sandbox in the host's network.
 fn netns_of(info: &str) -> Option<PathBuf> {
-    netns_candidates(info).into_iter().find(|path| path.exists())
+    netns_candidates(info)
+        .into_iter()
+        .find(|path| path.exists())
 }
 
 /// The namespace paths [`netns_of`] chooses from, in order of preference.
@@ -139,7 +141,10 @@ mod tests {
             {"type": "pid"}, {"type": "network", "path": "/var/run/netns/cni-1"}]}}}"#;
         assert_eq!(
             netns_candidates(spec),
-            [PathBuf::from("/var/run/netns/cni-1"), PathBuf::from("/proc/42/ns/net")]
+            [
+                PathBuf::from("/var/run/netns/cni-1"),
+                PathBuf::from("/proc/42/ns/net")
+            ]
         );
         let pause =
             r#"{"pid": 42, "runtimeSpec": {"linux": {"namespaces": [{"type": "network"}]}}}"#;

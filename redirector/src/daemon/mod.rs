@@ -248,6 +248,21 @@ async fn repair_rounds(
     }
 }
 
+/// The socket a killed daemon left behind, if no daemon answers on it.
+fn remove_stale_socket(path: &Path) -> anyhow::Result<()> {
+    match std::os::unix::net::UnixStream::connect(path) {
+        Err(err) if err.kind() == std::io::ErrorKind::ConnectionRefused => {
+            std::fs::remove_file(path)
+                .with_context(|| format!("removing the old socket {}", path.display()))
+        }
+        Ok(_) => {
+            tracing::warn!("a daemon still serves on {}: keeping it", path.display());
+            Ok(())
+        }
+        Err(_) => Ok(()),
+    }
+}
+
 /// The socket, root only (mode 0600), replacing one a killed daemon left behind.
 fn bind(path: &Path) -> anyhow::Result<UnixListener> {
     if let Some(dir) = path.parent() {
@@ -381,6 +396,7 @@ pub fn uninstall(config: &DaemonConfig) -> anyhow::Result<()> {
         records.remove(record.cookie())?;
     }
     let detached = detach_node(&root)?;
+    remove_stale_socket(&config.socket)?;
     for dir in [root.objects_dir(), root.path().to_path_buf()] {
         if let Err(err) = std::fs::remove_dir(&dir) {
             tracing::debug!("keeping {}: {err}", dir.display());

@@ -111,6 +111,19 @@ impl Installer {
         Ok(existed)
     }
 
+    /// Whether [`Installer::chain`] can succeed now (a configuration file to chain into,
+    /// which parses), with nothing written: checked before the plugin binary goes in, so
+    /// that bad input leaves the node as it was.
+    pub fn check(&self) -> Result<(), InstallError> {
+        let file = runtime_pick(config_files(&self.conf_dir)?)
+            .ok_or_else(|| InstallError::NoConfig(self.conf_dir.clone()))?;
+        let path = self.conf_dir.join(&file);
+        if let Some(text) = read(&path)? {
+            conflist::chain(&file, &String::from_utf8_lossy(&text), &self.entry)?;
+        }
+        Ok(())
+    }
+
     /// Chain the entry into the file the runtime loads. What changed, if anything.
     pub fn chain(&self) -> Result<Option<String>, InstallError> {
         for _ in 0..RACE_RETRIES {

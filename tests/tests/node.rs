@@ -1,0 +1,428 @@
+//! The node component as an operator installs it: `deploy/daemonset.yaml` itself, run by
+//! containerd through the CRI with the image `cargo xtask image` built (the test plays
+//! kubelet: see the kit's `kubelet` module). The DaemonSet's hostPath volumes are the
+//! host's own (bpffs, cgroup2, /run/redirector, /var/run/netns), except the runtime's: the
+//! CNI directories and containerd's socket directory are the test containerd's. The one
+//! argument the manifest leaves to the node, `--cgroup` (the kubepods cgroup), names the
+//! test's.
+//!
+//! One lifecycle, once over a primary network at CNI 0.3.1 and once at 1.0.0: the install
+//! step's bad input, a pod from before the DaemonSet repaired, new pods captured, the
+//! conflist rewritten by the network plugin, a reboot, an upgrade under traffic, the
+//! uninstall.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use redirector_tests::bpftool::cgroup_attachments;
+use redirector_tests::cri::Containerd;
+use redirector_tests::cri_pods::{
+    app_pod, assert_lands_on_proxy, assert_reaches_service, connect, on_proxy, primary_network,
+    serve, sidecar, STATUS,
+};
+use redirector_tests::daemon::{http_get, StateDir};
+use redirector_tests::kubelet::{DaemonSet, Node};
+use redirector_tests::netns::NetNs;
+use redirector_tests::oci;
+use redirector_tests::podman_host::ForwardingGuard;
+use redirector_tests::redirector::{built_object, pins_under};
+use redirector_tests::{require_root, require_tools, skip, use_probe_bin, Cgroup, APP_UID};
+
+/// Where the DaemonSet's daemon pins (the default) and keeps its records (the default).
+const PIN_ROOT: &str = "/sys/fs/bpf/redirector";
+const STATE_DIR: &str = "/run/redirector";
+/// The daemon's metrics and probes, on the host's network.
+const METRICS: &str = "127.0.0.1:15014";
+
+/// The node's own state the DaemonSet writes (its pins and records): absent at the start,
+/// removed at the end whatever happened.
+struct HostState;
+
+impl HostState {
+    fn claim() -> Self {
+        for path in [PIN_ROOT, STATE_DIR] {
+            assert!(
+                !Path::new(path).exists(),
+                "{path} exists: this test installs redirector on this machine as a node \
+                 would, and needs it absent (left by a killed run? remove it)"
+            );
+        }
+        HostState
+    }
+
+    /// What a reboot clears: bpffs and /run.
+    fn reboot(&self) {
+        for path in [PIN_ROOT, STATE_DIR] {
+            let _ = std::fs::remove_dir_all(path);
+        }
+    }
+}
+
+impl Drop for HostState {
+    fn drop(&mut self) {
+        self.reboot();
+    }
+}
+
+/// `path` a shared mount while the test runs, as on a systemd node (systemd mounts
+/// everything shared): a Bidirectional mount of it needs that. Restored on drop.
+struct SharedMount(Option<PathBuf>);
+
+impl SharedMount {
+    fn new(path: &str) -> Self {
+        let out = std::process::Command::new("findmnt")
+            .args(["-no", "PROPAGATION", path])
+            .output()
+            .expect("running findmnt");
+        if String::from_utf8_lossy(&out.stdout).trim() == "shared" {
+            return SharedMount(None);
+        }
+        let ok = std::process::Command::new("mount")
+            .args(["--make-shared", path])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "mount --make-shared {path}");
+        SharedMount(Some(PathBuf::from(path)))
+    }
+}
+
+impl Drop for SharedMount {
+    fn drop(&mut self) {
+        if let Some(path) = &self.0 {
+            let _ = std::process::Command::new("mount")
+                .arg("--make-private")
+                .arg(path)
+                .status();
+        }
+    }
+}
+
+/// The archive `cargo xtask image` wrote (REDIRECTOR_IMAGE), `None` to skip.
+fn release_image() -> Option<PathBuf> {
+    let image = std::env::var_os("REDIRECTOR_IMAGE").map(PathBuf::from);
+    if image.is_none() {
+        skip("node: REDIRECTOR_IMAGE not set (`cargo xtask test` builds the image and sets it)");
+    }
+    image
+}
+
+/// The release image with a different kernel side: the built object with one more byte,
+/// named by REDIRECTOR_EBPF_OBJECT in the image's environment. Its reference.
+fn next_image(base: &Path, work: &Path) -> (PathBuf, String) {
+    let rootfs = work.join("next-rootfs");
+    let (reference, mut config) = oci::unpack(base, work, &rootfs);
+    let object = "/usr/local/lib/redirector/next.o";
+    let mut bytes = std::fs::read(built_object()).unwrap();
+    bytes.push(0);
+    let path = rootfs.join(object.trim_start_matches('/'));
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, bytes).unwrap();
+    config["Env"]
+        .as_array_mut()
+        .expect("the image sets its environment")
+        .push(format!("REDIRECTOR_EBPF_OBJECT={object}").into());
+    let next = format!("{reference}-next");
+    let archive = oci::archive(work, &rootfs, &next, config);
+    (archive, next)
+}
+
+fn metric(line: &str) -> bool {
+    http_get(METRICS, "/metrics").is_ok_and(|(_, body)| body.lines().any(|l| l == line))
+}
+
+/// Polls `done` every 20 ms for up to `timeout`: how long it took, or `None`.
+fn within(timeout: Duration, mut done: impl FnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    loop {
+        if done() {
+            return Some(start.elapsed());
+        }
+        if start.elapsed() > timeout {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn read_json(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).unwrap();
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}: {text}", path.display()))
+}
+
+fn has_entry(conflist: &serde_json::Value) -> bool {
+    conflist["plugins"]
+        .as_array()
+        .is_some_and(|p| p.iter().any(|p| p["type"] == "redirector-cni"))
+}
+
+fn node_lifecycle(cni_version: &str, third_octet: u8) {
+    if !require_root() || !require_tools("containerd node", &["containerd", "runc", "ctr"]) {
+        return;
+    }
+    let Some(image) = release_image() else {
+        return;
+    };
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let _forwarding = ForwardingGuard::new();
+    let host = HostState::claim();
+    let _bpffs = SharedMount::new("/sys/fs/bpf");
+    // `ip netns add` makes /run/netns a shared mount of its own, as on a node whose runtime
+    // keeps its namespaces there (the DaemonSet mounts it HostToContainer).
+    let _netns = NetNs::new("nodenetns");
+    let kubepods = Cgroup::new("kubepods");
+    let ipam = StateDir::new("ipam");
+    let work = StateDir::new("images");
+    let primary = primary_network(cni_version, third_octet, &ipam);
+    let mut cri = Containerd::start(&primary, &[]);
+    let conflist = cri.conf_dir().join("10-test.conflist");
+    let plugin = cri.bin_dir().join("redirector-cni");
+
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let ds = DaemonSet::load(&deploy.join("daemonset.yaml"));
+    let release = ds.image().to_owned();
+    assert_eq!(
+        release,
+        oci::reference(&image),
+        "the DaemonSet runs the image `cargo xtask image` builds"
+    );
+    cri.import(&image);
+    let node = Node {
+        host_paths: [
+            ("/etc/cni/net.d", cri.conf_dir()),
+            ("/opt/cni/bin", cri.bin_dir()),
+            ("/run/containerd", cri.dir().to_path_buf()),
+        ]
+        .into_iter()
+        .map(|(path, ours)| (PathBuf::from(path), ours))
+        .collect(),
+        cgroup_parent: kubepods.relative_path(),
+        node_args: vec![(
+            "--cgroup=".into(),
+            format!("--cgroup={}", kubepods.path().display()),
+        )],
+    };
+    let parent = kubepods.relative_path();
+
+    // The install step refuses bad input with exit 1, naming it, and writes nothing.
+    std::fs::write(cri.conf_dir().join("05-broken.conflist"), "{\"plugins\": [").unwrap();
+    let (code, log) = ds.run_once(
+        &mut cri,
+        &node,
+        "install-cni",
+        &release,
+        &["install-cni"],
+        &[],
+    );
+    assert_eq!(code, 1, "{log}");
+    assert!(log.contains("05-broken.conflist"), "names the file: {log}");
+    std::fs::remove_file(cri.conf_dir().join("05-broken.conflist")).unwrap();
+    let (code, log) = ds.run_once(
+        &mut cri,
+        &node,
+        "install-cni",
+        &release,
+        &["install-cni", "--", "-p", "notaport"],
+        &[],
+    );
+    assert_eq!(code, 1, "{log}");
+    assert!(log.contains("notaport"), "names the value: {log}");
+    assert_eq!(read_json(&conflist), primary, "bad input wrote nothing");
+    assert!(!plugin.exists(), "bad input installed nothing");
+
+    // Before the DaemonSet: a service with no sidecar and an injected pod, uncaptured.
+    let svc = cri.run_sandbox("svc", &[], &format!("{parent}/svc"));
+    let (_, svc_addr) = serve(&mut cri, &svc);
+    let (early, early_app) = app_pod(&mut cri, "default", "early", &[(STATUS, "{}")], &parent);
+    sidecar(&mut cri, &early);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_reaches_service(&mut cri, &early_app, svc_addr);
+
+    // The DaemonSet's pod: ready, the entry chained, the early pod repaired.
+    let started = Instant::now();
+    let pod = ds.run(&mut cri, &node, "a", &release);
+    ds.wait_ready(&mut cri, &pod, Duration::from_secs(30));
+    assert!(
+        has_entry(&read_json(&conflist)),
+        "install-cni chained the entry"
+    );
+    assert!(plugin.exists());
+    // Within --repair-interval (30 s by default); the first round runs at the start.
+    within(Duration::from_secs(35), || {
+        on_proxy(&connect(&mut cri, &early_app, svc_addr), svc_addr)
+    })
+    .unwrap_or_else(|| panic!("the early pod is not repaired\n{}", ds.logs(&mut cri, &pod)));
+    eprintln!(
+        "node {cni_version}: early pod repaired {:.0} ms after its DaemonSet pod was created",
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    assert!(metric("redirector_pods_repaired_total 1"));
+
+    // New pods: the injected one captured at creation, the others left alone.
+    let (web, web_app) = app_pod(&mut cri, "default", "web", &[(STATUS, "{}")], &parent);
+    sidecar(&mut cri, &web);
+    let (plain, plain_app) = app_pod(&mut cri, "default", "plain", &[], &parent);
+    let (system, system_app) = app_pod(
+        &mut cri,
+        "kube-system",
+        "system",
+        &[(STATUS, "{}")],
+        &parent,
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_lands_on_proxy(&mut cri, &web_app, svc_addr);
+    assert_reaches_service(&mut cri, &plain_app, svc_addr);
+    assert_reaches_service(&mut cri, &system_app, svc_addr);
+
+    // The network plugin rewrites its file without the entry: it is back within 1 s.
+    std::fs::write(&conflist, serde_json::to_vec_pretty(&primary).unwrap()).unwrap();
+    let back = within(Duration::from_secs(1), || has_entry(&read_json(&conflist)))
+        .unwrap_or_else(|| panic!("the entry is not back\n{}", ds.logs(&mut cri, &pod)));
+    eprintln!(
+        "node {cni_version}: entry back {:.0} ms after the rewrite",
+        back.as_secs_f64() * 1e3
+    );
+    let (late, late_app) = app_pod(&mut cri, "default", "late", &[(STATUS, "{}")], &parent);
+    sidecar(&mut cri, &late);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_lands_on_proxy(&mut cri, &late_app, svc_addr);
+    assert!(
+        within(Duration::from_secs(35), || metric(
+            "redirector_pods_uncaptured 0"
+        ))
+        .is_some(),
+        "pods left uncaptured"
+    );
+
+    // A reboot: every pod gone, bpffs and /run empty, the conflist still chaining the
+    // plugin. Pods the plugin leaves alone start; an injected one waits for the pins.
+    ds.delete(&mut cri, pod);
+    for sandbox in [&late.0, &web.0, &early.0, &plain.0, &system.0, &svc.0] {
+        cri.remove_sandbox(sandbox);
+    }
+    host.reboot();
+    assert!(has_entry(&read_json(&conflist)));
+    let svc = cri.run_sandbox("svc2", &[], &format!("{parent}/svc2"));
+    let (_, svc_addr) = serve(&mut cri, &svc);
+    let (_, plain_app) = app_pod(&mut cri, "default", "plain2", &[], &parent);
+    let (_, system_app) = app_pod(
+        &mut cri,
+        "kube-system",
+        "system2",
+        &[(STATUS, "{}")],
+        &parent,
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert_reaches_service(&mut cri, &plain_app, svc_addr);
+    assert_reaches_service(&mut cri, &system_app, svc_addr);
+    let refused = cri
+        .try_run_sandbox(
+            "default",
+            "steady",
+            &[(STATUS, "{}")],
+            &format!("{parent}/steady"),
+        )
+        .map(|(id, _)| id)
+        .expect_err("an injected pod must not start with nothing pinned");
+    assert!(refused.message().contains("nothing is pinned"), "{refused}");
+    let pod = ds.run(&mut cri, &node, "b", &release);
+    ds.wait_ready(&mut cri, &pod, Duration::from_secs(30));
+    let (steady, steady_app) = app_pod(&mut cri, "default", "steady", &[(STATUS, "{}")], &parent);
+    sidecar(&mut cri, &steady);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_lands_on_proxy(&mut cri, &steady_app, svc_addr);
+    assert_reaches_service(&mut cri, &plain_app, svc_addr);
+
+    // An upgrade to an image whose kernel side differs, while a pod connects
+    // continuously: every connection lands on the proxy.
+    let (next, next_ref) = next_image(&image, work.path());
+    cri.import(&next);
+    let hammer = cri.start_container(
+        &steady,
+        "hammer",
+        &["probe", "hammer", &svc_addr.to_string(), "--for-ms", "6000"],
+        i64::from(APP_UID),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    ds.delete(&mut cri, pod);
+    let pod = ds.run(&mut cri, &node, "c", &next_ref);
+    ds.wait_ready(&mut cri, &pod, Duration::from_secs(30));
+    let counts = within(Duration::from_secs(20), || cri.exit_code(&hammer).is_some())
+        .map(|_| cri.container_log(&hammer))
+        .expect("the client ends");
+    let (total, proxied) = hammer_counts(&counts);
+    eprintln!(
+        "node {cni_version}: upgrade under traffic: {total} connections, {} escaped",
+        total - proxied
+    );
+    assert!(total >= 5, "{counts}");
+    assert_eq!(proxied, total, "connections escaped the proxy: {counts}");
+    let logs = ds.logs(&mut cri, &pod);
+    assert!(logs.contains("upgraded the node from object"), "{logs}");
+    assert_lands_on_proxy(&mut cri, &steady_app, svc_addr);
+
+    // Uninstall: the DaemonSet deleted, then the Job's two steps.
+    ds.delete(&mut cri, pod);
+    let uninstall = DaemonSet::load(&deploy.join("uninstall.yaml"));
+    assert_eq!(
+        uninstall.image(),
+        release,
+        "the uninstall Job runs the same image"
+    );
+    let (code, log) = uninstall.complete(&mut cri, &node, "uninstall", &next_ref);
+    assert_eq!(code, 0, "{log}");
+    assert_eq!(
+        read_json(&conflist),
+        primary,
+        "the network's own configuration"
+    );
+    assert!(!plugin.exists(), "the plugin binary is gone");
+    assert_eq!(pins_under(Path::new(PIN_ROOT)), Vec::<PathBuf>::new());
+    assert_eq!(cgroup_attachments(kubepods.path()), Vec::new());
+    let records: Vec<_> = walk(Path::new(STATE_DIR));
+    assert_eq!(records, Vec::<PathBuf>::new(), "records left");
+    assert_reaches_service(&mut cri, &steady_app, svc_addr);
+    assert_reaches_service(&mut cri, &plain_app, svc_addr);
+}
+
+/// `hammer total=N proxied=M …` → (N, M).
+fn hammer_counts(log: &str) -> (u64, u64) {
+    let line = log
+        .lines()
+        .find(|l| l.starts_with("hammer "))
+        .unwrap_or_else(|| panic!("no hammer line in {log:?}"));
+    let field = |name: &str| -> u64 {
+        line.split_whitespace()
+            .find_map(|f| f.strip_prefix(&format!("{name}=")).map(str::to_owned))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {line}"))
+    };
+    (field("total"), field("proxied"))
+}
+
+/// Every file under `dir` (none when it is absent).
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .flat_map(|e| {
+            let path = e.path();
+            if path.is_dir() {
+                walk(&path)
+            } else {
+                vec![path]
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn the_daemonset_runs_a_node_over_a_cni_0_3_1_network() {
+    node_lifecycle("0.3.1", 81);
+}
+
+#[test]
+fn the_daemonset_runs_a_node_over_a_cni_1_0_0_network() {
+    node_lifecycle("1.0.0", 82);
+}
