@@ -43,6 +43,8 @@ pub fn test(filter: &[String]) -> Result<()> {
         eprintln!("xtask: not root: skipping the privileged integration tests");
         return Ok(());
     }
+    // The node test runs deploy/daemonset.yaml with the image an operator would build.
+    let image = crate::image::build()?;
     // Privileged tests share kernel state (bpffs pins, cgroup2): one at a time.
     let mut integ = cargo();
     integ
@@ -55,7 +57,8 @@ pub fn test(filter: &[String]) -> Result<()> {
         ])
         .args(filter)
         // Bootstrap installed podman and containerd: no test may skip for a missing tool.
-        .env("REDIRECTOR_TESTS_REQUIRE_TOOLS", "1");
+        .env("REDIRECTOR_TESTS_REQUIRE_TOOLS", "1")
+        .env("REDIRECTOR_IMAGE", image);
     bin_env(&mut integ);
     status(integ)
 }
