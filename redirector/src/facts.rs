@@ -62,12 +62,14 @@ impl PodFacts {
     }
 
     /// Open the namespace at `path` and read the facts of the pod in it, on one thread.
+    /// The host's own namespace is refused unless `allow_host`.
     pub fn open_and_gather(
         path: &Path,
+        allow_host: bool,
         cgroup: Option<PathBuf>,
         resolv_conf: &Path,
     ) -> Result<(Netns, Self), FactsError> {
-        let (netns, read) = Netns::open_and_run(path, read_namespace)?;
+        let (netns, read) = Netns::open_pod_and_run(path, allow_host, read_namespace)?;
         let facts = Self::assemble(&netns, read, cgroup, resolv_conf)?;
         Ok((netns, facts))
     }

@@ -9,7 +9,7 @@
 use std::{
     fs, io,
     os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
-    os::unix::fs::MetadataExt,
+    os::unix::fs::{MetadataExt, OpenOptionsExt},
     path::{Path, PathBuf},
 };
 
@@ -25,6 +25,27 @@ pub enum NetnsError {
     Cookie { path: String, source: io::Error },
     #[error("a thread working in network namespace {path} panicked")]
     Panicked { path: String },
+    #[error(
+        "{path} is not a network namespace (not on nsfs): give /run/netns/NAME or /proc/PID/ns/net"
+    )]
+    NotNetns { path: String },
+    #[error(
+        "{path} is the host's network namespace (PID 1's or this process's own): capturing it would redirect the \
+         node's own traffic (sshd, kubelet); give the pod's namespace, or --allow-host-netns \
+         if the host is meant"
+    )]
+    Host { path: String },
+}
+
+/// nsfs's magic number: what a namespace file is on.
+const NSFS_MAGIC: i64 = 0x6e73_6673;
+
+/// The magic number of the filesystem `file` is on.
+fn fs_magic(file: &fs::File) -> Option<i64> {
+    // SAFETY: fstatfs on a descriptor we own, into a zeroed struct we own.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; the kernel writes only into `st`.
+    (unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) } == 0).then_some(st.f_type as i64)
 }
 
 /// The calling thread's network namespace.
@@ -53,12 +74,45 @@ impl Netns {
         path: &Path,
         work: impl FnOnce() -> T + Send,
     ) -> Result<(Self, T), NetnsError> {
+        Self::open_pod_and_run(path, true, work)
+    }
+
+    /// [`Netns::open_and_run`] for a namespace named as a pod's: the host's own (PID 1's,
+    /// where that can be read, or this process's) is refused unless `allow_host`.
+    pub fn open_pod_and_run<T: Send>(
+        path: &Path,
+        allow_host: bool,
+        work: impl FnOnce() -> T + Send,
+    ) -> Result<(Self, T), NetnsError> {
         let open_err = |source| NetnsError::Open {
             path: path.display().to_string(),
             source,
         };
-        let file = fs::File::open(path).map_err(open_err)?;
-        let inode = file.metadata().map_err(open_err)?.ino();
+        // Non-blocking: a FIFO put where a namespace was expected must not block here (with
+        // the node lock held, it would wedge every other setup).
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(path)
+            .map_err(open_err)?;
+        if fs_magic(&file) != Some(NSFS_MAGIC) {
+            return Err(NetnsError::NotNetns {
+                path: path.display().to_string(),
+            });
+        }
+        let meta = file.metadata().map_err(open_err)?;
+        // The host's: PID 1's where it can be read, and this process's own (the plugin runs
+        // in the runtime's namespace, the daemon in the host's network).
+        let is_host = ["/proc/1/ns/net", "/proc/self/ns/net"]
+            .iter()
+            .filter_map(|host| fs::metadata(host).ok())
+            .any(|host| host.dev() == meta.dev() && host.ino() == meta.ino());
+        if !allow_host && is_host {
+            return Err(NetnsError::Host {
+                path: path.display().to_string(),
+            });
+        }
+        let inode = meta.ino();
         let (opened, done) = run_in(&file, inode, path, || (diag_socket_and_cookie(), work()))?;
         let (sock_diag, cookie) = opened.map_err(|source| NetnsError::Cookie {
             path: path.display().to_string(),

@@ -65,7 +65,8 @@ pub fn run(cfg: &IstioConfig) -> anyhow::Result<()> {
         }
     }
     let netns = match &cfg.run.network_namespace {
-        Some(path) => Netns::open(path)?,
+        Some(path) => Netns::open_pod_and_run(path, cfg.run.allow_host_netns, || ())
+            .map(|(netns, ())| netns)?,
         None => Netns::current()?,
     };
 

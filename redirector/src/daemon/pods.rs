@@ -198,8 +198,13 @@ impl Node {
     ) -> Result<Response, String> {
         let started = std::time::Instant::now();
         let cfg = parse_flags(&args)?;
-        let (netns, facts) = PodFacts::open_and_gather(netns_path, None, &cfg.run.resolv_conf)
-            .map_err(|e| e.to_string())?;
+        let (netns, facts) = PodFacts::open_and_gather(
+            netns_path,
+            cfg.run.allow_host_netns,
+            None,
+            &cfg.run.resolv_conf,
+        )
+        .map_err(|e| e.to_string())?;
         let plan = plan_pod(&cfg.capture, &facts);
         if plan.config.flags & redirector_common::pod_flags::IPV6 != 0 {
             loopback::add_inbound_passthrough(&netns).map_err(|e| e.to_string())?;

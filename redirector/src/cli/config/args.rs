@@ -262,6 +262,10 @@ pub struct IstioIptablesArgs {
     #[arg(long = "pin-root", value_name = "PATH", allow_hyphen_values = true, value_parser = path_parser())]
     pub pin_root: Option<PathBuf>,
 
+    /// Accept the host's own network namespace as --network-namespace (refused otherwise)
+    #[arg(long = "allow-host-netns", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    pub allow_host_netns: Option<String>,
+
     /// Let a connection through uncaptured if its state cannot be recorded
     #[arg(long = "fail-open", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
     pub fail_open: Option<String>,

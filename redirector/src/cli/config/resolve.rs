@@ -164,6 +164,7 @@ impl IstioConfig {
                 parse::duration,
             )?,
             network_namespace: r.optional_path(&NETWORK_NAMESPACE, args.network_namespace.as_ref()),
+            allow_host_netns: r.flag(&ALLOW_HOST_NETNS, &args.allow_host_netns)?,
             cni_mode: r.flag(&CNI_MODE, &args.cni_mode)?,
             cgroup: r.absolute_path(&CGROUP, args.cgroup.as_ref())?,
             resolv_conf: r

@@ -23,6 +23,8 @@ pub struct RunOptions {
     pub probe_timeout: Duration,
     /// `--network-namespace`: the pod netns to work in; `None` = the current one.
     pub network_namespace: Option<PathBuf>,
+    /// `--allow-host-netns`: accept the host's namespace as the pod's.
+    pub allow_host_netns: bool,
     /// `--cni-mode`
     pub cni_mode: bool,
     /// `--cgroup`: the pod's cgroup v2 directory; `None` = the parent of our own cgroup.

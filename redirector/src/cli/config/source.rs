@@ -173,6 +173,8 @@ pub(crate) mod settings {
     pub const RESOLV_CONF: Setting = Setting::flag("resolv_conf", "--resolv-conf", &[]);
     pub const PIN_ROOT: Setting = Setting::flag("pin_root", "--pin-root", &["REDIRECTOR_PIN_ROOT"]);
     pub const FAIL_OPEN: Setting = Setting::flag("fail_open", "--fail-open", &[]);
+    pub const ALLOW_HOST_NETNS: Setting =
+        Setting::flag("allow_host_netns", "--allow-host-netns", &[]);
 
     pub const OWNER_GROUPS_INCLUDE: Setting = Setting::env_only(&["ISTIO_OUTBOUND_OWNER_GROUPS"]);
     pub const OWNER_GROUPS_EXCLUDE: Setting =
@@ -182,7 +184,7 @@ pub(crate) mod settings {
 
     /// Every setting that has a flag, for consistency checks against the clap definition.
     #[cfg(test)]
-    pub const WITH_FLAG: [Setting; 38] = [
+    pub const WITH_FLAG: [Setting; 39] = [
         ENVOY_PORT,
         INBOUND_CAPTURE_PORT,
         INBOUND_TUNNEL_PORT,
@@ -221,6 +223,7 @@ pub(crate) mod settings {
         RESOLV_CONF,
         PIN_ROOT,
         FAIL_OPEN,
+        ALLOW_HOST_NETNS,
     ];
 }
 

@@ -130,6 +130,7 @@ fn defaults() -> IstioConfig {
             probe_port: 15002,
             probe_timeout: Duration::from_secs(5),
             network_namespace: None,
+            allow_host_netns: false,
             cni_mode: false,
             cgroup: None,
             resolv_conf: PathBuf::from("/etc/resolv.conf"),
@@ -976,6 +977,7 @@ fn settings_match_the_clap_definition() {
             "RESOLV_CONF",
             "PIN_ROOT",
             "FAIL_OPEN",
+            "ALLOW_HOST_NETNS",
         ];
         if !no_env.contains(&derived.as_str()) {
             assert_eq!(setting.envs.last(), Some(&derived.as_str()), "{id}");
