@@ -11,29 +11,32 @@ use std::time::{Duration, Instant};
 
 use k8s_cri::v1::{
     runtime_service_client::RuntimeServiceClient, ContainerConfig, ContainerMetadata,
-    ContainerState, ContainerStatusRequest, CreateContainerRequest, ExecSyncRequest, ImageSpec,
-    Int64Value, LinuxContainerConfig, LinuxContainerSecurityContext, LinuxPodSandboxConfig,
-    LinuxSandboxSecurityContext, ListPodSandboxRequest, NamespaceOption, PodSandboxConfig,
-    PodSandboxMetadata, PodSandboxStatusRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
-    StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
+    ContainerState, ContainerStatus, ContainerStatusRequest, CreateContainerRequest,
+    ExecSyncRequest, ImageSpec, Int64Value, LinuxContainerConfig, LinuxContainerSecurityContext,
+    LinuxPodSandboxConfig, LinuxSandboxSecurityContext, ListPodSandboxRequest, NamespaceOption,
+    PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest, RemovePodSandboxRequest,
+    RunPodSandboxRequest, StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
 };
 use tonic::transport::Channel;
 
 use crate::daemon::StateDir;
-use crate::oci::{self, run};
+use crate::oci;
 use crate::podman::{mounts_under, processes_mentioning};
 use crate::podman_rootfs::Rootfs;
+use crate::redirector::run_ok;
 use crate::{probe_bin, ChildGuard, Spawn};
 
 pub const IMAGE: &str = "localhost/rdt-probe:1";
 
 /// `ctr images import` of `archive` into the CRI's namespace.
 fn import(socket: &Path, archive: &Path) {
-    run(Command::new("ctr")
-        .arg("--address")
-        .arg(socket)
-        .args(["-n", "k8s.io", "images", "import"])
-        .arg(archive));
+    run_ok(
+        Command::new("ctr")
+            .arg("--address")
+            .arg(socket)
+            .args(["-n", "k8s.io", "images", "import"])
+            .arg(archive),
+    );
 }
 
 /// A pod sandbox: its id and the config it was run with.
@@ -343,10 +346,9 @@ state = "{state}"
             .unwrap_or_else(|e| panic!("StopContainer {container}: {e}"));
     }
 
-    /// The container's exit code once it has exited, `None` while it runs.
-    pub fn exit_code(&mut self, container: &str) -> Option<i32> {
-        let status = self
-            .runtime
+    /// ContainerStatus of `container`.
+    fn container_status(&mut self, container: &str) -> ContainerStatus {
+        self.runtime
             .block_on(self.client.container_status(ContainerStatusRequest {
                 container_id: container.into(),
                 verbose: false,
@@ -354,22 +356,18 @@ state = "{state}"
             .unwrap_or_else(|e| panic!("ContainerStatus {container}: {e}"))
             .into_inner()
             .status
-            .expect("a container status");
+            .expect("a container status")
+    }
+
+    /// The container's exit code once it has exited, `None` while it runs.
+    pub fn exit_code(&mut self, container: &str) -> Option<i32> {
+        let status = self.container_status(container);
         (status.state == ContainerState::ContainerExited as i32).then_some(status.exit_code)
     }
 
     /// What the container wrote (stdout and stderr, in the CRI log format's order).
     pub fn container_log(&mut self, container: &str) -> String {
-        let status = self
-            .runtime
-            .block_on(self.client.container_status(ContainerStatusRequest {
-                container_id: container.into(),
-                verbose: false,
-            }))
-            .unwrap_or_else(|e| panic!("ContainerStatus {container}: {e}"))
-            .into_inner()
-            .status
-            .expect("a container status");
+        let status = self.container_status(container);
         let log = std::fs::read_to_string(&status.log_path).unwrap_or_default();
         // Each line: `<time> <stream> <F|P> <text>`.
         log.lines()

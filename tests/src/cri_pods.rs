@@ -108,3 +108,38 @@ pub fn assert_reaches_service(cri: &mut Containerd, app: &str, dst: SocketAddr) 
         "{app} -> {dst}: expected the service directly, got {outcome:?}"
     );
 }
+
+/// Pods the plugin must leave alone, each with an app container to connect from: one with
+/// no sidecar annotations, and a kube-system pod the injector marked.
+pub struct LeftAlone {
+    pub plain: (Sandbox, String),
+    pub system: (Sandbox, String),
+}
+
+impl LeftAlone {
+    /// Both pods under `parent`, named `plain{suffix}` and `system{suffix}`.
+    pub fn start(cri: &mut Containerd, parent: &str, suffix: &str) -> Self {
+        let plain = app_pod(cri, "default", &format!("plain{suffix}"), &[], parent);
+        let system = app_pod(
+            cri,
+            "kube-system",
+            &format!("system{suffix}"),
+            &[(STATUS, "{}")],
+            parent,
+        );
+        LeftAlone { plain, system }
+    }
+
+    /// Both apps reach the service at `svc` directly.
+    #[track_caller]
+    pub fn assert_direct(&self, cri: &mut Containerd, svc: SocketAddr) {
+        assert_reaches_service(cri, &self.plain.1, svc);
+        assert_reaches_service(cri, &self.system.1, svc);
+    }
+
+    /// StopPodSandbox + RemovePodSandbox of both.
+    pub fn remove(self, cri: &mut Containerd) {
+        cri.remove_sandbox(&self.plain.0 .0);
+        cri.remove_sandbox(&self.system.0 .0);
+    }
+}

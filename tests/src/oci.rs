@@ -5,20 +5,15 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-pub(crate) fn run(cmd: &mut Command) -> String {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+use crate::redirector::run_ok;
+
+/// `cmd`'s stdout; panics with its stderr unless it exits 0.
+fn stdout(cmd: &mut Command) -> String {
+    String::from_utf8_lossy(&run_ok(cmd).stdout).into_owned()
 }
 
 fn sha256(path: &Path) -> (String, u64) {
-    let sum = run(Command::new("sha256sum").arg(path));
+    let sum = stdout(Command::new("sha256sum").arg(path));
     let digest = sum.split_whitespace().next().expect("a digest").to_owned();
     (
         format!("sha256:{digest}"),
@@ -47,12 +42,14 @@ pub fn archive(work: &Path, rootfs: &Path, reference: &str, config: serde_json::
     let layout = work.join("layout");
     std::fs::create_dir_all(layout.join("blobs/sha256")).unwrap();
     let layer = layout.join("layer.tar");
-    run(Command::new("tar")
-        .arg("-C")
-        .arg(rootfs)
-        .arg("-cf")
-        .arg(&layer)
-        .arg("."));
+    run_ok(
+        Command::new("tar")
+            .arg("-C")
+            .arg(rootfs)
+            .arg("-cf")
+            .arg(&layer)
+            .arg("."),
+    );
     let (layer_digest, layer_size) = sha256(&layer);
     std::fs::rename(&layer, blob_path(&layout, &layer_digest)).unwrap();
     let (config_digest, config_size) = blob(
@@ -93,14 +90,16 @@ pub fn archive(work: &Path, rootfs: &Path, reference: &str, config: serde_json::
     )
     .unwrap();
     let archive = work.join("image.tar");
-    run(Command::new("tar")
-        .arg("-C")
-        .arg(&layout)
-        .arg("-cf")
-        .arg(&archive)
-        .arg("oci-layout")
-        .arg("index.json")
-        .arg("blobs"));
+    run_ok(
+        Command::new("tar")
+            .arg("-C")
+            .arg(&layout)
+            .arg("-cf")
+            .arg(&archive)
+            .arg("oci-layout")
+            .arg("index.json")
+            .arg("blobs"),
+    );
     std::fs::remove_dir_all(&layout).unwrap();
     archive
 }
@@ -111,11 +110,13 @@ pub fn unpack(archive: &Path, work: &Path, rootfs: &Path) -> (String, serde_json
     let layout = work.join("unpacked");
     std::fs::create_dir_all(&layout).unwrap();
     std::fs::create_dir_all(rootfs).unwrap();
-    run(Command::new("tar")
-        .arg("-C")
-        .arg(&layout)
-        .arg("-xf")
-        .arg(archive));
+    run_ok(
+        Command::new("tar")
+            .arg("-C")
+            .arg(&layout)
+            .arg("-xf")
+            .arg(archive),
+    );
     let read = |path: PathBuf| -> serde_json::Value {
         serde_json::from_slice(&std::fs::read(&path).unwrap())
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
@@ -132,11 +133,13 @@ pub fn unpack(archive: &Path, work: &Path, rootfs: &Path) -> (String, serde_json
         manifest["config"]["digest"].as_str().unwrap(),
     ));
     for layer in manifest["layers"].as_array().unwrap() {
-        run(Command::new("tar")
-            .arg("-C")
-            .arg(rootfs)
-            .arg("-xf")
-            .arg(blob_path(&layout, layer["digest"].as_str().unwrap())));
+        run_ok(
+            Command::new("tar")
+                .arg("-C")
+                .arg(rootfs)
+                .arg("-xf")
+                .arg(blob_path(&layout, layer["digest"].as_str().unwrap())),
+        );
     }
     std::fs::remove_dir_all(&layout).unwrap();
     (reference, config["config"].clone())
@@ -144,10 +147,12 @@ pub fn unpack(archive: &Path, work: &Path, rootfs: &Path) -> (String, serde_json
 
 /// The reference an image archive names its image by.
 pub fn reference(archive: &Path) -> String {
-    let index = run(Command::new("tar")
-        .arg("-xOf")
-        .arg(archive)
-        .arg("index.json"));
+    let index = stdout(
+        Command::new("tar")
+            .arg("-xOf")
+            .arg(archive)
+            .arg("index.json"),
+    );
     let index: serde_json::Value = serde_json::from_str(&index).expect("index.json is JSON");
     index["manifests"][0]["annotations"]["io.containerd.image.name"]
         .as_str()

@@ -10,7 +10,8 @@ use serde_json::json;
 
 use redirector_tests::cri::Containerd;
 use redirector_tests::cri_pods::{
-    app_pod, assert_lands_on_proxy, assert_reaches_service, primary_network, serve, sidecar, STATUS,
+    app_pod, assert_lands_on_proxy, assert_reaches_service, primary_network, serve, sidecar,
+    LeftAlone, STATUS,
 };
 use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::podman_host::ForwardingGuard;
@@ -174,22 +175,13 @@ fn a_rebooted_node_starts_pods_it_leaves_alone_and_holds_injected_ones_until_pin
     let parent = node.relative_path();
     assert_eq!(pins_under(root.path()), Vec::<std::path::PathBuf>::new());
 
-    // A pod with no sidecar annotations: the service, and a client beside it.
+    // A pod with no sidecar annotations: the service; beside it a client with none, and
+    // a kube-system pod even though the injector marked it.
     let svc = cri.run_sandbox("svc", &[], &format!("{parent}/svc"));
     let (_, svc_addr) = serve(&mut cri, &svc);
-    let (plain, plain_app) = app_pod(&mut cri, "default", "plain", &[], &parent);
-    // A kube-system pod, even one the injector marked.
-    let (system, system_app) = app_pod(
-        &mut cri,
-        "kube-system",
-        "system",
-        &[(STATUS, "{}")],
-        &parent,
-    );
+    let left_alone = LeftAlone::start(&mut cri, &parent, "");
     std::thread::sleep(Duration::from_millis(300));
-    let direct = |cri: &mut Containerd, app: &str| assert_reaches_service(cri, app, svc_addr);
-    direct(&mut cri, &plain_app);
-    direct(&mut cri, &system_app);
+    left_alone.assert_direct(&mut cri, svc_addr);
 
     // The injected pod: refused (the plugin's code 11), not started uncaptured.
     let web_parent = format!("{parent}/web");
@@ -211,8 +203,7 @@ fn a_rebooted_node_starts_pods_it_leaves_alone_and_holds_injected_ones_until_pin
     std::thread::sleep(Duration::from_millis(300));
     assert_lands_on_proxy(&mut cri, &app, svc_addr);
     // The pods started before stay as they were: uncaptured, unrecorded.
-    direct(&mut cri, &plain_app);
-    direct(&mut cri, &system_app);
+    left_alone.assert_direct(&mut cri, svc_addr);
     assert_eq!(daemon.pod_names(), ["default/web"]);
 
     // Removing the sandboxes (CNI DEL, twice) leaves no pod state.
@@ -222,7 +213,8 @@ fn a_rebooted_node_starts_pods_it_leaves_alone_and_holds_injected_ones_until_pin
         .filter_map(|p| p["netns_cookie"].as_u64())
         .collect();
     assert_eq!(cookies.len(), 1);
-    for sandbox in [&web.0, &system.0, &plain.0, &svc.0] {
+    left_alone.remove(&mut cri);
+    for sandbox in [&web.0, &svc.0] {
         cri.remove_sandbox(sandbox);
     }
     assert!(daemon.pods().is_empty());
@@ -256,19 +248,13 @@ fn pods_started_before_the_plugin_are_repaired_through_the_cri() {
     };
     let mut cri = Containerd::start(&primary_network("1.0.0", 79, &ipam), &[]);
     let parent = node.relative_path();
-    // Before the plugin: a service with no sidecar, an injected pod, an injected
-    // kube-system pod.
+    // Before the plugin: a service with no sidecar, an injected pod, and pods the rules
+    // leave alone (one with no sidecar, an injected kube-system pod).
     let svc = cri.run_sandbox("svc", &[], &format!("{parent}/svc"));
     let (_, svc_addr) = serve(&mut cri, &svc);
     let (web, app) = app_pod(&mut cri, "default", "web", &[(STATUS, "{}")], &parent);
     sidecar(&mut cri, &web);
-    let (_system, system_app) = app_pod(
-        &mut cri,
-        "kube-system",
-        "system",
-        &[(STATUS, "{}")],
-        &parent,
-    );
+    let left_alone = LeftAlone::start(&mut cri, &parent, "");
     std::thread::sleep(Duration::from_millis(300));
     assert_reaches_service(&mut cri, &app, svc_addr);
 
@@ -340,7 +326,7 @@ fn pods_started_before_the_plugin_are_repaired_through_the_cri() {
         started.elapsed().as_secs_f64() * 1e3
     );
     assert_lands_on_proxy(&mut cri, &app, svc_addr);
-    assert_reaches_service(&mut cri, &system_app, svc_addr);
+    left_alone.assert_direct(&mut cri, svc_addr);
     wait_for(&daemon, "the repair is not counted", || {
         metric(&daemon, "redirector_pods_repaired_total 1")
             && metric(&daemon, "redirector_pods_uncaptured 0")

@@ -253,10 +253,16 @@ fn daemon_uninstall_takes_the_entry_out_before_the_pins() {
     let root = PinRoot::new("instcni");
     let node = Cgroup::new("instcni");
     let state = StateDir::new("instcnistate");
-    drop(Daemon::start(&root, &node, &state).kill());
+    // Killed: it leaves its socket behind, which the uninstall removes too.
+    let daemon = Daemon::start(&root, &node, &state);
+    let socket = daemon.socket().to_path_buf();
+    drop(daemon.kill());
     assert!(root.path().exists());
+    assert!(socket.exists());
     let out = Command::new(redirector_bin())
-        .args(["daemon", "--uninstall", "--pin-root"])
+        .args(["daemon", "--uninstall", "--socket"])
+        .arg(&socket)
+        .arg("--pin-root")
         .arg(root.path())
         .arg("--state-dir")
         .arg(state.path())
@@ -272,4 +278,36 @@ fn daemon_uninstall_takes_the_entry_out_before_the_pins() {
         !root.path().join("objects").exists(),
         "the pins are gone too"
     );
+    assert!(!socket.exists(), "the killed daemon's socket is gone");
+}
+
+/// An uninstall while a daemon still serves (the DaemonSet not deleted first) leaves that
+/// daemon's socket: only a socket no one answers on is removed.
+#[test]
+fn daemon_uninstall_keeps_the_socket_of_a_daemon_that_still_serves() {
+    if !require_root() {
+        return;
+    }
+    let root = PinRoot::new("instcnilive");
+    let node = Cgroup::new("instcnilive");
+    let state = StateDir::new("instcnilivestate");
+    let conf = StateDir::new("instcniliveconf");
+    let daemon = Daemon::start(&root, &node, &state);
+    let out = Command::new(redirector_bin())
+        .args(["daemon", "--uninstall", "--socket"])
+        .arg(daemon.socket())
+        .arg("--pin-root")
+        .arg(root.path())
+        .arg("--state-dir")
+        .arg(state.path())
+        .arg("--cgroup")
+        .arg(node.path())
+        .arg("--cni-conf-dir")
+        .arg(conf.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("still serves"), "{}", stderr(&out));
+    assert!(daemon.socket().exists());
+    assert!(daemon.pod(&["list"]).status.success());
 }

@@ -18,7 +18,7 @@ use redirector_tests::bpftool::cgroup_attachments;
 use redirector_tests::cri::Containerd;
 use redirector_tests::cri_pods::{
     app_pod, assert_lands_on_proxy, assert_reaches_service, connect, on_proxy, primary_network,
-    serve, sidecar, STATUS,
+    serve, sidecar, LeftAlone, STATUS,
 };
 use redirector_tests::daemon::{http_get, StateDir};
 use redirector_tests::kubelet::{DaemonSet, Node};
@@ -28,9 +28,9 @@ use redirector_tests::podman_host::ForwardingGuard;
 use redirector_tests::redirector::{built_object, pins_under};
 use redirector_tests::{require_root, require_tools, skip, use_probe_bin, Cgroup, APP_UID};
 
-/// Where the DaemonSet's daemon pins (the default) and keeps its records (the default).
-const PIN_ROOT: &str = "/sys/fs/bpf/redirector";
-const STATE_DIR: &str = "/run/redirector";
+/// Where the DaemonSet's daemon pins and keeps its records: the defaults.
+const PIN_ROOT: &str = redirector::store::pins::DEFAULT_ROOT;
+const STATE_DIR: &str = redirector::daemon::records::DEFAULT_STATE_DIR;
 /// The daemon's metrics and probes, on the host's network.
 const METRICS: &str = "127.0.0.1:15014";
 
@@ -260,18 +260,10 @@ fn node_lifecycle(cni_version: &str, third_octet: u8) {
     // New pods: the injected one captured at creation, the others left alone.
     let (web, web_app) = app_pod(&mut cri, "default", "web", &[(STATUS, "{}")], &parent);
     sidecar(&mut cri, &web);
-    let (plain, plain_app) = app_pod(&mut cri, "default", "plain", &[], &parent);
-    let (system, system_app) = app_pod(
-        &mut cri,
-        "kube-system",
-        "system",
-        &[(STATUS, "{}")],
-        &parent,
-    );
+    let left_alone = LeftAlone::start(&mut cri, &parent, "");
     std::thread::sleep(Duration::from_millis(300));
     assert_lands_on_proxy(&mut cri, &web_app, svc_addr);
-    assert_reaches_service(&mut cri, &plain_app, svc_addr);
-    assert_reaches_service(&mut cri, &system_app, svc_addr);
+    left_alone.assert_direct(&mut cri, svc_addr);
 
     // The network plugin rewrites its file without the entry: it is back within 1 s.
     std::fs::write(&conflist, serde_json::to_vec_pretty(&primary).unwrap()).unwrap();
@@ -296,24 +288,17 @@ fn node_lifecycle(cni_version: &str, third_octet: u8) {
     // A reboot: every pod gone, bpffs and /run empty, the conflist still chaining the
     // plugin. Pods the plugin leaves alone start; an injected one waits for the pins.
     ds.delete(&mut cri, pod);
-    for sandbox in [&late.0, &web.0, &early.0, &plain.0, &system.0, &svc.0] {
+    left_alone.remove(&mut cri);
+    for sandbox in [&late.0, &web.0, &early.0, &svc.0] {
         cri.remove_sandbox(sandbox);
     }
     host.reboot();
     assert!(has_entry(&read_json(&conflist)));
     let svc = cri.run_sandbox("svc2", &[], &format!("{parent}/svc2"));
     let (_, svc_addr) = serve(&mut cri, &svc);
-    let (_, plain_app) = app_pod(&mut cri, "default", "plain2", &[], &parent);
-    let (_, system_app) = app_pod(
-        &mut cri,
-        "kube-system",
-        "system2",
-        &[(STATUS, "{}")],
-        &parent,
-    );
+    let left_alone = LeftAlone::start(&mut cri, &parent, "2");
     std::thread::sleep(Duration::from_millis(300));
-    assert_reaches_service(&mut cri, &plain_app, svc_addr);
-    assert_reaches_service(&mut cri, &system_app, svc_addr);
+    left_alone.assert_direct(&mut cri, svc_addr);
     let refused = cri
         .try_run_sandbox(
             "default",
@@ -330,7 +315,7 @@ fn node_lifecycle(cni_version: &str, third_octet: u8) {
     sidecar(&mut cri, &steady);
     std::thread::sleep(Duration::from_millis(300));
     assert_lands_on_proxy(&mut cri, &steady_app, svc_addr);
-    assert_reaches_service(&mut cri, &plain_app, svc_addr);
+    left_alone.assert_direct(&mut cri, svc_addr);
 
     // An upgrade to an image whose kernel side differs, while a pod connects
     // continuously: every connection lands on the proxy.
@@ -381,7 +366,7 @@ fn node_lifecycle(cni_version: &str, third_octet: u8) {
     let records: Vec<_> = walk(Path::new(STATE_DIR));
     assert_eq!(records, Vec::<PathBuf>::new(), "records left");
     assert_reaches_service(&mut cri, &steady_app, svc_addr);
-    assert_reaches_service(&mut cri, &plain_app, svc_addr);
+    left_alone.assert_direct(&mut cri, svc_addr);
 }
 
 /// `hammer total=N proxied=M …` → (N, M).
