@@ -241,6 +241,30 @@ fn the_watch_puts_the_entry_back_and_uninstall_restores_the_file() {
     assert!(!dirs.bin_dir().join("redirector-cni").exists());
 }
 
+/// `redirector daemon --uninstall` for the daemon of `socket`, `root`, `node` and `state`,
+/// with the CNI configuration in `conf_dir`.
+fn daemon_uninstall(
+    socket: &Path,
+    root: &PinRoot,
+    node: &Cgroup,
+    state: &StateDir,
+    conf_dir: &Path,
+) -> Output {
+    Command::new(redirector_bin())
+        .args(["daemon", "--uninstall", "--socket"])
+        .arg(socket)
+        .arg("--pin-root")
+        .arg(root.path())
+        .arg("--state-dir")
+        .arg(state.path())
+        .arg("--cgroup")
+        .arg(node.path())
+        .arg("--cni-conf-dir")
+        .arg(conf_dir)
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn daemon_uninstall_takes_the_entry_out_before_the_pins() {
     if !require_root() {
@@ -259,19 +283,7 @@ fn daemon_uninstall_takes_the_entry_out_before_the_pins() {
     drop(daemon.kill());
     assert!(root.path().exists());
     assert!(socket.exists());
-    let out = Command::new(redirector_bin())
-        .args(["daemon", "--uninstall", "--socket"])
-        .arg(&socket)
-        .arg("--pin-root")
-        .arg(root.path())
-        .arg("--state-dir")
-        .arg(state.path())
-        .arg("--cgroup")
-        .arg(node.path())
-        .arg("--cni-conf-dir")
-        .arg(dirs.conf_dir())
-        .output()
-        .unwrap();
+    let out = daemon_uninstall(&socket, &root, &node, &state, &dirs.conf_dir());
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(dirs.entries(&dirs.conflist()).is_empty());
     assert!(
@@ -293,19 +305,7 @@ fn daemon_uninstall_keeps_the_socket_of_a_daemon_that_still_serves() {
     let state = StateDir::new("instcnilivestate");
     let conf = StateDir::new("instcniliveconf");
     let daemon = Daemon::start(&root, &node, &state);
-    let out = Command::new(redirector_bin())
-        .args(["daemon", "--uninstall", "--socket"])
-        .arg(daemon.socket())
-        .arg("--pin-root")
-        .arg(root.path())
-        .arg("--state-dir")
-        .arg(state.path())
-        .arg("--cgroup")
-        .arg(node.path())
-        .arg("--cni-conf-dir")
-        .arg(conf.path())
-        .output()
-        .unwrap();
+    let out = daemon_uninstall(daemon.socket(), &root, &node, &state, conf.path());
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stderr(&out).contains("still serves"), "{}", stderr(&out));
     assert!(daemon.socket().exists());
