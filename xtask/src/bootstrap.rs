@@ -11,7 +11,7 @@ use anyhow::{bail, Context as _, Result};
 
 /// Debian packages the tests and demo use, with what proves each is installed: a binary on
 /// PATH, or an absolute path for files installed elsewhere.
-const PACKAGES: [(&str, &str); 13] = [
+const PACKAGES: [(&str, &str); 14] = [
     ("bpftool", "bpftool"),
     ("iptables", "iptables-restore"),
     ("iproute2", "ip"),
@@ -30,6 +30,9 @@ const PACKAGES: [(&str, &str); 13] = [
     // the locally built image); protoc builds the CRI API client (k8s-cri).
     ("containerd", "containerd"),
     ("protobuf-compiler", "protoc"),
+    // `cargo xtask image` links the release binary statically against glibc (libc.a); the
+    // node test (tests/tests/node.rs) runs that image.
+    ("libc6-dev", "/usr/lib/x86_64-linux-gnu/libc.a"),
     // c-ares (node's dns.Resolver) checks that a DNS reply comes from the server it asked:
     // the strict client of the DNS tests.
     ("nodejs", "node"),
