@@ -176,3 +176,49 @@ fn gc_racing_apply_never_removes_a_live_pod() {
         }
     }
 }
+
+/// The pin root goes with its last pod. A setup that waited for the node lock while the
+/// last pod's cleanup removed the root must not work in the removed directory while a
+/// later setup locks the new one: every pod ends captured exactly once, in one object.
+#[test]
+fn cleanup_of_the_last_pod_racing_new_pods_leaves_each_captured_once() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let root = PinRoot::new("lastpod");
+    let last = ProxiedPod::new("lastpod");
+    let pods: Vec<ProxiedPod> = (0..10)
+        .map(|i| ProxiedPod::new(&format!("lastpod{i}")))
+        .collect();
+    for round in 0..50 {
+        wait_ok(spawn_apply(&last, &root, &[]), "setting up the last pod");
+        let cleanup = spawn_apply(&last, &root, &["--cleanup-only"]);
+        let children: Vec<Child> = pods.iter().map(|p| spawn_apply(p, &root, &[])).collect();
+        wait_ok(cleanup, "cleaning up the last pod");
+        for child in children {
+            wait_ok(child, "a setup racing the cleanup");
+        }
+        let objects = status(&root)["objects"].as_array().unwrap().clone();
+        assert_eq!(objects.len(), 1, "round {round}: one object: {objects:?}");
+        assert_eq!(
+            objects[0]["pods"].as_array().unwrap().len(),
+            pods.len(),
+            "round {round}: the new pods and not the last one"
+        );
+        assert!(
+            cgroup_attachments(last.topo.pod_cgroup.path()).is_empty(),
+            "round {round}: the cleaned-up pod kept links"
+        );
+        for pod in &pods {
+            assert_captured_once(pod, &root);
+        }
+        for pod in &pods {
+            wait_ok(spawn_apply(pod, &root, &["--cleanup-only"]), "cleanup");
+        }
+        assert!(
+            !root.path().exists(),
+            "round {round}: the root outlived its pods"
+        );
+    }
+}

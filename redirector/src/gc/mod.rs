@@ -4,7 +4,7 @@
 
 mod round_robin;
 
-use std::{collections::BTreeSet, fs};
+use std::collections::BTreeSet;
 
 use redirector_common::NetnsCookie;
 
@@ -28,31 +28,29 @@ pub fn teardown(
     if !root.path().exists() {
         return Ok(Vec::new());
     }
-    let removed_from = {
-        let _lock = NodeLock::acquire(root)?;
-        let state = observe::observe(root, cookie, maps)?;
-        let removal = diff::remove_all(&state);
-        let failures: Vec<String> = removal
-            .retire
-            .iter()
-            .flat_map(|ops| retire(ops, cookie, maps))
-            .collect();
-        if !failures.is_empty() {
-            return Err(ApplyError::Removals(failures));
+    let lock = NodeLock::acquire(root)?;
+    let state = observe::observe(root, cookie, maps)?;
+    let removal = diff::remove_all(&state);
+    let failures: Vec<String> = removal
+        .retire
+        .iter()
+        .flat_map(|ops| retire(ops, cookie, maps))
+        .collect();
+    if !failures.is_empty() {
+        return Err(ApplyError::Removals(failures));
+    }
+    if removal.retire.is_empty() {
+        // Nothing left of the pod: a cleanup killed after its last removal may have left
+        // the object it emptied.
+        for object in root
+            .objects()
+            .map_err(fs_err("listing", &root.objects_dir()))?
+        {
+            collect_if_unused(&object)?;
         }
-        if removal.retire.is_empty() {
-            // Nothing left of the pod: a cleanup killed after its last removal may have
-            // left the object it emptied.
-            for object in root
-                .objects()
-                .map_err(fs_err("listing", &root.objects_dir()))?
-            {
-                collect_if_unused(&object)?;
-            }
-        }
-        removal.retired_objects()
-    };
-    remove_empty_root(root);
+    }
+    let removed_from = removal.retired_objects();
+    lock.remove_root_if_empty(root);
     Ok(removed_from)
 }
 
@@ -66,8 +64,8 @@ pub fn collect_stale(root: &PinRoot) -> Result<Vec<NetnsCookie>, ApplyError> {
         return Ok(Vec::new());
     }
     let mut removed = BTreeSet::new();
+    let lock = NodeLock::acquire(root)?;
     {
-        let _lock = NodeLock::acquire(root)?;
         // A `redirector trace` that was killed left its pods' trace switches on.
         if let Err(err) = crate::trace::clear_stale_locked(root) {
             tracing::warn!("clearing a stopped tracer's switches: {err}");
@@ -102,7 +100,7 @@ pub fn collect_stale(root: &PinRoot) -> Result<Vec<NetnsCookie>, ApplyError> {
             }
         }
     }
-    remove_empty_root(root);
+    lock.remove_root_if_empty(root);
     Ok(removed.into_iter().collect())
 }
 
@@ -133,13 +131,4 @@ fn remove_found(
         ));
     }
     Ok((found.into_keys().collect(), failures))
-}
-
-/// Only empty directories go; another pod's pins keep the root in place.
-fn remove_empty_root(root: &PinRoot) {
-    for dir in [root.objects_dir(), root.path().to_path_buf()] {
-        if let Err(err) = fs::remove_dir(&dir) {
-            tracing::debug!("keeping {}: {err}", dir.display());
-        }
-    }
 }

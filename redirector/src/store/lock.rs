@@ -1,28 +1,51 @@
 //! The node lock: every writer under a pin root holds it.
 
-use std::{fs, io, os::fd::AsRawFd, path::Path};
+use std::{
+    fs, io,
+    os::{fd::AsRawFd, unix::fs::MetadataExt},
+    path::Path,
+};
 
 use super::pins::PinRoot;
 use crate::fs_error::{fs_err, FsError};
 
 /// Exclusive lock over everything under the pin root, held for the life of the value.
 /// Concurrent init containers on one node serialise here.
+///
+/// The root itself goes when its last pod goes, so a waiter can be granted the lock on a
+/// directory that was removed meanwhile while a newcomer locks the one that replaced it:
+/// two writers at once. Removal happens only under the lock ([`NodeLock::remove_root_if_empty`]),
+/// and a lock is kept only when the path still names the directory locked.
 pub struct NodeLock {
     _dir: DirLock,
 }
 
 impl NodeLock {
     pub fn acquire(root: &PinRoot) -> Result<Self, FsError> {
-        fs::create_dir_all(root.objects_dir()).map_err(fs_err("creating", root.path()))?;
-        Ok(NodeLock {
-            _dir: DirLock::acquire(root.path())?,
-        })
+        loop {
+            fs::create_dir_all(root.objects_dir()).map_err(fs_err("creating", root.path()))?;
+            let dir = DirLock::acquire(root.path())?;
+            if dir.still_at(root.path())? {
+                return Ok(NodeLock { _dir: dir });
+            }
+        }
+    }
+
+    /// Removes the root when nothing is left in it; another pod's pins keep it in place.
+    /// Under the lock, so that a waiter finds the root gone and makes a new one.
+    pub fn remove_root_if_empty(self, root: &PinRoot) {
+        for dir in [root.objects_dir(), root.path().to_path_buf()] {
+            if let Err(err) = fs::remove_dir(&dir) {
+                tracing::debug!("keeping {}: {err}", dir.display());
+                return;
+            }
+        }
     }
 }
 
 /// An exclusive `flock` on a directory, held for the life of the value.
 pub struct DirLock {
-    _dir: fs::File,
+    dir: fs::File,
 }
 
 impl DirLock {
@@ -32,6 +55,17 @@ impl DirLock {
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
             return Err(fs_err("locking", dir)(io::Error::last_os_error()));
         }
-        Ok(DirLock { _dir: file })
+        Ok(DirLock { dir: file })
+    }
+
+    /// Whether `path` still names the directory this lock holds (it was not removed, or
+    /// removed and made again, while this lock waited).
+    fn still_at(&self, path: &Path) -> Result<bool, FsError> {
+        let held = self.dir.metadata().map_err(fs_err("reading", path))?;
+        match fs::metadata(path) {
+            Ok(now) => Ok(now.dev() == held.dev() && now.ino() == held.ino()),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(err) => Err(fs_err("reading", path)(err)),
+        }
     }
 }
