@@ -145,20 +145,29 @@ fn conf_031(root: &Path, state: &Path, annotations: Value) -> Value {
     })
 }
 
-/// What the state directory holds (the pods' records, every file under it), as text to
-/// search.
 /// A CNI 1.1 GC call's configuration for which the runtime knows no container.
 fn gc_conf(root: &PinRoot, state: &Path) -> Value {
+    gc_of(root, state, "k8s-pod-network", &[])
+}
+
+/// A CNI 1.1 GC call's configuration of network `name`, whose live containers are `valid`.
+fn gc_of(root: &PinRoot, state: &Path, name: &str, valid: &[&str]) -> Value {
+    let valid: Vec<Value> = valid
+        .iter()
+        .map(|id| json!({"containerID": id, "ifname": "eth0"}))
+        .collect();
     json!({
         "cniVersion": "1.1.0",
-        "name": "k8s-pod-network",
+        "name": name,
         "type": "redirector-cni",
         "pinRoot": root.path(),
         "stateDir": state,
-        "cni.dev/valid-attachments": [],
+        "cni.dev/valid-attachments": valid,
     })
 }
 
+/// What the state directory holds (the pods' records, every file under it), as text to
+/// search.
 fn recorded(state: &Path) -> String {
     pins_under(state)
         .iter()
@@ -427,4 +436,147 @@ fn a_node_with_nothing_pinned_starts_every_pod_it_leaves_alone() {
     let (ok, result) = plugin.call("ADD", "plain-pod", &netns, &unannotated);
     assert!(ok, "{result}");
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
+}
+
+/// A DEL for a container the plugin has no record of names a namespace that another pod
+/// was set up in (a `/proc/<pid>/ns/net` path whose pid was reused): that pod stays.
+#[test]
+fn a_del_with_no_record_leaves_another_containers_pod_alone() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let plugin = Plugin::new();
+    let root = PinRoot::new("cnidel");
+    let node = Cgroup::new("node");
+    let state = StateDir::new("state");
+    Daemon::start(&root, &node, &state).kill();
+    let pod = ProxiedPod::under(&node, "delpod");
+    let netns = pod.topo.pod.path().display().to_string();
+    let dst = pod.service(false);
+    let conf = conf(root.path(), state.path(), json!({}));
+    let (ok, result) = plugin.call("ADD", "owner-ctr", &netns, &conf);
+    assert!(ok, "{result}");
+
+    let (ok, err) = plugin.call("DEL", "reused-pid-ctr", &netns, &conf);
+    assert!(ok, "{err}");
+    assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+    assert!(pod_links(&root, pod.topo.pod.cookie()).is_some());
+    assert!(recorded(state.path()).contains("owner-ctr"));
+
+    // The owner's own DEL removes it.
+    let (ok, err) = plugin.call("DEL", "owner-ctr", &netns, &conf);
+    assert!(ok, "{err}");
+    assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
+    assert_eq!(pod_links(&root, pod.topo.pod.cookie()), None);
+}
+
+/// Removes the network name from the record of `container`, as a release before records
+/// carried one wrote it.
+fn forget_network(state: &Path, container: &str) {
+    for shard in pins_under(state) {
+        let text = std::fs::read_to_string(&shard).unwrap();
+        let Ok(Value::Array(mut records)) = serde_json::from_str::<Value>(&text) else {
+            continue;
+        };
+        for record in &mut records {
+            if record["container_id"] == container {
+                record.as_object_mut().unwrap().remove("network");
+                std::fs::write(&shard, Value::Array(records).to_string()).unwrap();
+                return;
+            }
+        }
+    }
+    panic!("no record of {container} under {}", state.display());
+}
+
+/// Two networks chain the plugin: GC of one removes only its own pods whose containers
+/// the runtime no longer lists, and a record with no network only once its namespace is
+/// gone.
+#[test]
+fn gc_of_one_network_leaves_another_networks_pods() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let plugin = Plugin::new();
+    let root = PinRoot::new("cnigc");
+    let node = Cgroup::new("node");
+    let state = StateDir::new("state");
+    Daemon::start(&root, &node, &state).kill();
+    let first = conf(root.path(), state.path(), json!({}));
+    let mut second = first.clone();
+    second["name"] = json!("secondary");
+    let pods: Vec<(&str, &Value, ProxiedPod)> = [
+        ("a1-ctr", &first),
+        ("a2-ctr", &first),
+        ("b1-ctr", &second),
+        ("legacy-ctr", &first),
+    ]
+    .into_iter()
+    .map(|(id, conf)| (id, conf, ProxiedPod::under(&node, id)))
+    .collect();
+    for (id, conf, pod) in &pods {
+        let netns = pod.topo.pod.path().display().to_string();
+        let (ok, result) = plugin.call("ADD", id, &netns, conf);
+        assert!(ok, "{id}: {result}");
+    }
+    forget_network(state.path(), "legacy-ctr");
+    let captured = |id: &str, yes: bool| {
+        let (_, _, pod) = pods.iter().find(|(i, _, _)| *i == id).unwrap();
+        let dst = pod.service(false);
+        let outcome = pod.connect(APP_UID, APP_UID, dst);
+        if yes {
+            assert_proxied(&outcome, dst);
+            assert!(recorded(state.path()).contains(id), "{id}'s record");
+        } else {
+            assert_direct(&outcome, dst);
+            assert_eq!(pod_links(&root, pod.topo.pod.cookie()), None, "{id}");
+            assert!(!recorded(state.path()).contains(id), "{id}'s record");
+        }
+    };
+
+    // The second network's GC knows only its own container: the first's pods stay.
+    let (ok, err) = plugin.call(
+        "GC",
+        "",
+        "",
+        &gc_of(&root, state.path(), "secondary", &["b1-ctr"]),
+    );
+    assert!(ok, "{err}");
+    for id in ["a1-ctr", "a2-ctr", "b1-ctr", "legacy-ctr"] {
+        captured(id, true);
+    }
+
+    // The first network's GC without a2: exactly a2 goes; the legacy record's namespace
+    // is alive, so it stays.
+    let (ok, err) = plugin.call(
+        "GC",
+        "",
+        "",
+        &gc_of(&root, state.path(), "pods", &["a1-ctr"]),
+    );
+    assert!(ok, "{err}");
+    captured("a2-ctr", false);
+    for id in ["a1-ctr", "b1-ctr", "legacy-ctr"] {
+        captured(id, true);
+    }
+
+    // Once the legacy pod's namespace is gone, its record goes with the next GC.
+    let mut pods = pods;
+    let legacy = pods.pop().unwrap();
+    drop(legacy);
+    let (ok, err) = plugin.call(
+        "GC",
+        "",
+        "",
+        &gc_of(&root, state.path(), "pods", &["a1-ctr"]),
+    );
+    assert!(ok, "{err}");
+    assert!(!recorded(state.path()).contains("legacy-ctr"));
+    for (id, _, pod) in pods.iter().filter(|(id, _, _)| *id != "a2-ctr") {
+        let dst = pod.service(false);
+        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+        assert!(recorded(state.path()).contains(id));
+    }
 }

@@ -24,6 +24,9 @@ pub struct NetConf {
     pub cni_version: String,
     #[serde(rename = "type")]
     pub kind: String,
+    /// The network's name: the pods this plugin sets up are recorded under it.
+    #[serde(default)]
+    pub name: Option<String>,
     /// istio-iptables flags for the pods of this network (a list); the spec's `args`
     /// object convention is accepted and ignored.
     #[serde(default)]

@@ -31,7 +31,7 @@ use crate::{
     annotations::{self, left_alone, Rules},
     daemon::{
         pods::{parse_flags, remove_pod, Node},
-        records::{Records, DEFAULT_STATE_DIR},
+        records::{CniAttachment, PodRecord, Records, DEFAULT_STATE_DIR},
     },
     netns::Netns,
     node::node_object,
@@ -190,7 +190,11 @@ impl Plugin {
         };
         kernel_ready(code::SETUP_FAILED)?;
         let node = self.node(code::TRY_AGAIN_LATER)?;
-        node.add(&PathBuf::from(netns), pod_name(), flags, Some(container))
+        let cni = CniAttachment {
+            container_id: container,
+            network: conf.name.clone(),
+        };
+        node.add(&PathBuf::from(netns), pod_name(), flags, Some(cni))
             .map_err(|e| CniError::new(code::SETUP_FAILED, e))?;
         Ok(Some(result))
     }
@@ -217,8 +221,26 @@ impl Plugin {
             }
             return Ok(());
         }
-        // No record (e.g. the state dir was lost): the namespace, if still there.
-        let cookie = record.as_ref().map(|r| r.cookie()).or(netns_cookie);
+        // No record of this container: its namespace, if still there, unless a record
+        // names it for another pod — a `/proc/<pid>/ns/net` path whose pid was reused, or
+        // a pod set up through the API. With no record at all (the state dir was lost),
+        // what is installed in the namespace goes.
+        let cookie = match (&record, netns_cookie) {
+            (Some(record), _) => Some(record.cookie()),
+            (None, Some(cookie)) => match self.records.get(cookie) {
+                Ok(Some(other)) => {
+                    tracing::info!(
+                        "DEL of container {container}: its namespace is pod {} now (container {}), left alone",
+                        other.name.as_deref().unwrap_or("?"),
+                        other.container_id.as_deref().unwrap_or("none")
+                    );
+                    None
+                }
+                Ok(None) => Some(cookie),
+                Err(err) => return Err(CniError::new(code::SETUP_FAILED, err.to_string())),
+            },
+            (None, None) => None,
+        };
         remove_pod(
             &self.root,
             &self.records,
@@ -273,12 +295,9 @@ impl Plugin {
         if let Some(valid) = &conf.valid_attachments {
             let valid: BTreeSet<&str> = valid.iter().map(|a| a.container_id.as_str()).collect();
             let records = self.records.all().map_err(|e| failed(e.to_string()))?;
-            let stale = records.into_iter().filter(|record| {
-                record
-                    .container_id
-                    .as_deref()
-                    .is_some_and(|id| !valid.contains(id))
-            });
+            let stale = records
+                .into_iter()
+                .filter(|record| is_stale(record, conf.name.as_deref(), &valid));
             for record in stale {
                 let cookie = record.cookie();
                 match &node {
@@ -299,6 +318,23 @@ impl Plugin {
         crate::gc::collect_stale(&self.root)
             .map(drop)
             .map_err(|e| failed(e.to_string()))
+    }
+}
+
+/// Whether GC of `network`, whose live containers are `valid`, removes the pod of
+/// `record`: a pod of that network whose container the runtime no longer has. Pods of
+/// another network, and pods set up through the API (no container), are not its own; a
+/// record an earlier release wrote (no network) goes only once its namespace is gone.
+fn is_stale(record: &PodRecord, network: Option<&str>, valid: &BTreeSet<&str>) -> bool {
+    let Some(container) = record.container_id.as_deref() else {
+        return false;
+    };
+    if valid.contains(container) {
+        return false;
+    }
+    match record.network.as_deref() {
+        Some(recorded) => Some(recorded) == network,
+        None => !record.namespace_alive(),
     }
 }
 

@@ -11,7 +11,7 @@ use redirector_common::{NetnsCookie, PodConfig, Reason, COUNTER_SLOTS};
 
 use super::{
     api::{PodInfo, PodRef, Request, Response},
-    records::{PodRecord, Records},
+    records::{CniAttachment, PodRecord, Records},
 };
 use crate::{
     apply::{apply, is_installed, Outcome},
@@ -194,7 +194,7 @@ impl Node {
         netns_path: &Path,
         name: Option<String>,
         args: Vec<String>,
-        container_id: Option<String>,
+        cni: Option<CniAttachment>,
     ) -> Result<Response, String> {
         let started = std::time::Instant::now();
         let cfg = parse_flags(&args)?;
@@ -223,7 +223,8 @@ impl Node {
             netns: netns_path.to_path_buf(),
             name,
             args,
-            container_id,
+            container_id: cni.as_ref().map(|c| c.container_id.clone()),
+            network: cni.and_then(|c| c.network),
         };
         self.records.save(&record).map_err(|e| e.to_string())?;
         let took = started.elapsed();

@@ -41,11 +41,27 @@ pub struct PodRecord {
     /// (CNI DEL names the pod by it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container_id: Option<String>,
+    /// The CNI network (the configuration's `name`) whose plugin set the pod up: CNI GC
+    /// of one network leaves another network's pods alone. Earlier releases wrote none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
+}
+
+/// The CNI attachment a pod is set up for: the runtime's sandbox id, and the network.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CniAttachment {
+    pub container_id: String,
+    pub network: Option<String>,
 }
 
 impl PodRecord {
     pub fn cookie(&self) -> NetnsCookie {
         NetnsCookie(self.netns_cookie)
+    }
+
+    /// Whether the namespace the pod was set up in is still there at its path.
+    pub fn namespace_alive(&self) -> bool {
+        crate::netns::Netns::open(&self.netns).is_ok_and(|n| n.cookie() == self.cookie())
     }
 }
 
@@ -108,7 +124,7 @@ impl Records {
     }
 
     /// The record of the pod with this cookie, if there is one.
-    fn get(&self, cookie: NetnsCookie) -> Result<Option<PodRecord>, FsError> {
+    pub fn get(&self, cookie: NetnsCookie) -> Result<Option<PodRecord>, FsError> {
         let shard = read_shard(&self.shard_path(cookie))?;
         if let Some(record) = shard.into_iter().find(|r| r.cookie() == cookie) {
             return Ok(Some(record));
@@ -300,6 +316,7 @@ mod tests {
             name: Some(format!("default/{name}")),
             args: vec!["-p".into(), "15001".into()],
             container_id: None,
+            network: None,
         }
     }
 

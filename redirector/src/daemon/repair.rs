@@ -19,7 +19,7 @@ use crate::{
     netns::Netns,
 };
 
-use super::{cri::Sandbox, pods::Node};
+use super::{cri::Sandbox, pods::Node, records::CniAttachment};
 
 /// What the daemon does with a pod the plugin's rules capture but nothing captured.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,7 +101,10 @@ impl Node {
                 &sandbox.netns,
                 Some(pod.clone()),
                 flags,
-                Some(sandbox.id.clone()),
+                Some(CniAttachment {
+                    container_id: sandbox.id.clone(),
+                    network: conf.name.clone(),
+                }),
             ) {
                 Ok(_) => {
                     tracing::info!(
