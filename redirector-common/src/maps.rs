@@ -17,8 +17,9 @@ pub mod names {
     pub const POD_BY_ADDR: &str = "POD_BY_ADDR";
     pub const DNS_ORIG_BY_COOKIE: &str = "DNS_ORIG_BY_COOKIE";
     pub const LISTENERS: &str = "LISTENERS";
+    pub const ADDR_MISSES: &str = "ADDR_MISSES";
     /// Every map, for pinning and status.
-    pub const ALL: [&str; 10] = [
+    pub const ALL: [&str; 11] = [
         POD_CONFIG,
         PORT_SETS,
         CIDRS_V4,
@@ -29,6 +30,7 @@ pub mod names {
         POD_BY_ADDR,
         LISTENERS,
         DNS_ORIG_BY_COOKIE,
+        ADDR_MISSES,
     ];
 }
 
@@ -40,8 +42,9 @@ pub mod names {
 /// LPM tries (`CIDRS_V4`, `CIDRS_V6`; the kernel requires `BPF_F_NO_PREALLOC` of them), and
 /// the sockhash `LISTENERS` (the kernel allocates its elements on update, its buckets at
 /// creation). Preallocated in full once per node: the LRU maps of connection and DNS state
-/// (`ORIG_DST_BY_COOKIE`, `ORIG_DST_BY_CONN`, `DNS_ORIG_BY_COOKIE`); the kernel has no
-/// LRU map without preallocation.
+/// (`ORIG_DST_BY_COOKIE`, `ORIG_DST_BY_CONN`, `DNS_ORIG_BY_COOKIE`) and of addresses
+/// inbound lookups did not know (`ADDR_MISSES`); the kernel has no LRU map without
+/// preallocation.
 pub mod capacity {
     /// Pods per node.
     pub const PODS: u32 = 4096;
@@ -68,6 +71,9 @@ pub mod capacity {
     pub const DNS_SOCKETS: u32 = 8192;
     /// Capture listeners (-z and -p, per family) over all pods.
     pub const LISTENERS: u32 = 4 * PODS;
+    /// Addresses of captured namespaces that inbound connections came to and no pod was
+    /// set up with, noted for user space (least recently seen first out).
+    pub const ADDR_MISSES: u32 = 256;
 }
 
 /// Most proxy uids, gids or owner groups one pod may list.

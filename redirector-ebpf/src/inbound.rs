@@ -17,7 +17,7 @@ use redirector_common::{
 use crate::{
     addr::{self, SocketEnds},
     counters::count,
-    maps::{self, PodMaps, LISTENERS, ORIG_DST_BY_CONN, POD_BY_ADDR, POD_CONFIG},
+    maps::{self, PodMaps, ADDR_MISSES, LISTENERS, ORIG_DST_BY_CONN, POD_BY_ADDR, POD_CONFIG},
     trace,
 };
 
@@ -66,21 +66,6 @@ pub fn sk_lookup(ctx: &SkLookupContext) -> u32 {
     } else {
         (addr::v4(lk.local_ip4), addr::v4(lk.remote_ip4))
     };
-    let (family, raw) = addr::raw(local);
-    // SAFETY: the value is copied out at once.
-    let Some(&netns_cookie) = (unsafe {
-        POD_BY_ADDR.get(PodAddrKey {
-            addr: raw,
-            family: u32::from(family),
-        })
-    }) else {
-        return SK_PASS;
-    };
-    // SAFETY: the value stays valid (RCU) for this run of the program; it is only read.
-    let Some(cfg) = (unsafe { POD_CONFIG.get(netns_cookie) }) else {
-        return SK_PASS;
-    };
-    let lookups = PodMaps { netns_cookie };
     // A connection made inside the pod was decided on its way out (nat OUTPUT); istio's
     // PREROUTING rules never see it. It comes from one of the pod's own addresses (to the
     // pod's own address, the kernel reports the address's interface, not lo).
@@ -88,6 +73,20 @@ pub fn sk_lookup(ctx: &SkLookupContext) -> u32 {
         IpAddr::V4(v4) => v4.is_loopback(),
         IpAddr::V6(v6) => v6.is_loopback() || v6 == INBOUND_PASSTHROUGH_V6,
     };
+    let (family, raw) = addr::raw(local);
+    let addr_key = PodAddrKey {
+        addr: raw,
+        family: u32::from(family),
+    };
+    // SAFETY: the value is copied out at once.
+    let Some(&netns_cookie) = (unsafe { POD_BY_ADDR.get(addr_key) }) else {
+        return unknown_address(lk, addr_key, from_pod || remote == local);
+    };
+    // SAFETY: the value stays valid (RCU) for this run of the program; it is only read.
+    let Some(cfg) = (unsafe { POD_CONFIG.get(netns_cookie) }) else {
+        return SK_PASS;
+    };
+    let lookups = PodMaps { netns_cookie };
     if from_pod
         || lk.ingress_ifindex == LOOPBACK_IFINDEX
         || lookups.cidr_in(CidrList::Local, remote)
@@ -139,6 +138,24 @@ pub fn sk_lookup(ctx: &SkLookupContext) -> u32 {
     );
     decided(lk, cfg, netns_cookie, Reason::SteeredInbound, port);
     SK_PASS
+}
+
+/// A lookup for an address no pod was set up with. This program runs only in captured
+/// namespaces, but sk_lookup has no helper that names the namespace (not even on 6.18),
+/// so the pod — whether and where to steer — is not known: the address is one the pod
+/// gained after setup (a secondary IP, a later interface). The pod's own connections
+/// pass; any other is refused, never let past the sidecar, and the address is noted for
+/// user space, which adds it to its pod: the client's retransmitted SYN then lands on the
+/// proxy.
+#[inline(always)]
+fn unknown_address(lk: &bpf_sk_lookup, key: PodAddrKey, from_pod: bool) -> u32 {
+    if from_pod || lk.ingress_ifindex == LOOPBACK_IFINDEX {
+        return SK_PASS;
+    }
+    // Copied to the stack: a map value cannot come from the context.
+    let ifindex = lk.ingress_ifindex;
+    let _ = ADDR_MISSES.insert(&key, &ifindex, 0);
+    SK_DROP
 }
 
 /// Count a decision, and log it when the pod is traced; `to` is the port steered to.

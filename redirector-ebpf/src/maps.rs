@@ -50,6 +50,13 @@ pub static COUNTERS: PerCpuHashMap<NetnsCookie, Counters> =
 pub static POD_BY_ADDR: HashMap<PodAddrKey, NetnsCookie> =
     HashMap::with_max_entries(capacity::POD_ADDRS, BPF_F_NO_PREALLOC);
 
+/// Address of a captured namespace that an inbound connection came to and no pod was set
+/// up with (one the pod gained later) → the interface it came in on. User space reads it
+/// to add the address to its pod.
+#[map]
+pub static ADDR_MISSES: LruHashMap<PodAddrKey, u32> =
+    LruHashMap::with_max_entries(capacity::ADDR_MISSES, 0);
+
 /// The proxy's capture listeners, registered when they call listen().
 #[map]
 pub static LISTENERS: SockHash<ListenerKey> = SockHash::with_max_entries(capacity::LISTENERS, 0);

@@ -31,7 +31,8 @@ pub enum FactsError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodFacts {
     pub netns_cookie: NetnsCookie,
-    /// Non-loopback addresses of the pod: connections to them leave through `lo`.
+    /// Non-loopback addresses of the pod, link-local ones included: connections to them
+    /// leave through `lo`, and inbound connections to any of them must find the pod.
     pub local_addrs: Vec<IpAddr>,
     /// The pod's own cgroup (init-container mode); `None` when the node's cgroup links
     /// cover it (daemon mode).
@@ -48,7 +49,9 @@ impl PodFacts {
     /// IPv6 handling is on when the pod has a global or unique-local IPv6 address, as
     /// istio-iptables decides it.
     pub fn has_ipv6(&self) -> bool {
-        self.local_addrs.iter().any(IpAddr::is_ipv6)
+        self.local_addrs
+            .iter()
+            .any(|ip| ip.is_ipv6() && !is_link_local_v6(ip))
     }
 
     /// Read the facts of the pod in `netns` whose cgroup is `cgroup`.
@@ -140,8 +143,8 @@ fn ip_of(value: &[u8]) -> Option<IpAddr> {
 }
 
 /// The local, non-loopback addresses of the namespace of `sock` (RTM_GETADDR dump), as
-/// getifaddrs reports them: IFA_LOCAL, else IFA_ADDRESS. Link-local IPv6 addresses are left
-/// out (every veth has one, and they never carry service traffic), and so is ::6.
+/// getifaddrs reports them: IFA_LOCAL, else IFA_ADDRESS. Link-local addresses are in
+/// (every veth has one, and a peer on the link can connect to it); ::6 is not.
 fn addresses_on(sock: BorrowedFd<'_>) -> Result<Vec<IpAddr>, FactsError> {
     const RTM_GETADDR: u16 = 22;
     const IFADDRMSG_LEN: usize = 8;
@@ -163,15 +166,19 @@ fn addresses_on(sock: BorrowedFd<'_>) -> Result<Vec<IpAddr>, FactsError> {
         let Some(ip) = local.or(address) else {
             return;
         };
-        let link_local = matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80);
         // ::6 is the inbound passthrough source we add to lo ourselves.
         let passthrough = ip == IpAddr::V6(INBOUND_PASSTHROUGH_V6);
-        if !ip.is_loopback() && !link_local && !passthrough && !addrs.contains(&ip) {
+        if !ip.is_loopback() && !passthrough && !addrs.contains(&ip) {
             addrs.push(ip);
         }
     })
     .map_err(FactsError::Addresses)?;
     Ok(addrs)
+}
+
+/// fe80::/10.
+fn is_link_local_v6(ip: &IpAddr) -> bool {
+    matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80)
 }
 
 /// The interfaces of the namespace of `sock` (RTM_GETLINK dump): (name, ifindex).

@@ -2,12 +2,13 @@
 //! to the pod's address; sk_lookup hands the connection to the proxy's inbound listener,
 //! whose SO_ORIGINAL_DST (= the accepted socket's local address) is where it was going.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 
+use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::redirector::{install, PinRoot, STANDARD_INJECTION};
 use redirector_tests::{
-    connect_from, require_root, use_probe_bin, ChildGuard, ConnOutcome, ProbeServer, Topology,
-    APP_UID, PROXY_UID,
+    connect_from, require_root, use_probe_bin, Cgroup, ChildGuard, ConnOutcome, NetNs, ProbeServer,
+    Topology, APP_UID, PROXY_UID,
 };
 
 /// Ports the app serves in the pod: a normal one, one in `-d`, and the tunnel port.
@@ -19,10 +20,7 @@ fn start_app(topo: &Topology) -> ChildGuard {
     let mut app = ProbeServer::serve(&topo.pod, "app");
     for port in [APP_PORT, EXCLUDED_PORT, TUNNEL_PORT] {
         app = app.listen(SocketAddr::new([0, 0, 0, 0].into(), port));
-        app = app.listen(SocketAddr::new(
-            std::net::Ipv6Addr::UNSPECIFIED.into(),
-            port,
-        ));
+        app = app.listen(SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port));
     }
     app.cgroup(&topo.pod_cgroup).user(APP_UID, APP_UID).start()
 }
@@ -192,4 +190,131 @@ fn excluded_and_virtual_interfaces() {
         &["-b", "*", "-i", "10.255.0.0/16", "-k", "eth0"],
     );
     assert_app(&from_outside(&topo, dst), dst);
+}
+
+/// The pod's link-local address, given before setup (nodad: usable at once), and the
+/// peer's on the same link.
+const POD_LINK_LOCAL: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0xbeef);
+const PEER_LINK_LOCAL: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0xcafe);
+
+fn add_link_local(netns: &NetNs, ip: Ipv6Addr) {
+    netns.run(&[
+        "ip",
+        "-6",
+        "addr",
+        "add",
+        &format!("{ip}/64"),
+        "dev",
+        "eth0",
+        "nodad",
+    ]);
+}
+
+/// The pod's link-local address as the peer dials it: scoped to the peer's eth0.
+fn link_local_from_peer(topo: &Topology, port: u16) -> SocketAddr {
+    let line = topo.service.run(&["ip", "-o", "link", "show", "eth0"]);
+    let ifindex = line.split(':').next().unwrap().trim().parse().unwrap();
+    SocketAddrV6::new(POD_LINK_LOCAL, port, 0, ifindex).into()
+}
+
+/// An address of the pod's subnet the pod is given after its setup (a secondary IP).
+fn later_address(topo: &Topology) -> IpAddr {
+    let [a, b, c, _] = topo.pod_ip4().octets();
+    Ipv4Addr::new(a, b, c, 50).into()
+}
+
+/// Landed on the inbound listener with the original destination's address and port (the
+/// scope of a link-local destination is the peer's, not part of what the proxy reads).
+#[track_caller]
+fn assert_inbound_proxy_at(outcome: &ConnOutcome, ip: IpAddr, port: u16) {
+    match outcome {
+        ConnOutcome::Proxied {
+            name,
+            orig: Some(orig),
+            ..
+        } if name == "inbound" => assert_eq!((orig.ip(), orig.port()), (ip, port)),
+        other => panic!("expected the inbound proxy with orig {ip} port {port}, got {other:?}"),
+    }
+}
+
+/// A dual-stack pod's link-local address carries connections from a peer on the link as
+/// its other addresses do: they land on the sidecar's inbound listener, as istio's
+/// ip6tables rules send them. An address the pod gains after an init container set it up
+/// is refused, never served by the app past the sidecar.
+#[test]
+fn link_local_and_later_addresses_never_bypass_the_inbound_listener() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let topo = Topology::new("inll");
+    add_link_local(&topo.pod, POD_LINK_LOCAL);
+    add_link_local(&topo.service, PEER_LINK_LOCAL);
+    let _app = start_app(&topo);
+    let _proxy = start_inbound_proxy(&topo);
+    let root = PinRoot::new("inll");
+    install(&topo.pod, &topo.pod_cgroup, &root, &STANDARD_INJECTION);
+
+    let dst = link_local_from_peer(&topo, APP_PORT);
+    assert_inbound_proxy_at(&from_outside(&topo, dst), POD_LINK_LOCAL.into(), APP_PORT);
+    // Excluded ports on it reach the app, as on the pod's other addresses.
+    let excluded = link_local_from_peer(&topo, EXCLUDED_PORT);
+    assert!(
+        matches!(from_outside(&topo, excluded), ConnOutcome::Served { ref name, .. } if name == "app")
+    );
+
+    let later = later_address(&topo);
+    topo.add_pod_addr(later);
+    let outcome = from_outside(&topo, SocketAddr::new(later, APP_PORT));
+    assert!(
+        matches!(outcome, ConnOutcome::Refused),
+        "a connection to an address added after setup must be refused: {outcome:?}"
+    );
+}
+
+/// Through the daemon, an address a pod gains after its setup is added to the pod once a
+/// connection to it was refused: connections to it then land on the inbound listener, and
+/// none is ever served by the app directly.
+#[test]
+fn the_daemon_adds_an_address_the_pod_gained_after_setup() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let node = Cgroup::new("node");
+    let root = PinRoot::new("inlater");
+    let state = StateDir::new("inlater");
+    let daemon = Daemon::start(&root, &node, &state);
+    let topo = Topology::under(&node, "inlater");
+    let _app = start_app(&topo);
+    let _proxy = start_inbound_proxy(&topo);
+    daemon.add(&topo.pod, "default/later", &STANDARD_INJECTION);
+    let dst = pod_addr(&topo, false, APP_PORT);
+    assert_inbound_proxy(&from_outside(&topo, dst), dst);
+
+    let later = later_address(&topo);
+    topo.add_pod_addr(later);
+    let started = std::time::Instant::now();
+    let dst = SocketAddr::new(later, APP_PORT);
+    let mut refused = 0;
+    let outcome = loop {
+        match from_outside(&topo, dst) {
+            ConnOutcome::Refused if started.elapsed() < std::time::Duration::from_secs(5) => {
+                refused += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => break other,
+        }
+    };
+    eprintln!(
+        "connections to the new address: {refused} refused, then on the proxy after {:?}",
+        started.elapsed()
+    );
+    assert_inbound_proxy_at(&outcome, later, APP_PORT);
+    assert!(
+        daemon.log().contains("new address"),
+        "daemon log:\n{}",
+        daemon.log()
+    );
+    assert_inbound_proxy_at(&from_outside(&topo, dst), later, APP_PORT);
 }

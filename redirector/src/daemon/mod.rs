@@ -9,6 +9,7 @@ pub mod cri;
 #[cfg(test)]
 mod generated;
 pub mod metrics;
+mod new_addrs;
 pub mod pods;
 pub mod records;
 pub mod repair;
@@ -139,6 +140,7 @@ async fn serve(config: DaemonConfig) -> anyhow::Result<()> {
         let (node, owner, metrics) = (Arc::clone(&node), Arc::clone(&owner), Arc::clone(&metrics));
         tokio::spawn(repair_rounds(repair, node, owner, metrics));
     }
+    tokio::spawn(adopt_new_addresses(Arc::clone(&node), Arc::clone(&owner)));
     let mut gc = config.gc_interval.map(|every| {
         let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -186,6 +188,27 @@ async fn serve(config: DaemonConfig) -> anyhow::Result<()> {
     }
     info!("stopped; every pod stays captured");
     Ok(())
+}
+
+/// Pods' addresses added after their setup, looked for every [`new_addrs::INTERVAL`]; the
+/// node state is taken only when there are some.
+async fn adopt_new_addresses(node: Arc<Node>, owner: Arc<Mutex<()>>) {
+    let mut ticks = tokio::time::interval(new_addrs::INTERVAL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut misses = new_addrs::Misses::default();
+    loop {
+        ticks.tick().await;
+        let wanted = misses.take(&node);
+        if wanted.is_empty() {
+            continue;
+        }
+        let _owner = owner.lock().await;
+        let (node, asked) = (Arc::clone(&node), wanted.clone());
+        match tokio::task::spawn_blocking(move || node.adopt_addresses(&asked)).await {
+            Ok(claimed) => misses.unclaimed(&wanted, &claimed),
+            Err(err) => tracing::warn!("pods' new addresses: {err}"),
+        }
+    }
 }
 
 /// A repair round now and then every `config.interval`, for as long as the daemon runs.

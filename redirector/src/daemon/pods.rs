@@ -23,7 +23,7 @@ use crate::{
     loopback,
     netns::Netns,
     plan::{plan_pod, PodPlan},
-    store::{EbpfObject, OpenMaps, PinRoot},
+    store::{EbpfObject, ObjectPins, OpenMaps, PinRoot},
 };
 
 /// The node state the daemon owns.
@@ -87,9 +87,14 @@ impl Node {
         self
     }
 
+    /// The pins of the node's object.
+    pub fn pins(&self) -> ObjectPins {
+        self.root.object(self.object.id())
+    }
+
     /// The node cgroup's inode, from the node's links.
     fn node_cgroup_id(&self) -> Option<u64> {
-        crate::node::node_cgroup_id(&self.root.object(self.object.id()))
+        crate::node::node_cgroup_id(&self.pins())
     }
 
     fn describe_node_cgroup(&self, id: u64) -> String {

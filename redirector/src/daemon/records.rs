@@ -59,6 +59,14 @@ impl PodRecord {
         NetnsCookie(self.netns_cookie)
     }
 
+    /// The CNI attachment the pod was set up for, if a CNI plugin set it up.
+    pub fn cni_attachment(&self) -> Option<CniAttachment> {
+        self.container_id.clone().map(|container_id| CniAttachment {
+            container_id,
+            network: self.network.clone(),
+        })
+    }
+
     /// Whether the namespace the pod was set up in is still there at its path.
     pub fn namespace_alive(&self) -> bool {
         crate::netns::Netns::open(&self.netns).is_ok_and(|n| n.cookie() == self.cookie())
