@@ -276,6 +276,7 @@ mod tests {
             interfaces: vec![("lo".into(), 1), ("eth0".into(), 2)],
             dns_servers: Vec::new(),
             routes: Vec::new(),
+            ids: None,
         };
         plan_pod(&cfg.capture, &facts)
     }

@@ -13,6 +13,7 @@ use redirector_common::{decision::INBOUND_PASSTHROUGH_V6, NetnsCookie};
 use crate::{
     netlink::{self, NETLINK_ROUTE, NLM_F_DUMP, NLM_F_REQUEST},
     netns::{Netns, NetnsError},
+    user_ns::{self, PodIds, UserNsError},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -25,6 +26,8 @@ pub enum FactsError {
     Interfaces(io::Error),
     #[error("listing the pod's routes: {0}")]
     Routes(io::Error),
+    #[error(transparent)]
+    UserNs(#[from] UserNsError),
 }
 
 /// Facts about the pod that shape its plan.
@@ -43,6 +46,9 @@ pub struct PodFacts {
     pub dns_servers: Vec<IpAddr>,
     /// The pod's unicast routes of the main table: destination and output ifindex.
     pub routes: Vec<(ipnet::IpNet, u32)>,
+    /// The id maps of the pod's own user namespace (`hostUsers: false`): configured uids and
+    /// gids are translated through them. `None` for a pod in the caller's user namespace.
+    pub ids: Option<PodIds>,
 }
 
 impl PodFacts {
@@ -84,6 +90,7 @@ impl PodFacts {
         resolv_conf: &Path,
     ) -> Result<Self, FactsError> {
         let (local_addrs, interfaces, routes) = read?;
+        let ids = user_ns::of_netns(netns.as_fd())?;
         Ok(PodFacts {
             netns_cookie: netns.cookie(),
             local_addrs,
@@ -91,6 +98,7 @@ impl PodFacts {
             interfaces,
             dns_servers: dns_servers(resolv_conf),
             routes,
+            ids,
         })
     }
 }

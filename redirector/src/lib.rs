@@ -35,3 +35,4 @@ mod sock_diag;
 pub mod spec;
 pub mod store;
 pub mod trace;
+pub mod user_ns;

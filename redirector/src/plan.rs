@@ -18,6 +18,7 @@ use crate::{
     facts::PodFacts,
     spec::{CaptureConfig, CidrSelection, OwnerGroups, PortSelection},
     store::programs::{AttachTarget, ProgramSpec, BASE_PROGRAMS, NETNS_PROGRAMS, POD_PROGRAMS},
+    user_ns::{IdMap, PodIds},
 };
 
 /// One LPM-trie entry: a prefix length (including the fixed cookie/list bits) and data.
@@ -104,14 +105,22 @@ pub fn dns_capture_enabled(cfg: &CaptureConfig, facts: &PodFacts) -> bool {
 pub fn plan_pod(cfg: &CaptureConfig, facts: &PodFacts) -> PodPlan {
     let cookie = facts.netns_cookie;
     let redirect_dns = dns_capture_enabled(cfg, facts);
-    let (proxy_uids, proxy_uid_count) = owner_array(&cfg.proxy_uids);
-    let (proxy_gids, proxy_gid_count) = owner_array(&cfg.proxy_gids);
+    // The programs see ids of the initial user namespace: a user-namespaced pod's are
+    // translated through its maps.
+    let host = |ids: &[u32], map: fn(&PodIds) -> &IdMap| -> Vec<u32> {
+        match &facts.ids {
+            Some(pod) => ids.iter().map(|id| map(pod).to_outside(*id)).collect(),
+            None => ids.to_vec(),
+        }
+    };
+    let (proxy_uids, proxy_uid_count) = owner_array(&host(&cfg.proxy_uids, |p| &p.uids));
+    let (proxy_gids, proxy_gid_count) = owner_array(&host(&cfg.proxy_gids, |p| &p.gids));
     let (owner_group_mode, groups) = match &cfg.owner_groups {
         OwnerGroups::All => (owner_group_mode::ALL, &[][..]),
         OwnerGroups::Include(g) => (owner_group_mode::INCLUDE, &g[..]),
         OwnerGroups::Exclude(g) => (owner_group_mode::EXCLUDE, &g[..]),
     };
-    let (owner_groups, owner_group_count) = owner_array(groups);
+    let (owner_groups, owner_group_count) = owner_array(&host(groups, |p| &p.gids));
     let (exclude_ifaces, exclude_iface_count) =
         owner_array(&ifindexes(&cfg.exclude_interfaces, &facts.interfaces));
     let (virt_ifaces, virt_iface_count) =
@@ -394,6 +403,15 @@ mod tests {
     }
 
     fn plan_with_dns_servers(args: &[&str], env: &[(&str, &str)], dns_servers: &[&str]) -> PodPlan {
+        plan_with(args, env, dns_servers, None)
+    }
+
+    fn plan_with(
+        args: &[&str],
+        env: &[(&str, &str)],
+        dns_servers: &[&str],
+        ids: Option<PodIds>,
+    ) -> PodPlan {
         let env: HashMap<String, String> = env
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -411,6 +429,7 @@ mod tests {
                 ("10.244.1.0/24".parse().unwrap(), 2),
                 ("172.16.0.0/12".parse().unwrap(), 3),
             ],
+            ids,
         };
         plan_pod(&cfg.capture, &facts)
     }
@@ -545,6 +564,36 @@ mod tests {
         assert_eq!(
             decide_from(&p, 1000, 5, "0.0.0.0", "10.0.0.1", 80),
             Verdict::Pass(Reason::PassedProxyOwner)
+        );
+    }
+
+    #[test]
+    fn a_user_namespaced_pods_ids_are_translated_to_the_hosts() {
+        let ids = PodIds {
+            uids: IdMap::parse("0 100000 65536").unwrap(),
+            gids: IdMap::parse("0 200000 65536").unwrap(),
+        };
+        let p = plan_with(
+            &["-i", "*", "-u", "1337", "-g", "1337,70000"],
+            &[("ISTIO_OUTBOUND_OWNER_GROUPS", "202")],
+            &[],
+            Some(ids),
+        );
+        let c = &p.config;
+        assert_eq!(c.proxy_uids[..c.proxy_uid_count as usize], [101337]);
+        // An id the map does not cover matches no process of the pod.
+        assert_eq!(
+            c.proxy_gids[..c.proxy_gid_count as usize],
+            [201337, crate::user_ns::UNMAPPED]
+        );
+        assert_eq!(c.owner_groups[..c.owner_group_count as usize], [200202]);
+        assert_eq!(
+            decide_from(&p, 101337, 201337, "0.0.0.0", "10.0.0.1", 80),
+            Verdict::Pass(Reason::PassedProxyOwner)
+        );
+        assert_eq!(
+            decide_from(&p, 1337, 1337, "0.0.0.0", "10.0.0.1", 80),
+            Verdict::Pass(Reason::PassedOwnerGroup)
         );
     }
 

@@ -48,13 +48,14 @@ pub mod scenario;
 pub mod sockaddr;
 pub mod stale;
 pub mod topology;
+pub mod user_ns;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
 pub use cgroup::Cgroup;
 pub use netns::NetNs;
 pub use paths::{bin_path, golden_dir, target_dir, workspace_root};
-pub use probe::{connect_from, probe_bin, use_probe_bin, InNetNs, ProbeServer};
+pub use probe::{connect_from, connect_in_user_ns, probe_bin, use_probe_bin, InNetNs, ProbeServer};
 pub use probe_protocol::{ConnOutcome, Landing};
 pub use process::{wait_tcp_listening, ChildGuard, Spawn};
 pub use proxied_pod::{assert_all_proxied, assert_direct, assert_proxied, ProxiedPod};

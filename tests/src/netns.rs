@@ -39,6 +39,24 @@ impl NetNs {
         netns
     }
 
+    /// The namespace open at `ns_file` (e.g. `/proc/<pid>/ns/net` of a process that made
+    /// it), bind-mounted under a name as `ip netns add` does, with `lo` up.
+    pub fn adopt(hint: &str, ns_file: &Path) -> Self {
+        let name = unique_name(hint);
+        let path = PathBuf::from("/run/netns").join(&name);
+        std::fs::create_dir_all("/run/netns").expect("creating /run/netns");
+        File::create(&path).unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
+        // Own it from here on, so a failure below still deletes it.
+        let netns = NetNs { name };
+        run_checked(
+            Command::new("mount").arg("--bind").arg(ns_file).arg(&path),
+            None,
+            "mount --bind",
+        );
+        netns.run(&["ip", "link", "set", "lo", "up"]);
+        netns
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }

@@ -110,6 +110,12 @@ impl ProbeServer {
         self
     }
 
+    /// Run in the user namespace at `path`, [`user`](Self::user)'s ids inside it.
+    pub fn userns(mut self, path: impl Into<PathBuf>) -> Self {
+        self.spawn = self.spawn.userns(path);
+        self
+    }
+
     /// Starts it and waits until every listener is ready; returns the guard and the bound
     /// addresses (with real ports where 0 was asked for) in `--listen` order.
     pub fn start_with_addrs(self) -> (ChildGuard, Vec<SocketAddr>) {
@@ -146,11 +152,7 @@ pub fn connect_from(
     dst: SocketAddr,
     bind: Option<IpAddr>,
 ) -> ConnOutcome {
-    let mut spawn = Spawn::new(probe_bin())
-        .args(["connect", &dst.to_string(), "--timeout-ms"])
-        .arg(CONNECT_TIMEOUT.as_millis().to_string())
-        .netns(target.netns())
-        .user(uid, gid);
+    let mut spawn = connect_spawn(target, uid, gid, dst);
     if let Some(cgroup) = cgroup {
         spawn = spawn.cgroup(cgroup);
     }
@@ -158,6 +160,29 @@ pub fn connect_from(
         spawn = spawn.arg("--bind").arg(bind.to_string());
     }
     ConnOutcome::parse(&run_client(&spawn))
+}
+
+/// [`connect_from`] in `cgroup`, inside the user namespace at `userns` as its `uid`/`gid`.
+pub fn connect_in_user_ns(
+    target: &impl InNetNs,
+    cgroup: &Cgroup,
+    userns: &std::path::Path,
+    uid: u32,
+    gid: u32,
+    dst: SocketAddr,
+) -> ConnOutcome {
+    let spawn = connect_spawn(target, uid, gid, dst)
+        .cgroup(cgroup)
+        .userns(userns);
+    ConnOutcome::parse(&run_client(&spawn))
+}
+
+fn connect_spawn(target: &impl InNetNs, uid: u32, gid: u32, dst: SocketAddr) -> Spawn {
+    Spawn::new(probe_bin())
+        .args(["connect", &dst.to_string(), "--timeout-ms"])
+        .arg(CONNECT_TIMEOUT.as_millis().to_string())
+        .netns(target.netns())
+        .user(uid, gid)
 }
 
 /// Runs a client (`probe connect`, a `dnsprobe` client) to completion and returns its stdout;

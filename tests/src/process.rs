@@ -22,7 +22,7 @@ use crate::{Cgroup, NetNs};
 /// 2. with [`bind_file`](Self::bind_file): a private mount namespace and the bind mounts
 ///    (needs root, so before dropping ids);
 /// 3. `setns` into the netns (a direct `setns`, not `ip netns exec`, which would hide the
-///    cgroup2 and bpffs mounts);
+///    cgroup2 and bpffs mounts), then into the user namespace, if any;
 /// 4. `setgroups([])`, `setgid`, `setuid`;
 /// 5. `PR_SET_PDEATHSIG(SIGKILL)` (after the id change, which would clear it), so nothing
 ///    outlives a test process that dies without running its destructors.
@@ -35,6 +35,7 @@ pub struct Spawn {
     args: Vec<OsString>,
     envs: Vec<(OsString, OsString)>,
     netns: Option<PathBuf>,
+    userns: Option<PathBuf>,
     cgroup: Option<PathBuf>,
     user: Option<(u32, u32)>,
     binds: Vec<(PathBuf, PathBuf)>,
@@ -47,6 +48,7 @@ impl Spawn {
             args: Vec::new(),
             envs: Vec::new(),
             netns: None,
+            userns: None,
             cgroup: None,
             user: None,
             binds: Vec::new(),
@@ -77,6 +79,13 @@ impl Spawn {
 
     pub fn cgroup(mut self, cgroup: &Cgroup) -> Self {
         self.cgroup = Some(cgroup.path().to_path_buf());
+        self
+    }
+
+    /// Join the user namespace at `path` (after the netns); [`user`](Self::user)'s ids are
+    /// then ids inside it.
+    pub fn userns(mut self, path: impl Into<PathBuf>) -> Self {
+        self.userns = Some(path.into());
         self
     }
 
@@ -115,6 +124,10 @@ impl Spawn {
         let netns = self.netns.as_ref().map(|path| {
             File::open(path).unwrap_or_else(|e| panic!("cannot open netns {}: {e}", path.display()))
         });
+        let userns = self.userns.as_ref().map(|path| {
+            File::open(path)
+                .unwrap_or_else(|e| panic!("cannot open userns {}: {e}", path.display()))
+        });
         let procs = self.cgroup.as_ref().map(|dir| {
             let path = dir.join("cgroup.procs");
             OpenOptions::new()
@@ -142,6 +155,9 @@ impl Spawn {
                 }
                 if let Some(netns) = &netns {
                     check(libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET))?;
+                }
+                if let Some(userns) = &userns {
+                    check(libc::setns(userns.as_raw_fd(), libc::CLONE_NEWUSER))?;
                 }
                 if let Some((uid, gid)) = user {
                     check(libc::setgroups(0, std::ptr::null()))?;

@@ -44,8 +44,13 @@ impl Topology {
     }
 
     fn with_cgroup(hint: &str, pod_cgroup: Cgroup) -> Self {
+        Self::with_pod(hint, NetNs::new(&format!("{hint}pod")), pod_cgroup)
+    }
+
+    /// A pod in the namespace `pod` (made elsewhere, e.g. owned by a user namespace).
+    pub fn with_pod(hint: &str, pod: NetNs, pod_cgroup: Cgroup) -> Self {
         let topology = Topology {
-            pod: NetNs::new(&format!("{hint}pod")),
+            pod,
             service: NetNs::new(&format!("{hint}svc")),
             pod_cgroup,
             subnet: PairAddresses::fresh_subnet(),

@@ -82,6 +82,7 @@ fn facts() -> PodFacts {
         interfaces: vec![("lo".into(), 1), ("eth0".into(), 2)],
         dns_servers: vec!["10.96.0.10".parse().unwrap()],
         routes: vec![("0.0.0.0/0".parse().unwrap(), 2)],
+        ids: None,
     }
 }
 
