@@ -47,11 +47,13 @@ pub enum ApplyError {
     MapFull { map: &'static str },
     #[error("opening cgroup {path}: {source}")]
     Cgroup { path: String, source: io::Error },
-    #[error("attaching {program} to {target}: {source}")]
+    #[error("attaching {program} to {target}: {source}{}", blocked.as_ref().map(|b| format!(": {b}")).unwrap_or_default())]
     Attach {
         program: &'static str,
         target: String,
         source: io::Error,
+        /// What refused it: a program attached at an ancestor cgroup.
+        blocked: Option<crate::neighbours::Blocking>,
     },
     #[error("{program} attaches to the pod's cgroup, but the plan has none")]
     NoCgroup { program: &'static str },
@@ -369,10 +371,15 @@ fn stage(
                     ),
                 };
                 let prog = open_program(obj, spec.function)?;
+                let cgroup_path = match spec.target {
+                    AttachTarget::Cgroup => cgroup.as_ref().map(|(path, _)| path.as_path()),
+                    AttachTarget::Netns => None,
+                };
                 let link = bpf_sys::link_create(prog.as_fd(), target.as_fd(), spec.attach_type)
                     .map_err(|source| ApplyError::Attach {
                         program: spec.function,
                         target: target_name,
+                        blocked: refused_by(&source, cgroup_path, spec.attach_type),
                         source,
                     })?;
                 if !pod_dir_made {
@@ -579,4 +586,16 @@ pub(crate) fn collect_if_unused(obj: &ObjectPins) -> Result<(), FsError> {
         gone_ok(fs::remove_dir_all(obj.dir())).map_err(fs_err("removing", obj.dir()))?;
     }
     Ok(())
+}
+
+/// What refused an attachment at `cgroup` with EPERM: a program at an ancestor.
+pub(crate) fn refused_by(
+    err: &io::Error,
+    cgroup: Option<&std::path::Path>,
+    attach_type: u32,
+) -> Option<crate::neighbours::Blocking> {
+    if err.raw_os_error() != Some(libc::EPERM) {
+        return None;
+    }
+    crate::neighbours::blocking_ancestor(cgroup?, attach_type)
 }

@@ -25,6 +25,7 @@ pub mod kernel;
 pub mod listeners;
 pub mod live_pod;
 pub mod loopback;
+pub mod neighbours;
 mod netlink;
 pub mod netns;
 pub mod node;

@@ -92,6 +92,7 @@ pub fn attach_node(
                 .map_err(|source| ApplyError::Attach {
                     program: spec.function,
                     target: cgroup.display().to_string(),
+                    blocked: crate::apply::refused_by(&source, Some(cgroup), spec.attach_type),
                     source,
                 })?;
             let staging = node.staging_link(spec.hook);

@@ -16,6 +16,7 @@ const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_PROG_QUERY: libc::c_long = 16;
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_LINK_UPDATE: libc::c_long = 29;
@@ -138,6 +139,21 @@ pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
     let fd = bpf(BPF_OBJ_GET, &mut attr)?;
     // SAFETY: the kernel returned a new file descriptor that we now own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// The programs attached directly at `cgroup` for `attach_type` (not its ancestors'), and
+/// the flags they were attached with (`BPF_F_ALLOW_OVERRIDE`, `BPF_F_ALLOW_MULTI`).
+pub fn cgroup_programs(cgroup: BorrowedFd<'_>, attach_type: u32) -> io::Result<(u32, Vec<u32>)> {
+    const MOST: usize = 64;
+    let mut ids = [0u32; MOST];
+    let mut attr = BpfAttr([0; 32]);
+    attr.0[0] = cgroup.as_raw_fd() as u32;
+    attr.0[1] = attach_type;
+    set_ptr(&mut attr, 4, ids.as_mut_ptr() as u64);
+    attr.0[6] = MOST as u32;
+    bpf(BPF_PROG_QUERY, &mut attr)?;
+    let count = (attr.0[6] as usize).min(MOST);
+    Ok((attr.0[3], ids[..count].to_vec()))
 }
 
 /// Attach `prog` to `target` (a cgroup or network namespace fd) with a BPF link; the link

@@ -1,0 +1,65 @@
+//! Other eBPF programs on a pod's cgroup path: a socket load-balancer (Cilium's, Calico's)
+//! attached at an ancestor of the pods' cgroups. Attached there without
+//! `BPF_F_ALLOW_MULTI` (Cilium before 1.14 did so at the cgroup root), it makes the kernel
+//! refuse every attachment below it for that hook with a bare "Operation not permitted";
+//! this names the attachment instead.
+
+use std::{fmt, fs, os::fd::AsFd, path::Path};
+
+use crate::{fs_kind::is_cgroup2_dir, store::bpf_sys};
+
+const BPF_F_ALLOW_OVERRIDE: u32 = 1;
+const BPF_F_ALLOW_MULTI: u32 = 2;
+
+/// A program attached at an ancestor that keeps the kernel from attaching below it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blocking {
+    pub cgroup: String,
+    pub program_id: u32,
+    pub program_name: String,
+}
+
+impl fmt::Display for Blocking {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cgroup {} has program {} (id {}) attached for this hook without BPF_F_ALLOW_MULTI, so the kernel refuses every attachment in the cgroups below it; attach that program with BPF_F_ALLOW_MULTI (as a BPF link), or detach it (Cilium's socket load-balancer attaches so from 1.14 on)",
+            self.cgroup, self.program_name, self.program_id
+        )
+    }
+}
+
+/// The attachment at an ancestor of `cgroup` that makes the kernel refuse an attachment
+/// for `attach_type` at `cgroup`: as the kernel decides it, the nearest ancestor with a
+/// program for that hook, when it was attached with neither `BPF_F_ALLOW_MULTI` nor
+/// `BPF_F_ALLOW_OVERRIDE`. Read only after an attachment failed.
+pub fn blocking_ancestor(cgroup: &Path, attach_type: u32) -> Option<Blocking> {
+    for dir in cgroup.ancestors().skip(1) {
+        if !is_cgroup2_dir(dir) {
+            return None;
+        }
+        let file = fs::File::open(dir).ok()?;
+        let (flags, ids) = bpf_sys::cgroup_programs(file.as_fd(), attach_type).ok()?;
+        let Some(&program_id) = ids.first() else {
+            continue;
+        };
+        if flags & (BPF_F_ALLOW_MULTI | BPF_F_ALLOW_OVERRIDE) != 0 {
+            return None;
+        }
+        return Some(Blocking {
+            cgroup: dir.display().to_string(),
+            program_id,
+            program_name: program_name(program_id),
+        });
+    }
+    None
+}
+
+/// The name a program was loaded with, or "?" when it cannot be read.
+fn program_name(id: u32) -> String {
+    aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .find(|p| p.id() == id)
+        .and_then(|p| p.name_as_str().map(str::to_owned))
+        .unwrap_or_else(|| "?".into())
+}
