@@ -13,17 +13,21 @@ use axum::{
     routing::get,
     Router,
 };
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tracing::info;
 
 use super::metrics::Metrics;
 
 #[derive(Debug, thiserror::Error)]
-#[error("binding {flag} {addr}: {source}")]
-pub struct BindError {
-    flag: &'static str,
-    addr: SocketAddr,
-    source: std::io::Error,
+pub enum HttpError {
+    #[error("binding {flag} {addr}: {source}")]
+    Bind {
+        flag: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("starting the HTTP servers' thread: {0}")]
+    Runtime(std::io::Error),
 }
 
 /// Which server, and what it serves.
@@ -55,28 +59,94 @@ impl Server {
     }
 }
 
-/// Bind `addr` now (a bad one fails the start, naming the flag) and serve on it from then
-/// on.
-pub async fn start(
-    server: Server,
-    addr: SocketAddr,
-    metrics: Arc<Metrics>,
-) -> Result<(), BindError> {
-    let flag = server.flag();
-    let bind_error = |source| BindError { flag, addr, source };
-    let listener = TcpListener::bind(addr).await.map_err(bind_error)?;
-    let bound = listener.local_addr().map_err(bind_error)?;
-    match server {
-        Server::Metrics => info!("metrics on http://{bound}/metrics"),
-        Server::Health => info!("health on http://{bound}/healthz"),
+/// Connections waiting to be accepted: a wave of scrapes past it would wait for the
+/// clients' SYN retransmit, a second. The kernel caps it at `net.core.somaxconn`.
+const BACKLOG: u32 = 1024;
+
+/// Bind each server's address now (a bad one fails the start, naming its flag), then
+/// serve them from a thread and runtime of their own: a burst of scrapes takes at most
+/// that thread's CPU, and never queues the API's requests behind its connections.
+pub fn start(servers: &[(Server, SocketAddr)], metrics: &Arc<Metrics>) -> Result<(), HttpError> {
+    if servers.is_empty() {
+        return Ok(());
     }
-    let app = server.router(metrics);
-    tokio::spawn(async move {
-        if let Err(err) = axum::serve(listener, app).await {
-            tracing::error!("the {flag} server stopped: {err}");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(HttpError::Runtime)?;
+    let mut bound = Vec::new();
+    {
+        // The listeners are the runtime's.
+        let _runtime = runtime.enter();
+        for &(server, addr) in servers {
+            let flag = server.flag();
+            let bind_error = |source| HttpError::Bind { flag, addr, source };
+            let listener = listen(addr).map_err(bind_error)?;
+            let local = listener.local_addr().map_err(bind_error)?;
+            match server {
+                Server::Metrics => info!("metrics on http://{local}/metrics"),
+                Server::Health => info!("health on http://{local}/healthz"),
+            }
+            bound.push((server, listener));
         }
-    });
-    Ok(())
+    }
+    let metrics = Arc::clone(metrics);
+    std::thread::Builder::new()
+        .name("http".into())
+        .spawn(move || {
+            yield_to_the_api();
+            runtime.block_on(serve(bound, metrics))
+        })
+        .map(drop)
+        .map_err(HttpError::Runtime)
+}
+
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    // A restarted daemon binds again while its predecessor's connections linger.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(BACKLOG)
+}
+
+/// How much lower than the daemon's the HTTP thread's priority is (nice): under a burst of
+/// scrapes on a busy node, pod setups get the CPU first.
+const NICER: libc::c_int = 10;
+
+/// Lower the calling thread's priority by [`NICER`] (a thread's nice value is its own on
+/// Linux); a failure is only logged.
+fn yield_to_the_api() {
+    // SAFETY: gettid, getpriority and setpriority on the calling thread; no memory is
+    // passed. (getpriority's -1 for an error is a valid value too: a nice of 9 then.)
+    let set = unsafe {
+        let tid = libc::gettid() as libc::id_t;
+        let now = libc::getpriority(libc::PRIO_PROCESS, tid);
+        libc::setpriority(libc::PRIO_PROCESS, tid, now + NICER)
+    };
+    if set != 0 {
+        tracing::warn!(
+            "lowering the HTTP thread's priority: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+/// Serve every listener until the process ends.
+async fn serve(listeners: Vec<(Server, TcpListener)>, metrics: Arc<Metrics>) {
+    let mut servers = tokio::task::JoinSet::new();
+    for (server, listener) in listeners {
+        let app = server.router(Arc::clone(&metrics));
+        servers.spawn(async move {
+            if let Err(err) = axum::serve(listener, app).await {
+                tracing::error!("the {} server stopped: {err}", server.flag());
+            }
+        });
+    }
+    while servers.join_next().await.is_some() {}
 }
 
 /// Prometheus' text exposition format.

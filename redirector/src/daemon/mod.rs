@@ -110,25 +110,25 @@ fn start(config: &DaemonConfig) -> anyhow::Result<Node> {
 /// Run until SIGTERM or SIGINT, then exit leaving every pod captured.
 pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     crate::kernel::check_running()?;
+    let metrics = Arc::new(Metrics::new(config.metrics_per_pod));
+    // Bound before the start-up: a bad address fails the start, having changed nothing.
+    let servers: Vec<_> = [
+        (http::Server::Metrics, config.metrics_addr),
+        (http::Server::Health, config.health_addr),
+    ]
+    .into_iter()
+    .filter_map(|(server, addr)| Some((server, addr?)))
+    .collect();
+    http::start(&servers, &metrics)?;
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("starting the async runtime")?
-        .block_on(serve(config))
+        .block_on(serve(config, metrics))
 }
 
-async fn serve(config: DaemonConfig) -> anyhow::Result<()> {
-    let metrics = Arc::new(Metrics::new(config.metrics_per_pod));
-    // Bound before the start-up: a bad address fails the start, having changed nothing.
-    for (server, addr) in [
-        (http::Server::Metrics, config.metrics_addr),
-        (http::Server::Health, config.health_addr),
-    ] {
-        if let Some(addr) = addr {
-            http::start(server, addr, Arc::clone(&metrics)).await?;
-        }
-    }
+async fn serve(config: DaemonConfig, metrics: Arc<Metrics>) -> anyhow::Result<()> {
     let start_config = config.clone();
     let node = tokio::task::spawn_blocking(move || start(&start_config)).await??;
     let node = Arc::new(node);
