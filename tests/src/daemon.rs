@@ -308,6 +308,47 @@ pub fn rss_kib(pid: u32) -> u64 {
         .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status:\n{status}"))
 }
 
+/// The addresses TCP sockets of this network namespace listen on at `port`, from
+/// /proc/net/tcp and tcp6: which addresses a server is reachable at, read without
+/// sending anything.
+pub fn tcp_listeners(port: u16) -> Vec<std::net::SocketAddr> {
+    const LISTEN: &str = "0A";
+    let mut found = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text =
+            std::fs::read_to_string(table).unwrap_or_else(|e| panic!("reading {table}: {e}"));
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (Some(local), Some(&state)) = (fields.get(1), fields.get(3)) else {
+                continue;
+            };
+            let Some((ip, hex_port)) = local.split_once(':') else {
+                continue;
+            };
+            if state != LISTEN || u16::from_str_radix(hex_port, 16) != Ok(port) {
+                continue;
+            }
+            found.push(std::net::SocketAddr::new(proc_net_ip(ip), port));
+        }
+    }
+    found.sort();
+    found
+}
+
+/// An address as /proc/net/tcp{,6} writes it: 32-bit words in hex, each in host order.
+fn proc_net_ip(hex: &str) -> std::net::IpAddr {
+    let words: Vec<u32> = (0..hex.len() / 8)
+        .map(|i| u32::from_str_radix(&hex[i * 8..i * 8 + 8], 16).expect("hex in /proc/net/tcp"))
+        .collect();
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    match <[u8; 4]>::try_from(bytes.as_slice()) {
+        Ok(v4) => v4.into(),
+        Err(_) => <[u8; 16]>::try_from(bytes.as_slice())
+            .expect("an IPv4 or IPv6 address in /proc/net/tcp")
+            .into(),
+    }
+}
+
 /// One API request line on `stream`, and the daemon's answer line, parsed.
 pub fn ask(stream: &mut UnixStream, request: &str) -> serde_json::Value {
     writeln!(stream, "{request}").expect("writing a request");
@@ -337,4 +378,21 @@ pub fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
         .map(|(_, b)| b)
         .unwrap_or("");
     Ok((status, body.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::proc_net_ip;
+
+    #[test]
+    fn proc_net_addresses_are_words_in_host_order() {
+        let v4 = u32::from_ne_bytes([127, 0, 0, 1]);
+        assert_eq!(
+            proc_net_ip(&format!("{v4:08X}")),
+            std::net::Ipv4Addr::LOCALHOST
+        );
+        let one = u32::from_ne_bytes([0, 0, 0, 1]);
+        let v6 = format!("{:024X}{one:08X}", 0);
+        assert_eq!(proc_net_ip(&v6), std::net::Ipv6Addr::LOCALHOST);
+    }
 }
