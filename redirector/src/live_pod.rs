@@ -57,17 +57,23 @@ impl LivePod {
 
     /// Decision counters summed over CPUs, by counter slot.
     pub fn counters(&self) -> [u64; COUNTER_SLOTS] {
-        let mut total = [0; COUNTER_SLOTS];
-        if let Ok(per_cpu) = self.maps.counters.get(&self.netns_cookie, 0) {
-            for cpu in per_cpu.iter() {
-                let cpu: &Counters = cpu;
-                for (t, v) in total.iter_mut().zip(cpu.by_reason) {
-                    *t += v;
-                }
+        counters_of(&self.maps, self.netns_cookie)
+    }
+}
+
+/// A pod's decision counters in `maps`, summed over CPUs, by counter slot (zeros when it
+/// has none).
+pub fn counters_of(maps: &NodeMaps, netns_cookie: NetnsCookie) -> [u64; COUNTER_SLOTS] {
+    let mut total = [0; COUNTER_SLOTS];
+    if let Ok(per_cpu) = maps.counters.get(&netns_cookie, 0) {
+        for cpu in per_cpu.iter() {
+            let cpu: &Counters = cpu;
+            for (t, v) in total.iter_mut().zip(cpu.by_reason) {
+                *t += v;
             }
         }
-        total
     }
+    total
 }
 
 /// Lookups the kernel programs make, made the same way from user space.

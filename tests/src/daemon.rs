@@ -1,6 +1,8 @@
 //! A `redirector daemon` of a test's own: its pin root, node cgroup, socket and state
 //! directory; killed on drop (it never detaches anything, the pin root's drop does).
 
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -181,17 +183,47 @@ impl Daemon {
     /// GET `path` from the metrics server on loopback (started with `--metrics-addr`):
     /// the status code and the body.
     pub fn http_get(&self, path: &str) -> (u16, String) {
+        http_get(&self.metrics_addr(), path).expect("asking the metrics server")
+    }
+
+    /// GET `path` from the health server on loopback (started with `--health-addr`).
+    pub fn health_get(&self, path: &str) -> (u16, String) {
+        http_get(&self.served_addr("health"), path).expect("asking the health server")
+    }
+
+    /// Where the metrics server listens, as its log says (on loopback).
+    pub fn metrics_addr(&self) -> String {
+        self.served_addr("metrics")
+    }
+
+    /// The address of the `server` (`metrics` or `health`) from the daemon's log line
+    /// `<server> on http://ADDR/…`.
+    fn served_addr(&self, server: &str) -> String {
         let log = self.log();
         let addr = log
-            .split("metrics on http://")
+            .split(&format!("{server} on http://"))
             .nth(1)
             .and_then(|rest| rest.split('/').next())
-            .unwrap_or_else(|| panic!("no metrics address in the log:\n{log}"));
+            .unwrap_or_else(|| panic!("no {server} address in the log:\n{log}"));
         assert!(
             addr.starts_with("127.0.0.1:"),
-            "metrics only on loopback: {addr}"
+            "{server} only on loopback in a test: {addr}"
         );
-        http_get(addr, path).expect("asking the metrics server")
+        addr.to_owned()
+    }
+
+    /// Its resident memory (VmRSS), in KiB.
+    pub fn rss_kib(&self) -> u64 {
+        rss_kib(self.pid())
+    }
+
+    /// A connection to its API, with a 30 s read timeout.
+    pub fn connect(&self) -> UnixStream {
+        let stream = UnixStream::connect(&self.socket).expect("connecting to the daemon");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .expect("setting a read timeout");
+        stream
     }
 
     /// `redirector pod --socket S ARGS`.
@@ -265,9 +297,70 @@ impl Killed {
     }
 }
 
+/// The resident memory (VmRSS) of process `pid`, in KiB.
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("reading /proc/{pid}/status: {e}"));
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status:\n{status}"))
+}
+
+/// The addresses TCP sockets of this network namespace listen on at `port`, from
+/// /proc/net/tcp and tcp6: which addresses a server is reachable at, read without
+/// sending anything.
+pub fn tcp_listeners(port: u16) -> Vec<std::net::SocketAddr> {
+    const LISTEN: &str = "0A";
+    let mut found = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text =
+            std::fs::read_to_string(table).unwrap_or_else(|e| panic!("reading {table}: {e}"));
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (Some(local), Some(&state)) = (fields.get(1), fields.get(3)) else {
+                continue;
+            };
+            let Some((ip, hex_port)) = local.split_once(':') else {
+                continue;
+            };
+            if state != LISTEN || u16::from_str_radix(hex_port, 16) != Ok(port) {
+                continue;
+            }
+            found.push(std::net::SocketAddr::new(proc_net_ip(ip), port));
+        }
+    }
+    found.sort();
+    found
+}
+
+/// An address as /proc/net/tcp{,6} writes it: 32-bit words in hex, each in host order.
+fn proc_net_ip(hex: &str) -> std::net::IpAddr {
+    let words: Vec<u32> = (0..hex.len() / 8)
+        .map(|i| u32::from_str_radix(&hex[i * 8..i * 8 + 8], 16).expect("hex in /proc/net/tcp"))
+        .collect();
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    match <[u8; 4]>::try_from(bytes.as_slice()) {
+        Ok(v4) => v4.into(),
+        Err(_) => <[u8; 16]>::try_from(bytes.as_slice())
+            .expect("an IPv4 or IPv6 address in /proc/net/tcp")
+            .into(),
+    }
+}
+
+/// One API request line on `stream`, and the daemon's answer line, parsed.
+pub fn ask(stream: &mut UnixStream, request: &str) -> serde_json::Value {
+    writeln!(stream, "{request}").expect("writing a request");
+    let mut line = String::new();
+    BufReader::new(stream.try_clone().expect("cloning the stream"))
+        .read_line(&mut line)
+        .expect("reading the answer");
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+}
+
 /// `GET path` from the HTTP server at `addr` (loopback): its status and body.
 pub fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
-    use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(addr)?;
     write!(
         stream,
@@ -285,4 +378,21 @@ pub fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
         .map(|(_, b)| b)
         .unwrap_or("");
     Ok((status, body.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::proc_net_ip;
+
+    #[test]
+    fn proc_net_addresses_are_words_in_host_order() {
+        let v4 = u32::from_ne_bytes([127, 0, 0, 1]);
+        assert_eq!(
+            proc_net_ip(&format!("{v4:08X}")),
+            std::net::Ipv4Addr::LOCALHOST
+        );
+        let one = u32::from_ne_bytes([0, 0, 0, 1]);
+        let v6 = format!("{:024X}{one:08X}", 0);
+        assert_eq!(proc_net_ip(&v6), std::net::Ipv6Addr::LOCALHOST);
+    }
 }

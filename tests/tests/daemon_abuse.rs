@@ -8,7 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::daemon::{ask, Daemon, StateDir};
 use redirector_tests::redirector::{redirector_bin, PinRoot};
 use redirector_tests::{require_root, Cgroup, Spawn, APP_UID};
 
@@ -21,42 +21,17 @@ fn start(hint: &str) -> (Daemon, PinRoot, Cgroup, StateDir) {
     (daemon, root, node, state)
 }
 
-/// One request line, one answer line.
-fn ask(stream: &mut UnixStream, request: &str) -> serde_json::Value {
-    writeln!(stream, "{request}").unwrap();
-    let mut line = String::new();
-    BufReader::new(stream.try_clone().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
-}
-
-fn connect(daemon: &Daemon) -> UnixStream {
-    let s = UnixStream::connect(daemon.socket()).expect("connecting to the daemon");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s
-}
-
 /// The daemon answers `list` on a fresh connection, promptly.
 #[track_caller]
 fn assert_serving(daemon: &Daemon) {
     let started = Instant::now();
-    let answer = ask(&mut connect(daemon), r#"{"op":"list"}"#);
+    let answer = ask(&mut daemon.connect(), r#"{"op":"list"}"#);
     assert_eq!(answer["ok"], true, "{answer}");
     assert!(
         started.elapsed() < Duration::from_secs(2),
         "slow: {:?}",
         started.elapsed()
     );
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap()
 }
 
 #[test]
@@ -98,7 +73,7 @@ fn bad_requests_change_nothing_and_name_what_is_wrong() {
         return;
     }
     let (daemon, _root, _node, _state) = start("abusebad");
-    let mut s = connect(&daemon);
+    let mut s = daemon.connect();
     for (request, expected) in [
         (
             r#"{"op":"add","netns":"/etc/hostname","name":"x/y"}"#,
@@ -138,13 +113,13 @@ fn oversized_endless_and_silent_clients_do_not_stop_the_others() {
         return;
     }
     let (daemon, _root, _node, _state) = start("abusebig");
-    let rss_before = rss_kib(daemon.pid());
+    let rss_before = daemon.rss_kib();
     // Silent: connects and sends nothing, for the whole test.
-    let _silent: Vec<UnixStream> = (0..20).map(|_| connect(&daemon)).collect();
+    let _silent: Vec<UnixStream> = (0..20).map(|_| daemon.connect()).collect();
     assert_serving(&daemon);
 
     // Oversized: refused with a reason, then closed.
-    let mut big = connect(&daemon);
+    let mut big = daemon.connect();
     let request = format!(r#"{{"op":"list","pad":"{}"}}"#, "x".repeat(100 * 1024));
     let _ = big.write_all(request.as_bytes());
     let mut answer = String::new();
@@ -155,7 +130,7 @@ fn oversized_endless_and_silent_clients_do_not_stop_the_others() {
     );
 
     // Endless: 32 MiB with no newline; the daemon closes it long before.
-    let mut endless = connect(&daemon);
+    let mut endless = daemon.connect();
     let chunk = vec![b'a'; 64 * 1024];
     let mut sent = 0usize;
     while sent < 32 << 20 {
@@ -169,7 +144,7 @@ fn oversized_endless_and_silent_clients_do_not_stop_the_others() {
     let _ = endless.read_to_end(&mut rest);
 
     assert_serving(&daemon);
-    let grown = rss_kib(daemon.pid()).saturating_sub(rss_before);
+    let grown = daemon.rss_kib().saturating_sub(rss_before);
     assert!(grown < 16 * 1024, "the daemon grew by {grown} KiB");
 }
 
@@ -179,9 +154,9 @@ fn a_burst_of_requests_is_served_in_bounded_memory() {
         return;
     }
     let (daemon, _root, _node, _state) = start("abuseburst");
-    let rss_before = rss_kib(daemon.pid());
+    let rss_before = daemon.rss_kib();
     // 2,000 requests pipelined on one connection, then every answer.
-    let mut s = connect(&daemon);
+    let mut s = daemon.connect();
     let burst: String = (0..2000).map(|_| "{\"op\":\"list\"}\n").collect();
     s.write_all(burst.as_bytes()).unwrap();
     let mut reader = BufReader::new(s.try_clone().unwrap());
@@ -205,6 +180,6 @@ fn a_burst_of_requests_is_served_in_bounded_memory() {
         assert!(c.join().unwrap());
     }
     assert_serving(&daemon);
-    let grown = rss_kib(daemon.pid()).saturating_sub(rss_before);
+    let grown = daemon.rss_kib().saturating_sub(rss_before);
     assert!(grown < 16 * 1024, "the daemon grew by {grown} KiB");
 }

@@ -11,6 +11,7 @@
 //! conflist rewritten by the network plugin, a reboot, an upgrade under traffic, the
 //! uninstall.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -20,7 +21,7 @@ use redirector_tests::cri_pods::{
     app_pod, assert_lands_on_proxy, assert_reaches_service, connect, on_proxy, primary_network,
     serve, sidecar, LeftAlone, STATUS,
 };
-use redirector_tests::daemon::{http_get, StateDir};
+use redirector_tests::daemon::{http_get, tcp_listeners, StateDir};
 use redirector_tests::kubelet::{DaemonSet, Node};
 use redirector_tests::netns::NetNs;
 use redirector_tests::oci;
@@ -31,8 +32,11 @@ use redirector_tests::{require_root, require_tools, skip, use_probe_bin, Cgroup,
 /// Where the DaemonSet's daemon pins and keeps its records: the defaults.
 const PIN_ROOT: &str = redirector::store::pins::DEFAULT_ROOT;
 const STATE_DIR: &str = redirector::daemon::records::DEFAULT_STATE_DIR;
-/// The daemon's metrics and probes, on the host's network.
+/// The daemon's metrics, on the host's loopback only, and its probes, on every address
+/// of the host (kubelet probes a host-network pod at the node's address).
 const METRICS: &str = "127.0.0.1:15014";
+const METRICS_PORT: u16 = 15014;
+const HEALTH_PORT: u16 = 15015;
 
 /// The node's own state the DaemonSet writes (its pins and records): absent at the start,
 /// removed at the end whatever happened.
@@ -241,6 +245,17 @@ fn node_lifecycle(cni_version: &str, third_octet: u8) {
     let started = Instant::now();
     let pod = ds.run(&mut cri, &node, "a", &release);
     ds.wait_ready(&mut cri, &pod, Duration::from_secs(30));
+    let loopback: SocketAddr = METRICS.parse().unwrap();
+    assert_eq!(
+        tcp_listeners(METRICS_PORT),
+        [loopback],
+        "the metrics, which name the node's pods, on loopback only"
+    );
+    assert_eq!(
+        tcp_listeners(HEALTH_PORT),
+        [SocketAddr::from(([0, 0, 0, 0], HEALTH_PORT))],
+        "the probes on every address"
+    );
     assert!(
         has_entry(&read_json(&conflist)),
         "install-cni chained the entry"
@@ -255,7 +270,14 @@ fn node_lifecycle(cni_version: &str, third_octet: u8) {
         "node {cni_version}: early pod repaired {:.0} ms after its DaemonSet pod was created",
         started.elapsed().as_secs_f64() * 1e3
     );
-    assert!(metric("redirector_pods_repaired_total 1"));
+    // Scrapes share a snapshot up to a second old.
+    assert!(
+        within(Duration::from_secs(2), || metric(
+            "redirector_pods_repaired_total 1"
+        ))
+        .is_some(),
+        "the repair is not counted"
+    );
 
     // New pods: the injected one captured at creation, the others left alone.
     let (web, web_app) = app_pod(&mut cri, "default", "web", &[(STATUS, "{}")], &parent);

@@ -50,8 +50,17 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
     state_dir: PathBuf,
     /// Serve /metrics, /healthz and /readyz here (e.g. 127.0.0.1:15014; port 0 picks one).
+    /// What the metrics show is the node's: keep them on loopback or the node's address.
     #[arg(long, value_name = "HOST:PORT")]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// Serve /healthz and /readyz alone here (e.g. 0.0.0.0:15015): kubelet probes a
+    /// host-network pod at the node's address while the metrics stay on loopback.
+    #[arg(long, value_name = "HOST:PORT")]
+    health_addr: Option<std::net::SocketAddr>,
+    /// Export decisions by pod (namespace/name, netns cookie, reason), not only the node's
+    /// totals by reason.
+    #[arg(long)]
+    metrics_per_pod: bool,
     /// Every this many seconds, remove pods whose network namespace is gone (a missed CNI
     /// DEL, a pod deleted without `pod del`); 0: only at start.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
@@ -97,6 +106,8 @@ pub fn run(args: &DaemonArgs) -> anyhow::Result<()> {
         cgroup,
         state_dir: args.state_dir.clone(),
         metrics_addr: args.metrics_addr,
+        health_addr: args.health_addr,
+        metrics_per_pod: args.metrics_per_pod,
         gc_interval: (args.gc_interval > 0)
             .then(|| std::time::Duration::from_secs(args.gc_interval)),
         repair: repair_config(args),

@@ -1,12 +1,14 @@
-//! The daemon's HTTP endpoints: `/metrics` (Prometheus text format, by prometheus-client),
-//! `/healthz` and `/readyz` (200 only once the start-up reconcile is done).
+//! What `/metrics` shows, in Prometheus' text format (prometheus-client): the daemon's own
+//! request latency, errors and repair counts, and the node as a walk finds it — pods,
+//! decisions by reason, map fill.
 //!
-//! Decision counters and map fill are read from the maps at each scrape, so they are
-//! exact whoever set the pods up; request latency and errors are the daemon's own.
+//! Decisions are node-wide totals by reason unless `--metrics-per-pod`: per pod they name
+//! every pod of the node (namespace/name, netns cookie), which is for whoever operates the
+//! node, and a series per pod and reason is what a scrape costs at thousands of pods.
+//! Every scrape is served from one snapshot at most a second old ([`super::snapshot`]).
 
 use std::sync::{Arc, OnceLock};
 
-use axum::{extract::State, http::StatusCode, routing::get, Router};
 use prometheus_client::{
     encoding::{text::encode, EncodeLabelSet},
     metrics::{
@@ -17,10 +19,18 @@ use prometheus_client::{
     },
     registry::Registry,
 };
-use redirector_common::Reason;
+use redirector_common::{Reason, COUNTER_SLOTS};
 
-use super::pods::Node;
-use crate::{live_pod::LivePod, store::NodeMaps};
+use super::{
+    decision_totals::DecisionTotals,
+    pods::Node,
+    records::PodRecord,
+    snapshot::{Rendered, Snapshots},
+};
+use crate::{
+    live_pod::counters_of,
+    store::{NodeMaps, ObjectPins, OpenMaps},
+};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OpLabels {
@@ -28,9 +38,14 @@ struct OpLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct DecisionLabels {
+struct PodDecisionLabels {
     pod: String,
     netns_cookie: String,
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecisionLabels {
     reason: String,
 }
 
@@ -40,7 +55,7 @@ struct MapLabels {
     map: String,
 }
 
-/// What the daemon measures itself, and whether it is ready.
+/// What the daemon measures itself, whether it is ready, and the snapshot scrapes share.
 pub struct Metrics {
     requests: Family<OpLabels, Histogram>,
     errors: Family<OpLabels, Counter>,
@@ -50,10 +65,21 @@ pub struct Metrics {
     /// found them.
     uncaptured: Gauge,
     node: OnceLock<Arc<Node>>,
+    /// Decisions by pod (`--metrics-per-pod`) rather than node-wide.
+    per_pod: bool,
+    snapshots: Snapshots<NodeWalk>,
 }
 
-impl Default for Metrics {
-    fn default() -> Self {
+/// What one walk of the node keeps for the next: the objects' maps open, and what pods
+/// gone since had counted.
+#[derive(Default)]
+struct NodeWalk {
+    maps: OpenMaps,
+    totals: DecisionTotals,
+}
+
+impl Metrics {
+    pub fn new(per_pod: bool) -> Self {
         Metrics {
             requests: Family::new_with_constructor(|| {
                 // 0.1 ms to ~0.4 s.
@@ -63,11 +89,11 @@ impl Default for Metrics {
             repaired: Counter::default(),
             uncaptured: Gauge::default(),
             node: OnceLock::new(),
+            per_pod,
+            snapshots: Snapshots::new(NodeWalk::default()),
         }
     }
-}
 
-impl Metrics {
     /// One API request: how long it took, and whether it failed.
     pub fn observe(&self, op: &str, seconds: f64, failed: bool) {
         let labels = OpLabels { op: op.to_owned() };
@@ -88,7 +114,18 @@ impl Metrics {
         let _ = self.node.set(node);
     }
 
-    fn render(&self) -> Result<String, String> {
+    /// Whether the start-up reconcile is done.
+    pub fn is_ready(&self) -> bool {
+        self.node.get().is_some()
+    }
+
+    /// The text of `/metrics`: the latest snapshot, or a new one if it is a second old.
+    pub async fn scrape(self: &Arc<Self>) -> Rendered {
+        let metrics = Arc::clone(self);
+        self.snapshots.get(move |walk| metrics.render(walk)).await
+    }
+
+    fn render(&self, walk: &mut NodeWalk) -> Result<String, String> {
         let mut registry = Registry::with_prefix("redirector");
         registry.register(
             "request_seconds",
@@ -111,7 +148,7 @@ impl Metrics {
             self.uncaptured.clone(),
         );
         if let Some(node) = self.node.get() {
-            register_node(&mut registry, node)?;
+            register_node(&mut registry, node, self.per_pod, walk)?;
         }
         let mut text = String::new();
         encode(&mut text, &registry).map_err(|e| e.to_string())?;
@@ -120,7 +157,12 @@ impl Metrics {
 }
 
 /// The node's state as it is now: pods, their decisions, map fill.
-fn register_node(registry: &mut Registry, node: &Node) -> Result<(), String> {
+fn register_node(
+    registry: &mut Registry,
+    node: &Node,
+    per_pod: bool,
+    walk: &mut NodeWalk,
+) -> Result<(), String> {
     let records = node.records.all().map_err(|e| e.to_string())?;
     let pods = Gauge::<i64>::default();
     pods.set(records.len() as i64);
@@ -132,16 +174,14 @@ fn register_node(registry: &mut Registry, node: &Node) -> Result<(), String> {
         "Pods whose processes run outside the node cgroup the programs are attached at: not captured",
         outside,
     );
-    let decisions = Family::<DecisionLabels, Counter>::default();
-    for record in &records {
-        let Ok(live) = LivePod::open(&node.root, record.cookie()) else {
-            continue;
-        };
-        let counters = live.counters();
-        for reason in Reason::ALL {
-            let count = counters[reason as usize];
-            if count > 0 {
-                let labels = DecisionLabels {
+    let objects = node.root.objects().map_err(|e| e.to_string())?;
+    walk.maps.retain_loaded(&objects);
+    let counted = pod_counters(&records, &objects, &mut walk.maps);
+    if per_pod {
+        let decisions = Family::<PodDecisionLabels, Counter>::default();
+        for (record, counters) in &counted {
+            for (reason, count) in by_reason(counters) {
+                let labels = PodDecisionLabels {
                     pod: record.name.clone().unwrap_or_default(),
                     netns_cookie: record.netns_cookie.to_string(),
                     reason: reason.name().to_owned(),
@@ -149,16 +189,30 @@ fn register_node(registry: &mut Registry, node: &Node) -> Result<(), String> {
                 decisions.get_or_create(&labels).inc_by(count);
             }
         }
+        registry.register(
+            "decisions",
+            "Connections decided by the kernel programs, by pod and reason",
+            decisions,
+        );
+    } else {
+        let totals = (walk.totals).update(counted.iter().map(|(r, c)| (r.cookie(), *c)));
+        let decisions = Family::<DecisionLabels, Counter>::default();
+        for (reason, count) in by_reason(&totals) {
+            let labels = DecisionLabels {
+                reason: reason.name().to_owned(),
+            };
+            decisions.get_or_create(&labels).inc_by(count);
+        }
+        registry.register(
+            "decisions",
+            "Connections decided by the kernel programs on the node, by reason (by pod too with --metrics-per-pod)",
+            decisions,
+        );
     }
-    registry.register(
-        "decisions",
-        "Connections decided by the kernel programs, by pod and reason",
-        decisions,
-    );
     let entries = Family::<MapLabels, Gauge>::default();
     let capacity = Family::<MapLabels, Gauge>::default();
-    for object in node.root.objects().map_err(|e| e.to_string())? {
-        for (map, used, max) in NodeMaps::fill(&object).map_err(|e| e.to_string())? {
+    for object in &objects {
+        for (map, used, max) in NodeMaps::fill(object).map_err(|e| e.to_string())? {
             let labels = MapLabels {
                 object: object.id().to_string(),
                 map: map.to_owned(),
@@ -172,27 +226,28 @@ fn register_node(registry: &mut Registry, node: &Node) -> Result<(), String> {
     Ok(())
 }
 
-/// The HTTP routes.
-pub fn router(metrics: Arc<Metrics>) -> Router {
-    Router::new()
-        .route("/metrics", get(scrape))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .with_state(metrics)
+/// Each recorded pod that is set up, with its counters from the object holding its links.
+fn pod_counters<'r>(
+    records: &'r [PodRecord],
+    objects: &[ObjectPins],
+    maps: &mut OpenMaps,
+) -> Vec<(&'r PodRecord, [u64; COUNTER_SLOTS])> {
+    let mut counted = Vec::with_capacity(records.len());
+    for record in records {
+        let cookie = record.cookie();
+        let holder = (objects.iter()).find(|o| o.pod(cookie).is_linked().unwrap_or(false));
+        let Some(maps) = holder.and_then(|object| maps.get(object).ok()) else {
+            continue;
+        };
+        counted.push((record, counters_of(maps, cookie)));
+    }
+    counted
 }
 
-async fn scrape(State(metrics): State<Arc<Metrics>>) -> (StatusCode, String) {
-    match tokio::task::spawn_blocking(move || metrics.render()).await {
-        Ok(Ok(text)) => (StatusCode::OK, text),
-        Ok(Err(err)) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{err}\n")),
-        Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{err}\n")),
-    }
-}
-
-async fn readyz(State(metrics): State<Arc<Metrics>>) -> (StatusCode, &'static str) {
-    if metrics.node.get().is_some() {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "reconciling\n")
-    }
+/// The reasons with a count, and their counts.
+fn by_reason(counters: &[u64; COUNTER_SLOTS]) -> impl Iterator<Item = (Reason, u64)> + '_ {
+    Reason::ALL
+        .into_iter()
+        .map(|reason| (reason, counters[reason as usize]))
+        .filter(|(_, count)| *count > 0)
 }

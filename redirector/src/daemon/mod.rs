@@ -6,13 +6,16 @@
 
 pub mod api;
 pub mod cri;
+mod decision_totals;
 #[cfg(test)]
 mod generated;
+pub mod http;
 pub mod metrics;
 mod new_addrs;
 pub mod pods;
 pub mod records;
 pub mod repair;
+mod snapshot;
 mod trace;
 
 use std::{
@@ -53,6 +56,10 @@ pub struct DaemonConfig {
     pub state_dir: PathBuf,
     /// Where `/metrics`, `/healthz` and `/readyz` are served, if anywhere.
     pub metrics_addr: Option<SocketAddr>,
+    /// Where `/healthz` and `/readyz` alone are served, if anywhere.
+    pub health_addr: Option<SocketAddr>,
+    /// Decisions by pod in `/metrics`, not only the node's totals.
+    pub metrics_per_pod: bool,
     /// How often the daemon removes pods that are gone (a missed CNI DEL); `None`: only
     /// at start.
     pub gc_interval: Option<std::time::Duration>,
@@ -103,28 +110,25 @@ fn start(config: &DaemonConfig) -> anyhow::Result<Node> {
 /// Run until SIGTERM or SIGINT, then exit leaving every pod captured.
 pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     crate::kernel::check_running()?;
+    let metrics = Arc::new(Metrics::new(config.metrics_per_pod));
+    // Bound before the start-up: a bad address fails the start, having changed nothing.
+    let servers: Vec<_> = [
+        (http::Server::Metrics, config.metrics_addr),
+        (http::Server::Health, config.health_addr),
+    ]
+    .into_iter()
+    .filter_map(|(server, addr)| Some((server, addr?)))
+    .collect();
+    http::start(&servers, &metrics)?;
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("starting the async runtime")?
-        .block_on(serve(config))
+        .block_on(serve(config, metrics))
 }
 
-async fn serve(config: DaemonConfig) -> anyhow::Result<()> {
-    let metrics = Arc::new(Metrics::default());
-    if let Some(addr) = config.metrics_addr {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding --metrics-addr {addr}"))?;
-        info!("metrics on http://{}/metrics", listener.local_addr()?);
-        let app = metrics::router(Arc::clone(&metrics));
-        tokio::spawn(async move {
-            if let Err(err) = axum::serve(listener, app).await {
-                tracing::error!("the metrics server stopped: {err}");
-            }
-        });
-    }
+async fn serve(config: DaemonConfig, metrics: Arc<Metrics>) -> anyhow::Result<()> {
     let start_config = config.clone();
     let node = tokio::task::spawn_blocking(move || start(&start_config)).await??;
     let node = Arc::new(node);
