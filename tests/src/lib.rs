@@ -46,6 +46,7 @@ pub mod proxied_pod;
 pub mod redirector;
 pub mod scenario;
 pub mod sockaddr;
+pub mod socket_lb;
 pub mod stale;
 pub mod topology;
 pub mod user_ns;

@@ -1,15 +1,24 @@
 //! Other programs on the pods' cgroup path. A program attached at an ancestor cgroup
 //! without BPF_F_ALLOW_MULTI (a socket load-balancer of Cilium before 1.14, at the root)
 //! makes the kernel refuse attachments below it: the setup names that attachment and
-//! what to change, exits 1, and leaves nothing of the pod attached.
+//! what to change, exits 1, and leaves nothing of the pod attached. A load-balancer
+//! attached with BPF_F_ALLOW_MULTI composes with redirector: the app's connection to a
+//! ClusterIP lands on the proxy with the ClusterIP as its original destination, and the
+//! proxy's own connection to it is load-balanced to a backend.
 
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::process::Command;
 
 use redirector_tests::bpftool::{cgroup_attachments, pinned_id};
+use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::redirector::{
     istio_iptables, object_ids, pod_links, run_ok, PinRoot, STANDARD_INJECTION,
 };
-use redirector_tests::{require_root, use_probe_bin, Cgroup, ProxiedPod};
+use redirector_tests::socket_lb::SocketLb;
+use redirector_tests::{
+    require_root, use_probe_bin, Cgroup, ConnOutcome, ProbeServer, ProxiedPod, Topology, APP_UID,
+    PROXY_UID,
+};
 
 #[test]
 fn an_exclusive_program_at_an_ancestor_is_named_and_nothing_is_attached() {
@@ -102,4 +111,83 @@ fn an_exclusive_program_at_an_ancestor_is_named_and_nothing_is_attached() {
         "pinned",
         &program_arg,
     ]));
+}
+
+/// A socket LB at `ancestor` (a ClusterIP to a backend in the service namespace), a pod
+/// below `parent` with a forwarding proxy; `capture` sets the pod up. The app's connection
+/// to the ClusterIP reaches the backend through the LB alone before, and lands on the
+/// proxy with the ClusterIP as its original destination after, the proxy's own connection
+/// load-balanced to the backend.
+fn compose_with_a_socket_lb(ancestor: &Cgroup, parent: &Cgroup, capture: impl FnOnce(&Topology)) {
+    let topo = Topology::under(parent, "lb");
+    let cluster_ip = SocketAddrV4::new(Ipv4Addr::new(10, 96, 0, 10), 80);
+    let backend = SocketAddrV4::new(topo.service_ip4(), 8080);
+    let _backend = ProbeServer::serve(&topo.service, "backend")
+        .listen(backend.into())
+        .start();
+    let _proxy = ProbeServer::proxy(&topo.pod, "proxy")
+        .listen(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 15001))
+        .forward()
+        .cgroup(&topo.pod_cgroup)
+        .user(PROXY_UID, PROXY_UID)
+        .start();
+    let _lb = SocketLb::attach(ancestor, cluster_ip, backend);
+    let served_by_backend = |outcome: &ConnOutcome| matches!(outcome, ConnOutcome::Served { name, local, .. } if name == "backend" && *local == SocketAddr::from(backend));
+    let direct = topo.connect(APP_UID, APP_UID, cluster_ip.into());
+    assert!(served_by_backend(&direct), "the LB alone: {direct:?}");
+
+    capture(&topo);
+    match topo.connect(APP_UID, APP_UID, cluster_ip.into()) {
+        ConnOutcome::Proxied {
+            name,
+            orig,
+            upstream: Some(upstream),
+            ..
+        } if name == "proxy" => {
+            assert_eq!(
+                orig,
+                Some(cluster_ip.into()),
+                "the ClusterIP is the original destination"
+            );
+            assert!(
+                served_by_backend(&upstream),
+                "the proxy's own connection is load-balanced: {upstream:?}"
+            );
+        }
+        other => panic!("expected the proxy, then the backend upstream, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_socket_load_balancer_above_an_init_container_pod_composes_with_the_redirect() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let ancestor = Cgroup::new("lbroot");
+    let root = PinRoot::new("lb");
+    compose_with_a_socket_lb(&ancestor, &ancestor, |topo| {
+        let out = istio_iptables(&topo.pod, &topo.pod_cgroup, &root, &STANDARD_INJECTION);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+}
+
+#[test]
+fn a_socket_load_balancer_above_the_daemons_node_composes_with_the_redirect() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let ancestor = Cgroup::new("lbroot");
+    let node = Cgroup::under(&ancestor, "lbnode");
+    let root = PinRoot::new("lbd");
+    let state = StateDir::new("lbd");
+    let daemon = Daemon::start(&root, &node, &state);
+    compose_with_a_socket_lb(&ancestor, &node, |topo| {
+        daemon.add(&topo.pod, "default/lb", &STANDARD_INJECTION);
+    });
 }
