@@ -4,9 +4,15 @@
 //! refuse every attachment below it for that hook with a bare "Operation not permitted";
 //! this names the attachment instead.
 
-use std::{fmt, fs, os::fd::AsFd, path::Path};
+use std::{collections::HashSet, fmt, fs, os::fd::AsFd, path::Path};
 
-use crate::{fs_kind::is_cgroup2_dir, store::bpf_sys};
+use crate::{
+    fs_kind::is_cgroup2_dir,
+    store::{
+        bpf_sys,
+        programs::{AttachTarget, POD_PROGRAMS},
+    },
+};
 
 const BPF_F_ALLOW_OVERRIDE: u32 = 1;
 const BPF_F_ALLOW_MULTI: u32 = 2;
@@ -62,4 +68,62 @@ fn program_name(id: u32) -> String {
         .find(|p| p.id() == id)
         .and_then(|p| p.name_as_str().map(str::to_owned))
         .unwrap_or_else(|| "?".into())
+}
+
+/// A program on a pod's cgroup path that is not one of the given object's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Foreign {
+    pub cgroup: String,
+    pub hook: &'static str,
+    pub program_id: u32,
+    pub program_name: String,
+    /// Attached with `BPF_F_ALLOW_MULTI` (else it blocks attachments below it).
+    pub multi: bool,
+}
+
+impl fmt::Display for Foreign {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {} {} (id {}, {})",
+            self.cgroup,
+            self.hook,
+            self.program_name,
+            self.program_id,
+            if self.multi {
+                "multi"
+            } else {
+                "exclusive: blocks attachments below"
+            }
+        )
+    }
+}
+
+/// The programs attached at `cgroup` and its ancestors for redirector's cgroup hooks whose
+/// ids are not in `ours`, nearest cgroup first.
+pub fn foreign_on_path(cgroup: &Path, ours: &HashSet<u32>) -> Vec<Foreign> {
+    let mut found = Vec::new();
+    for dir in cgroup.ancestors().take_while(|d| is_cgroup2_dir(d)) {
+        let Ok(file) = fs::File::open(dir) else {
+            continue;
+        };
+        let hooks = POD_PROGRAMS
+            .iter()
+            .filter(|spec| spec.target == AttachTarget::Cgroup);
+        for spec in hooks {
+            let Ok((flags, ids)) = bpf_sys::cgroup_programs(file.as_fd(), spec.attach_type) else {
+                continue;
+            };
+            for id in ids.into_iter().filter(|id| !ours.contains(id)) {
+                found.push(Foreign {
+                    cgroup: dir.display().to_string(),
+                    hook: spec.hook,
+                    program_id: id,
+                    program_name: program_name(id),
+                    multi: flags & BPF_F_ALLOW_MULTI != 0,
+                });
+            }
+        }
+    }
+    found
 }

@@ -12,7 +12,7 @@ use std::process::Command;
 use redirector_tests::bpftool::{cgroup_attachments, pinned_id};
 use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::redirector::{
-    istio_iptables, object_ids, pod_links, run_ok, PinRoot, STANDARD_INJECTION,
+    istio_iptables, object_ids, pod_links, redirector_bin, run_ok, PinRoot, STANDARD_INJECTION,
 };
 use redirector_tests::socket_lb::SocketLb;
 use redirector_tests::{
@@ -118,7 +118,12 @@ fn an_exclusive_program_at_an_ancestor_is_named_and_nothing_is_attached() {
 /// to the ClusterIP reaches the backend through the LB alone before, and lands on the
 /// proxy with the ClusterIP as its original destination after, the proxy's own connection
 /// load-balanced to the backend.
-fn compose_with_a_socket_lb(ancestor: &Cgroup, parent: &Cgroup, capture: impl FnOnce(&Topology)) {
+fn compose_with_a_socket_lb(
+    ancestor: &Cgroup,
+    parent: &Cgroup,
+    root: &PinRoot,
+    capture: impl FnOnce(&Topology),
+) {
     let topo = Topology::under(parent, "lb");
     let cluster_ip = SocketAddrV4::new(Ipv4Addr::new(10, 96, 0, 10), 80);
     let backend = SocketAddrV4::new(topo.service_ip4(), 8080);
@@ -156,6 +161,23 @@ fn compose_with_a_socket_lb(ancestor: &Cgroup, parent: &Cgroup, capture: impl Fn
         }
         other => panic!("expected the proxy, then the backend upstream, got {other:?}"),
     }
+    // `explain` lists the load-balancer among the programs on the pod's cgroup path.
+    let netns = topo.pod.path().display().to_string();
+    let pin_root = root.path().display().to_string();
+    let dst = SocketAddr::from(cluster_ip).to_string();
+    let out = run_ok(Command::new(redirector_bin()).args([
+        "explain",
+        "--netns",
+        &netns,
+        "--pin-root",
+        &pin_root,
+        "--dst",
+        &dst,
+    ]));
+    let explain = String::from_utf8_lossy(&out.stdout);
+    let listed = format!("{}: connect4 socket_lb", ancestor.path().display());
+    assert!(explain.contains(&listed), "{listed:?} not in:\n{explain}");
+    assert!(explain.contains("multi)"), "{explain}");
 }
 
 #[test]
@@ -166,7 +188,7 @@ fn a_socket_load_balancer_above_an_init_container_pod_composes_with_the_redirect
     use_probe_bin(env!("CARGO_BIN_EXE_probe"));
     let ancestor = Cgroup::new("lbroot");
     let root = PinRoot::new("lb");
-    compose_with_a_socket_lb(&ancestor, &ancestor, |topo| {
+    compose_with_a_socket_lb(&ancestor, &ancestor, &root, |topo| {
         let out = istio_iptables(&topo.pod, &topo.pod_cgroup, &root, &STANDARD_INJECTION);
         assert!(
             out.status.success(),
@@ -187,7 +209,7 @@ fn a_socket_load_balancer_above_the_daemons_node_composes_with_the_redirect() {
     let root = PinRoot::new("lbd");
     let state = StateDir::new("lbd");
     let daemon = Daemon::start(&root, &node, &state);
-    compose_with_a_socket_lb(&ancestor, &node, |topo| {
+    compose_with_a_socket_lb(&ancestor, &node, &root, |topo| {
         daemon.add(&topo.pod, "default/lb", &STANDARD_INJECTION);
     });
 }

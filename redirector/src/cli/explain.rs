@@ -2,11 +2,13 @@
 //! computed by the decision functions the kernel programs run, over the pod's live maps.
 
 use std::{
+    collections::HashSet,
     net::{IpAddr, SocketAddr},
     path::PathBuf,
 };
 
 use anyhow::{bail, Context as _};
+use aya::programs::ProgramInfo;
 use redirector_common::{
     decide_inbound, decide_outbound, InboundAttempt, OutboundAttempt, PodLookups, PortSet,
     Protocol, Reason, Verdict, DNS_CAPTURE_PORT,
@@ -16,7 +18,7 @@ use crate::{
     facts::{interfaces, local_addresses},
     live_pod::LivePod,
     netns::Netns,
-    store::PinRoot,
+    store::{programs::POD_PROGRAMS, PinRoot},
 };
 
 #[derive(clap::Args, Debug)]
@@ -148,7 +150,35 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
         println!("outbound {name} to {dst} from uid {} gid {gid}", args.uid);
         report(verdict, &live, dst, &cfg);
     }
+    report_neighbours(&netns, &live);
     Ok(())
+}
+
+/// Other programs on the hooks of the pod's cgroup path: a socket load-balancer rewrites
+/// what the proxy dials after redirector's programs ran (they are nearer the pod), and one
+/// attached without BPF_F_ALLOW_MULTI keeps pods below it from being set up.
+fn report_neighbours(netns: &Netns, live: &LivePod) {
+    let Some(id) = crate::pod_cgroup::netns_id(netns.path()) else {
+        return;
+    };
+    let Some(cgroup) = crate::pod_cgroup::cgroups_of(&HashSet::from([id])).remove(&id) else {
+        println!("other programs on the pod's cgroup path: unknown (no process of the pod found)");
+        return;
+    };
+    let ours: HashSet<u32> = POD_PROGRAMS
+        .iter()
+        .filter_map(|spec| ProgramInfo::from_pin(live.object.program(spec.function)).ok())
+        .map(|info| info.id())
+        .collect();
+    let foreign = crate::neighbours::foreign_on_path(&cgroup, &ours);
+    if foreign.is_empty() {
+        println!("other programs on the pod's cgroup path: none");
+        return;
+    }
+    println!("other programs on the pod's cgroup path:");
+    for program in foreign {
+        println!("  {program}");
+    }
 }
 
 fn report(verdict: Verdict, live: &LivePod, dst: SocketAddr, cfg: &redirector_common::PodConfig) {
