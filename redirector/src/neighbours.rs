@@ -4,13 +4,19 @@
 //! refuse every attachment below it for that hook with a bare "Operation not permitted";
 //! this names the attachment instead.
 
-use std::{collections::HashSet, fmt, fs, os::fd::AsFd, path::Path};
+use std::{
+    collections::{HashMap, HashSet},
+    fmt, fs,
+    os::{fd::AsFd, unix::fs::MetadataExt},
+    path::{Path, PathBuf},
+};
 
 use crate::{
     fs_kind::is_cgroup2_dir,
     store::{
-        bpf_sys,
+        bpf_sys::{self, LinkTarget},
         programs::{AttachTarget, POD_PROGRAMS},
+        ObjectPins, PodPins,
     },
 };
 
@@ -124,6 +130,54 @@ pub fn foreign_on_path(cgroup: &Path, ours: &HashSet<u32>) -> Vec<Foreign> {
                 });
             }
         }
+    }
+    found
+}
+
+/// The ids of `object`'s programs: redirector's own, on any hook.
+pub fn object_program_ids(object: &ObjectPins) -> HashSet<u32> {
+    POD_PROGRAMS
+        .iter()
+        .filter_map(|spec| aya::programs::ProgramInfo::from_pin(object.program(spec.function)).ok())
+        .map(|info| info.id())
+        .collect()
+}
+
+/// The cgroup (inode) the cgroup links pinned in `pins` are attached at, if any.
+pub fn linked_cgroup(pins: &PodPins) -> Option<u64> {
+    pins.hooks().ok()?.iter().find_map(|hook| {
+        match bpf_sys::pinned_link_target(&pins.link(hook)).ok()? {
+            LinkTarget::Cgroup(id) if id != 0 => Some(id),
+            _ => None,
+        }
+    })
+}
+
+/// The paths of the cgroups with the `wanted` inodes, from one walk of the cgroup2 tree.
+pub fn cgroup_paths(wanted: &HashSet<u64>) -> HashMap<u64, PathBuf> {
+    let mut found = HashMap::new();
+    let Ok(mount) = crate::cgroup::cgroup2_mount() else {
+        return found;
+    };
+    let mut dirs = vec![mount];
+    while let Some(dir) = dirs.pop() {
+        if found.len() == wanted.len() {
+            break;
+        }
+        if let Ok(meta) = fs::metadata(&dir) {
+            if wanted.contains(&meta.ino()) {
+                found.insert(meta.ino(), dir.clone());
+            }
+        }
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        dirs.extend(
+            entries
+                .filter_map(Result::ok)
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path()),
+        );
     }
     found
 }

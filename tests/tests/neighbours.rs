@@ -178,6 +178,10 @@ fn compose_with_a_socket_lb(
     let listed = format!("{}: connect4 socket_lb", ancestor.path().display());
     assert!(explain.contains(&listed), "{listed:?} not in:\n{explain}");
     assert!(explain.contains("multi)"), "{explain}");
+    // And `status`, for the cgroup paths the object's links are attached on.
+    let out = run_ok(Command::new(redirector_bin()).args(["status", "--pin-root", &pin_root]));
+    let status = String::from_utf8_lossy(&out.stdout);
+    assert!(status.contains(&listed), "{listed:?} not in:\n{status}");
 }
 
 #[test]

@@ -8,7 +8,6 @@ use std::{
 };
 
 use anyhow::{bail, Context as _};
-use aya::programs::ProgramInfo;
 use redirector_common::{
     decide_inbound, decide_outbound, InboundAttempt, OutboundAttempt, PodLookups, PortSet,
     Protocol, Reason, Verdict, DNS_CAPTURE_PORT,
@@ -18,7 +17,7 @@ use crate::{
     facts::{interfaces, local_addresses},
     live_pod::LivePod,
     netns::Netns,
-    store::{programs::POD_PROGRAMS, PinRoot},
+    store::PinRoot,
 };
 
 #[derive(clap::Args, Debug)]
@@ -165,11 +164,7 @@ fn report_neighbours(netns: &Netns, live: &LivePod) {
         println!("other programs on the pod's cgroup path: unknown (no process of the pod found)");
         return;
     };
-    let ours: HashSet<u32> = POD_PROGRAMS
-        .iter()
-        .filter_map(|spec| ProgramInfo::from_pin(live.object.program(spec.function)).ok())
-        .map(|info| info.id())
-        .collect();
+    let ours = crate::neighbours::object_program_ids(&live.object);
     let foreign = crate::neighbours::foreign_on_path(&cgroup, &ours);
     if foreign.is_empty() {
         println!("other programs on the pod's cgroup path: none");

@@ -1,7 +1,7 @@
 //! `redirector status`: what is attached and pinned, each map's fill, and each pod's
 //! decision counters — read from bpffs and the kernel, not from any record of ours.
 
-use std::path::PathBuf;
+use std::{collections::HashSet, path::PathBuf};
 
 use anyhow::Context as _;
 use redirector_common::{NetnsCookie, Reason};
@@ -9,7 +9,7 @@ use redirector_common::{NetnsCookie, Reason};
 use crate::{
     live_pod::LivePod,
     netns::Netns,
-    store::{pins::names_in, NodeMaps, PinRoot},
+    store::{pins::names_in, NodeMaps, ObjectPins, PinRoot},
 };
 
 #[derive(clap::Args, Debug)]
@@ -37,6 +37,9 @@ struct ObjectStatus {
     programs: Vec<String>,
     /// Daemon mode: the hooks attached once at the node cgroup.
     node_links: Vec<String>,
+    /// Other programs on the hooks of the cgroup paths this object's links are attached
+    /// on (the node cgroup's, init-container pods' own), nearest first.
+    neighbours: Vec<String>,
     maps: Vec<MapFill>,
     pods: Vec<PodStatus>,
 }
@@ -126,10 +129,12 @@ fn read_status(root: &PinRoot, only: Option<NetnsCookie>) -> anyhow::Result<Stat
             pods.push(pod);
         }
         let node_links = object.node().hooks().context("listing node links")?;
+        let neighbours = neighbours_of(&object);
         objects.push(ObjectStatus {
             id: object.id().to_string(),
             programs,
             node_links,
+            neighbours,
             maps,
             pods,
         });
@@ -138,6 +143,27 @@ fn read_status(root: &PinRoot, only: Option<NetnsCookie>) -> anyhow::Result<Stat
         pin_root: root.path().to_path_buf(),
         objects,
     })
+}
+
+/// Other programs on the cgroup paths `object`'s links are attached on, each listed once.
+fn neighbours_of(object: &ObjectPins) -> Vec<String> {
+    use crate::neighbours::{cgroup_paths, foreign_on_path, linked_cgroup, object_program_ids};
+    let pods = object.pods().unwrap_or_default();
+    let cgroups: HashSet<u64> = std::iter::once(object.node())
+        .chain(pods.into_iter().map(|cookie| object.pod(cookie)))
+        .filter_map(|pins| linked_cgroup(&pins))
+        .collect();
+    let ours = object_program_ids(object);
+    let mut listed = Vec::new();
+    for path in cgroup_paths(&cgroups).into_values() {
+        for program in foreign_on_path(&path, &ours) {
+            let line = program.to_string();
+            if !listed.contains(&line) {
+                listed.push(line);
+            }
+        }
+    }
+    listed
 }
 
 pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
@@ -158,6 +184,9 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
     for object in &status.objects {
         println!("object {}", object.id);
         println!("  programs: {}", object.programs.join(" "));
+        for program in &object.neighbours {
+            println!("  other program on a linked cgroup path: {program}");
+        }
         if !object.node_links.is_empty() {
             println!("  node links: {}", object.node_links.join(" "));
         }
