@@ -82,10 +82,24 @@ fn own_cgroup(mount: &Path) -> Result<PathBuf, CgroupError> {
 /// are shallow).
 fn find_cgroup_of(mount: &Path, pid: u32) -> Option<PathBuf> {
     let pid = pid.to_string();
-    let mut queue = std::collections::VecDeque::from([mount.to_path_buf()]);
+    let mut found = None;
+    walk_cgroups(mount, |dir| {
+        let listed =
+            fs::read_to_string(dir.join("cgroup.procs")).is_ok_and(|p| p.lines().any(|l| l == pid));
+        if listed {
+            found = Some(dir.to_path_buf());
+        }
+        !listed
+    });
+    found
+}
+
+/// Visits `top` and every cgroup below it, breadth first, while `visit` returns true.
+pub fn walk_cgroups(top: &Path, mut visit: impl FnMut(&Path) -> bool) {
+    let mut queue = std::collections::VecDeque::from([top.to_path_buf()]);
     while let Some(dir) = queue.pop_front() {
-        if fs::read_to_string(dir.join("cgroup.procs")).is_ok_and(|p| p.lines().any(|l| l == pid)) {
-            return Some(dir);
+        if !visit(&dir) {
+            return;
         }
         let Ok(entries) = fs::read_dir(&dir) else {
             continue;
@@ -97,5 +111,4 @@ fn find_cgroup_of(mount: &Path, pid: u32) -> Option<PathBuf> {
                 .map(|e| e.path()),
         );
     }
-    None
 }

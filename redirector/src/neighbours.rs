@@ -159,25 +159,13 @@ pub fn cgroup_paths(wanted: &HashSet<u64>) -> HashMap<u64, PathBuf> {
     let Ok(mount) = crate::cgroup::cgroup2_mount() else {
         return found;
     };
-    let mut dirs = vec![mount];
-    while let Some(dir) = dirs.pop() {
-        if found.len() == wanted.len() {
-            break;
-        }
-        if let Ok(meta) = fs::metadata(&dir) {
+    crate::cgroup::walk_cgroups(&mount, |dir| {
+        if let Ok(meta) = fs::metadata(dir) {
             if wanted.contains(&meta.ino()) {
-                found.insert(meta.ino(), dir.clone());
+                found.insert(meta.ino(), dir.to_path_buf());
             }
         }
-        let Ok(entries) = fs::read_dir(&dir) else {
-            continue;
-        };
-        dirs.extend(
-            entries
-                .filter_map(Result::ok)
-                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                .map(|e| e.path()),
-        );
-    }
+        found.len() < wanted.len()
+    });
     found
 }
