@@ -23,8 +23,16 @@ pub struct NodeLock {
 impl NodeLock {
     pub fn acquire(root: &PinRoot) -> Result<Self, FsError> {
         loop {
-            fs::create_dir_all(root.objects_dir()).map_err(fs_err("creating", root.path()))?;
-            let dir = DirLock::acquire(root.path())?;
+            // The root can go between any two of these steps (the last pod's cleanup):
+            // then it is made again and locked anew.
+            match fs::create_dir_all(root.objects_dir()) {
+                Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
+                made => made.map_err(fs_err("creating", root.path()))?,
+            }
+            let dir = match DirLock::acquire(root.path()) {
+                Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
+                locked => locked?,
+            };
             if dir.still_at(root.path())? {
                 return Ok(NodeLock { _dir: dir });
             }
