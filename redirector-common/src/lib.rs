@@ -17,6 +17,12 @@ pub use decision::{
     Verdict, DNS_CAPTURE_PORT,
 };
 pub use identity::NetnsCookie;
+
+/// The layout of what user space writes for the programs to read — map keys and values —
+/// and of the daemon's pod records. A release that changes either raises it. A pinned
+/// object and each record carry the format they were written in, so that a plugin or
+/// daemon of an older release never writes a layout the pinned programs do not read.
+pub const FORMAT: u32 = 1;
 pub use maps::*;
 pub use reason::Reason;
 pub use trace::TraceRecord;

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::redirector::{
-    pins_under, pod_links, redirector_bin, PinRoot, STANDARD_INJECTION,
+    object_ids, pins_under, pod_links, redirector_bin, PinRoot, STANDARD_INJECTION,
 };
 use redirector_tests::{
     assert_direct, assert_proxied, require_root, use_probe_bin, Cgroup, ProxiedPod, APP_UID,
@@ -579,4 +579,80 @@ fn gc_of_one_network_leaves_another_networks_pods() {
         assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
         assert!(recorded(state.path()).contains(id));
     }
+}
+
+/// A node a newer release upgraded: its pinned programs read a newer format of entries, or
+/// the pod's record shard holds a newer release's records. This (older) plugin refuses
+/// with code 11 naming both formats — the runtime retries until the node's plugin is the
+/// newer release's — and writes nothing.
+#[test]
+fn an_older_plugin_never_writes_for_a_newer_format() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let plugin = Plugin::new();
+    let root = PinRoot::new("cniskew");
+    let node = Cgroup::new("node");
+    let state = StateDir::new("state");
+    Daemon::start(&root, &node, &state).kill();
+    let pod = ProxiedPod::under(&node, "skewpod");
+    let netns = pod.topo.pod.path().display().to_string();
+    let dst = pod.service(false);
+    let conf = conf(root.path(), state.path(), json!({}));
+    let newer = redirector_common::FORMAT + 1;
+    let (ours, theirs) = (
+        format!("format {}", redirector_common::FORMAT),
+        format!("format {newer}"),
+    );
+
+    // The pinned object is marked with a newer format, as a newer release pins it.
+    let object = root
+        .path()
+        .join("objects")
+        .join(&object_ids(&root)[0]);
+    let marker = object.join(format!("format-{newer}"));
+    std::fs::create_dir(&marker).unwrap();
+    let (ok, err) = plugin.call("ADD", "skew-ctr", &netns, &conf);
+    assert!(!ok);
+    assert_eq!(err["code"], 11, "{err}");
+    let msg = err["msg"].as_str().unwrap();
+    assert!(msg.contains(&ours) && msg.contains(&theirs), "{msg}");
+    assert_eq!(pod_links(&root, pod.topo.pod.cookie()), None);
+    assert!(!recorded(state.path()).contains("skew-ctr"));
+    assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
+    std::fs::remove_dir(&marker).unwrap();
+
+    // The pod's record shard holds a newer release's record (a rollback).
+    let cookie = pod.topo.pod.cookie();
+    let shard = state
+        .path()
+        .join("pods")
+        .join(format!("shard-{:02}.json", cookie % 64));
+    std::fs::create_dir_all(shard.parent().unwrap()).unwrap();
+    let written = json!([{
+        "netns_cookie": cookie + 64,
+        "netns": "/run/netns/elsewhere",
+        "name": "default/newer",
+        "args": [],
+        "format": newer,
+        "a_field_this_release_does_not_know": true,
+    }])
+    .to_string();
+    std::fs::write(&shard, &written).unwrap();
+    let (ok, err) = plugin.call("ADD", "skew-ctr", &netns, &conf);
+    assert!(!ok);
+    assert_eq!(err["code"], 11, "{err}");
+    let msg = err["msg"].as_str().unwrap();
+    assert!(msg.contains(&ours) && msg.contains(&theirs), "{msg}");
+    assert_eq!(std::fs::read_to_string(&shard).unwrap(), written, "the newer record kept");
+    assert_eq!(pod_links(&root, cookie), None);
+    std::fs::remove_file(&shard).unwrap();
+
+    // Formats this release writes: captured, the record marked with its format.
+    let (ok, result) = plugin.call("ADD", "skew-ctr", &netns, &conf);
+    assert!(ok, "{result}");
+    assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+    let records = recorded(state.path());
+    assert!(records.contains(&format!("\"format\":{}", redirector_common::FORMAT)), "{records}");
 }

@@ -190,6 +190,16 @@ impl Plugin {
         };
         kernel_ready(code::SETUP_FAILED)?;
         let node = self.node(code::TRY_AGAIN_LATER)?;
+        // A node a newer release upgraded (its programs read a newer layout): the runtime
+        // retries until this node's plugin is the newer release's too.
+        if let Ok(pod_netns) = Netns::open(netns.as_ref()) {
+            let skew = node
+                .format_skew(pod_netns.cookie())
+                .map_err(|e| CniError::new(code::SETUP_FAILED, e))?;
+            if let Some(skew) = skew {
+                return Err(CniError::new(code::TRY_AGAIN_LATER, skew));
+            }
+        }
         let cni = CniAttachment {
             container_id: container,
             network: conf.name.clone(),

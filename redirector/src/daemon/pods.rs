@@ -92,6 +92,22 @@ impl Node {
         self.root.object(self.object.id())
     }
 
+    /// Why this release must not write for the pod with `cookie`: the node's pinned
+    /// programs read a newer format of entries than it writes (a newer release's daemon
+    /// upgraded the node, and this plugin or daemon is the older one), or the pod's record
+    /// shard holds newer records. Checked before anything is written.
+    pub fn format_skew(&self, cookie: NetnsCookie) -> Result<Option<String>, String> {
+        let pinned = self.pins().format();
+        if pinned > redirector_common::FORMAT {
+            return Ok(Some(format!(
+                "the node's programs (object {}) read entries of format {pinned}, and this redirector writes format {}: it will not write a layout they do not read; retry once this node runs the newer release's plugin",
+                self.object.id(),
+                redirector_common::FORMAT
+            )));
+        }
+        self.records.newer_format(cookie).map_err(|e| e.to_string())
+    }
+
     /// The node cgroup's inode, from the node's links.
     fn node_cgroup_id(&self) -> Option<u64> {
         crate::node::node_cgroup_id(&self.pins())
@@ -210,6 +226,9 @@ impl Node {
             &cfg.run.resolv_conf,
         )
         .map_err(|e| e.to_string())?;
+        if let Some(skew) = self.format_skew(netns.cookie())? {
+            return Err(skew);
+        }
         let plan = plan_pod(&cfg.capture, &facts);
         if plan.config.flags & redirector_common::pod_flags::IPV6 != 0 {
             loopback::add_inbound_passthrough(&netns).map_err(|e| e.to_string())?;
@@ -230,6 +249,7 @@ impl Node {
             args,
             container_id: cni.as_ref().map(|c| c.container_id.clone()),
             network: cni.and_then(|c| c.network),
+            format: redirector_common::FORMAT,
         };
         self.records.save(&record).map_err(|e| e.to_string())?;
         let took = started.elapsed();

@@ -16,7 +16,7 @@ use std::{
     sync::{Arc, Mutex, MutexGuard, PoisonError},
 };
 
-use redirector_common::NetnsCookie;
+use redirector_common::{NetnsCookie, FORMAT};
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -45,6 +45,14 @@ pub struct PodRecord {
     /// of one network leaves another network's pods alone. Earlier releases wrote none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<String>,
+    /// The release format the record was written in ([`redirector_common::FORMAT`]);
+    /// records of releases before it have none and are format 1.
+    #[serde(default = "format_one")]
+    pub format: u32,
+}
+
+fn format_one() -> u32 {
+    1
 }
 
 /// The CNI attachment a pod is set up for: the runtime's sandbox id, and the network.
@@ -184,6 +192,20 @@ impl Records {
         self.rewrite_shard(cookie, None)
     }
 
+    /// Why the shard of the pod with `cookie` must not be rewritten: a record in it of a
+    /// newer format than this release writes (a rollback met a newer release's records),
+    /// whose fields a rewrite would drop.
+    pub fn newer_format(&self, cookie: NetnsCookie) -> Result<Option<String>, FsError> {
+        let path = self.shard_path(cookie);
+        let newest = read_shard(&path)?.iter().map(|r| r.format).max();
+        Ok(newest.filter(|f| *f > FORMAT).map(|f| {
+            format!(
+                "{} holds records of format {f}, and this redirector writes format {FORMAT}: it will not rewrite them (a newer release wrote them; run that release)",
+                path.display()
+            )
+        }))
+    }
+
     /// Puts `record` in place of the pod's record in its shard, or takes the pod's record
     /// out (`None`), under the directory's lock; the pod's legacy file goes too.
     fn rewrite_shard(
@@ -194,6 +216,11 @@ impl Records {
         let _lock = DirLock::acquire(&self.dir)?;
         let path = self.shard_path(cookie);
         let mut shard = read_shard(&path)?;
+        if let Some(newest) = shard.iter().map(|r| r.format).max().filter(|f| *f > FORMAT) {
+            return Err(fs_err("rewriting", &path)(io::Error::other(format!(
+                "it holds records of format {newest}, and this redirector writes format {FORMAT}"
+            ))));
+        }
         let before = shard.len();
         shard.retain(|r| r.cookie() != cookie);
         let changed = record.is_some() || shard.len() != before;
@@ -325,6 +352,7 @@ mod tests {
             args: vec!["-p".into(), "15001".into()],
             container_id: None,
             network: None,
+            format: FORMAT,
         }
     }
 

@@ -28,6 +28,7 @@ use redirector_common::NetnsCookie;
 use super::programs::POD_PROGRAMS;
 use crate::fs_error::gone_ok;
 
+const FORMAT_PREFIX: &str = "format-";
 pub const DEFAULT_ROOT: &str = "/sys/fs/bpf/redirector";
 /// Marks a pin that is not in place yet. bpffs rejects names containing '.', so no
 /// dotfiles.
@@ -195,6 +196,23 @@ impl ObjectPins {
     /// are gone starts at (bpffs holds no plain files to write it in).
     pub fn gc_cursor_dir(&self) -> PathBuf {
         self.dir.join("gc-next")
+    }
+
+    /// The format of the map entries this object's programs read: an empty directory
+    /// `format-<N>`, made when it was loaded; objects of releases before the marker read
+    /// format 1.
+    pub fn format(&self) -> u32 {
+        read_names(&self.dir)
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .find_map(|name| name.strip_prefix(FORMAT_PREFIX)?.parse().ok())
+            .unwrap_or(1)
+    }
+
+    /// The marker of format `format` in this object.
+    pub fn format_marker(&self, format: u32) -> PathBuf {
+        self.dir.join(format!("{FORMAT_PREFIX}{format}"))
     }
 
     /// The node-level links of daemon mode: the cgroup programs attached once at the node
