@@ -607,10 +607,7 @@ fn an_older_plugin_never_writes_for_a_newer_format() {
     );
 
     // The pinned object is marked with a newer format, as a newer release pins it.
-    let object = root
-        .path()
-        .join("objects")
-        .join(&object_ids(&root)[0]);
+    let object = root.path().join("objects").join(&object_ids(&root)[0]);
     let marker = object.join(format!("format-{newer}"));
     std::fs::create_dir(&marker).unwrap();
     let (ok, err) = plugin.call("ADD", "skew-ctr", &netns, &conf);
@@ -645,7 +642,11 @@ fn an_older_plugin_never_writes_for_a_newer_format() {
     assert_eq!(err["code"], 11, "{err}");
     let msg = err["msg"].as_str().unwrap();
     assert!(msg.contains(&ours) && msg.contains(&theirs), "{msg}");
-    assert_eq!(std::fs::read_to_string(&shard).unwrap(), written, "the newer record kept");
+    assert_eq!(
+        std::fs::read_to_string(&shard).unwrap(),
+        written,
+        "the newer record kept"
+    );
     assert_eq!(pod_links(&root, cookie), None);
     std::fs::remove_file(&shard).unwrap();
 
@@ -654,5 +655,8 @@ fn an_older_plugin_never_writes_for_a_newer_format() {
     assert!(ok, "{result}");
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
     let records = recorded(state.path());
-    assert!(records.contains(&format!("\"format\":{}", redirector_common::FORMAT)), "{records}");
+    assert!(
+        records.contains(&format!("\"format\":{}", redirector_common::FORMAT)),
+        "{records}"
+    );
 }

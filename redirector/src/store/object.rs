@@ -279,7 +279,12 @@ fn load_and_pin(
     share_maps_of: Option<&ObjectPins>,
 ) -> Result<(), ObjectError> {
     let marker = staging.format_marker(redirector_common::FORMAT);
-    for dir in [staging.progs_dir(), staging.maps_dir(), staging.links_dir(), marker] {
+    for dir in [
+        staging.progs_dir(),
+        staging.maps_dir(),
+        staging.links_dir(),
+        marker,
+    ] {
         fs::create_dir_all(&dir).map_err(fs_err("creating", &dir))?;
     }
     let shared: Vec<(&str, std::path::PathBuf)> = share_maps_of
