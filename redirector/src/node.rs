@@ -8,6 +8,8 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use redirector_common::names;
+
 use crate::{
     apply::{collect_if_unused, ApplyError},
     fs_error::{fs_err, gone_ok},
@@ -253,26 +255,28 @@ fn copy_entries(
     let none = std::collections::BTreeSet::new();
     let pods = observe_pods(old, &from, &Pods::AllBut(&none), false)?;
     let write = |map: &'static str| move |source| ApplyError::MapWrite { map, source };
+    // A map both objects share holds its entries already.
+    let copy = |map: &str| !shares(old, new, map);
     for (cookie, pod) in &pods {
-        for key in &pod.ports {
+        for key in pod.ports.iter().filter(|_| copy(names::PORT_SETS)) {
             to.port_sets.insert(key, 1, 0).map_err(write("PORT_SETS"))?;
         }
-        for e in &pod.cidrs_v4 {
+        for e in pod.cidrs_v4.iter().filter(|_| copy(names::CIDRS_V4)) {
             to.cidrs_v4
                 .insert(&Key::new(e.prefix_len, e.data), e.value, 0)
                 .map_err(write("CIDRS_V4"))?;
         }
-        for e in &pod.cidrs_v6 {
+        for e in pod.cidrs_v6.iter().filter(|_| copy(names::CIDRS_V6)) {
             to.cidrs_v6
                 .insert(&Key::new(e.prefix_len, e.data), e.value, 0)
                 .map_err(write("CIDRS_V6"))?;
         }
-        for key in &pod.addrs {
+        for key in pod.addrs.iter().filter(|_| copy(names::POD_BY_ADDR)) {
             to.pod_by_addr
                 .insert(key, cookie, 0)
                 .map_err(write("POD_BY_ADDR"))?;
         }
-        if pod.counters {
+        if pod.counters && copy(names::COUNTERS) {
             if let Ok(values) = from.counters.get(cookie, 0) {
                 to.counters
                     .insert(cookie, values, 0)
@@ -280,9 +284,11 @@ fn copy_entries(
             }
         }
         if let Some(config) = pod.config {
-            to.pod_config
-                .insert(cookie, config, 0)
-                .map_err(write("POD_CONFIG"))?;
+            if copy(names::POD_CONFIG) {
+                to.pod_config
+                    .insert(cookie, config, 0)
+                    .map_err(write("POD_CONFIG"))?;
+            }
             // The proxy's listeners are found again in its namespace (a sockhash gives
             // user space no socket back).
             let sk_lookup = observe_links(old, *cookie)?
@@ -307,25 +313,42 @@ fn copy_entries(
     Ok(pods.into_keys().collect())
 }
 
-/// The in-flight connection state (original destinations by socket and by connection).
+/// The in-flight connection state (original destinations by socket and by connection),
+/// in the maps the objects do not share.
 fn copy_connections(old: &ObjectPins, new: &ObjectPins) -> Result<(), ApplyError> {
     let from = NodeMaps::open(old)?;
     let mut to = NodeMaps::open(new)?;
     let read =
         |map: &'static str| move |source| crate::observe::ObserveError::MapRead { map, source };
-    for item in from.orig_dst_by_conn.iter() {
-        let (key, value) = item.map_err(read("ORIG_DST_BY_CONN"))?;
-        let _ = to.orig_dst_by_conn.insert(key, value, 0);
+    if !shares(old, new, names::ORIG_DST_BY_CONN) {
+        for item in from.orig_dst_by_conn.iter() {
+            let (key, value) = item.map_err(read("ORIG_DST_BY_CONN"))?;
+            let _ = to.orig_dst_by_conn.insert(key, value, 0);
+        }
     }
-    for item in from.orig_dst_by_cookie.iter() {
-        let (key, value) = item.map_err(read("ORIG_DST_BY_COOKIE"))?;
-        let _ = to.orig_dst_by_cookie.insert(key, value, 0);
+    if !shares(old, new, names::ORIG_DST_BY_COOKIE) {
+        for item in from.orig_dst_by_cookie.iter() {
+            let (key, value) = item.map_err(read("ORIG_DST_BY_COOKIE"))?;
+            let _ = to.orig_dst_by_cookie.insert(key, value, 0);
+        }
     }
-    for item in from.dns_orig_by_cookie.iter() {
-        let (key, value) = item.map_err(read("DNS_ORIG_BY_COOKIE"))?;
-        let _ = to.dns_orig_by_cookie.insert(key, value, 0);
+    if !shares(old, new, names::DNS_ORIG_BY_COOKIE) {
+        for item in from.dns_orig_by_cookie.iter() {
+            let (key, value) = item.map_err(read("DNS_ORIG_BY_COOKIE"))?;
+            let _ = to.dns_orig_by_cookie.insert(key, value, 0);
+        }
     }
     Ok(())
+}
+
+/// Whether the two objects' `map` pins are the one map.
+fn shares(a: &ObjectPins, b: &ObjectPins, map: &str) -> bool {
+    let id = |o: &ObjectPins| {
+        aya::maps::MapData::from_pin(o.map(map))
+            .and_then(|m| m.info())
+            .map(|i| i.id())
+    };
+    matches!((id(a), id(b)), (Ok(x), Ok(y)) if x == y)
 }
 
 /// Every link pinned under `old` (node and pods), with where it goes under `new`.

@@ -217,6 +217,47 @@ impl NextObject {
     }
 }
 
+impl NextObject {
+    /// A copy of the built object whose map `map` holds `entries` at most: a kernel side
+    /// whose map definitions differ, so that an upgrade to it copies that map's entries.
+    pub fn with_capacity(map: &str, entries: u32) -> Self {
+        let next = Self::new();
+        let mut bytes = std::fs::read(&next.path).expect("reading the next object");
+        let at =
+            map_def_offset(&bytes, map).unwrap_or_else(|| panic!("no map {map} in the object"));
+        // `struct bpf_map_def`: type, key_size, value_size, max_entries, …
+        bytes[at + 12..at + 16].copy_from_slice(&entries.to_le_bytes());
+        std::fs::write(&next.path, bytes).expect("writing the next object");
+        next
+    }
+}
+
+/// The file offset of map `name`'s definition in an eBPF ELF object (aya-ebpf places each
+/// `#[map]` as a `bpf_map_def` in the `maps` section, named by a symbol).
+fn map_def_offset(elf: &[u8], name: &str) -> Option<usize> {
+    let u16_at = |at: usize| u16::from_le_bytes(elf[at..at + 2].try_into().unwrap()) as usize;
+    let u32_at = |at: usize| u32::from_le_bytes(elf[at..at + 4].try_into().unwrap()) as usize;
+    let u64_at = |at: usize| u64::from_le_bytes(elf[at..at + 8].try_into().unwrap()) as usize;
+    let (shoff, shentsize, shnum) = (u64_at(0x28), u16_at(0x3a), u16_at(0x3c));
+    let section = |i: usize| shoff + i * shentsize;
+    // Section header: sh_type at 4, sh_offset at 0x18, sh_size at 0x20, sh_link at 0x28.
+    let symtab = (0..shnum).find(|&i| u32_at(section(i) + 4) == 2)?;
+    let (syms, size) = (
+        u64_at(section(symtab) + 0x18),
+        u64_at(section(symtab) + 0x20),
+    );
+    let strtab = u64_at(section(u32_at(section(symtab) + 0x28)) + 0x18);
+    // Symbol: st_name (4), st_info, st_other, st_shndx (2), st_value (8), st_size (8).
+    (0..size / 24).map(|i| syms + i * 24).find_map(|sym| {
+        let start = strtab + u32_at(sym);
+        let end = start + elf[start..].iter().position(|b| *b == 0)?;
+        (&elf[start..end] == name.as_bytes()).then(|| {
+            let shndx = u16_at(sym + 6);
+            u64_at(section(shndx) + 0x18) + u64_at(sym + 8)
+        })
+    })
+}
+
 impl Default for NextObject {
     fn default() -> Self {
         Self::new()

@@ -507,3 +507,98 @@ fn bad_requests_get_clear_errors_and_change_nothing() {
         "{status}"
     );
 }
+
+/// The decision counter `reason` of the daemon's first pod.
+fn counted(daemon: &Daemon, reason: &str) -> u64 {
+    let pods = daemon.pods();
+    let counters = pods[0]["counters"].as_array().cloned().unwrap_or_default();
+    counters
+        .iter()
+        .find(|pair| pair[0] == reason)
+        .and_then(|pair| pair[1].as_u64())
+        .unwrap_or_default()
+}
+
+/// An upgrade to a kernel side whose map definitions differ (a capacity) copies what the
+/// changed maps hold; the maps whose definitions are unchanged — the connections in
+/// flight among them — are shared, so a connection that meets the old programs at
+/// connect and the new ones at accept keeps its original destination. Then the rollback
+/// to the first object does the same. A daemon pod and an init-container pod connect
+/// throughout: no connection escapes the proxy or loses its original destination, and the
+/// counters carry over.
+#[test]
+fn an_upgrade_that_copies_maps_and_its_rollback_lose_no_connection() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let root = PinRoot::new("copyup");
+    let node = Cgroup::new("node");
+    let state = StateDir::new("state");
+    let daemon = Daemon::start(&root, &node, &state);
+    let daemon_pod = ProxiedPod::under(&node, "copyd");
+    daemon.add(&daemon_pod.topo.pod, "default/app", &STANDARD_INJECTION);
+    let init_pod = ProxiedPod::under(&node, "copyi");
+    init_pod.install(&root, &STANDARD_INJECTION);
+    let first = object_ids(&root);
+    assert_eq!(first.len(), 1, "{first:?}");
+    let next = NextObject::with_capacity("PORT_SETS", 16384);
+
+    let stop = AtomicBool::new(false);
+    let pods = [&daemon_pod, &init_pod];
+    let targets: Vec<_> = pods.iter().map(|p| (&p.topo, p.service(false))).collect();
+    let (outcomes, daemon, after_upgrade) = std::thread::scope(|scope| {
+        let clients: Vec<_> = targets
+            .iter()
+            .map(|&(topo, dst)| {
+                let stop = &stop;
+                scope.spawn(move || {
+                    let mut outcomes = Vec::new();
+                    while !stop.load(Ordering::SeqCst) {
+                        outcomes.push(topo.connect(APP_UID, APP_UID, dst));
+                    }
+                    outcomes
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let upgraded = daemon
+            .kill()
+            .restart_with_env("REDIRECTOR_EBPF_OBJECT", &next.path.display().to_string());
+        std::thread::sleep(Duration::from_millis(300));
+        let after_upgrade = counted(&upgraded, "redirected");
+        let log = upgraded.log();
+        assert!(log.contains("maps copied"), "{log}");
+        let object = redirector_tests::redirector::built_object();
+        let rolled_back = upgraded
+            .kill()
+            .restart_with_env("REDIRECTOR_EBPF_OBJECT", &object.display().to_string());
+        std::thread::sleep(Duration::from_millis(300));
+        stop.store(true, Ordering::SeqCst);
+        let outcomes: Vec<Vec<ConnOutcome>> =
+            clients.into_iter().map(|c| c.join().unwrap()).collect();
+        (outcomes, rolled_back, after_upgrade)
+    });
+    let log = daemon.log();
+    assert!(
+        log.contains("maps copied"),
+        "the rollback copies too: {log}"
+    );
+    assert_eq!(object_ids(&root), first, "back on the first object");
+    for (pod, outcomes) in pods.iter().zip(&outcomes) {
+        let dst = pod.service(false);
+        assert!(outcomes.len() >= 5, "{} connections", outcomes.len());
+        assert_all_proxied(outcomes, dst);
+        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+    }
+    let after_rollback = counted(&daemon, "redirected");
+    eprintln!(
+        "connections: daemon pod {}, init-container pod {}; redirected counted {after_upgrade} after the upgrade, {after_rollback} after the rollback",
+        outcomes[0].len(),
+        outcomes[1].len(),
+    );
+    assert!(
+        after_upgrade > 0 && after_rollback >= after_upgrade,
+        "counters carried over"
+    );
+}

@@ -129,7 +129,7 @@ pub fn ensure_loaded(
         &root.objects_dir(),
     ))?;
     let staging = root.staging_object(id);
-    if let Err(err) = load_and_pin(bytes, &staging, None) {
+    if let Err(err) = load_and_pin(bytes, &staging, &[]) {
         if let Err(cleanup) = fs::remove_dir_all(staging.dir()) {
             tracing::warn!("removing {}: {cleanup}", staging.dir().display());
         }
@@ -168,10 +168,13 @@ fn check_complete(pins: &ObjectPins) -> Result<(), ObjectError> {
 }
 
 /// Load `object` next to `current` (the object the node uses now) so that the new programs
-/// use `current`'s maps — configuration and connections in flight alike — when every map
-/// has the same definition (type, key and value size, capacity, flags). Returns whether
-/// the maps are shared; when they are not, the new object has maps of its own and the
-/// caller must copy what it needs.
+/// use every map of `current`'s whose definition (type, key and value size, capacity,
+/// flags) is the same in both — configuration and connections in flight alike. Returns
+/// whether all maps are shared; when some are not, the new object has those of its own
+/// and the caller must copy what they hold. Connection state stays in shared maps
+/// whenever their definitions are unchanged, so a connection that meets the old
+/// programs at connect and the new ones at accept (links switch one by one) keeps its
+/// original destination.
 pub fn ensure_loaded_sharing(
     root: &PinRoot,
     object: &EbpfObject,
@@ -180,13 +183,16 @@ pub fn ensure_loaded_sharing(
     let pins = root.object(object.id());
     if !pins.dir().exists() {
         let (fresh, _) = ensure_loaded(root, object)?;
-        if !same_map_definitions(&fresh, current) {
+        let same = same_map_definitions(&fresh, current);
+        if same.is_empty() {
             return Ok((fresh, false));
         }
-        // Load it again, on `current`'s maps.
+        // Load it again, on `current`'s maps of the same definition.
         fs::remove_dir_all(fresh.dir()).map_err(fs_err("removing", fresh.dir()))?;
         let staging = root.staging_object(object.id());
-        if let Err(err) = load_and_pin(object.bytes(), &staging, Some(current)) {
+        let shared: Vec<(&str, std::path::PathBuf)> =
+            same.iter().map(|n| (*n, current.map(n))).collect();
+        if let Err(err) = load_and_pin(object.bytes(), &staging, &shared) {
             if let Err(cleanup) = fs::remove_dir_all(staging.dir()) {
                 tracing::warn!("removing {}: {cleanup}", staging.dir().display());
             }
@@ -206,24 +212,28 @@ pub fn ensure_loaded_sharing(
     Ok((pins, shared))
 }
 
-/// Whether two objects' maps have the same definitions, map by map.
-fn same_map_definitions(a: &ObjectPins, b: &ObjectPins) -> bool {
-    names::ALL.iter().all(|name| {
-        let definition = |o: &ObjectPins| {
-            MapData::from_pin(o.map(name))
-                .and_then(|m| m.info())
-                .map(|i| {
-                    (
-                        i.map_type().ok(),
-                        i.key_size(),
-                        i.value_size(),
-                        i.max_entries(),
-                        i.map_flags(),
-                    )
-                })
-        };
-        matches!((definition(a), definition(b)), (Ok(x), Ok(y)) if x == y)
-    })
+/// The maps whose definitions are the same in both objects.
+fn same_map_definitions(a: &ObjectPins, b: &ObjectPins) -> Vec<&'static str> {
+    let definition = |o: &ObjectPins, name: &str| {
+        MapData::from_pin(o.map(name))
+            .and_then(|m| m.info())
+            .map(|i| {
+                (
+                    i.map_type().ok(),
+                    i.key_size(),
+                    i.value_size(),
+                    i.max_entries(),
+                    i.map_flags(),
+                )
+            })
+    };
+    names::ALL
+        .iter()
+        .copied()
+        .filter(
+            |name| matches!((definition(a, name), definition(b, name)), (Ok(x), Ok(y)) if x == y),
+        )
+        .collect()
 }
 
 /// The programs verified on a second thread: connect6 (the longest walk, a third of the
@@ -273,10 +283,12 @@ fn load_and_pin_program(
     Ok(())
 }
 
+/// Load `bytes` and pin its programs and maps under `staging`, its maps named in `shared`
+/// being the ones pinned at the paths given instead of new ones.
 fn load_and_pin(
     bytes: &[u8],
     staging: &ObjectPins,
-    share_maps_of: Option<&ObjectPins>,
+    shared: &[(&str, std::path::PathBuf)],
 ) -> Result<(), ObjectError> {
     let marker = staging.format_marker(redirector_common::FORMAT);
     for dir in [
@@ -287,11 +299,8 @@ fn load_and_pin(
     ] {
         fs::create_dir_all(&dir).map_err(fs_err("creating", &dir))?;
     }
-    let shared: Vec<(&str, std::path::PathBuf)> = share_maps_of
-        .map(|current| names::ALL.iter().map(|n| (*n, current.map(n))).collect())
-        .unwrap_or_default();
     let mut loader = EbpfLoader::new();
-    for (name, path) in &shared {
+    for (name, path) in shared {
         loader.map_pin_path(name, path.as_path());
     }
     let mut ebpf = loader.load(bytes)?;
