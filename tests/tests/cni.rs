@@ -96,6 +96,32 @@ impl Plugin {
     }
 }
 
+/// A node whose programs a daemon pinned (and then stopped: the plugin needs none), with
+/// the plugin, the node cgroup and a state directory.
+struct PinnedNode {
+    plugin: Plugin,
+    root: PinRoot,
+    node: Cgroup,
+    state: StateDir,
+}
+
+impl PinnedNode {
+    fn new(hint: &str) -> Self {
+        let (root, node, state) = (
+            PinRoot::new(hint),
+            Cgroup::new("node"),
+            StateDir::new("state"),
+        );
+        Daemon::start(&root, &node, &state).kill();
+        PinnedNode {
+            plugin: Plugin::new(),
+            root,
+            node,
+            state,
+        }
+    }
+}
+
 /// The annotation istio's injector sets on every pod it injected a sidecar into.
 const STATUS: &str = "sidecar.istio.io/status";
 
@@ -446,11 +472,8 @@ fn a_del_with_no_record_leaves_another_containers_pod_alone() {
         return;
     }
     use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let plugin = Plugin::new();
-    let root = PinRoot::new("cnidel");
-    let node = Cgroup::new("node");
-    let state = StateDir::new("state");
-    Daemon::start(&root, &node, &state).kill();
+    let pinned = PinnedNode::new("cnidel");
+    let (plugin, root, node, state) = (&pinned.plugin, &pinned.root, &pinned.node, &pinned.state);
     let pod = ProxiedPod::under(&node, "delpod");
     let netns = pod.topo.pod.path().display().to_string();
     let dst = pod.service(false);
@@ -499,11 +522,8 @@ fn gc_of_one_network_leaves_another_networks_pods() {
         return;
     }
     use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let plugin = Plugin::new();
-    let root = PinRoot::new("cnigc");
-    let node = Cgroup::new("node");
-    let state = StateDir::new("state");
-    Daemon::start(&root, &node, &state).kill();
+    let pinned = PinnedNode::new("cnigc");
+    let (plugin, root, node, state) = (&pinned.plugin, &pinned.root, &pinned.node, &pinned.state);
     let first = conf(root.path(), state.path(), json!({}));
     let mut second = first.clone();
     second["name"] = json!("secondary");
@@ -591,11 +611,8 @@ fn an_older_plugin_never_writes_for_a_newer_format() {
         return;
     }
     use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let plugin = Plugin::new();
-    let root = PinRoot::new("cniskew");
-    let node = Cgroup::new("node");
-    let state = StateDir::new("state");
-    Daemon::start(&root, &node, &state).kill();
+    let pinned = PinnedNode::new("cniskew");
+    let (plugin, root, node, state) = (&pinned.plugin, &pinned.root, &pinned.node, &pinned.state);
     let pod = ProxiedPod::under(&node, "skewpod");
     let netns = pod.topo.pod.path().display().to_string();
     let dst = pod.service(false);

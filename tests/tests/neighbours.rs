@@ -20,6 +20,16 @@ use redirector_tests::{
     PROXY_UID,
 };
 
+/// `bpftool cgroup <verb> <cgroup> connect4 pinned <program> <flags…>`.
+fn connect4(cgroup: &Cgroup, program: &std::path::Path, verb: &str, flags: &[&str]) {
+    let (cgroup, program) = (
+        cgroup.path().display().to_string(),
+        program.display().to_string(),
+    );
+    let args = ["cgroup", verb, &cgroup, "connect4", "pinned", &program];
+    run_ok(Command::new("bpftool").args(args).args(flags));
+}
+
 #[test]
 fn an_exclusive_program_at_an_ancestor_is_named_and_nothing_is_attached() {
     if !require_root() {
@@ -40,16 +50,8 @@ fn an_exclusive_program_at_an_ancestor_is_named_and_nothing_is_attached() {
         .join("progs/capture_connect4");
     let id = pinned_id("prog", &program);
     let cgroup = ancestor.path().display().to_string();
-    let program_arg = program.display().to_string();
     // No flags: exclusive, as a non-multi attachment is.
-    run_ok(Command::new("bpftool").args([
-        "cgroup",
-        "attach",
-        &cgroup,
-        "connect4",
-        "pinned",
-        &program_arg,
-    ]));
+    connect4(&ancestor, &program, "attach", &[]);
 
     let root = PinRoot::new("nbr");
     let pod = ProxiedPod::under(&ancestor, "nbrpod");
@@ -74,23 +76,8 @@ fn an_exclusive_program_at_an_ancestor_is_named_and_nothing_is_attached() {
     assert_eq!(pod_links(&root, pod.topo.pod.cookie()), None);
 
     // Once the neighbour's program is attached with BPF_F_ALLOW_MULTI, the pod is set up.
-    run_ok(Command::new("bpftool").args([
-        "cgroup",
-        "detach",
-        &cgroup,
-        "connect4",
-        "pinned",
-        &program_arg,
-    ]));
-    run_ok(Command::new("bpftool").args([
-        "cgroup",
-        "attach",
-        &cgroup,
-        "connect4",
-        "pinned",
-        &program_arg,
-        "multi",
-    ]));
+    connect4(&ancestor, &program, "detach", &[]);
+    connect4(&ancestor, &program, "attach", &["multi"]);
     let out = istio_iptables(
         &pod.topo.pod,
         &pod.topo.pod_cgroup,
@@ -103,14 +90,7 @@ fn an_exclusive_program_at_an_ancestor_is_named_and_nothing_is_attached() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(pod_links(&root, pod.topo.pod.cookie()).is_some());
-    run_ok(Command::new("bpftool").args([
-        "cgroup",
-        "detach",
-        &cgroup,
-        "connect4",
-        "pinned",
-        &program_arg,
-    ]));
+    connect4(&ancestor, &program, "detach", &[]);
 }
 
 /// A socket LB at `ancestor` (a ClusterIP to a backend in the service namespace), a pod

@@ -110,18 +110,27 @@ mod tests {
         }
     }
 
+    /// `n` scrapes at once, each with a [`counting`] render over `[made, running, most]`.
+    fn scrape(
+        snapshots: &Arc<Snapshots<u32>>,
+        n: usize,
+        [made, running, most]: [&Arc<AtomicUsize>; 3],
+    ) -> Vec<tokio::task::JoinHandle<Rendered>> {
+        (0..n)
+            .map(|_| {
+                let snapshots = Arc::clone(snapshots);
+                let render = counting(made, running, most);
+                tokio::spawn(async move { snapshots.get(render).await })
+            })
+            .collect()
+    }
+
     #[test]
     fn concurrent_scrapes_share_one_rendering() {
         runtime().block_on(async {
             let snapshots = Arc::new(Snapshots::with_max_age(0u32, Duration::from_secs(60)));
             let [made, running, most] = [(); 3].map(|()| Arc::new(AtomicUsize::new(0)));
-            let scrapes: Vec<_> = (0..200)
-                .map(|_| {
-                    let snapshots = Arc::clone(&snapshots);
-                    let render = counting(&made, &running, &most);
-                    tokio::spawn(async move { snapshots.get(render).await })
-                })
-                .collect();
+            let scrapes = scrape(&snapshots, 200, [&made, &running, &most]);
             for scrape in scrapes {
                 assert_eq!(&scrape.await.unwrap().unwrap()[..], b"rendering 1");
             }
@@ -135,13 +144,7 @@ mod tests {
             // Every rendering is too old for the next caller.
             let snapshots = Arc::new(Snapshots::with_max_age(0u32, Duration::ZERO));
             let [made, running, most] = [(); 3].map(|()| Arc::new(AtomicUsize::new(0)));
-            let scrapes: Vec<_> = (0..20)
-                .map(|_| {
-                    let snapshots = Arc::clone(&snapshots);
-                    let render = counting(&made, &running, &most);
-                    tokio::spawn(async move { snapshots.get(render).await })
-                })
-                .collect();
+            let scrapes = scrape(&snapshots, 20, [&made, &running, &most]);
             for scrape in scrapes {
                 scrape.await.unwrap().unwrap();
             }
