@@ -474,7 +474,7 @@ fn a_del_with_no_record_leaves_another_containers_pod_alone() {
     use_probe_bin(env!("CARGO_BIN_EXE_probe"));
     let pinned = PinnedNode::new("cnidel");
     let (plugin, root, node, state) = (&pinned.plugin, &pinned.root, &pinned.node, &pinned.state);
-    let pod = ProxiedPod::under(&node, "delpod");
+    let pod = ProxiedPod::under(node, "delpod");
     let netns = pod.topo.pod.path().display().to_string();
     let dst = pod.service(false);
     let conf = conf(root.path(), state.path(), json!({}));
@@ -484,14 +484,14 @@ fn a_del_with_no_record_leaves_another_containers_pod_alone() {
     let (ok, err) = plugin.call("DEL", "reused-pid-ctr", &netns, &conf);
     assert!(ok, "{err}");
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
-    assert!(pod_links(&root, pod.topo.pod.cookie()).is_some());
+    assert!(pod_links(root, pod.topo.pod.cookie()).is_some());
     assert!(recorded(state.path()).contains("owner-ctr"));
 
     // The owner's own DEL removes it.
     let (ok, err) = plugin.call("DEL", "owner-ctr", &netns, &conf);
     assert!(ok, "{err}");
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
-    assert_eq!(pod_links(&root, pod.topo.pod.cookie()), None);
+    assert_eq!(pod_links(root, pod.topo.pod.cookie()), None);
 }
 
 /// Removes the network name from the record of `container`, as a release before records
@@ -534,7 +534,7 @@ fn gc_of_one_network_leaves_another_networks_pods() {
         ("legacy-ctr", &first),
     ]
     .into_iter()
-    .map(|(id, conf)| (id, conf, ProxiedPod::under(&node, id)))
+    .map(|(id, conf)| (id, conf, ProxiedPod::under(node, id)))
     .collect();
     for (id, conf, pod) in &pods {
         let netns = pod.topo.pod.path().display().to_string();
@@ -551,7 +551,7 @@ fn gc_of_one_network_leaves_another_networks_pods() {
             assert!(recorded(state.path()).contains(id), "{id}'s record");
         } else {
             assert_direct(&outcome, dst);
-            assert_eq!(pod_links(&root, pod.topo.pod.cookie()), None, "{id}");
+            assert_eq!(pod_links(root, pod.topo.pod.cookie()), None, "{id}");
             assert!(!recorded(state.path()).contains(id), "{id}'s record");
         }
     };
@@ -561,7 +561,7 @@ fn gc_of_one_network_leaves_another_networks_pods() {
         "GC",
         "",
         "",
-        &gc_of(&root, state.path(), "secondary", &["b1-ctr"]),
+        &gc_of(root, state.path(), "secondary", &["b1-ctr"]),
     );
     assert!(ok, "{err}");
     for id in ["a1-ctr", "a2-ctr", "b1-ctr", "legacy-ctr"] {
@@ -574,7 +574,7 @@ fn gc_of_one_network_leaves_another_networks_pods() {
         "GC",
         "",
         "",
-        &gc_of(&root, state.path(), "pods", &["a1-ctr"]),
+        &gc_of(root, state.path(), "pods", &["a1-ctr"]),
     );
     assert!(ok, "{err}");
     captured("a2-ctr", false);
@@ -590,7 +590,7 @@ fn gc_of_one_network_leaves_another_networks_pods() {
         "GC",
         "",
         "",
-        &gc_of(&root, state.path(), "pods", &["a1-ctr"]),
+        &gc_of(root, state.path(), "pods", &["a1-ctr"]),
     );
     assert!(ok, "{err}");
     assert!(!recorded(state.path()).contains("legacy-ctr"));
@@ -613,7 +613,7 @@ fn an_older_plugin_never_writes_for_a_newer_format() {
     use_probe_bin(env!("CARGO_BIN_EXE_probe"));
     let pinned = PinnedNode::new("cniskew");
     let (plugin, root, node, state) = (&pinned.plugin, &pinned.root, &pinned.node, &pinned.state);
-    let pod = ProxiedPod::under(&node, "skewpod");
+    let pod = ProxiedPod::under(node, "skewpod");
     let netns = pod.topo.pod.path().display().to_string();
     let dst = pod.service(false);
     let conf = conf(root.path(), state.path(), json!({}));
@@ -624,7 +624,7 @@ fn an_older_plugin_never_writes_for_a_newer_format() {
     );
 
     // The pinned object is marked with a newer format, as a newer release pins it.
-    let object = root.path().join("objects").join(&object_ids(&root)[0]);
+    let object = root.path().join("objects").join(&object_ids(root)[0]);
     let marker = object.join(format!("format-{newer}"));
     std::fs::create_dir(&marker).unwrap();
     let (ok, err) = plugin.call("ADD", "skew-ctr", &netns, &conf);
@@ -632,7 +632,7 @@ fn an_older_plugin_never_writes_for_a_newer_format() {
     assert_eq!(err["code"], 11, "{err}");
     let msg = err["msg"].as_str().unwrap();
     assert!(msg.contains(&ours) && msg.contains(&theirs), "{msg}");
-    assert_eq!(pod_links(&root, pod.topo.pod.cookie()), None);
+    assert_eq!(pod_links(root, pod.topo.pod.cookie()), None);
     assert!(!recorded(state.path()).contains("skew-ctr"));
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     std::fs::remove_dir(&marker).unwrap();
@@ -664,7 +664,7 @@ fn an_older_plugin_never_writes_for_a_newer_format() {
         written,
         "the newer record kept"
     );
-    assert_eq!(pod_links(&root, cookie), None);
+    assert_eq!(pod_links(root, cookie), None);
     std::fs::remove_file(&shard).unwrap();
 
     // Formats this release writes: captured, the record marked with its format.
