@@ -11,8 +11,8 @@ use redirector_tests::redirector::{
     install, object_ids, pins_under, pod_links, NextObject, PinRoot, STANDARD_INJECTION,
 };
 use redirector_tests::{
-    assert_all_proxied, assert_direct, assert_proxied, require_root, use_probe_bin, Cgroup,
-    ConnOutcome, NetNs, ProxiedPod, APP_UID, PROXY_UID,
+    assert_all_proxied, assert_direct, assert_proxied, probe_bin, require_root, use_probe_bin,
+    Cgroup, ConnOutcome, NetNs, ProxiedPod, Spawn, APP_UID, PROXY_UID,
 };
 
 #[test]
@@ -524,8 +524,9 @@ fn counted(daemon: &Daemon, reason: &str) -> u64 {
 /// flight among them — are shared, so a connection that meets the old programs at
 /// connect and the new ones at accept keeps its original destination. Then the rollback
 /// to the first object does the same. A daemon pod and an init-container pod connect
-/// throughout: no connection escapes the proxy or loses its original destination, and the
-/// counters carry over.
+/// throughout: no connection escapes the proxy or loses its original destination, one
+/// held open across both switches still answers SO_ORIGINAL_DST and getpeername with its
+/// original destination, and the counters carry over.
 #[test]
 fn an_upgrade_that_copies_maps_and_its_rollback_lose_no_connection() {
     if !require_root() {
@@ -547,6 +548,7 @@ fn an_upgrade_that_copies_maps_and_its_rollback_lose_no_connection() {
     let stop = AtomicBool::new(false);
     let pods = [&daemon_pod, &init_pod];
     let targets: Vec<_> = pods.iter().map(|p| (&p.topo, p.service(false))).collect();
+    let dst = daemon_pod.service(false);
     let (outcomes, daemon, after_upgrade) = std::thread::scope(|scope| {
         let clients: Vec<_> = targets
             .iter()
@@ -562,6 +564,20 @@ fn an_upgrade_that_copies_maps_and_its_rollback_lose_no_connection() {
             })
             .collect();
         std::thread::sleep(Duration::from_millis(200));
+        // A connection open across both switches, asked again after them.
+        let held = Spawn::new(probe_bin())
+            .args(["hold", &dst.to_string(), "--for-ms", "2000"])
+            .netns(&daemon_pod.topo.pod)
+            .cgroup(&daemon_pod.topo.pod_cgroup)
+            .user(APP_UID, APP_UID)
+            .spawn();
+        let replied = |what: &str| {
+            let line = held.wait_line(what, Duration::from_secs(5), |l| {
+                l.starts_with("reply") || l.starts_with("error")
+            });
+            ConnOutcome::parse(&line)
+        };
+        assert_proxied(&replied("the first reply"), dst);
         let upgraded = daemon
             .kill()
             .restart_with_env("REDIRECTOR_EBPF_OBJECT", &next.path.display().to_string());
@@ -577,6 +593,12 @@ fn an_upgrade_that_copies_maps_and_its_rollback_lose_no_connection() {
         stop.store(true, Ordering::SeqCst);
         let outcomes: Vec<Vec<ConnOutcome>> =
             clients.into_iter().map(|c| c.join().unwrap()).collect();
+        // SO_ORIGINAL_DST and getpeername of the held connection, after both switches.
+        assert_proxied(&replied("the reply after the switches"), dst);
+        let peer = held.wait_line("the peer", Duration::from_secs(5), |l| {
+            l.starts_with("peer")
+        });
+        assert_eq!(peer, format!("peer {} {}", dst.ip(), dst.port()));
         (outcomes, rolled_back, after_upgrade)
     });
     let log = daemon.log();

@@ -7,7 +7,11 @@
 //! probe connect ADDR:PORT [--bind ADDR] [--timeout-ms N]
 //! probe peername ADDR:PORT [--timeout-ms N]
 //! probe hammer ADDR:PORT --for-ms N
+//! probe hold ADDR:PORT --for-ms N
 //! ```
+//! `hold` connects, prints the reply, keeps the connection open for N ms, then asks the
+//! server again on it (a proxy reads SO_ORIGINAL_DST once more) and prints that reply and
+//! `peer IP PORT` (getpeername()): a connection that lives across a change of the node.
 //! `hammer` connects again and again for N ms (or until SIGTERM) and prints one count line at the end:
 //! `hammer total=T proxied=P served=S refused=R errors=E` (served = reached the service
 //! directly, i.e. escaped capture).
@@ -15,7 +19,7 @@
 //! connection is open.
 //! `connect` exits 2 when the connection fails (`error <kind> …`), 64 on a usage error.
 
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -30,7 +34,8 @@ const USAGE: &str = "usage:
   probe proxy   --listen ADDR:PORT [--listen ...] --name NAME [--forward] [--timeout-ms N]
   probe connect ADDR:PORT [--bind ADDR] [--timeout-ms N]
   probe peername ADDR:PORT [--timeout-ms N]
-  probe hammer ADDR:PORT --for-ms N";
+  probe hammer ADDR:PORT --for-ms N
+  probe hold ADDR:PORT --for-ms N";
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(3000);
 
@@ -56,6 +61,10 @@ enum Cmd {
     Peername {
         dst: SocketAddr,
         timeout: Duration,
+    },
+    Hold {
+        dst: SocketAddr,
+        duration: Duration,
     },
     Hammer {
         dst: SocketAddr,
@@ -145,6 +154,14 @@ fn parse_args(args: &[String]) -> Result<Cmd, String> {
             let dst = dst.parse().map_err(|e| format!("{dst}: {e}"))?;
             Ok(Cmd::Peername { dst, timeout })
         }
+        "hold" => {
+            let [dst] = positional.as_slice() else {
+                return Err("hold takes exactly one ADDR:PORT".into());
+            };
+            let dst = dst.parse().map_err(|e| format!("{dst}: {e}"))?;
+            let duration = duration.ok_or("hold needs --for-ms")?;
+            Ok(Cmd::Hold { dst, duration })
+        }
         "hammer" => {
             let [dst] = positional.as_slice() else {
                 return Err("hammer takes exactly one ADDR:PORT".into());
@@ -159,13 +176,19 @@ fn parse_args(args: &[String]) -> Result<Cmd, String> {
 
 /// Connects, reads the whole reply, and returns the `reply …` or `error …` line.
 fn connect(dst: SocketAddr, bind: Option<IpAddr>, timeout: Duration) -> Result<String, String> {
-    let mut stream = sockaddr::connect_tcp(dst, bind, timeout).map_err(|e| io_error_line(&e))?;
+    let stream = sockaddr::connect_tcp(dst, bind, timeout).map_err(|e| io_error_line(&e))?;
     stream
         .set_read_timeout(Some(timeout))
         .map_err(|e| io_error_line(&e))?;
+    read_reply(&mut BufReader::new(stream))
+}
+
+/// The server's one-line reply as a `reply …` line (a proxy keeps the connection open
+/// after it, for [`hold`]).
+fn read_reply(stream: &mut BufReader<TcpStream>) -> Result<String, String> {
     let mut reply = String::new();
     stream
-        .read_to_string(&mut reply)
+        .read_line(&mut reply)
         .map_err(|e| io_error_line(&e))?;
     let reply = reply.trim();
     if reply.is_empty() {
@@ -176,6 +199,30 @@ fn connect(dst: SocketAddr, bind: Option<IpAddr>, timeout: Duration) -> Result<S
     }
     Ok(protocol::reply_line(reply))
 }
+
+/// Connects, prints the reply, waits `duration`, asks again on the same connection and
+/// returns that reply and what getpeername() says then.
+fn hold(dst: SocketAddr, duration: Duration) -> Result<String, String> {
+    let stream =
+        sockaddr::connect_tcp(dst, None, DEFAULT_TIMEOUT).map_err(|e| io_error_line(&e))?;
+    stream
+        .set_read_timeout(Some(DEFAULT_TIMEOUT))
+        .map_err(|e| io_error_line(&e))?;
+    let mut writer = stream.try_clone().map_err(|e| io_error_line(&e))?;
+    let mut reader = BufReader::new(stream);
+    emit(&read_reply(&mut reader)?);
+    std::thread::sleep(duration);
+    let peer = reader
+        .get_ref()
+        .peer_addr()
+        .map_err(|e| io_error_line(&e))?;
+    writer.write_all(AGAIN).map_err(|e| io_error_line(&e))?;
+    let again = read_reply(&mut reader)?;
+    Ok(format!("{again}\npeer {} {}", peer.ip(), peer.port()))
+}
+
+/// What a `hold` client sends to have a proxy answer once more.
+const AGAIN: &[u8] = b"again\n";
 
 /// Connects and returns `peer IP PORT` as getpeername() reports it on the open socket.
 fn peername(dst: SocketAddr, timeout: Duration) -> Result<String, String> {
@@ -225,10 +272,10 @@ fn handle(stream: TcpStream, role: Role, name: &str, timeout: Duration) {
     let (Ok(local), Ok(peer)) = (stream.local_addr(), stream.peer_addr()) else {
         return; // Already reset by the client.
     };
-    let line = match role {
+    let answer = |stream: &TcpStream| match role {
         Role::Serve => protocol::served_line(name, local, peer),
         Role::Proxy { forward } => {
-            let orig = sockaddr::original_dst(&stream);
+            let orig = sockaddr::original_dst(stream);
             let upstream = match (forward, orig) {
                 (false, _) => None,
                 (true, Ok(orig)) => Some(match connect(orig, None, timeout) {
@@ -243,10 +290,24 @@ fn handle(stream: TcpStream, role: Role, name: &str, timeout: Duration) {
             protocol::proxied_line(name, local, peer, orig, upstream.as_deref())
         }
     };
+    let line = answer(&stream);
     emit(&line);
     let mut stream = stream;
     let _ = stream.write_all(format!("{line}\n").as_bytes());
-    let _ = stream.shutdown(Shutdown::Write);
+    if role == Role::Serve {
+        let _ = stream.shutdown(Shutdown::Write);
+        return;
+    }
+    // A proxy answers again on the same connection for as long as the client asks
+    // (`hold`); a client that has its reply just closes.
+    let _ = stream.set_read_timeout(Some(timeout));
+    let mut reader = BufReader::new(stream);
+    let mut request = String::new();
+    while matches!(reader.read_line(&mut request), Ok(1..)) && request.as_bytes() == AGAIN {
+        let line = answer(reader.get_ref());
+        let _ = reader.get_mut().write_all(format!("{line}\n").as_bytes());
+        request.clear();
+    }
 }
 
 fn accept_loop(listener: TcpListener, role: Role, name: String, timeout: Duration) {
@@ -302,6 +363,7 @@ fn main() -> ExitCode {
         Ok(Cmd::Connect { dst, bind, timeout }) => client_exit(connect(dst, bind, timeout)),
         Ok(Cmd::Peername { dst, timeout }) => client_exit(peername(dst, timeout)),
         Ok(Cmd::Hammer { dst, duration }) => client_exit(Ok(hammer(dst, duration))),
+        Ok(Cmd::Hold { dst, duration }) => client_exit(hold(dst, duration)),
         Err(msg) => {
             eprintln!("probe: {msg}\n{USAGE}");
             ExitCode::from(64)
