@@ -19,7 +19,7 @@
 //! connection is open.
 //! `connect` exits 2 when the connection fails (`error <kind> …`), 64 on a usage error.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -299,15 +299,15 @@ fn handle(stream: TcpStream, role: Role, name: &str, timeout: Duration) {
         return;
     }
     // A proxy answers again on the same connection for as long as the client asks
-    // (`hold`); a client that has its reply just closes.
+    // (`hold`). Anything else ends it: a client that has its reply closes, and one that
+    // sends its own request (a DNS query) and reads to the end gets the end.
     let _ = stream.set_read_timeout(Some(timeout));
-    let mut reader = BufReader::new(stream);
-    let mut request = String::new();
-    while matches!(reader.read_line(&mut request), Ok(1..)) && request.as_bytes() == AGAIN {
-        let line = answer(reader.get_ref());
-        let _ = reader.get_mut().write_all(format!("{line}\n").as_bytes());
-        request.clear();
+    let mut request = [0u8; AGAIN.len()];
+    while matches!(stream.read(&mut request), Ok(n) if request[..n] == *AGAIN) {
+        let line = answer(&stream);
+        let _ = stream.write_all(format!("{line}\n").as_bytes());
     }
+    let _ = stream.shutdown(Shutdown::Write);
 }
 
 fn accept_loop(listener: TcpListener, role: Role, name: String, timeout: Duration) {
