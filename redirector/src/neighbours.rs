@@ -14,9 +14,9 @@ use std::{
 use crate::{
     fs_kind::is_cgroup2_dir,
     store::{
-        bpf_sys::{self, LinkTarget},
+        bpf_sys,
         programs::{AttachTarget, POD_PROGRAMS},
-        ObjectPins, PodPins,
+        ObjectPins,
     },
 };
 
@@ -141,16 +141,6 @@ pub fn object_program_ids(object: &ObjectPins) -> HashSet<u32> {
         .filter_map(|spec| aya::programs::ProgramInfo::from_pin(object.program(spec.function)).ok())
         .map(|info| info.id())
         .collect()
-}
-
-/// The cgroup (inode) the cgroup links pinned in `pins` are attached at, if any.
-pub fn linked_cgroup(pins: &PodPins) -> Option<u64> {
-    pins.hooks().ok()?.iter().find_map(|hook| {
-        match bpf_sys::pinned_link_target(&pins.link(hook)).ok()? {
-            LinkTarget::Cgroup(id) if id != 0 => Some(id),
-            _ => None,
-        }
-    })
 }
 
 /// The paths of the cgroups with the `wanted` inodes, from one walk of the cgroup2 tree.

@@ -19,7 +19,7 @@ use crate::{
         bpf_sys::{self, LinkTarget},
         ensure_loaded, ensure_loaded_sharing, open_program,
         programs::{NODE_PROGRAMS, POD_PROGRAMS},
-        EbpfObject, NodeLock, NodeMaps, ObjectId, ObjectPins, PinRoot,
+        EbpfObject, NodeLock, NodeMaps, ObjectId, ObjectPins, PinRoot, PodPins,
     },
 };
 
@@ -55,9 +55,13 @@ pub fn node_object(root: &PinRoot) -> Result<Option<ObjectPins>, ApplyError> {
 
 /// The cgroup (its inode) the node's programs are attached at, read from a node link.
 pub fn node_cgroup_id(object: &ObjectPins) -> Option<u64> {
-    let node = object.node();
-    node.hooks().ok()?.iter().find_map(|hook| {
-        match bpf_sys::pinned_link_target(&node.link(hook)).ok()? {
+    linked_cgroup(&object.node())
+}
+
+/// The cgroup (inode) the cgroup links pinned in `pins` are attached at, if any.
+pub fn linked_cgroup(pins: &PodPins) -> Option<u64> {
+    pins.hooks().ok()?.iter().find_map(|hook| {
+        match bpf_sys::pinned_link_target(&pins.link(hook)).ok()? {
             LinkTarget::Cgroup(id) if id != 0 => Some(id),
             _ => None,
         }

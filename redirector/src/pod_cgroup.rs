@@ -12,11 +12,11 @@ use std::{
 
 use crate::cgroup::cgroup2_mount;
 
-/// A network namespace as the kernel names its nsfs file: device and inode.
+/// A namespace as the kernel names its nsfs file: device and inode.
 pub type NetnsId = (u64, u64);
 
-/// The namespace `path` (a bind mount or `/proc/<pid>/ns/net`) refers to.
-pub fn netns_id(path: &Path) -> Option<NetnsId> {
+/// The namespace `path` (a bind mount, `/proc/<pid>/ns/net` or `…/ns/user`) refers to.
+pub fn ns_id(path: &Path) -> Option<NetnsId> {
     fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
@@ -32,7 +32,7 @@ pub fn cgroups_of(wanted: &HashSet<NetnsId>) -> HashMap<NetnsId, PathBuf> {
             break;
         }
         let dir = proc.path();
-        let Some(id) = netns_id(&dir.join("ns/net")).filter(|id| wanted.contains(id)) else {
+        let Some(id) = ns_id(&dir.join("ns/net")).filter(|id| wanted.contains(id)) else {
             continue;
         };
         if found.contains_key(&id) {
@@ -67,7 +67,7 @@ pub fn is_below(cgroup: &Path, ancestor: u64) -> bool {
 /// The cgroup of the pod in `netns`, when a process of the pod runs outside the node
 /// cgroup with inode `node`; `None` when it is below it or no process is found.
 pub fn outside(netns: &Path, node: u64) -> Option<PathBuf> {
-    let id = netns_id(netns)?;
+    let id = ns_id(netns)?;
     let cgroup = cgroups_of(&HashSet::from([id])).remove(&id)?;
     (!is_below(&cgroup, node)).then_some(cgroup)
 }
@@ -91,7 +91,7 @@ mod tests {
 
     #[test]
     fn this_process_is_found_in_its_own_namespace() {
-        let Some(id) = netns_id(Path::new("/proc/self/ns/net")) else {
+        let Some(id) = ns_id(Path::new("/proc/self/ns/net")) else {
             return; // no procfs
         };
         let Ok(mount) = cgroup2_mount() else {

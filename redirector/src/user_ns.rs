@@ -17,6 +17,8 @@ use std::{
     sync::OnceLock,
 };
 
+use crate::pod_cgroup::ns_id;
+
 /// `NS_GET_USERNS` (`_IO(0xb7, 0x1)`): the user namespace owning a namespace.
 const NS_GET_USERNS: libc::c_ulong = 0xb701;
 
@@ -111,11 +113,7 @@ pub fn of_netns(netns: BorrowedFd<'_>) -> Result<Option<PodIds>, UserNsError> {
 /// The caller's own user namespace (device, inode), read once.
 fn own_user_ns() -> Option<(u64, u64)> {
     static OWN: OnceLock<Option<(u64, u64)>> = OnceLock::new();
-    *OWN.get_or_init(|| {
-        fs::metadata("/proc/self/ns/user")
-            .ok()
-            .map(|m| (m.dev(), m.ino()))
-    })
+    *OWN.get_or_init(|| ns_id(Path::new("/proc/self/ns/user")))
 }
 
 /// A process whose user namespace is `id` (device, inode): one pass over /proc, made only
@@ -125,9 +123,7 @@ fn process_in(id: (u64, u64)) -> Option<u32> {
         .ok()?
         .filter_map(Result::ok)
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .find(|pid| {
-            fs::metadata(format!("/proc/{pid}/ns/user")).is_ok_and(|m| (m.dev(), m.ino()) == id)
-        })
+        .find(|pid| ns_id(&Path::new("/proc").join(pid.to_string()).join("ns/user")) == Some(id))
 }
 
 #[cfg(test)]

@@ -147,7 +147,8 @@ fn read_status(root: &PinRoot, only: Option<NetnsCookie>) -> anyhow::Result<Stat
 
 /// Other programs on the cgroup paths `object`'s links are attached on, each listed once.
 fn neighbours_of(object: &ObjectPins) -> Vec<String> {
-    use crate::neighbours::{cgroup_paths, foreign_on_path, linked_cgroup, object_program_ids};
+    use crate::neighbours::{cgroup_paths, foreign_on_path, object_program_ids};
+    use crate::node::linked_cgroup;
     let pods = object.pods().unwrap_or_default();
     let cgroups: HashSet<u64> = std::iter::once(object.node())
         .chain(pods.into_iter().map(|cookie| object.pod(cookie)))

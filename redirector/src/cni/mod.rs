@@ -30,7 +30,7 @@ use self::{
 use crate::{
     annotations::{self, left_alone, Rules},
     daemon::{
-        pods::{parse_flags, remove_pod, Node},
+        pods::{parse_flags, remove_pod, AddError, Node},
         records::{CniAttachment, PodRecord, Records, DEFAULT_STATE_DIR},
     },
     netns::Netns,
@@ -190,22 +190,17 @@ impl Plugin {
         };
         kernel_ready(code::SETUP_FAILED)?;
         let node = self.node(code::TRY_AGAIN_LATER)?;
-        // A node a newer release upgraded (its programs read a newer layout): the runtime
-        // retries until this node's plugin is the newer release's too.
-        if let Ok(pod_netns) = Netns::open(netns.as_ref()) {
-            let skew = node
-                .format_skew(pod_netns.cookie())
-                .map_err(|e| CniError::new(code::SETUP_FAILED, e))?;
-            if let Some(skew) = skew {
-                return Err(CniError::new(code::TRY_AGAIN_LATER, skew));
-            }
-        }
         let cni = CniAttachment {
             container_id: container,
             network: conf.name.clone(),
         };
         node.add(&PathBuf::from(netns), pod_name(), flags, Some(cni))
-            .map_err(|e| CniError::new(code::SETUP_FAILED, e))?;
+            .map_err(|err| match err {
+                // A node a newer release upgraded: the runtime retries until this node's
+                // plugin is the newer release's too.
+                AddError::NewerFormat(why) => CniError::new(code::TRY_AGAIN_LATER, why),
+                AddError::Failed(why) => CniError::new(code::SETUP_FAILED, why),
+            })?;
         Ok(Some(result))
     }
 

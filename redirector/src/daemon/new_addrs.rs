@@ -11,11 +11,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{HashMap as BpfHashMap, Map, MapData};
+use aya::maps::{HashMap as BpfHashMap, MapData};
 use redirector_common::{names, PodAddrKey};
 
 use super::pods::Node;
-use crate::{facts, netns::Netns};
+use crate::{facts, netns::Netns, store::node_maps};
 
 /// How often `ADDR_MISSES` is read: well inside TCP's first SYN retransmission (1 s).
 pub const INTERVAL: Duration = Duration::from_millis(200);
@@ -36,11 +36,7 @@ impl Misses {
     /// connections still come to them), less those no pod had a moment ago.
     pub fn take(&mut self, node: &Node) -> Vec<IpAddr> {
         if self.map.is_none() {
-            let path = node.pins().map(names::ADDR_MISSES);
-            self.map = MapData::from_pin(&path)
-                .ok()
-                .and_then(|data| Map::from_map_data(data).ok())
-                .and_then(|map| BpfHashMap::try_from(map).ok());
+            self.map = node_maps::open(&node.pins(), names::ADDR_MISSES).ok();
         }
         let Some(map) = &mut self.map else {
             return Vec::new();

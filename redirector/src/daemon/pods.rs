@@ -69,6 +69,29 @@ pub fn parse_flags(args: &[String]) -> Result<IstioConfig, String> {
     Ok(cfg)
 }
 
+/// Why [`Node::add`] set nothing up.
+#[derive(Debug, thiserror::Error)]
+pub enum AddError {
+    /// The node holds a newer format than this release writes ([`Node::format_skew`]):
+    /// a newer release will set the pod up.
+    #[error("{0}")]
+    NewerFormat(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<String> for AddError {
+    fn from(why: String) -> Self {
+        AddError::Failed(why)
+    }
+}
+
+impl From<AddError> for String {
+    fn from(err: AddError) -> Self {
+        err.to_string()
+    }
+}
+
 impl Node {
     pub fn new(root: PinRoot, object: EbpfObject, records: Records) -> Self {
         Node {
@@ -129,7 +152,7 @@ impl Node {
         let records = self.records.all().map_err(|e| e.to_string())?;
         let ids: Vec<_> = records
             .iter()
-            .map(|r| crate::pod_cgroup::netns_id(&r.netns))
+            .map(|r| crate::pod_cgroup::ns_id(&r.netns))
             .collect();
         let wanted: HashSet<_> = ids.iter().flatten().copied().collect();
         let cgroups = crate::pod_cgroup::cgroups_of(&wanted);
@@ -192,7 +215,7 @@ impl Node {
                     return Response::done(format!("not captured: {why}"), Vec::new());
                 }
                 let args = crate::annotations::flags(&args, &annotations);
-                self.add(&netns, name, args, None)
+                self.add(&netns, name, args, None).map_err(String::from)
             }
             Request::Del(pod) => self.del(&pod),
             Request::List => self.list(),
@@ -216,7 +239,7 @@ impl Node {
         name: Option<String>,
         args: Vec<String>,
         cni: Option<CniAttachment>,
-    ) -> Result<Response, String> {
+    ) -> Result<Response, AddError> {
         let started = std::time::Instant::now();
         let cfg = parse_flags(&args)?;
         let (netns, facts) = PodFacts::open_and_gather(
@@ -227,7 +250,7 @@ impl Node {
         )
         .map_err(|e| e.to_string())?;
         if let Some(skew) = self.format_skew(netns.cookie())? {
-            return Err(skew);
+            return Err(AddError::NewerFormat(skew));
         }
         let plan = plan_pod(&cfg.capture, &facts);
         if plan.config.flags & redirector_common::pod_flags::IPV6 != 0 {

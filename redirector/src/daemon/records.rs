@@ -197,8 +197,7 @@ impl Records {
     /// whose fields a rewrite would drop.
     pub fn newer_format(&self, cookie: NetnsCookie) -> Result<Option<String>, FsError> {
         let path = self.shard_path(cookie);
-        let newest = read_shard(&path)?.iter().map(|r| r.format).max();
-        Ok(newest.filter(|f| *f > FORMAT).map(|f| {
+        Ok(newer_format(&read_shard(&path)?).map(|f| {
             format!(
                 "{} holds records of format {f}, and this redirector writes format {FORMAT}: it will not rewrite them (a newer release wrote them; run that release)",
                 path.display()
@@ -216,7 +215,7 @@ impl Records {
         let _lock = DirLock::acquire(&self.dir)?;
         let path = self.shard_path(cookie);
         let mut shard = read_shard(&path)?;
-        if let Some(newest) = shard.iter().map(|r| r.format).max().filter(|f| *f > FORMAT) {
+        if let Some(newest) = newer_format(&shard) {
             return Err(fs_err("rewriting", &path)(io::Error::other(format!(
                 "it holds records of format {newest}, and this redirector writes format {FORMAT}"
             ))));
@@ -297,6 +296,11 @@ fn read_shard(path: &Path) -> Result<Vec<PodRecord>, FsError> {
         Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
         Err(err) => Err(fs_err("reading", path)(err)),
     }
+}
+
+/// The newest format of the records in `shard`, if newer than this release writes.
+fn newer_format(shard: &[PodRecord]) -> Option<u32> {
+    shard.iter().map(|r| r.format).max().filter(|f| *f > FORMAT)
 }
 
 /// Replaces a shard (write, then rename); an empty shard is removed.

@@ -22,19 +22,28 @@ pub struct NodeLock {
 
 impl NodeLock {
     pub fn acquire(root: &PinRoot) -> Result<Self, FsError> {
+        // The root can go between any two of these steps (the last pod's cleanup): then it
+        // is made again and locked anew. Each retry follows another run's removal, so a
+        // bound is only there to turn a path that never stays (not a race) into an error.
+        let mut attempt = 0;
         loop {
-            // The root can go between any two of these steps (the last pod's cleanup):
-            // then it is made again and locked anew.
+            attempt += 1;
+            let retry = attempt < MOST_ATTEMPTS;
             match fs::create_dir_all(root.objects_dir()) {
-                Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
+                Err(err) if retry && err.kind() == io::ErrorKind::NotFound => continue,
                 made => made.map_err(fs_err("creating", root.path()))?,
             }
             let dir = match DirLock::acquire(root.path()) {
-                Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
+                Err(err) if retry && err.kind() == io::ErrorKind::NotFound => continue,
                 locked => locked?,
             };
             if dir.still_at(root.path())? {
                 return Ok(NodeLock { _dir: dir });
+            }
+            if !retry {
+                return Err(fs_err("locking", root.path())(io::Error::other(
+                    "the directory was replaced while locking it, again and again",
+                )));
             }
         }
     }
@@ -50,6 +59,9 @@ impl NodeLock {
         }
     }
 }
+
+/// How many times [`NodeLock::acquire`] tries before it gives up.
+const MOST_ATTEMPTS: u32 = 1000;
 
 /// An exclusive `flock` on a directory, held for the life of the value.
 pub struct DirLock {

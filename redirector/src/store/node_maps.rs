@@ -122,7 +122,8 @@ pub fn hash_entries<K: bytemuck::Pod, V: bytemuck::Pod>(
         .collect())
 }
 
-fn open<T>(pins: &ObjectPins, name: &'static str) -> Result<T, OpenMapError>
+/// The map `name` of the object `pins`, as the map type `T`.
+pub fn open<T>(pins: &ObjectPins, name: &'static str) -> Result<T, OpenMapError>
 where
     T: TryFrom<Map, Error = aya::maps::MapError>,
 {
