@@ -32,6 +32,16 @@ pub mod names {
         DNS_ORIG_BY_COOKIE,
         ADDR_MISSES,
     ];
+    /// The maps the programs write as connections come and go. An upgrade has the new
+    /// programs use the running object's maps whenever their entries keep their shape
+    /// (type, key and value size), whatever the capacities: a connection that meets the old
+    /// programs at connect and the new ones at accept then finds its entry.
+    pub const IN_FLIGHT: [&str; 4] = [
+        ORIG_DST_BY_COOKIE,
+        ORIG_DST_BY_CONN,
+        DNS_ORIG_BY_COOKIE,
+        ADDR_MISSES,
+    ];
 }
 
 /// Capacity of the maps, and what each costs before it holds anything.

@@ -37,6 +37,8 @@ pub enum ApplyError {
     OpenMap(#[from] OpenMapError),
     #[error(transparent)]
     Observe(#[from] ObserveError),
+    #[error(transparent)]
+    Copy(#[from] crate::store::growing::CopyError),
     #[error("writing {map}: {}", describe(source))]
     MapWrite { map: &'static str, source: MapError },
     #[error(

@@ -17,7 +17,7 @@ use crate::{
     observe::{observe_links, observe_pods, Pods},
     store::{
         bpf_sys::{self, LinkTarget},
-        ensure_loaded, ensure_loaded_sharing, open_program,
+        ensure_loaded, ensure_loaded_sharing, growing, open_program,
         programs::{NODE_PROGRAMS, POD_PROGRAMS},
         EbpfObject, NodeLock, NodeMaps, ObjectId, ObjectPins, PinRoot, PodPins,
     },
@@ -246,53 +246,48 @@ pub fn upgrade(root: &PinRoot, object: &EbpfObject) -> Result<Option<Upgrade>, A
     }))
 }
 
-/// Every pod's entries under `old`, written into `new`'s maps (its configuration last);
-/// proxy listeners registered again from the pods' namespaces. Returns the pods.
+/// The configuration maps an upgrade copies when the objects do not share them, the
+/// pods' configuration last so that no pod's programs see it before its lists.
+const CONFIGURATION: [&str; 6] = [
+    names::PORT_SETS,
+    names::CIDRS_V4,
+    names::CIDRS_V6,
+    names::POD_BY_ADDR,
+    names::COUNTERS,
+    names::POD_CONFIG,
+];
+
+/// Every entry of the maps `new` does not share with `old`, written into `new`'s with its
+/// value in `new`'s layout ([`crate::store::growing`]); proxy listeners registered again
+/// from the pods' namespaces. Every map is checked for a copy before any is written.
+/// Returns the pods.
 fn copy_entries(
     old: &ObjectPins,
     new: &ObjectPins,
 ) -> Result<Vec<redirector_common::NetnsCookie>, ApplyError> {
-    use aya::maps::lpm_trie::Key;
-
+    let unshared = |maps: &[&'static str]| -> Vec<&'static str> {
+        maps.iter()
+            .copied()
+            .filter(|m| !shares(old, new, m))
+            .collect()
+    };
+    for map in unshared(&CONFIGURATION)
+        .into_iter()
+        .chain(unshared(&names::IN_FLIGHT))
+    {
+        growing::check_copy(map, &old.map(map), &new.map(map))?;
+    }
     let from = NodeMaps::open(old)?;
-    let mut to = NodeMaps::open(new)?;
     let none = std::collections::BTreeSet::new();
     let pods = observe_pods(old, &from, &Pods::AllBut(&none), false)?;
-    let write = |map: &'static str| move |source| ApplyError::MapWrite { map, source };
-    // A map both objects share holds its entries already.
-    let copy = |map: &str| !shares(old, new, map);
-    for (cookie, pod) in &pods {
-        for key in pod.ports.iter().filter(|_| copy(names::PORT_SETS)) {
-            to.port_sets.insert(key, 1, 0).map_err(write("PORT_SETS"))?;
-        }
-        for e in pod.cidrs_v4.iter().filter(|_| copy(names::CIDRS_V4)) {
-            to.cidrs_v4
-                .insert(&Key::new(e.prefix_len, e.data), e.value, 0)
-                .map_err(write("CIDRS_V4"))?;
-        }
-        for e in pod.cidrs_v6.iter().filter(|_| copy(names::CIDRS_V6)) {
-            to.cidrs_v6
-                .insert(&Key::new(e.prefix_len, e.data), e.value, 0)
-                .map_err(write("CIDRS_V6"))?;
-        }
-        for key in pod.addrs.iter().filter(|_| copy(names::POD_BY_ADDR)) {
-            to.pod_by_addr
-                .insert(key, cookie, 0)
-                .map_err(write("POD_BY_ADDR"))?;
-        }
-        if pod.counters && copy(names::COUNTERS) {
-            if let Ok(values) = from.counters.get(cookie, 0) {
-                to.counters
-                    .insert(cookie, values, 0)
-                    .map_err(write("COUNTERS"))?;
-            }
-        }
-        if let Some(config) = pod.config {
-            if copy(names::POD_CONFIG) {
-                to.pod_config
-                    .insert(cookie, config, 0)
-                    .map_err(write("POD_CONFIG"))?;
-            }
+    for map in unshared(&CONFIGURATION) {
+        let copied = growing::copy_map(map, &old.map(map), &new.map(map), false)?;
+        tracing::debug!("{map}: {copied} entries copied");
+    }
+    if !shares(old, new, names::LISTENERS) {
+        let mut to = NodeMaps::open(new)?;
+        for (cookie, pod) in &pods {
+            let Some(config) = pod.config else { continue };
             // The proxy's listeners are found again in its namespace (a sockhash gives
             // user space no socket back).
             let sk_lookup = observe_links(old, *cookie)?
@@ -312,34 +307,17 @@ fn copy_entries(
             }
         }
     }
-    drop(to);
     copy_connections(old, new)?;
     Ok(pods.into_keys().collect())
 }
 
-/// The in-flight connection state (original destinations by socket and by connection),
-/// in the maps the objects do not share.
+/// The connections in flight, in the maps the objects do not share (their entries
+/// changed shape): copied before the switch and again after it, for connections that
+/// started on the old programs meanwhile.
 fn copy_connections(old: &ObjectPins, new: &ObjectPins) -> Result<(), ApplyError> {
-    let from = NodeMaps::open(old)?;
-    let mut to = NodeMaps::open(new)?;
-    let read =
-        |map: &'static str| move |source| crate::observe::ObserveError::MapRead { map, source };
-    if !shares(old, new, names::ORIG_DST_BY_CONN) {
-        for item in from.orig_dst_by_conn.iter() {
-            let (key, value) = item.map_err(read("ORIG_DST_BY_CONN"))?;
-            let _ = to.orig_dst_by_conn.insert(key, value, 0);
-        }
-    }
-    if !shares(old, new, names::ORIG_DST_BY_COOKIE) {
-        for item in from.orig_dst_by_cookie.iter() {
-            let (key, value) = item.map_err(read("ORIG_DST_BY_COOKIE"))?;
-            let _ = to.orig_dst_by_cookie.insert(key, value, 0);
-        }
-    }
-    if !shares(old, new, names::DNS_ORIG_BY_COOKIE) {
-        for item in from.dns_orig_by_cookie.iter() {
-            let (key, value) = item.map_err(read("DNS_ORIG_BY_COOKIE"))?;
-            let _ = to.dns_orig_by_cookie.insert(key, value, 0);
+    for map in names::IN_FLIGHT {
+        if !shares(old, new, map) {
+            growing::copy_map(map, &old.map(map), &new.map(map), true)?;
         }
     }
     Ok(())

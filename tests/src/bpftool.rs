@@ -60,6 +60,17 @@ pub fn cgroup_attachments(cgroup: &Path) -> Vec<(u64, String, String)> {
 }
 
 /// The kernel id of the object pinned at `path` (`kind`: prog, map or link).
+/// The definition of the map pinned at `path`: (id, value size, capacity).
+pub fn pinned_map(path: &Path) -> (u64, u64, u64) {
+    let v = bpftool_json(&["map", "show", "pinned", &path.to_string_lossy()]);
+    let field = |name: &str| {
+        v.get(name)
+            .and_then(Value::as_u64)
+            .unwrap_or_else(|| panic!("bpftool map show: no {name} in {v}"))
+    };
+    (field("id"), field("bytes_value"), field("max_entries"))
+}
+
 pub fn pinned_id(kind: &str, path: &Path) -> u64 {
     let v = bpftool_json(&[kind, "show", "pinned", &path.to_string_lossy()]);
     ids(&v)

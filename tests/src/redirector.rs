@@ -217,16 +217,38 @@ impl NextObject {
     }
 }
 
+/// A change to one map's definition in a [`NextObject`].
+#[derive(Clone, Copy, Debug)]
+pub enum MapChange {
+    /// The map holds this many entries at most.
+    Capacity(&'static str, u32),
+    /// The map's values are this many bytes longer: fields appended, as a later release
+    /// adds them (the programs read and write only the fields they know).
+    LongerValues(&'static str, u32),
+}
+
 impl NextObject {
-    /// A copy of the built object whose map `map` holds `entries` at most: a kernel side
-    /// whose map definitions differ, so that an upgrade to it copies that map's entries.
-    pub fn with_capacity(map: &str, entries: u32) -> Self {
+    /// A copy of the built object whose map definitions differ as `changes` say, so that
+    /// an upgrade to it copies those maps' entries (and converts them, for longer values).
+    pub fn with_changes(changes: &[MapChange]) -> Self {
         let next = Self::new();
         let mut bytes = std::fs::read(&next.path).expect("reading the next object");
-        let at =
-            map_def_offset(&bytes, map).unwrap_or_else(|| panic!("no map {map} in the object"));
-        // `struct bpf_map_def`: type, key_size, value_size, max_entries, …
-        bytes[at + 12..at + 16].copy_from_slice(&entries.to_le_bytes());
+        for change in changes {
+            // `struct bpf_map_def`: type, key_size, value_size, max_entries, …
+            let (map, field) = match *change {
+                MapChange::Capacity(map, _) => (map, 12),
+                MapChange::LongerValues(map, _) => (map, 8),
+            };
+            let at = map_def_offset(&bytes, map)
+                .unwrap_or_else(|| panic!("no map {map} in the object"))
+                + field;
+            let old = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+            let new = match *change {
+                MapChange::Capacity(_, entries) => entries,
+                MapChange::LongerValues(_, more) => old + more,
+            };
+            bytes[at..at + 4].copy_from_slice(&new.to_le_bytes());
+        }
         std::fs::write(&next.path, bytes).expect("writing the next object");
         next
     }

@@ -5,10 +5,10 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use redirector_tests::bpftool::wait_link_detached;
+use redirector_tests::bpftool::{pinned_map, wait_link_detached};
 use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::redirector::{
-    install, object_ids, pins_under, pod_links, NextObject, PinRoot, STANDARD_INJECTION,
+    install, object_ids, pins_under, pod_links, MapChange, NextObject, PinRoot, STANDARD_INJECTION,
 };
 use redirector_tests::{
     assert_all_proxied, assert_direct, assert_proxied, probe_bin, require_root, use_probe_bin,
@@ -519,14 +519,16 @@ fn counted(daemon: &Daemon, reason: &str) -> u64 {
         .unwrap_or_default()
 }
 
-/// An upgrade to a kernel side whose map definitions differ (a capacity) copies what the
-/// changed maps hold; the maps whose definitions are unchanged — the connections in
-/// flight among them — are shared, so a connection that meets the old programs at
-/// connect and the new ones at accept keeps its original destination. Then the rollback
-/// to the first object does the same. A daemon pod and an init-container pod connect
-/// throughout: no connection escapes the proxy or loses its original destination, one
-/// held open across both switches still answers SO_ORIGINAL_DST and getpeername with its
-/// original destination, and the counters carry over.
+/// An upgrade to a kernel side whose map definitions differ — a capacity, and longer
+/// values in a pod's configuration and counters (fields appended, as a later release adds
+/// them) — copies what the changed maps hold, converting each value; the maps of
+/// connections in flight keep their entries' shape, so the new programs use them as they
+/// are (a connection that meets the old programs at connect and the new ones at accept
+/// keeps its original destination), even where the new object asks for another capacity.
+/// Then the rollback to the first object does the same, cutting the values back. A daemon
+/// pod and an init-container pod connect throughout: no connection escapes the proxy or
+/// loses its original destination, one held open across both switches still answers
+/// `SO_ORIGINAL_DST` and `getpeername`, and the counters carry over.
 #[test]
 fn an_upgrade_that_copies_maps_and_its_rollback_lose_no_connection() {
     if !require_root() {
@@ -543,7 +545,24 @@ fn an_upgrade_that_copies_maps_and_its_rollback_lose_no_connection() {
     init_pod.install(&root, &STANDARD_INJECTION);
     let first = object_ids(&root);
     assert_eq!(first.len(), 1, "{first:?}");
-    let next = NextObject::with_capacity("PORT_SETS", 16384);
+    let next = NextObject::with_changes(&[
+        MapChange::Capacity("PORT_SETS", 16384),
+        MapChange::LongerValues("POD_CONFIG", 8),
+        MapChange::LongerValues("COUNTERS", 8),
+        MapChange::Capacity("ORIG_DST_BY_CONN", 16384),
+    ]);
+    let map = |object: &str, name: &str| {
+        pinned_map(
+            &root
+                .path()
+                .join("objects")
+                .join(object)
+                .join("maps")
+                .join(name),
+        )
+    };
+    let before = ["PORT_SETS", "POD_CONFIG", "COUNTERS", "ORIG_DST_BY_CONN"]
+        .map(|name| map(&first[0], name));
 
     let stop = AtomicBool::new(false);
     let pods = [&daemon_pod, &init_pod];
@@ -585,6 +604,18 @@ fn an_upgrade_that_copies_maps_and_its_rollback_lose_no_connection() {
         let after_upgrade = counted(&upgraded, "redirected");
         let log = upgraded.log();
         assert!(log.contains("maps copied"), "{log}");
+        let upgraded_ids = object_ids(&root);
+        assert_eq!(upgraded_ids.len(), 1, "{upgraded_ids:?}");
+        let [ports, config, counters, conns] =
+            ["PORT_SETS", "POD_CONFIG", "COUNTERS", "ORIG_DST_BY_CONN"]
+                .map(|name| map(&upgraded_ids[0], name));
+        assert_eq!(ports.2, 16384, "PORT_SETS's new capacity");
+        assert_eq!(config.1, before[1].1 + 8, "POD_CONFIG's longer values");
+        assert_eq!(counters.1, before[2].1 + 8, "COUNTERS's longer values");
+        assert_eq!(
+            conns, before[3],
+            "the connections' map is the running one, its capacity unchanged"
+        );
         let object = redirector_tests::redirector::built_object();
         let rolled_back = upgraded
             .kill()
@@ -607,6 +638,15 @@ fn an_upgrade_that_copies_maps_and_its_rollback_lose_no_connection() {
         "the rollback copies too: {log}"
     );
     assert_eq!(object_ids(&root), first, "back on the first object");
+    let after = ["PORT_SETS", "POD_CONFIG", "COUNTERS", "ORIG_DST_BY_CONN"]
+        .map(|name| map(&first[0], name));
+    for (b, a) in before.iter().zip(&after).skip(1) {
+        assert_eq!(
+            (b.1, b.2),
+            (a.1, a.2),
+            "the first object's definitions again"
+        );
+    }
     for (pod, outcomes) in pods.iter().zip(&outcomes) {
         let dst = pod.service(false);
         assert!(outcomes.len() >= 5, "{} connections", outcomes.len());

@@ -12,8 +12,6 @@
 
 use std::{collections::BTreeSet, fs, io, os::fd::AsFd as _};
 
-use aya::maps::IterableMap as _;
-
 use redirector_common::NetnsCookie;
 
 use super::remove_found;

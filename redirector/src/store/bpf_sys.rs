@@ -1,8 +1,8 @@
 //! The few bpf(2) commands aya 0.14 does not expose for our use: creating a cgroup link
 //! or netns link for any attach type (aya cannot turn a `CgroupSockoptLink` into a pinnable
 //! link) and
-//! pinning/opening objects by path, reading a hash map in batches, and walking its keys
-//! from a given one.
+//! pinning/opening objects by path, reading a hash map in batches, walking its keys
+//! from a given one, and reading and writing entries as bytes of the map's own sizes.
 
 use std::{
     ffi::CString,
@@ -12,6 +12,9 @@ use std::{
     path::Path,
 };
 
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
@@ -111,6 +114,57 @@ pub fn next_key<K: bytemuck::Pod>(map: BorrowedFd<'_>, key: Option<&K>) -> io::R
         Err(err) if err.raw_os_error() == Some(libc::ENOENT) => Ok(None),
         Err(err) => Err(err),
     }
+}
+
+/// The key after `key` (the first for `None`) as bytes: `key_size` of them.
+pub fn next_key_bytes(
+    map: BorrowedFd<'_>,
+    key: Option<&[u8]>,
+    key_size: usize,
+) -> io::Result<Option<Vec<u8>>> {
+    let mut next = vec![0u8; key_size];
+    let mut attr = BpfAttr([0; 32]);
+    attr.0[0] = map.as_raw_fd() as u32;
+    set_ptr(&mut attr, 2, key.map_or(0, |k| k.as_ptr() as u64));
+    set_ptr(&mut attr, 4, next.as_mut_ptr() as u64);
+    match bpf(BPF_MAP_GET_NEXT_KEY, &mut attr) {
+        Ok(_) => Ok(Some(next)),
+        Err(err) if err.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+        Err(err) => Err(err),
+    }
+}
+
+/// The value of `key` into `value`, which holds the map's whole value (every CPU's, for a
+/// per-CPU map); `Ok(false)` when the key is not in the map. The key must be the map's key
+/// size.
+pub fn lookup_bytes(map: BorrowedFd<'_>, key: &[u8], value: &mut [u8]) -> io::Result<bool> {
+    let mut attr = BpfAttr([0; 32]);
+    attr.0[0] = map.as_raw_fd() as u32;
+    set_ptr(&mut attr, 2, key.as_ptr() as u64);
+    set_ptr(&mut attr, 4, value.as_mut_ptr() as u64);
+    match bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) {
+        Ok(_) => Ok(true),
+        Err(err) if err.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+        Err(err) => Err(err),
+    }
+}
+
+/// Write `value` (the map's whole value) at `key`, with `BPF_ANY`/`BPF_EXIST`-style flags.
+pub fn update_bytes(map: BorrowedFd<'_>, key: &[u8], value: &[u8], flags: u64) -> io::Result<()> {
+    let mut attr = BpfAttr([0; 32]);
+    attr.0[0] = map.as_raw_fd() as u32;
+    set_ptr(&mut attr, 2, key.as_ptr() as u64);
+    set_ptr(&mut attr, 4, value.as_ptr() as u64);
+    set_ptr(&mut attr, 6, flags);
+    bpf(BPF_MAP_UPDATE_ELEM, &mut attr).map(drop)
+}
+
+/// Remove `key`; NotFound when it was not there.
+pub fn delete_bytes(map: BorrowedFd<'_>, key: &[u8]) -> io::Result<()> {
+    let mut attr = BpfAttr([0; 32]);
+    attr.0[0] = map.as_raw_fd() as u32;
+    set_ptr(&mut attr, 2, key.as_ptr() as u64);
+    bpf(BPF_MAP_DELETE_ELEM, &mut attr).map(drop)
 }
 
 fn c_path(path: &Path) -> io::Result<CString> {

@@ -1,6 +1,6 @@
 //! Typed handles on the pinned maps of one object.
 
-use aya::maps::{HashMap, LpmTrie, Map, MapData, PerCpuHashMap, SockHash};
+use aya::maps::{HashMap, LpmTrie, Map, MapData, SockHash};
 use redirector_common::{
     names, Cidr4Key, Cidr6Key, ConnKey, Counters, ListenerKey, NetnsCookie, OrigDst, PodAddrKey,
     PodConfig, PortKey,
@@ -11,7 +11,11 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use super::{bpf_sys, pins::ObjectPins};
+use super::{
+    bpf_sys,
+    growing::{GrowingHash, GrowingPerCpuHash},
+    pins::ObjectPins,
+};
 
 #[derive(Debug, thiserror::Error)]
 #[error("opening pinned map {name} at {path}: {source}")]
@@ -21,9 +25,10 @@ pub struct OpenMapError {
     source: aya::maps::MapError,
 }
 
-/// The maps every pod on a node shares, keyed by netns cookie.
+/// The maps every pod on a node shares, keyed by netns cookie. A pod's configuration and
+/// its counters are the values that grow between releases ([`super::growing`]).
 pub struct NodeMaps {
-    pub pod_config: HashMap<MapData, NetnsCookie, PodConfig>,
+    pub pod_config: GrowingHash<NetnsCookie, PodConfig>,
     pub port_sets: HashMap<MapData, PortKey, u8>,
     pub cidrs_v4: LpmTrie<MapData, Cidr4Key, u8>,
     pub cidrs_v6: LpmTrie<MapData, Cidr6Key, u8>,
@@ -32,7 +37,7 @@ pub struct NodeMaps {
     pub orig_dst_by_cookie: HashMap<MapData, u64, OrigDst>,
     /// UDP socket cookie → where its DNS query went.
     pub dns_orig_by_cookie: HashMap<MapData, u64, OrigDst>,
-    pub counters: PerCpuHashMap<MapData, NetnsCookie, Counters>,
+    pub counters: GrowingPerCpuHash<NetnsCookie, Counters>,
     pub pod_by_addr: HashMap<MapData, PodAddrKey, NetnsCookie>,
     pub listeners: SockHash<MapData, ListenerKey>,
 }
@@ -134,6 +139,17 @@ where
     T::try_from(map).map_err(err)
 }
 
+/// The map `name` of the object `pins`, values at the map's own size.
+fn open_growing<T>(
+    pins: &ObjectPins,
+    name: &'static str,
+    new: impl FnOnce(MapData) -> Result<T, aya::maps::MapError>,
+) -> Result<T, OpenMapError> {
+    let path = pins.map(name);
+    let err = open_err(name, &path);
+    new(MapData::from_pin(&path).map_err(err)?).map_err(err)
+}
+
 impl NodeMaps {
     /// Entries and capacity of each map of an object: (name, entries, capacity).
     pub fn fill(object: &ObjectPins) -> Result<Vec<(&'static str, usize, u32)>, OpenMapError> {
@@ -190,14 +206,14 @@ impl NodeMaps {
 
     pub fn open(pins: &ObjectPins) -> Result<Self, OpenMapError> {
         Ok(NodeMaps {
-            pod_config: open(pins, names::POD_CONFIG)?,
+            pod_config: open_growing(pins, names::POD_CONFIG, GrowingHash::new)?,
             port_sets: open(pins, names::PORT_SETS)?,
             cidrs_v4: open(pins, names::CIDRS_V4)?,
             cidrs_v6: open(pins, names::CIDRS_V6)?,
             orig_dst_by_conn: open(pins, names::ORIG_DST_BY_CONN)?,
             orig_dst_by_cookie: open(pins, names::ORIG_DST_BY_COOKIE)?,
             dns_orig_by_cookie: open(pins, names::DNS_ORIG_BY_COOKIE)?,
-            counters: open(pins, names::COUNTERS)?,
+            counters: open_growing(pins, names::COUNTERS, GrowingPerCpuHash::new)?,
             pod_by_addr: open(pins, names::POD_BY_ADDR)?,
             listeners: open(pins, names::LISTENERS)?,
         })

@@ -168,13 +168,13 @@ fn check_complete(pins: &ObjectPins) -> Result<(), ObjectError> {
 }
 
 /// Load `object` next to `current` (the object the node uses now) so that the new programs
-/// use every map of `current`'s whose definition (type, key and value size, capacity,
-/// flags) is the same in both — configuration and connections in flight alike. Returns
-/// whether all maps are shared; when some are not, the new object has those of its own
-/// and the caller must copy what they hold. Connection state stays in shared maps
-/// whenever their definitions are unchanged, so a connection that meets the old
-/// programs at connect and the new ones at accept (links switch one by one) keeps its
-/// original destination.
+/// use every map of `current`'s they can: configuration maps whose definition (type, key
+/// and value size, capacity, flags) is the same in both, and the maps of connections in
+/// flight ([`names::IN_FLIGHT`]) whose entries keep their shape, whatever their capacity.
+/// Returns whether all maps are shared; when some are not, the new object has those of
+/// its own and the caller must copy what they hold. A connection that meets the old
+/// programs at connect and the new ones at accept (links switch one by one) thus keeps its
+/// original destination unless its map's entries changed shape.
 pub fn ensure_loaded_sharing(
     root: &PinRoot,
     object: &EbpfObject,
@@ -183,11 +183,11 @@ pub fn ensure_loaded_sharing(
     let pins = root.object(object.id());
     if !pins.dir().exists() {
         let (fresh, _) = ensure_loaded(root, object)?;
-        let same = same_map_definitions(&fresh, current);
+        let same = shareable_maps(&fresh, current);
         if same.is_empty() {
             return Ok((fresh, false));
         }
-        // Load it again, on `current`'s maps of the same definition.
+        // Load it again, on `current`'s maps it can share.
         fs::remove_dir_all(fresh.dir()).map_err(fs_err("removing", fresh.dir()))?;
         let staging = root.staging_object(object.id());
         let shared: Vec<(&str, std::path::PathBuf)> =
@@ -212,18 +212,18 @@ pub fn ensure_loaded_sharing(
     Ok((pins, shared))
 }
 
-/// The maps whose definitions are the same in both objects.
-fn same_map_definitions(a: &ObjectPins, b: &ObjectPins) -> Vec<&'static str> {
+/// The maps of `a` that can be `b`'s: see [`ensure_loaded_sharing`].
+fn shareable_maps(a: &ObjectPins, b: &ObjectPins) -> Vec<&'static str> {
     let definition = |o: &ObjectPins, name: &str| {
         MapData::from_pin(o.map(name))
             .and_then(|m| m.info())
             .map(|i| {
+                let in_flight = names::IN_FLIGHT.contains(&name);
                 (
                     i.map_type().ok(),
                     i.key_size(),
                     i.value_size(),
-                    i.max_entries(),
-                    i.map_flags(),
+                    (!in_flight).then(|| (i.max_entries(), i.map_flags())),
                 )
             })
     };
