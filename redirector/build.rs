@@ -9,9 +9,7 @@
 //! show text on success): a clean build of the binary prints nothing of its own.
 
 use std::{
-    env,
-    ffi::OsString,
-    fs,
+    env, fs,
     io::{BufReader, Read as _},
     path::{Path, PathBuf},
     process::{Command, Stdio},
@@ -137,7 +135,7 @@ fn build_ebpf(package: &str, out_dir: &Path) -> anyhow::Result<PathBuf> {
             log.join("\n")
         );
     }
-    if env::var_os(VERBOSE_ENV).is_some_and(|v| v == OsString::from("1")) {
+    if env::var_os(VERBOSE_ENV).is_some_and(|v| v == "1") {
         for line in &log {
             println!("cargo:warning={line}");
         }

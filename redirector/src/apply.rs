@@ -493,7 +493,7 @@ pub(crate) fn remove(
         let (what, outcome) = match removal {
             Removal::Detach(hook) => {
                 let path = pod.link(hook);
-                let outcome = unpinned(fs::remove_file(&path));
+                let outcome = unpinned(crate::store::pins::unpin_link(&path));
                 (format!("link {}", path.display()), outcome)
             }
             Removal::Config => ("POD_CONFIG".into(), gone(maps.pod_config.remove(&cookie))),

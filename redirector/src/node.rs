@@ -141,7 +141,7 @@ pub fn detach_node(root: &PinRoot) -> Result<Vec<ObjectId>, ApplyError> {
         let hooks = node.hooks().map_err(fs_err("listing", node.dir()))?;
         for hook in &hooks {
             let pin = node.link(hook);
-            fs::remove_file(&pin).map_err(fs_err("unpinning link", &pin))?;
+            crate::store::pins::unpin_link(&pin).map_err(fs_err("unpinning link", &pin))?;
         }
         if node.dir().exists() {
             fs::remove_dir(node.dir()).map_err(fs_err("removing", node.dir()))?;

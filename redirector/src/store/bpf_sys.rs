@@ -23,6 +23,7 @@ const BPF_PROG_QUERY: libc::c_long = 16;
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_LINK_UPDATE: libc::c_long = 29;
+const BPF_LINK_DETACH: libc::c_long = 34;
 const BPF_LINK_TYPE_CGROUP: u32 = 3;
 const BPF_LINK_TYPE_NETNS: u32 = 5;
 
@@ -165,6 +166,13 @@ pub fn delete_bytes(map: BorrowedFd<'_>, key: &[u8]) -> io::Result<()> {
     attr.0[0] = map.as_raw_fd() as u32;
     set_ptr(&mut attr, 2, key.as_ptr() as u64);
     bpf(BPF_MAP_DELETE_ELEM, &mut attr).map(drop)
+}
+
+/// Detach a link from its hook now; the link object lives on until its last reference goes.
+pub fn link_detach(link: BorrowedFd<'_>) -> io::Result<()> {
+    let mut attr = BpfAttr([0; 32]);
+    attr.0[0] = link.as_raw_fd() as u32;
+    bpf(BPF_LINK_DETACH, &mut attr).map(drop)
 }
 
 fn c_path(path: &Path) -> io::Result<CString> {

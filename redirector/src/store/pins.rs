@@ -25,8 +25,24 @@ use std::{
 
 use redirector_common::NetnsCookie;
 
-use super::programs::POD_PROGRAMS;
+use super::{bpf_sys, programs::POD_PROGRAMS};
 use crate::fs_error::gone_ok;
+
+/// Unpin the link at `path` and detach it at once. The kernel detaches an unpinned link
+/// only when it frees it, which it does asynchronously (later on a loaded machine);
+/// detached here, the hook runs no program of it once this returns. Unpinned first, so a
+/// run killed in between leaves no pin of a detached link (its fd's close frees the link).
+pub fn unpin_link(path: &Path) -> io::Result<()> {
+    let link = bpf_sys::obj_get(path)?;
+    fs::remove_file(path)?;
+    if let Err(err) = bpf_sys::link_detach(std::os::fd::AsFd::as_fd(&link)) {
+        tracing::debug!(
+            "detaching {}: {err}; it detaches when freed",
+            path.display()
+        );
+    }
+    Ok(())
+}
 
 const FORMAT_PREFIX: &str = "format-";
 pub const DEFAULT_ROOT: &str = "/sys/fs/bpf/redirector";
