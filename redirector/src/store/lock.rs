@@ -29,8 +29,18 @@ impl NodeLock {
         loop {
             attempt += 1;
             let retry = attempt < MOST_ATTEMPTS;
+            // AlreadyExists too: create_dir_all met the root made by another run and then
+            // found it gone (removed by a cleanup) when it checked it was a directory.
             match fs::create_dir_all(root.objects_dir()) {
-                Err(err) if retry && err.kind() == io::ErrorKind::NotFound => continue,
+                Err(err)
+                    if retry
+                        && matches!(
+                            err.kind(),
+                            io::ErrorKind::NotFound | io::ErrorKind::AlreadyExists
+                        ) =>
+                {
+                    continue
+                }
                 made => made.map_err(fs_err("creating", root.path()))?,
             }
             let dir = match DirLock::acquire(root.path()) {
