@@ -21,8 +21,9 @@ use crate::{
     fault,
     fs_error::{fs_err, gone_ok, FsError},
     netns::Netns,
-    observe::{self, ObserveError},
+    observe::{self, Lookup, ObserveError},
     plan::{CidrEntry, PodPlan},
+    pod_keys::PodKeys,
     store::{
         bpf_sys, ensure_loaded, open_program, programs::AttachTarget, EbpfObject, NodeLock,
         NodeMaps, ObjectError, ObjectId, ObjectPins, OpenMapError, OpenMaps, PinRoot, PodPins,
@@ -115,8 +116,11 @@ pub enum Outcome {
 
 /// Make the pod in `netns` what `plan` describes, under the object `object` (loaded and
 /// pinned first if this node does not have it yet), with the maps `maps` keeps open.
-/// When a map has no room for the pod, every pod that is gone is removed
-/// ([`crate::gc::collect_stale`]) and, if any was, the pod is applied once more.
+/// `known`, the keys earlier applies of the pod may have written (its record's), makes
+/// what is installed a lookup of those and the plan's keys; without them the node-wide
+/// maps are read through if the pod is installed. When a map has no room for the pod,
+/// every pod that is gone is removed ([`crate::gc::collect_stale`]) and, if any was, the
+/// pod is applied once more.
 pub fn apply(
     root: &PinRoot,
     object: &EbpfObject,
@@ -124,8 +128,9 @@ pub fn apply(
     netns: &Netns,
     mode: Mode,
     maps: &mut OpenMaps,
+    known: Option<&PodKeys>,
 ) -> Result<Outcome, ApplyError> {
-    let full = match apply_once(root, object, plan, netns, mode, maps) {
+    let full = match apply_once(root, object, plan, netns, mode, maps, known) {
         Err(ApplyError::MapFull { map }) => map,
         other => return other,
     };
@@ -135,7 +140,7 @@ pub fn apply(
                 "{full} was full: removed {} pod(s) that are gone, applying once more",
                 removed.len()
             );
-            apply_once(root, object, plan, netns, mode, maps)
+            apply_once(root, object, plan, netns, mode, maps, known)
         }
         Ok(_) => Err(ApplyError::MapFull { map: full }),
         Err(err) => {
@@ -153,6 +158,7 @@ fn apply_once(
     netns: &Netns,
     mode: Mode,
     maps: &mut OpenMaps,
+    known: Option<&PodKeys>,
 ) -> Result<Outcome, ApplyError> {
     let _lock = NodeLock::acquire(root)?;
     let started = Instant::now();
@@ -168,7 +174,8 @@ fn apply_once(
         "removing links staged by an interrupted run in",
         staged.dir(),
     ))?;
-    let state = observe::observe(root, cookie, maps)?;
+    let keys = known.map(|known| known.union(&PodKeys::of(plan)));
+    let state = observe::observe(root, cookie, maps, lookup(keys.as_ref()))?;
     tracing::debug!("observed pod {cookie} in {:?}", started.elapsed());
     let pod_diff = diff::diff(plan, &target, targets, &state, mode);
     if pod_diff.is_empty() {
@@ -215,18 +222,26 @@ fn apply_once(
     })
 }
 
-/// Whether the pod has exactly its plan installed under `object` (read-only).
+/// Whether the pod has exactly its plan installed under `object` (read-only); `known` as
+/// for [`apply`].
 pub fn is_installed(
     root: &PinRoot,
     object: &EbpfObject,
     plan: &PodPlan,
     netns: &Netns,
     maps: &mut OpenMaps,
+    known: Option<&PodKeys>,
 ) -> Result<bool, ApplyError> {
-    let state = observe::observe(root, plan.netns_cookie, maps)?;
+    let keys = known.map(|known| known.union(&PodKeys::of(plan)));
+    let state = observe::observe(root, plan.netns_cookie, maps, lookup(keys.as_ref()))?;
     let targets = attach_targets(plan, netns)?;
     let target = root.object(object.id());
     Ok(!state.is_empty() && diff::diff(plan, &target, targets, &state, Mode::Changes).is_empty())
+}
+
+/// How to find a pod's entries: by its keys when they are known.
+pub(crate) fn lookup(keys: Option<&PodKeys>) -> Lookup<'_> {
+    keys.map_or(Lookup::ReadThrough, Lookup::Keys)
 }
 
 fn attach_targets(plan: &PodPlan, netns: &Netns) -> Result<AttachTargets, ApplyError> {

@@ -32,6 +32,7 @@ pub mod node;
 pub mod observe;
 pub mod plan;
 pub mod pod_cgroup;
+pub mod pod_keys;
 mod sock_diag;
 pub mod spec;
 pub mod store;

@@ -1,12 +1,17 @@
 //! What is installed for a pod, read from bpffs and the kernel, in the shape of its plan.
 //!
-//! A pod that has neither links nor a configuration under an object has nothing there, so
-//! setting up a new pod reads no node-wide map beyond one lookup per object. Only a
-//! pod that is installed somewhere has its entries collected, with one pass over each map
-//! for any number of pods (hash maps read in batches; [`observe_pods`], which garbage
-//! collection uses for all the pods it removes at once).
+//! A pod's entries are found by looking up the keys it is known to have written
+//! ([`Lookup::Keys`], [`crate::pod_keys`]): a few bpf calls a key, whatever the node
+//! holds. A pod whose keys are kept nowhere is found by reading the node-wide maps through
+//! ([`Lookup::ReadThrough`]) — but only if it is installed at all: a pod that has neither
+//! links nor a configuration under an object has nothing there, so setting up a new pod
+//! reads no node-wide map beyond one lookup per object. Garbage collection reads each map
+//! once for all the pods it removes ([`observe_pods`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    os::fd::AsFd as _,
+};
 
 use aya::maps::{IterableMap as _, LpmTrie, MapData, MapError};
 use redirector_common::{
@@ -17,8 +22,9 @@ use redirector_common::{
 use crate::{
     fs_error::{fs_err, FsError},
     plan::CidrEntry,
+    pod_keys::PodKeys,
     store::{
-        bpf_sys::{pinned_link_target, LinkTarget},
+        bpf_sys::{lpm_contains, lpm_first, pinned_link_target, LinkTarget},
         node_maps::hash_entries,
         NodeMaps, ObjectPins, OpenMapError, OpenMaps, PinRoot,
     },
@@ -105,18 +111,32 @@ impl PodState {
     }
 }
 
+/// How a pod's entries are found.
+#[derive(Clone, Copy, Debug)]
+pub enum Lookup<'a> {
+    /// Each of these keys is looked up: the keys the pod's applies wrote and those its
+    /// plan has ([`PodKeys`]), so that the time it takes does not grow with the node's
+    /// pods.
+    Keys(&'a PodKeys),
+    /// The node-wide maps are read through, when the pod is configured: its keys are kept
+    /// nowhere (an init container's pod, a record of an earlier release).
+    ReadThrough,
+}
+
 /// Read what is installed for the pod with this netns cookie: its links and the entries
-/// user space wrote for it. The entries the kernel made for it (listeners, redirected
-/// connections) are not read: finding them means reading node-wide maps through, and
-/// they go by themselves — a listener's when its socket closes, a connection's when the
-/// proxy's socket closes or, unused, when newer connections need the room (a connection
-/// already redirected keeps its original destination, as conntrack keeps its entries when
-/// iptables rules are removed). Each object's maps are taken from `maps`, which keeps
-/// them open for the apply that follows and, in the daemon, for the next pod.
+/// user space wrote for it, found as `lookup` says. The entries the kernel made for it
+/// (listeners, redirected connections) are not read: finding them means reading
+/// node-wide maps through, and they go by themselves — a listener's when its socket
+/// closes, a connection's when the proxy's socket closes or, unused, when newer
+/// connections need the room (a connection already redirected keeps its original
+/// destination, as conntrack keeps its entries when iptables rules are removed). Each
+/// object's maps are taken from `maps`, which keeps them open for the apply that follows
+/// and, in the daemon, for the next pod.
 pub fn observe(
     root: &PinRoot,
     netns_cookie: NetnsCookie,
     maps: &mut OpenMaps,
+    lookup: Lookup,
 ) -> Result<PodState, ObserveError> {
     let objects = root
         .objects()
@@ -126,13 +146,17 @@ pub fn observe(
     let mut installations = Vec::new();
     for object in objects {
         let links = observe_links(&object, netns_cookie)?;
-        let mut found = observe_pods(&object, maps.get(&object)?, &Pods::These(&one), false)?;
-        if links.is_empty() && found.is_empty() {
+        let node_maps = maps.get(&object)?;
+        let found = match lookup {
+            Lookup::Keys(keys) => observe_keys(&object, node_maps, netns_cookie, keys)?,
+            Lookup::ReadThrough => {
+                observe_pods(&object, node_maps, &Pods::These(&one), false)?.remove(&netns_cookie)
+            }
+        };
+        if links.is_empty() && found.is_none() {
             continue;
         }
-        let mut install = found
-            .remove(&netns_cookie)
-            .unwrap_or_else(|| Installation::empty(object.clone()));
+        let mut install = found.unwrap_or_else(|| Installation::empty(object.clone()));
         install.links = links;
         installations.push(install);
     }
@@ -140,6 +164,113 @@ pub fn observe(
         netns_cookie,
         installations,
     })
+}
+
+/// The pod's configuration and whether it has counters; `None` when it has neither.
+fn configured(
+    maps: &NodeMaps,
+    cookie: NetnsCookie,
+) -> Result<Option<(Option<PodConfig>, bool)>, ObserveError> {
+    let config = maps
+        .pod_config
+        .get(&cookie, 0)
+        .map(Some)
+        .or_else(absent)
+        .map_err(read_err("POD_CONFIG"))?;
+    let counters = maps
+        .counters
+        .get(&cookie, 0)
+        .map(Some)
+        .or_else(absent)
+        .map_err(read_err("COUNTERS"))?
+        .is_some();
+    Ok((config.is_some() || counters).then_some((config.map(as_planned), counters)))
+}
+
+/// The entries one object holds for the pod among `keys`, each looked up on its own:
+/// a few bpf calls per key, whatever the node holds. Unlike a read-through, entries are
+/// found even when the pod has no configuration left (a removal killed after it).
+fn observe_keys(
+    object: &ObjectPins,
+    maps: &NodeMaps,
+    cookie: NetnsCookie,
+    keys: &PodKeys,
+) -> Result<Option<Installation>, ObserveError> {
+    let mut install = Installation::empty(object.clone());
+    if let Some((config, counters)) = configured(maps, cookie)? {
+        install.config = config;
+        install.counters = counters;
+    }
+    for key in keys.port_keys(cookie) {
+        if maps
+            .port_sets
+            .get(&key, 0)
+            .map(Some)
+            .or_else(absent)
+            .map_err(read_err("PORT_SETS"))?
+            .is_some()
+        {
+            install.ports.push(key);
+        }
+    }
+    install.cidrs_v4 = held_cidrs(&maps.cidrs_v4, "CIDRS_V4", keys.cidr4_keys(cookie))?;
+    install.cidrs_v6 = held_cidrs(&maps.cidrs_v6, "CIDRS_V6", keys.cidr6_keys(cookie))?;
+    for key in keys.addr_keys() {
+        let owner = maps
+            .pod_by_addr
+            .get(&key, 0)
+            .map(Some)
+            .or_else(absent)
+            .map_err(read_err("POD_BY_ADDR"))?;
+        // An address another pod took since is that pod's.
+        if owner == Some(cookie) {
+            install.addrs.push(key);
+        }
+    }
+    let empty = install.config.is_none()
+        && !install.counters
+        && install.ports.is_empty()
+        && install.cidrs_v4.is_empty()
+        && install.cidrs_v6.is_empty()
+        && install.addrs.is_empty();
+    Ok((!empty).then_some(install))
+}
+
+/// The entries among `keys` an LPM trie holds exactly, with their values.
+fn held_cidrs<K: aya::Pod + bytemuck::Pod + PartialEq>(
+    trie: &LpmTrie<MapData, K, u8>,
+    map: &'static str,
+    keys: impl Iterator<Item = (u32, K)>,
+) -> Result<Vec<CidrEntry<K>>, ObserveError> {
+    let fd = trie.map().fd().as_fd();
+    let io_err = |err: std::io::Error| ObserveError::MapRead {
+        map,
+        source: MapError::SyscallError(aya::sys::SyscallError {
+            call: "bpf_map_get_next_key",
+            io_error: err,
+        }),
+    };
+    let mut first = None;
+    let mut held = Vec::new();
+    for (prefix_len, data) in keys {
+        let first = match first {
+            Some(first) => first,
+            None => *first.insert(lpm_first::<K>(fd).map_err(io_err)?),
+        };
+        if !lpm_contains(fd, first, prefix_len, data).map_err(io_err)? {
+            continue;
+        }
+        // Held exactly, so the longest match is the entry itself.
+        let value = trie
+            .get(&aya::maps::lpm_trie::Key::new(prefix_len, data), 0)
+            .map_err(read_err(map))?;
+        held.push(CidrEntry {
+            prefix_len,
+            data,
+            value,
+        });
+    }
+    Ok(held)
 }
 
 /// Which pods [`observe_pods`] collects.
@@ -242,24 +373,11 @@ pub fn observe_pods(
     match pods {
         Pods::These(cookies) => {
             for cookie in *cookies {
-                let config = maps
-                    .pod_config
-                    .get(cookie, 0)
-                    .map(Some)
-                    .or_else(absent)
-                    .map_err(read_err("POD_CONFIG"))?;
-                let counters = maps
-                    .counters
-                    .get(cookie, 0)
-                    .map(Some)
-                    .or_else(absent)
-                    .map_err(read_err("COUNTERS"))?
-                    .is_some();
-                if config.is_none() && !counters {
+                let Some((config, counters)) = configured(maps, *cookie)? else {
                     continue;
-                }
+                };
                 let install = slot(&mut found, object, pods, *cookie).expect("a selected pod");
-                install.config = config.map(as_planned);
+                install.config = config;
                 install.counters = counters;
             }
             if found.is_empty() {

@@ -1,7 +1,8 @@
 //! The engine as a library, the way a node daemon uses it: one process sets up two pods
 //! at the same time from two threads, each through its own `Netns` handle, and the
 //! process itself never changes network namespace; the maps it keeps open between pods
-//! follow the object when another process removes it and loads it again.
+//! follow the object when another process removes it and loads it again; a pod whose
+//! keys are known is observed and removed by looking them up.
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
@@ -16,9 +17,12 @@ use redirector::{
     facts::PodFacts,
     gc::teardown,
     netns::Netns,
-    plan::plan_pod,
-    store::{self, EbpfObject, OpenMaps},
+    observe::{observe, Installation, Lookup},
+    plan::{plan_pod, PodPlan},
+    pod_keys::PodKeys,
+    store::{self, EbpfObject, NodeMaps, OpenMaps},
 };
+use redirector_common::{PortKey, PortSet};
 use redirector_tests::redirector::{object_ids, PinRoot, STANDARD_INJECTION};
 use redirector_tests::{
     assert_direct, assert_proxied, require_root, use_probe_bin, ProxiedPod, APP_UID,
@@ -64,14 +68,8 @@ struct Target {
 }
 
 impl Target {
-    /// Set the pod up through the library, as `redirector istio-iptables` would, with the
-    /// maps `maps` keeps open.
-    fn set_up(
-        &self,
-        root: &store::PinRoot,
-        object: &EbpfObject,
-        maps: &Mutex<OpenMaps>,
-    ) -> Outcome {
+    /// The pod's plan for the standard injection.
+    fn plan(&self) -> (Netns, PodPlan) {
         let netns = Netns::open(&self.netns).expect("opening the pod's netns");
         assert_eq!(netns.cookie().get(), self.cookie);
         let argv = std::iter::once("istio-iptables").chain(STANDARD_INJECTION);
@@ -86,9 +84,20 @@ impl Target {
             facts.local_addrs.contains(&self.ip.into()),
             "the pod's own addresses, read inside its namespace: {facts:?}"
         );
-        let plan = plan_pod(&cfg.capture, &facts);
+        (netns, plan_pod(&cfg.capture, &facts))
+    }
+
+    /// Set the pod up through the library, as `redirector istio-iptables` would, with the
+    /// maps `maps` keeps open.
+    fn set_up(
+        &self,
+        root: &store::PinRoot,
+        object: &EbpfObject,
+        maps: &Mutex<OpenMaps>,
+    ) -> Outcome {
+        let (netns, plan) = self.plan();
         let mut maps = maps.lock().unwrap();
-        apply(root, object, &plan, &netns, Mode::Changes, &mut maps).expect("applying")
+        apply(root, object, &plan, &netns, Mode::Changes, &mut maps, None).expect("applying")
     }
 }
 
@@ -139,8 +148,8 @@ fn one_process_sets_up_two_pods_at_once_without_changing_its_namespace() {
     }
 
     for pod in &pods {
-        let removed =
-            teardown(&root, cookie_of(pod), &mut maps.lock().unwrap()).expect("removing the pod");
+        let removed = teardown(&root, cookie_of(pod), &mut maps.lock().unwrap(), None)
+            .expect("removing the pod");
         assert_eq!(removed.len(), 1);
         let dst = pod.service(false);
         assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
@@ -168,7 +177,7 @@ fn maps_kept_open_follow_the_object_when_it_is_loaded_again() {
     ));
     // Another process removes the only pod, and with it the object; a third loads the
     // object again at the same path, with new maps.
-    teardown(&root, cookie_of(&first), &mut OpenMaps::default()).expect("removing the pod");
+    teardown(&root, cookie_of(&first), &mut OpenMaps::default(), None).expect("removing the pod");
     assert!(!pins.path().exists(), "the object went with its last pod");
     second.target().set_up(&root, &object, &Mutex::default());
     assert_eq!(object_ids(&pins).len(), 1);
@@ -184,7 +193,103 @@ fn maps_kept_open_follow_the_object_when_it_is_loaded_again() {
         assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
     }
     for pod in [&second, &third] {
-        teardown(&root, cookie_of(pod), &mut kept.lock().unwrap()).expect("removing the pod");
+        teardown(&root, cookie_of(pod), &mut kept.lock().unwrap(), None).expect("removing the pod");
     }
+    assert!(!pins.path().exists());
+}
+
+/// Entries in one order whatever order a map gave them in.
+fn sorted<T: std::fmt::Debug>(entries: &[T]) -> Vec<String> {
+    let mut out: Vec<String> = entries.iter().map(|e| format!("{e:?}")).collect();
+    out.sort();
+    out
+}
+
+/// The map entries of `pod` under the node's one object, found as `lookup` says.
+fn entries(root: &store::PinRoot, pod: &ProxiedPod, lookup: Lookup) -> Installation {
+    let state =
+        observe(root, cookie_of(pod), &mut OpenMaps::default(), lookup).expect("observing the pod");
+    assert_eq!(state.installations.len(), 1, "{state:?}");
+    state.installations[0].clone()
+}
+
+#[test]
+fn a_pod_found_by_its_keys_is_observed_and_removed_without_the_other_pods_entries() {
+    let Some((pins, root, object)) = engine("engine-keys") else {
+        return;
+    };
+    let [one, other] = ["engk1", "engk2"].map(ProxiedPod::new);
+    let maps = Mutex::default();
+    for pod in [&one, &other] {
+        assert!(matches!(
+            pod.target().set_up(&root, &object, &maps),
+            Outcome::New(_)
+        ));
+    }
+    let keys = PodKeys::of(&one.target().plan().1);
+    let other_before = entries(&root, &other, Lookup::ReadThrough);
+
+    // An entry of the pod that its keys do not name, as a run killed with other flags
+    // leaves: a lookup of the pod's keys does not see it, so it reads no map through.
+    let stray = PortKey::new(cookie_of(&one).get(), PortSet::OutboundExclude, 9999);
+    let object_pins = root.object(object.id());
+    NodeMaps::open(&object_pins)
+        .expect("opening the maps")
+        .port_sets
+        .insert(stray, 1, 0)
+        .expect("writing a stray entry");
+    let by_keys = entries(&root, &one, Lookup::Keys(&keys));
+    let read_through = entries(&root, &one, Lookup::ReadThrough);
+    assert!(!by_keys.ports.contains(&stray) && read_through.ports.contains(&stray));
+    let planned: Vec<_> = keys.port_keys(cookie_of(&one)).collect();
+    assert_eq!(sorted(&by_keys.ports), sorted(&planned));
+    assert_eq!(sorted(&by_keys.cidrs_v4), sorted(&read_through.cidrs_v4));
+    assert_eq!(sorted(&by_keys.cidrs_v6), sorted(&read_through.cidrs_v6));
+    assert_eq!(sorted(&by_keys.addrs), sorted(&read_through.addrs));
+    assert_eq!(by_keys.config, read_through.config);
+
+    // Removed by its keys: its own entries go, the other pod's stay exactly as they were
+    // and it is still captured.
+    teardown(
+        &root,
+        cookie_of(&one),
+        &mut maps.lock().unwrap(),
+        Some(&keys),
+    )
+    .expect("removing the pod");
+    let dst = one.service(false);
+    assert_direct(&one.connect(APP_UID, APP_UID, dst), dst);
+    let after = entries(&root, &other, Lookup::ReadThrough);
+    assert_eq!(
+        (after.ports, after.cidrs_v4, after.addrs, after.config),
+        (
+            other_before.ports,
+            other_before.cidrs_v4,
+            other_before.addrs,
+            other_before.config
+        )
+    );
+    let dst = other.service(false);
+    assert_proxied(&other.connect(APP_UID, APP_UID, dst), dst);
+
+    // What its keys did not name, garbage collection finds: the pod is gone.
+    let left = observe(
+        &root,
+        cookie_of(&one),
+        &mut OpenMaps::default(),
+        Lookup::ReadThrough,
+    )
+    .unwrap();
+    assert!(
+        left.installations.is_empty(),
+        "no config, no links: {left:?}"
+    );
+    let ports = |maps: &NodeMaps| maps.port_sets.get(&stray, 0).is_ok();
+    assert!(ports(&NodeMaps::open(&object_pins).unwrap()));
+    let removed = redirector::gc::collect_stale(&root).expect("collecting");
+    assert!(removed.contains(&cookie_of(&one)), "{removed:?}");
+    assert!(!ports(&NodeMaps::open(&object_pins).unwrap()));
+
+    teardown(&root, cookie_of(&other), &mut maps.lock().unwrap(), None).expect("removing");
     assert!(!pins.path().exists());
 }

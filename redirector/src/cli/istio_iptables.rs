@@ -77,7 +77,8 @@ pub fn run(cfg: &IstioConfig) -> anyhow::Result<()> {
             info!("dry run: would remove every pin, link and map entry of pod netns {cookie}");
             return Ok(());
         }
-        let removed = teardown(&root, cookie, &mut OpenMaps::default())?;
+        // An init container's pod keeps its keys nowhere: its maps are read through.
+        let removed = teardown(&root, cookie, &mut OpenMaps::default(), None)?;
         let removed: Vec<&str> = removed.iter().map(|id| id.as_str()).collect();
         info!("cleaned up pod netns {cookie} (from objects {removed:?})");
         return Ok(());
@@ -163,7 +164,15 @@ fn apply_rules(cfg: &IstioConfig, root: &PinRoot, netns: &Netns) -> anyhow::Resu
     } else {
         Mode::Changes
     };
-    let report = match apply(root, &object, &plan, netns, mode, &mut OpenMaps::default())? {
+    let report = match apply(
+        root,
+        &object,
+        &plan,
+        netns,
+        mode,
+        &mut OpenMaps::default(),
+        None,
+    )? {
         Outcome::Unchanged => {
             info!("found this exact state already installed for the pod: nothing to apply (--force-apply applies it again)");
             return Ok(());

@@ -413,7 +413,8 @@ pub fn uninstall(config: &DaemonConfig) -> anyhow::Result<()> {
     if root.path().exists() {
         for object in root.objects().context("listing pinned objects")? {
             for cookie in object.pods().context("listing pods")? {
-                crate::gc::teardown(&root, cookie, &mut maps)?;
+                let known = records.get(cookie)?.and_then(|r| r.keys);
+                crate::gc::teardown(&root, cookie, &mut maps, known.as_ref())?;
                 records.remove(cookie)?;
                 pods += 1;
             }

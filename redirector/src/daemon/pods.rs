@@ -23,6 +23,7 @@ use crate::{
     loopback,
     netns::Netns,
     plan::{plan_pod, PodPlan},
+    pod_keys::PodKeys,
     store::{EbpfObject, ObjectPins, OpenMaps, PinRoot},
 };
 
@@ -256,23 +257,30 @@ impl Node {
         if plan.config.flags & redirector_common::pod_flags::IPV6 != 0 {
             loopback::add_inbound_passthrough(&netns).map_err(|e| e.to_string())?;
         }
+        let cookie = netns.cookie();
+        let keys = PodKeys::of(&plan);
+        let mut maps = self.maps();
+        let known = self.note_keys(cookie, &keys)?;
         let outcome = apply(
             &self.root,
             &self.object,
             &plan,
             &netns,
             Mode::Changes,
-            &mut self.maps(),
+            &mut maps,
+            known.as_ref(),
         )
-        .map_err(|e| format!("setting up pod netns {}: {e}", netns.cookie()))?;
+        .map_err(|e| format!("setting up pod netns {cookie}: {e}"))?;
+        drop(maps);
         let record = PodRecord {
-            netns_cookie: netns.cookie().get(),
+            netns_cookie: cookie.get(),
             netns: netns_path.to_path_buf(),
             name,
             args,
             container_id: cni.as_ref().map(|c| c.container_id.clone()),
             network: cni.and_then(|c| c.network),
             format: redirector_common::FORMAT,
+            keys: Some(keys),
         };
         self.records.save(&record).map_err(|e| e.to_string())?;
         let took = started.elapsed();
@@ -292,6 +300,27 @@ impl Node {
             took.as_secs_f64() * 1e3
         );
         Ok(Response::done(what, vec![info]))
+    }
+
+    /// The keys the pod's record says its applies may have written, with `planned` added
+    /// to the record first if it lacks any of them: an apply killed after writing them
+    /// then leaves nothing the record does not name. `None` when the pod has no record, or
+    /// one of an earlier release: what is installed is then read through.
+    fn note_keys(&self, cookie: NetnsCookie, planned: &PodKeys) -> Result<Option<PodKeys>, String> {
+        let Some(record) = self.records.get(cookie).map_err(|e| e.to_string())? else {
+            return Ok(None);
+        };
+        let Some(known) = record.keys.clone() else {
+            return Ok(None);
+        };
+        if !known.covers(planned) {
+            let ahead = PodRecord {
+                keys: Some(known.union(planned)),
+                ..record
+            };
+            self.records.save(&ahead).map_err(|e| e.to_string())?;
+        }
+        Ok(Some(known))
     }
 
     /// The cookie of a pod named by request: its record's, else its namespace's.
@@ -368,8 +397,15 @@ impl Node {
             ));
         }
         let plan = self.plan(&netns, &cfg)?;
-        let same = is_installed(&self.root, &self.object, &plan, &netns, &mut self.maps())
-            .map_err(|e| e.to_string())?;
+        let same = is_installed(
+            &self.root,
+            &self.object,
+            &plan,
+            &netns,
+            &mut self.maps(),
+            record.keys.as_ref(),
+        )
+        .map_err(|e| e.to_string())?;
         if let Some(node) = self.node_cgroup_id() {
             if let Some(cgroup) = crate::pod_cgroup::outside(&record.netns, node) {
                 return Err(format!(
@@ -441,7 +477,8 @@ pub fn remove_pod(
     let Some(cookie) = cookie else {
         return Ok(Response::done("no such pod", Vec::new()));
     };
-    let removed = teardown(root, cookie, maps).map_err(|e| e.to_string())?;
+    let known = record.as_ref().and_then(|r| r.keys.as_ref());
+    let removed = teardown(root, cookie, maps, known).map_err(|e| e.to_string())?;
     records.remove(cookie).map_err(|e| e.to_string())?;
     let message = if removed.is_empty() && record.is_none() {
         "no such pod"

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     fs_error::{fs_err, gone_ok, FsError},
+    pod_keys::PodKeys,
     store::DirLock,
 };
 
@@ -49,6 +50,12 @@ pub struct PodRecord {
     /// records of releases before it have none and are format 1.
     #[serde(default = "format_one")]
     pub format: u32,
+    /// The map keys the pod's applies may have written: saved with the keys an apply is
+    /// about to write before it writes them, and with exactly the plan's once it has, so
+    /// that removing or changing the pod looks them up rather than reading node-wide maps
+    /// through ([`crate::pod_keys`]). Earlier releases wrote none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<PodKeys>,
 }
 
 fn format_one() -> u32 {
@@ -357,6 +364,7 @@ mod tests {
             container_id: None,
             network: None,
             format: FORMAT,
+            keys: None,
         }
     }
 

@@ -15,21 +15,26 @@ use crate::{
     diff,
     fs_error::fs_err,
     observe::{self, observe_links, observe_pods, ObserveError, ObservedLink, Pods},
+    pod_keys::PodKeys,
     store::{NodeLock, NodeMaps, ObjectId, ObjectPins, OpenMaps, PinRoot},
 };
 
 /// Remove everything installed for the pod, under every object, and the pin root itself
-/// when nothing else is left in it. Returns the objects it was removed from.
+/// when nothing else is left in it: with `known`, the keys the pod's applies may have
+/// written (its record's), only those are looked up; without, the node-wide maps are
+/// read through if the pod is installed. What a killed run wrote beyond its record,
+/// [`collect_stale`] finds once the pod is gone. Returns the objects it was removed from.
 pub fn teardown(
     root: &PinRoot,
     cookie: NetnsCookie,
     maps: &mut OpenMaps,
+    known: Option<&PodKeys>,
 ) -> Result<Vec<ObjectId>, ApplyError> {
     if !root.path().exists() {
         return Ok(Vec::new());
     }
     let lock = NodeLock::acquire(root)?;
-    let state = observe::observe(root, cookie, maps)?;
+    let state = observe::observe(root, cookie, maps, crate::apply::lookup(known))?;
     let removal = diff::remove_all(&state);
     let failures: Vec<String> = removal
         .retire

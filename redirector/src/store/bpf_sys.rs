@@ -175,6 +175,47 @@ pub fn link_detach(link: BorrowedFd<'_>) -> io::Result<()> {
     bpf(BPF_LINK_DETACH, &mut attr).map(drop)
 }
 
+/// An LPM-trie key as the kernel reads it: the prefix length, then the data, unpadded.
+#[repr(C, packed)]
+#[derive(Clone, Copy)]
+struct LpmKey<K> {
+    prefix_len: u32,
+    data: K,
+}
+
+// SAFETY: packed, so no padding, and both fields are Pod.
+unsafe impl<K: bytemuck::Pod> bytemuck::Zeroable for LpmKey<K> {}
+// SAFETY: as above.
+unsafe impl<K: bytemuck::Pod> bytemuck::Pod for LpmKey<K> {}
+
+/// Whether an LPM trie holds exactly this key. A lookup cannot tell (it answers the
+/// longest prefix that matches), but the kernel's next-key walk can: after a key it holds,
+/// it goes on to the next one or ends; after any other key, it starts again at the first.
+/// `first` is the trie's first key, read once ([`lpm_first`]) for any number of calls.
+pub fn lpm_contains<K: bytemuck::Pod + PartialEq>(
+    map: BorrowedFd<'_>,
+    first: Option<(u32, K)>,
+    prefix_len: u32,
+    data: K,
+) -> io::Result<bool> {
+    let Some(first) = first else {
+        return Ok(false);
+    };
+    let key = LpmKey { prefix_len, data };
+    Ok(match next_key(map, Some(&key))? {
+        None => true,
+        Some(next) => {
+            let (len, next_data) = (next.prefix_len, next.data);
+            (len, next_data) != first
+        }
+    })
+}
+
+/// The first key of an LPM trie in the kernel's order, as (prefix length, data).
+pub fn lpm_first<K: bytemuck::Pod>(map: BorrowedFd<'_>) -> io::Result<Option<(u32, K)>> {
+    Ok(next_key::<LpmKey<K>>(map, None)?.map(|k| (k.prefix_len, k.data)))
+}
+
 fn c_path(path: &Path) -> io::Result<CString> {
     CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))

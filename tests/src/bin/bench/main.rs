@@ -5,7 +5,8 @@
 //! bench [--quick] [--scale] [--out DIR] [--only datapath|setup|churn] [--modes NAME,...]
 //! ```
 //! `--scale` runs the churn of init-container pods (set up and deleted without a cleanup,
-//! 10 alive at a time) over 10,000 pods instead of 1,000.
+//! 10 alive at a time) over 10,000 pods instead of 1,000, and (with the setup part)
+//! 10,000 pods through the daemon's API and out again ([`scale`]).
 //! `--modes` measures only those data-path modes (e.g. to compare two redirector builds
 //! through `REDIRECTOR_BIN`, one without `redirector trace`).
 //! Prints a Markdown report; writes `bench.json` and `bench.svg` to DIR.
@@ -15,6 +16,7 @@ mod datapath;
 mod memory;
 mod plot;
 mod report;
+mod scale;
 mod setup;
 mod stats;
 mod wrk;
@@ -121,6 +123,11 @@ fn main() -> ExitCode {
     } else {
         setup::Setup::default()
     };
+    if opts.setup && opts.scale {
+        // As many as the maps hold: 10,000 pods need the capacities docs/daemon.md gives.
+        let pods = 10_000.min(redirector_common::capacity::PODS as usize);
+        setup.scale = Some(scale::run(pods));
+    }
     if opts.churn {
         setup.churn = setup::churn_sequence(match (opts.scale, opts.quick) {
             (true, _) => 10_000,

@@ -95,6 +95,14 @@ pub struct Sequence {
     pub removal_s: Option<f64>,
 }
 
+impl Sequence {
+    /// Whether each pod's setup starts a process (`pod add`, the CNI plugin), whose start
+    /// costs at least what `nsenter true` does.
+    pub fn starts_a_process(&self) -> bool {
+        self.mode != Client::Api.name() && self.mode.starts_with("daemon")
+    }
+}
+
 /// Init-container pods set up one after another, `alive` at a time, each deleted without a
 /// cleanup (namespace and cgroup removed) once `alive` newer ones are up.
 #[derive(Debug, Default, serde::Serialize)]
@@ -133,6 +141,8 @@ pub struct Setup {
     pub one_pod: OnePod,
     pub sequences: Vec<Sequence>,
     pub churn: Churn,
+    /// `--scale`: 10,000 pods through the daemon's API.
+    pub scale: Option<crate::scale::Scale>,
     pub object_memlock: u64,
     pub map_memlock: Vec<(String, u64)>,
     pub map_fill: serde_json::Value,
@@ -185,7 +195,7 @@ type Kept = Vec<Box<dyn Any>>;
 
 /// Kernel memory across a sequence ([`memory::retained_kernel_bytes`]), with the time
 /// spent reading it kept out of the sequence's own.
-struct MemoryMarks {
+pub struct MemoryMarks {
     base: u64,
     waited: Duration,
     /// The sequence's own tmpfs (the daemon's state directory), whose pages count too.
@@ -193,7 +203,7 @@ struct MemoryMarks {
 }
 
 impl MemoryMarks {
-    fn start(tmpfs: Option<&std::path::Path>) -> Self {
+    pub fn start(tmpfs: Option<&std::path::Path>) -> Self {
         MemoryMarks {
             base: memory::retained_kernel_bytes(tmpfs),
             waited: Duration::ZERO,
@@ -202,7 +212,7 @@ impl MemoryMarks {
     }
 
     /// Records the memory added since the start when `pods` is a milestone.
-    fn after(&mut self, pods: usize, seq: &mut Sequence) {
+    pub fn after(&mut self, pods: usize, seq: &mut Sequence) {
         if milestones(seq.pods).contains(&pods) {
             let reading = Instant::now();
             let bytes = memory::retained_kernel_bytes(self.tmpfs.as_deref());
@@ -213,13 +223,13 @@ impl MemoryMarks {
     }
 
     /// Seconds since `start`, less the time spent reading memory.
-    fn seconds_since(&self, start: Instant) -> f64 {
+    pub fn seconds_since(&self, start: Instant) -> f64 {
         start.elapsed().saturating_sub(self.waited).as_secs_f64()
     }
 }
 
 fn milestones(pods: usize) -> Vec<usize> {
-    [1, 10, 100, 1000]
+    [1, 10, 100, 1000, 10_000]
         .into_iter()
         .filter(|m| *m <= pods)
         .collect()
@@ -271,20 +281,20 @@ impl Client {
 }
 
 /// One connection to the daemon's API.
-struct Api {
+pub struct Api {
     reader: BufReader<UnixStream>,
     writer: UnixStream,
 }
 
 impl Api {
-    fn connect(socket: &std::path::Path) -> Self {
+    pub fn connect(socket: &std::path::Path) -> Self {
         let writer = UnixStream::connect(socket).expect("connecting to the daemon");
         let reader = BufReader::new(writer.try_clone().expect("cloning the connection"));
         Api { reader, writer }
     }
 
     /// Send `request`; panics unless the answer contains `expected`.
-    fn ask(&mut self, request: &serde_json::Value, expected: &str) {
+    pub fn ask(&mut self, request: &serde_json::Value, expected: &str) {
         writeln!(self.writer, "{request}").expect("writing to the daemon");
         let mut line = String::new();
         self.reader
