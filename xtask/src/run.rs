@@ -73,7 +73,10 @@ pub fn demo(daemon: bool) -> Result<()> {
 }
 
 /// `cargo xtask bench`: wrk and nginx, release binaries, then the bench binary, which
-/// prints the report and writes `target/bench/bench.{json,md,svg}`.
+/// prints the report and writes `target/bench/bench.{json,md,svg}`. A whole run (no
+/// `--quick`, `--only` or `--modes`) also publishes the report as docs/bench.md (below its
+/// hand-written head) and the plot as docs/bench.svg, so the published figures are always
+/// those of a real run.
 pub fn bench(args: &[String]) -> Result<()> {
     crate::workspace::ensure_tool("wrk", "wrk")?;
     crate::workspace::ensure_tool("nginx", "nginx")?;
@@ -92,5 +95,38 @@ pub fn bench(args: &[String]) -> Result<()> {
         .env("REDIRECTOR_BIN", bin.join("redirector"))
         .env("PROBE_BIN", bin.join("probe"))
         .env("SIDECAR_BIN", bin.join("sidecar"));
-    status(cmd)
+    status(cmd)?;
+    let partial = ["--quick", "--only", "--modes"];
+    if args.iter().any(|a| partial.contains(&a.as_str())) {
+        return Ok(());
+    }
+    publish_bench(
+        &target_dir().join("bench"),
+        &crate::workspace::workspace_root().join("docs"),
+    )
+}
+
+/// The line in docs/bench.md after which the bench writes its report.
+const BENCH_MARKER: &str = "<!-- The report below is written by `cargo xtask bench`. -->";
+
+/// docs/bench.md: its head (everything up to [`BENCH_MARKER`]) kept, then the report of
+/// the run in `out`; docs/bench.svg: the run's plot.
+fn publish_bench(out: &std::path::Path, docs: &std::path::Path) -> Result<()> {
+    use anyhow::Context as _;
+    let doc = docs.join("bench.md");
+    let current =
+        std::fs::read_to_string(&doc).with_context(|| format!("reading {}", doc.display()))?;
+    let head = current
+        .split_once(BENCH_MARKER)
+        .map(|(head, _)| head)
+        .with_context(|| format!("{} has no line {BENCH_MARKER}", doc.display()))?;
+    let report = std::fs::read_to_string(out.join("bench.md")).context("reading the report")?;
+    std::fs::write(&doc, format!("{head}{BENCH_MARKER}\n\n{report}"))
+        .with_context(|| format!("writing {}", doc.display()))?;
+    let plot = out.join("bench.svg");
+    if plot.exists() {
+        std::fs::copy(&plot, docs.join("bench.svg")).context("copying the plot")?;
+    }
+    eprintln!("bench: published {}", doc.display());
+    Ok(())
 }
