@@ -254,8 +254,8 @@ mod tests {
 
     use super::*;
     use crate::{
-        cli::config::parse_istio_iptables,
         facts::PodFacts,
+        istio::parse_istio_iptables,
         observe::ObservedLink,
         plan::plan_pod,
         store::{ObjectId, PinRoot},

@@ -8,7 +8,6 @@
 //! [`apply`] executes the difference with undo. [`gc`] removes pods, [`store`] owns the
 //! pinned object, its maps and every bpffs path.
 
-pub mod annotations;
 pub mod apply;
 pub mod cgroup;
 pub mod cli;
@@ -21,6 +20,7 @@ pub mod fs_error;
 pub mod fs_kind;
 pub mod gc;
 pub mod install_cni;
+pub mod istio;
 pub mod kernel;
 pub mod listeners;
 pub mod live_pod;

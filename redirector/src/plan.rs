@@ -394,7 +394,7 @@ mod tests {
     use redirector_common::{decide_outbound, OutboundAttempt, Reason, Verdict};
 
     use super::*;
-    use crate::cli::config::parse_istio_iptables;
+    use crate::istio::parse_istio_iptables;
 
     const POD_IP: &str = "10.244.1.5";
 
@@ -450,7 +450,7 @@ mod tests {
         decide_outbound(&plan.config, &attempt, plan)
     }
 
-    use crate::annotations::STANDARD_INJECTION as STANDARD;
+    use crate::istio::annotations::STANDARD_INJECTION as STANDARD;
 
     #[test]
     fn standard_injection_decisions_follow_istio_rule_order() {

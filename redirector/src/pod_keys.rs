@@ -148,7 +148,7 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
-    use crate::{cli::config::parse_istio_iptables, facts::PodFacts, plan::plan_pod};
+    use crate::{facts::PodFacts, istio::parse_istio_iptables, plan::plan_pod};
 
     fn plan(args: &[&str]) -> PodPlan {
         let argv = std::iter::once("istio-iptables").chain(args.iter().copied());

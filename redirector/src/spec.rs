@@ -1,5 +1,5 @@
 //! A pod's capture spec: what to capture and where it goes. istio-iptables' flags are
-//! one way to write it (`cli::config`); the engine knows only this.
+//! one way to write it (`istio`); the engine knows only this.
 
 use std::fmt;
 

@@ -12,10 +12,10 @@ use std::sync::Mutex;
 
 use redirector::{
     apply::{apply, Outcome},
-    cli::config::parse_istio_iptables,
     diff::Mode,
     facts::PodFacts,
     gc::teardown,
+    istio::parse_istio_iptables,
     netns::Netns,
     observe::{observe, Installation, Lookup},
     plan::{plan_pod, PodPlan},

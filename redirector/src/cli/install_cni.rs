@@ -5,10 +5,10 @@ use std::{path::PathBuf, time::Duration};
 use anyhow::Context;
 
 use crate::{
-    annotations::STANDARD_INJECTION,
     cni::DEFAULT_EXCLUDED_NAMESPACES,
     daemon::pods::parse_flags,
     install_cni::{watch, Entry, Installer},
+    istio::annotations::STANDARD_INJECTION,
 };
 
 /// How often the watch reads the directory with no event, in case one was missed.

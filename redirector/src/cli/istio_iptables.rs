@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context as _};
 use tracing::{info, warn};
 
-use super::{config::IstioConfig, log_sections::Section, validate};
+use super::{log_sections::Section, validate};
+use crate::istio::IstioConfig;
 use crate::{
     apply::{apply, Outcome},
     cgroup::pod_cgroup,

@@ -1,7 +1,6 @@
 //! The command line: istio-iptables' flags and env turned into a pod spec and run options
 //! (`config`), and the commands over the engine.
 
-pub mod config;
 mod daemon;
 mod explain;
 mod gc;
@@ -15,7 +14,7 @@ mod validate;
 
 use std::{ffi::OsString, path::Path, process::ExitCode};
 
-use self::config::{parse_istio_iptables, ProcessEnv};
+use crate::istio::{parse_istio_iptables, ProcessEnv};
 
 /// istio-iptables' exit code for a configuration or apply error.
 const EXIT_ERROR: u8 = 1;

@@ -126,7 +126,7 @@ pub fn run(args: &PodArgs) -> anyhow::Result<()> {
             let annotations: BTreeMap<String, String> = annotations.iter().cloned().collect();
             // The daemon validates too; checking here gives the same message without a
             // round trip, and an invalid value never reaches the node.
-            parse_flags(&crate::annotations::flags(args, &annotations))
+            parse_flags(&crate::istio::annotations::flags(args, &annotations))
                 .map_err(anyhow::Error::msg)?;
             let request = Request::Add {
                 netns: netns.clone(),

@@ -28,11 +28,11 @@ use self::{
     error::{code, CniError},
 };
 use crate::{
-    annotations::{self, left_alone, Rules},
     daemon::{
         pods::{parse_flags, remove_pod, AddError, Node},
         records::{CniAttachment, PodRecord, Records, DEFAULT_STATE_DIR},
     },
+    istio::annotations::{self, left_alone, Rules},
     netns::Netns,
     node::node_object,
     store::{pins::DEFAULT_ROOT, EbpfObject, OpenMaps, PinRoot},
@@ -367,4 +367,4 @@ fn pod_name() -> Option<String> {
 }
 
 #[cfg(test)]
-mod generated;
+mod proptests;

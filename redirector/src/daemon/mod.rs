@@ -7,12 +7,12 @@
 pub mod api;
 pub mod cri;
 mod decision_totals;
-#[cfg(test)]
-mod generated;
 pub mod http;
 pub mod metrics;
 mod new_addrs;
 pub mod pods;
+#[cfg(test)]
+mod proptests;
 pub mod records;
 pub mod repair;
 mod snapshot;

@@ -15,10 +15,10 @@ use super::{
 };
 use crate::{
     apply::{apply, is_installed, Outcome},
-    cli::config::{parse_istio_iptables, IstioConfig},
     diff::Mode,
     facts::PodFacts,
     gc::teardown,
+    istio::{parse_istio_iptables, IstioConfig},
     live_pod::LivePod,
     loopback,
     netns::Netns,
@@ -208,14 +208,15 @@ impl Node {
                 annotations,
             } => {
                 // The API is asked for this pod by name: only an explicit opt-out holds.
-                let rules = crate::annotations::Rules {
+                let rules = crate::istio::annotations::Rules {
                     require_status: false,
                     exclude_namespaces: &[],
                 };
-                if let Some(why) = crate::annotations::left_alone(rules, None, &annotations) {
+                if let Some(why) = crate::istio::annotations::left_alone(rules, None, &annotations)
+                {
                     return Response::done(format!("not captured: {why}"), Vec::new());
                 }
-                let args = crate::annotations::flags(&args, &annotations);
+                let args = crate::istio::annotations::flags(&args, &annotations);
                 self.add(&netns, name, args, None).map_err(String::from)
             }
             Request::Del(pod) => self.del(&pod),

@@ -10,7 +10,7 @@ const CASES: u32 = 2000;
 
 /// istio-iptables' value flags, and the two the daemon refuses.
 fn flags() -> Vec<&'static str> {
-    let mut flags = crate::cli::config::generated::VALUE_FLAGS.to_vec();
+    let mut flags = crate::istio::proptests::VALUE_FLAGS.to_vec();
     flags.extend(["--cgroup", "--network-namespace"]);
     flags
 }

@@ -6,16 +6,17 @@
 //! only sees well-formed settings; an error names the flag (and env var) and the value.
 
 mod accounts;
+pub mod annotations;
 mod args;
 mod duration;
 mod effective;
 mod env;
 mod error;
-#[cfg(test)]
-pub(crate) mod generated;
 mod parse;
+#[cfg(test)]
+pub(crate) mod proptests;
 mod resolve;
-mod run;
+mod run_options;
 mod source;
 #[cfg(test)]
 mod tests;
@@ -28,7 +29,7 @@ pub use crate::spec::{CaptureConfig, CidrSelection, InterceptionMode, OwnerGroup
 pub use args::{istio_iptables_command, IstioIptablesArgs};
 pub use env::{Env, ProcessEnv};
 pub use error::{ConfigError, Problem};
-pub use run::RunOptions;
+pub use run_options::RunOptions;
 pub use source::Origin;
 
 /// The effective, validated configuration.
