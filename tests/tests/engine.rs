@@ -11,16 +11,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use redirector::{
-    apply::{apply, Outcome},
-    diff::Mode,
-    facts::PodFacts,
-    gc::teardown,
+    engine::apply::{apply, Outcome},
+    engine::diff::Mode,
+    engine::facts::PodFacts,
+    engine::gc::teardown,
+    engine::observe::{observe, Installation, Lookup},
+    engine::plan::{plan_pod, PodPlan},
+    engine::pod_keys::PodKeys,
     istio::parse_istio_iptables,
-    netns::Netns,
-    observe::{observe, Installation, Lookup},
-    plan::{plan_pod, PodPlan},
-    pod_keys::PodKeys,
     store::{self, EbpfObject, NodeMaps, OpenMaps},
+    sys::netns::Netns,
 };
 use redirector_common::{PortKey, PortSet};
 use redirector_tests::redirector::{object_ids, PinRoot, STANDARD_INJECTION};
@@ -286,7 +286,7 @@ fn a_pod_found_by_its_keys_is_observed_and_removed_without_the_other_pods_entrie
     );
     let ports = |maps: &NodeMaps| maps.port_sets.get(&stray, 0).is_ok();
     assert!(ports(&NodeMaps::open(&object_pins).unwrap()));
-    let removed = redirector::gc::collect_stale(&root).expect("collecting");
+    let removed = redirector::engine::gc::collect_stale(&root).expect("collecting");
     assert!(removed.contains(&cookie_of(&one)), "{removed:?}");
     assert!(!ports(&NodeMaps::open(&object_pins).unwrap()));
 

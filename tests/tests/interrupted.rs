@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::Output;
 use std::time::Duration;
 
-use redirector::fault::KILL_AT_STEP_ENV;
+use redirector::sys::fault::KILL_AT_STEP_ENV;
 use redirector_tests::bpftool::{cgroup_attachments, loaded_ids, wait_gone};
 use redirector_tests::redirector::{
     istio_iptables_command, pins_under, status, PinRoot, STANDARD_INJECTION,

@@ -2,7 +2,7 @@
 //! supported minimum (`cargo xtask vm --kernel 5.10`) redirector exits 1 naming the features
 //! the kernel lacks and leaves nothing behind; on a supported one the same run sets the pod up.
 
-use redirector::kernel::{Release, MINIMUM};
+use redirector::sys::kernel::{Release, MINIMUM};
 use redirector_tests::bpftool::cgroup_attachments;
 use redirector_tests::redirector::{istio_iptables, pins_under, PinRoot, STANDARD_INJECTION};
 use redirector_tests::{require_root, Topology};
@@ -37,7 +37,7 @@ fn an_unsupported_kernel_is_refused_by_name_and_a_supported_one_is_used() {
             "{log}"
         );
     } else {
-        assert!(log.contains(redirector::kernel::ALLOW_ENV), "{log}");
+        assert!(log.contains(redirector::sys::kernel::ALLOW_ENV), "{log}");
     }
     assert!(cgroup_attachments(topo.pod_cgroup.path()).is_empty());
     assert_eq!(pins_under(root.path()), Vec::<std::path::PathBuf>::new());

@@ -3,7 +3,6 @@
 use std::path::PathBuf;
 
 use crate::{
-    cgroup::cgroup2_mount,
     daemon::{
         self,
         api::DEFAULT_SOCKET,
@@ -12,6 +11,7 @@ use crate::{
         repair::{RepairConfig, RepairMode},
         DaemonConfig,
     },
+    sys::cgroup::cgroup2_mount,
 };
 
 /// Repair, unless it is off or no runtime socket is given or found.
@@ -97,7 +97,7 @@ pub fn run(args: &DaemonArgs) -> anyhow::Result<()> {
         Some(path) => path.clone(),
         None => cgroup2_mount()?,
     };
-    if !crate::fs_kind::is_cgroup2_dir(&cgroup) {
+    if !crate::sys::fs_kind::is_cgroup2_dir(&cgroup) {
         anyhow::bail!("--cgroup {} is not a cgroup v2 directory", cgroup.display());
     }
     let config = DaemonConfig {
@@ -119,7 +119,7 @@ pub fn run(args: &DaemonArgs) -> anyhow::Result<()> {
         return daemon::uninstall(&config);
     }
     super::istio_iptables::require_bpffs(&config.pin_root)?;
-    if crate::fs_kind::nearest_is_tmpfs(&config.state_dir) == Some(false) {
+    if crate::sys::fs_kind::nearest_is_tmpfs(&config.state_dir) == Some(false) {
         tracing::warn!(
             "--state-dir {} is not on a tmpfs: every new pod's record is an inode written to disk (1.7–2.4× the time of an add measured on ext4), and records outlive a reboot that the pins do not",
             config.state_dir.display()

@@ -14,10 +14,10 @@ use redirector_common::{
 };
 
 use crate::{
-    facts::{interfaces, local_addresses},
-    live_pod::LivePod,
-    netns::Netns,
+    engine::facts::{interfaces, local_addresses},
+    engine::live_pod::LivePod,
     store::PinRoot,
+    sys::netns::Netns,
 };
 
 #[derive(clap::Args, Debug)]
@@ -157,15 +157,16 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
 /// what the proxy dials after redirector's programs ran (they are nearer the pod), and one
 /// attached without BPF_F_ALLOW_MULTI keeps pods below it from being set up.
 fn report_neighbours(netns: &Netns, live: &LivePod) {
-    let Some(id) = crate::pod_cgroup::ns_id(netns.path()) else {
+    let Some(id) = crate::engine::pod_cgroup::ns_id(netns.path()) else {
         return;
     };
-    let Some(cgroup) = crate::pod_cgroup::cgroups_of(&HashSet::from([id])).remove(&id) else {
+    let Some(cgroup) = crate::engine::pod_cgroup::cgroups_of(&HashSet::from([id])).remove(&id)
+    else {
         println!("other programs on the pod's cgroup path: unknown (no process of the pod found)");
         return;
     };
-    let ours = crate::neighbours::object_program_ids(&live.object);
-    let foreign = crate::neighbours::foreign_on_path(&cgroup, &ours);
+    let ours = crate::engine::neighbours::object_program_ids(&live.object);
+    let foreign = crate::engine::neighbours::foreign_on_path(&cgroup, &ours);
     if foreign.is_empty() {
         println!("other programs on the pod's cgroup path: none");
         return;

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::{gc::collect_stale, store::PinRoot};
+use crate::{engine::gc::collect_stale, store::PinRoot};
 
 #[derive(clap::Args, Debug)]
 pub struct GcArgs {

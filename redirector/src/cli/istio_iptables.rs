@@ -10,17 +10,17 @@ use tracing::{info, warn};
 use super::{log_sections::Section, validate};
 use crate::istio::IstioConfig;
 use crate::{
-    apply::{apply, Outcome},
-    cgroup::pod_cgroup,
-    diff::Mode,
-    facts::PodFacts,
-    fs_kind::nearest_is_bpffs,
-    gc::teardown,
-    loopback,
-    netns::Netns,
-    node::covering,
-    plan::{dns_capture_enabled, plan_pod},
+    engine::apply::{apply, Outcome},
+    engine::diff::Mode,
+    engine::facts::PodFacts,
+    engine::gc::teardown,
+    engine::loopback,
+    engine::node::covering,
+    engine::plan::{dns_capture_enabled, plan_pod},
     store::{pins::BPFFS_MOUNT, EbpfObject, OpenMaps, PinRoot, OBJECT_OVERRIDE_ENV},
+    sys::cgroup::pod_cgroup,
+    sys::fs_kind::nearest_is_bpffs,
+    sys::netns::Netns,
 };
 
 /// Environment variables istio-iptables reads, logged as its "Environment" section.
@@ -50,7 +50,7 @@ const LOGGED_ENV: [&str; 21] = [
 
 pub fn run(cfg: &IstioConfig) -> anyhow::Result<()> {
     // First: on an old kernel even reading the pod's netns cookie fails, less clearly.
-    crate::kernel::check_running()?;
+    crate::sys::kernel::check_running()?;
     {
         let _section = Section::start();
         for flag in &cfg.run.ignored_flags {

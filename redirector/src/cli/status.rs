@@ -7,9 +7,9 @@ use anyhow::Context as _;
 use redirector_common::{NetnsCookie, Reason};
 
 use crate::{
-    live_pod::LivePod,
-    netns::Netns,
+    engine::live_pod::LivePod,
     store::{pins::names_in, NodeMaps, ObjectPins, PinRoot},
+    sys::netns::Netns,
 };
 
 #[derive(clap::Args, Debug)]
@@ -147,8 +147,8 @@ fn read_status(root: &PinRoot, only: Option<NetnsCookie>) -> anyhow::Result<Stat
 
 /// Other programs on the cgroup paths `object`'s links are attached on, each listed once.
 fn neighbours_of(object: &ObjectPins) -> Vec<String> {
-    use crate::neighbours::{cgroup_paths, foreign_on_path, object_program_ids};
-    use crate::node::linked_cgroup;
+    use crate::engine::neighbours::{cgroup_paths, foreign_on_path, object_program_ids};
+    use crate::engine::node::linked_cgroup;
     let pods = object.pods().unwrap_or_default();
     let cgroups: HashSet<u64> = std::iter::once(object.node())
         .chain(pods.into_iter().map(|cookie| object.pod(cookie)))

@@ -8,9 +8,9 @@ use redirector_common::NetnsCookie;
 
 use crate::{
     daemon::api::{Request, DEFAULT_SOCKET},
-    live_pod::LivePod,
-    netns::Netns,
+    engine::live_pod::LivePod,
     store::PinRoot,
+    sys::netns::Netns,
     trace::{follow, open_rings, Decision, DecisionSink, Traced, Tracer},
 };
 

@@ -32,10 +32,10 @@ use crate::{
         pods::{parse_flags, remove_pod, AddError, Node},
         records::{CniAttachment, PodRecord, Records, DEFAULT_STATE_DIR},
     },
+    engine::node::node_object,
     istio::annotations::{self, left_alone, Rules},
-    netns::Netns,
-    node::node_object,
     store::{pins::DEFAULT_ROOT, EbpfObject, OpenMaps, PinRoot},
+    sys::netns::Netns,
 };
 
 /// Run the plugin: the command from `CNI_COMMAND`, the configuration from stdin. Results
@@ -129,7 +129,7 @@ pub fn pod_flags(
 /// The kernel check, for the commands that need the programs: a kernel redirector refuses
 /// cannot serve a meshed pod.
 fn kernel_ready(failure: u32) -> Result<(), CniError> {
-    crate::kernel::check_running().map_err(|e| CniError::new(failure, e.to_string()))
+    crate::sys::kernel::check_running().map_err(|e| CniError::new(failure, e.to_string()))
 }
 
 struct Plugin {
@@ -320,7 +320,7 @@ impl Plugin {
         if node.is_none() {
             return Ok(());
         }
-        crate::gc::collect_stale(&self.root)
+        crate::engine::gc::collect_stale(&self.root)
             .map(drop)
             .map_err(|e| failed(e.to_string()))
     }

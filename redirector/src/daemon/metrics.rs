@@ -28,7 +28,7 @@ use super::{
     snapshot::{Rendered, Snapshots},
 };
 use crate::{
-    live_pod::counters_of,
+    engine::live_pod::counters_of,
     store::{NodeMaps, ObjectPins, OpenMaps},
 };
 

@@ -42,7 +42,7 @@ use self::{
     records::Records,
 };
 use crate::{
-    node::{attach_node, detach_node, node_object, upgrade},
+    engine::node::{attach_node, detach_node, node_object, upgrade},
     store::{EbpfObject, OpenMaps, PinRoot},
 };
 
@@ -109,7 +109,7 @@ fn start(config: &DaemonConfig) -> anyhow::Result<Node> {
 
 /// Run until SIGTERM or SIGINT, then exit leaving every pod captured.
 pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
-    crate::kernel::check_running()?;
+    crate::sys::kernel::check_running()?;
     let metrics = Arc::new(Metrics::new(config.metrics_per_pod));
     // Bound before the start-up: a bad address fails the start, having changed nothing.
     let servers: Vec<_> = [
@@ -414,7 +414,7 @@ pub fn uninstall(config: &DaemonConfig) -> anyhow::Result<()> {
         for object in root.objects().context("listing pinned objects")? {
             for cookie in object.pods().context("listing pods")? {
                 let known = records.get(cookie)?.and_then(|r| r.keys);
-                crate::gc::teardown(&root, cookie, &mut maps, known.as_ref())?;
+                crate::engine::gc::teardown(&root, cookie, &mut maps, known.as_ref())?;
                 records.remove(cookie)?;
                 pods += 1;
             }

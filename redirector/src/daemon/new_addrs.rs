@@ -15,7 +15,7 @@ use aya::maps::{HashMap as BpfHashMap, MapData};
 use redirector_common::{names, PodAddrKey};
 
 use super::pods::Node;
-use crate::{facts, netns::Netns, store::node_maps};
+use crate::{engine::facts, store::node_maps, sys::netns::Netns};
 
 /// How often `ADDR_MISSES` is read: well inside TCP's first SYN retransmission (1 s).
 pub const INTERVAL: Duration = Duration::from_millis(200);

@@ -14,17 +14,17 @@ use super::{
     records::{CniAttachment, PodRecord, Records},
 };
 use crate::{
-    apply::{apply, is_installed, Outcome},
-    diff::Mode,
-    facts::PodFacts,
-    gc::teardown,
+    engine::apply::{apply, is_installed, Outcome},
+    engine::diff::Mode,
+    engine::facts::PodFacts,
+    engine::gc::teardown,
+    engine::live_pod::LivePod,
+    engine::loopback,
+    engine::plan::{plan_pod, PodPlan},
+    engine::pod_keys::PodKeys,
     istio::{parse_istio_iptables, IstioConfig},
-    live_pod::LivePod,
-    loopback,
-    netns::Netns,
-    plan::{plan_pod, PodPlan},
-    pod_keys::PodKeys,
     store::{EbpfObject, ObjectPins, OpenMaps, PinRoot},
+    sys::netns::Netns,
 };
 
 /// The node state the daemon owns.
@@ -134,7 +134,7 @@ impl Node {
 
     /// The node cgroup's inode, from the node's links.
     fn node_cgroup_id(&self) -> Option<u64> {
-        crate::node::node_cgroup_id(&self.pins())
+        crate::engine::node::node_cgroup_id(&self.pins())
     }
 
     fn describe_node_cgroup(&self, id: u64) -> String {
@@ -153,16 +153,16 @@ impl Node {
         let records = self.records.all().map_err(|e| e.to_string())?;
         let ids: Vec<_> = records
             .iter()
-            .map(|r| crate::pod_cgroup::ns_id(&r.netns))
+            .map(|r| crate::engine::pod_cgroup::ns_id(&r.netns))
             .collect();
         let wanted: HashSet<_> = ids.iter().flatten().copied().collect();
-        let cgroups = crate::pod_cgroup::cgroups_of(&wanted);
+        let cgroups = crate::engine::pod_cgroup::cgroups_of(&wanted);
         let mut found = BTreeMap::new();
         for (record, id) in records.iter().zip(ids) {
             let Some(cgroup) = id.and_then(|id| cgroups.get(&id)) else {
                 continue;
             };
-            if !crate::pod_cgroup::is_below(cgroup, node) {
+            if !crate::engine::pod_cgroup::is_below(cgroup, node) {
                 found.insert(record.netns_cookie, cgroup.clone());
             }
         }
@@ -408,7 +408,7 @@ impl Node {
         )
         .map_err(|e| e.to_string())?;
         if let Some(node) = self.node_cgroup_id() {
-            if let Some(cgroup) = crate::pod_cgroup::outside(&record.netns, node) {
+            if let Some(cgroup) = crate::engine::pod_cgroup::outside(&record.netns, node) {
                 return Err(format!(
                     "the pod runs in cgroup {}, outside the node cgroup {}: none of the node's programs runs on its sockets",
                     cgroup.display(),
@@ -449,7 +449,7 @@ impl Node {
     /// Start-up reconcile: remove pods whose namespace (and cgroup) are gone, and the
     /// records of pods that are no longer installed. Live pods are left exactly as they are.
     pub fn reconcile(&self) -> Result<(Vec<NetnsCookie>, usize), String> {
-        let removed = crate::gc::collect_stale(&self.root).map_err(|e| e.to_string())?;
+        let removed = crate::engine::gc::collect_stale(&self.root).map_err(|e| e.to_string())?;
         let mut kept = 0;
         for record in self.records.all().map_err(|e| e.to_string())? {
             let installed = LivePod::open(&self.root, record.cookie()).is_ok();

@@ -20,9 +20,9 @@ use redirector_common::{NetnsCookie, FORMAT};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    fs_error::{fs_err, gone_ok, FsError},
-    pod_keys::PodKeys,
+    engine::pod_keys::PodKeys,
     store::DirLock,
+    sys::fs_error::{fs_err, gone_ok, FsError},
 };
 
 pub const DEFAULT_STATE_DIR: &str = "/run/redirector";
@@ -53,7 +53,7 @@ pub struct PodRecord {
     /// The map keys the pod's applies may have written: saved with the keys an apply is
     /// about to write before it writes them, and with exactly the plan's once it has, so
     /// that removing or changing the pod looks them up rather than reading node-wide maps
-    /// through ([`crate::pod_keys`]). Earlier releases wrote none.
+    /// through ([`crate::engine::pod_keys`]). Earlier releases wrote none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keys: Option<PodKeys>,
 }
@@ -84,7 +84,7 @@ impl PodRecord {
 
     /// Whether the namespace the pod was set up in is still there at its path.
     pub fn namespace_alive(&self) -> bool {
-        crate::netns::Netns::open(&self.netns).is_ok_and(|n| n.cookie() == self.cookie())
+        crate::sys::netns::Netns::open(&self.netns).is_ok_and(|n| n.cookie() == self.cookie())
     }
 }
 

@@ -14,9 +14,9 @@ use std::{path::PathBuf, time::Duration};
 
 use crate::{
     cni::{conf::NetConf, pod_flags},
+    engine::live_pod::LivePod,
     install_cni::chained_entry,
-    live_pod::LivePod,
-    netns::Netns,
+    sys::netns::Netns,
 };
 
 use super::{cri::Sandbox, pods::Node, records::CniAttachment};

@@ -9,7 +9,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::fs_error::{fs_err, FsError};
+use crate::sys::fs_error::{fs_err, FsError};
 
 /// The staging name for `path`: hidden and not ending in a configuration extension.
 fn staging(path: &Path) -> PathBuf {

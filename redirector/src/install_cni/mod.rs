@@ -20,7 +20,7 @@ use self::{
     conflist::{is_config_file, runtime_pick, ConfError, Edit},
     files::{install_binary, mode_of, replace},
 };
-use crate::fs_error::{fs_err, gone_ok, FsError};
+use crate::sys::fs_error::{fs_err, gone_ok, FsError};
 
 /// Where container runtimes read network configurations from by default.
 pub const DEFAULT_CONF_DIR: &str = "/etc/cni/net.d";

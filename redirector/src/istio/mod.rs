@@ -25,7 +25,9 @@ use std::ffi::OsString;
 
 use clap::FromArgMatches;
 
-pub use crate::spec::{CaptureConfig, CidrSelection, InterceptionMode, OwnerGroups, PortSelection};
+pub use crate::engine::spec::{
+    CaptureConfig, CidrSelection, InterceptionMode, OwnerGroups, PortSelection,
+};
 pub use args::{istio_iptables_command, IstioIptablesArgs};
 pub use env::{Env, ProcessEnv};
 pub use error::{ConfigError, Problem};

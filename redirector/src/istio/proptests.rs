@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use redirector_common::{NetnsCookie, PortSet};
 
 use super::*;
-use crate::{facts::PodFacts, plan::plan_pod};
+use crate::{engine::facts::PodFacts, engine::plan::plan_pod};
 
 /// Cases per property; the note of each run counts them.
 const CASES: u32 = 3000;

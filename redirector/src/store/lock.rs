@@ -7,7 +7,7 @@ use std::{
 };
 
 use super::pins::PinRoot;
-use crate::fs_error::{fs_err, FsError};
+use crate::sys::fs_error::{fs_err, FsError};
 
 /// Exclusive lock over everything under the pin root, held for the life of the value.
 /// Concurrent init containers on one node serialise here.

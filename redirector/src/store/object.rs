@@ -14,7 +14,7 @@ use super::{
     pins::{ObjectId, ObjectPins, PinRoot},
     programs::{ProgramKind, ProgramSpec, POD_PROGRAMS},
 };
-use crate::fs_error::{fs_err, FsError};
+use crate::sys::fs_error::{fs_err, FsError};
 
 /// The object built from redirector-ebpf, embedded at build time (empty when the binary
 /// was built without bpf-linker).
@@ -100,7 +100,7 @@ pub enum ObjectError {
     )]
     Incomplete { path: String, missing: String },
     #[error(transparent)]
-    Kernel(#[from] crate::kernel::KernelError),
+    Kernel(#[from] crate::sys::kernel::KernelError),
     #[error(transparent)]
     Fs(#[from] FsError),
 }
@@ -118,7 +118,7 @@ pub fn ensure_loaded(
         return Ok((pins, false));
     }
     // Only a load needs it: a pinned object was loaded by this kernel already.
-    crate::kernel::check_running()?;
+    crate::sys::kernel::check_running()?;
     let bytes = object.bytes();
     if bytes.is_empty() {
         return Err(ObjectError::NotEmbedded);
@@ -279,7 +279,7 @@ fn load_and_pin_program(
         ProgramKind::CgroupSockopt => load_and_pin!(CgroupSockopt),
         ProgramKind::SkLookup => load_and_pin!(SkLookup),
     }
-    crate::fault::step("a pinned program of a new object");
+    crate::sys::fault::step("a pinned program of a new object");
     Ok(())
 }
 
@@ -344,7 +344,7 @@ fn load_and_pin(
             path: path.display().to_string(),
             source: io::Error::other(source.to_string()),
         })?;
-        crate::fault::step("a pinned map of a new object");
+        crate::sys::fault::step("a pinned map of a new object");
     }
     Ok(())
 }

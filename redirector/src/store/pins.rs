@@ -26,7 +26,7 @@ use std::{
 use redirector_common::NetnsCookie;
 
 use super::{bpf_sys, programs::POD_PROGRAMS};
-use crate::fs_error::gone_ok;
+use crate::sys::fs_error::gone_ok;
 
 /// Unpin the link at `path` and detach it at once. The kernel detaches an unpinned link
 /// only when it frees it, which it does asynchronously (later on a loaded machine);

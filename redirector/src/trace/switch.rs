@@ -11,8 +11,8 @@ use std::{fs, io, path::PathBuf};
 use redirector_common::{pod_flags, NetnsCookie};
 
 use crate::{
-    fs_error::{fs_err, FsError},
     store::{NodeLock, NodeMaps, OpenMapError, PinRoot},
+    sys::fs_error::{fs_err, FsError},
 };
 
 /// `BPF_EXIST`: update only; a pod removed meanwhile is not brought back.

@@ -10,7 +10,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::cgroup::cgroup2_mount;
+use crate::sys::cgroup::cgroup2_mount;
 
 /// A namespace as the kernel names its nsfs file: device and inode.
 pub type NetnsId = (u64, u64);

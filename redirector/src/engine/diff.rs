@@ -1,13 +1,13 @@
 //! From a plan and what is installed to the operations that turn one into the other.
 //!
-//! Pure: the caller observes ([`crate::observe`]) and executes ([`crate::apply`]). An
+//! Pure: the caller observes ([`crate::engine::observe`]) and executes ([`crate::engine::apply`]). An
 //! empty diff means the pod is exactly as planned.
 
 use redirector_common::{Cidr4Key, Cidr6Key, ConnKey, ListenerKey, PodAddrKey, PodConfig, PortKey};
 
 use crate::{
-    observe::{Installation, PodState},
-    plan::{CidrEntry, PodPlan},
+    engine::observe::{Installation, PodState},
+    engine::plan::{CidrEntry, PodPlan},
     store::{
         bpf_sys::LinkTarget,
         programs::{AttachTarget, ProgramSpec},
@@ -254,10 +254,10 @@ mod tests {
 
     use super::*;
     use crate::{
-        facts::PodFacts,
+        engine::facts::PodFacts,
+        engine::observe::ObservedLink,
+        engine::plan::plan_pod,
         istio::parse_istio_iptables,
-        observe::ObservedLink,
-        plan::plan_pod,
         store::{ObjectId, PinRoot},
     };
 

@@ -15,10 +15,10 @@ use redirector_common::{
 };
 
 use crate::{
-    facts::PodFacts,
-    spec::{CaptureConfig, CidrSelection, OwnerGroups, PortSelection},
+    engine::facts::PodFacts,
+    engine::spec::{CaptureConfig, CidrSelection, OwnerGroups, PortSelection},
     store::programs::{AttachTarget, ProgramSpec, BASE_PROGRAMS, NETNS_PROGRAMS, POD_PROGRAMS},
-    user_ns::{IdMap, PodIds},
+    sys::user_ns::{IdMap, PodIds},
 };
 
 /// One LPM-trie entry: a prefix length (including the fixed cookie/list bits) and data.
@@ -584,7 +584,7 @@ mod tests {
         // An id the map does not cover matches no process of the pod.
         assert_eq!(
             c.proxy_gids[..c.proxy_gid_count as usize],
-            [201337, crate::user_ns::UNMAPPED]
+            [201337, crate::sys::user_ns::UNMAPPED]
         );
         assert_eq!(c.owner_groups[..c.owner_group_count as usize], [200202]);
         assert_eq!(

@@ -11,16 +11,16 @@ use std::{
 use redirector_common::names;
 
 use crate::{
-    apply::{collect_if_unused, ApplyError},
-    fs_error::{fs_err, gone_ok},
-    netns::Netns,
-    observe::{observe_links, observe_pods, Pods},
+    engine::apply::{collect_if_unused, ApplyError},
+    engine::observe::{observe_links, observe_pods, Pods},
     store::{
         bpf_sys::{self, LinkTarget},
         ensure_loaded, ensure_loaded_sharing, growing, open_program,
         programs::{NODE_PROGRAMS, POD_PROGRAMS},
         EbpfObject, NodeLock, NodeMaps, ObjectId, ObjectPins, PinRoot, PodPins,
     },
+    sys::fs_error::{fs_err, gone_ok},
+    sys::netns::Netns,
 };
 
 /// What [`attach_node`] found and did.
@@ -98,7 +98,11 @@ pub fn attach_node(
                 .map_err(|source| ApplyError::Attach {
                     program: spec.function,
                     target: cgroup.display().to_string(),
-                    blocked: crate::apply::refused_by(&source, Some(cgroup), spec.attach_type),
+                    blocked: crate::engine::apply::refused_by(
+                        &source,
+                        Some(cgroup),
+                        spec.attach_type,
+                    ),
                     source,
                 })?;
             let staging = node.staging_link(spec.hook);
@@ -299,7 +303,7 @@ fn copy_entries(
             match sk_lookup.and_then(|ino| Netns::find(u64::from(ino))) {
                 Some(netns) => {
                     let ports = [config.inbound_port, config.outbound_port];
-                    crate::listeners::register_existing(&mut to, &netns, &ports);
+                    crate::engine::listeners::register_existing(&mut to, &netns, &ports);
                 }
                 None => tracing::warn!(
                     "pod {cookie}: its namespace is not found; its proxy's listeners are registered again when it listens again"
@@ -352,7 +356,7 @@ fn link_moves(
                 .iter()
                 .find(|p| p.hook == hook)
                 .ok_or_else(|| {
-                    ApplyError::Fs(crate::fs_error::FsError::new(
+                    ApplyError::Fs(crate::sys::fs_error::FsError::new(
                         "moving",
                         from.link(&hook).display(),
                         io::Error::other("a link of no known program"),

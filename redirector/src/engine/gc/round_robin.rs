@@ -16,10 +16,10 @@ use redirector_common::NetnsCookie;
 
 use super::remove_found;
 use crate::{
-    apply::{collect_if_unused, ApplyError},
-    fs_error::{fs_err, gone_ok},
-    observe::{observe_links, ObservedLink, Pods},
+    engine::apply::{collect_if_unused, ApplyError},
+    engine::observe::{observe_links, ObservedLink, Pods},
     store::{bpf_sys, pins::names_in, NodeMaps, ObjectId, ObjectPins, OpenMaps, PinRoot},
+    sys::fs_error::{fs_err, gone_ok},
 };
 
 /// How many pods of each object a setup checks.

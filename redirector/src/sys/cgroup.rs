@@ -5,7 +5,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::fs_kind::is_cgroup2_dir;
+use crate::sys::fs_kind::is_cgroup2_dir;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {

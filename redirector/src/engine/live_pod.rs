@@ -9,8 +9,8 @@ use redirector_common::{
 };
 
 use crate::{
-    fs_error::{fs_err, FsError},
     store::{NodeMaps, ObjectPins, OpenMapError, PinRoot},
+    sys::fs_error::{fs_err, FsError},
 };
 
 #[derive(Debug, thiserror::Error)]

@@ -18,7 +18,7 @@ use redirector_common::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::plan::{CidrEntry, PodPlan};
+use crate::engine::plan::{CidrEntry, PodPlan};
 
 /// A pod's keys without its netns cookie, which each entry holds (a compact record: a
 /// standard injection's keys are about 100 bytes of JSON).
@@ -148,7 +148,7 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
-    use crate::{facts::PodFacts, istio::parse_istio_iptables, plan::plan_pod};
+    use crate::{engine::facts::PodFacts, engine::plan::plan_pod, istio::parse_istio_iptables};
 
     fn plan(args: &[&str]) -> PodPlan {
         let argv = std::iter::once("istio-iptables").chain(args.iter().copied());

@@ -224,7 +224,7 @@ impl AsFd for Netns {
 /// A NETLINK_SOCK_DIAG socket of the calling thread's network namespace, and the
 /// namespace's cookie read from it.
 fn diag_socket_and_cookie() -> io::Result<(OwnedFd, NetnsCookie)> {
-    let sock = crate::netlink::socket(crate::sock_diag::NETLINK_SOCK_DIAG)?;
+    let sock = crate::sys::netlink::socket(crate::sys::sock_diag::NETLINK_SOCK_DIAG)?;
     let mut cookie = 0u64;
     let mut len = size_of::<u64>() as libc::socklen_t;
     // SAFETY: the buffer and its length describe `cookie`.

@@ -4,7 +4,7 @@
 
 use std::{io, os::fd::BorrowedFd};
 
-use crate::netlink::{self, NLM_F_DUMP, NLM_F_REQUEST};
+use crate::sys::netlink::{self, NLM_F_DUMP, NLM_F_REQUEST};
 
 pub const NETLINK_SOCK_DIAG: i32 = 4;
 const SOCK_DIAG_BY_FAMILY: u16 = 20;

@@ -4,7 +4,7 @@ use std::io;
 
 use redirector_common::decision::INBOUND_PASSTHROUGH_V6;
 
-use crate::netns::{Netns, NetnsError};
+use crate::sys::netns::{Netns, NetnsError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoopbackError {
@@ -43,13 +43,13 @@ fn add_inbound_passthrough_v6() -> io::Result<()> {
         body.extend_from_slice(&kind.to_ne_bytes());
         body.extend_from_slice(&addr);
     }
-    use crate::netlink::{NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST};
-    let request = crate::netlink::message(
+    use crate::sys::netlink::{NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST};
+    let request = crate::sys::netlink::message(
         RTM_NEWADDR,
         NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
         &body,
     );
-    match crate::netlink::exchange(crate::netlink::NETLINK_ROUTE, &request, |_, _| {}) {
+    match crate::sys::netlink::exchange(crate::sys::netlink::NETLINK_ROUTE, &request, |_, _| {}) {
         Err(err) if err.raw_os_error() == Some(libc::EEXIST) => Ok(()),
         other => other,
     }

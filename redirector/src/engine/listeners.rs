@@ -11,7 +11,7 @@ use std::{
 
 use redirector_common::{ListenerKey, AF_INET, AF_INET6};
 
-use crate::{netns::Netns, sock_diag, store::NodeMaps};
+use crate::{store::NodeMaps, sys::netns::Netns, sys::sock_diag};
 
 /// A listening socket of a pod's network namespace.
 #[derive(Debug, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! What is installed for a pod, read from bpffs and the kernel, in the shape of its plan.
 //!
 //! A pod's entries are found by looking up the keys it is known to have written
-//! ([`Lookup::Keys`], [`crate::pod_keys`]): a few bpf calls a key, whatever the node
+//! ([`Lookup::Keys`], [`crate::engine::pod_keys`]): a few bpf calls a key, whatever the node
 //! holds. A pod whose keys are kept nowhere is found by reading the node-wide maps through
 //! ([`Lookup::ReadThrough`]) — but only if it is installed at all: a pod that has neither
 //! links nor a configuration under an object has nothing there, so setting up a new pod
@@ -20,14 +20,14 @@ use redirector_common::{
 };
 
 use crate::{
-    fs_error::{fs_err, FsError},
-    plan::CidrEntry,
-    pod_keys::PodKeys,
+    engine::plan::CidrEntry,
+    engine::pod_keys::PodKeys,
     store::{
         bpf_sys::{lpm_contains, lpm_first, pinned_link_target, LinkTarget},
         node_maps::hash_entries,
         NodeMaps, ObjectPins, OpenMapError, OpenMaps, PinRoot,
     },
+    sys::fs_error::{fs_err, FsError},
 };
 
 #[derive(Debug, thiserror::Error)]

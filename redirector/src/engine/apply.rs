@@ -17,17 +17,17 @@ use aya::maps::{lpm_trie::Key, MapError, PerCpuValues};
 use redirector_common::{Counters, NetnsCookie, PodAddrKey, PodConfig};
 
 use crate::{
-    diff::{self, AttachTargets, Mode, ObjectOps, Removal, Write},
-    fault,
-    fs_error::{fs_err, gone_ok, FsError},
-    netns::Netns,
-    observe::{self, Lookup, ObserveError},
-    plan::{CidrEntry, PodPlan},
-    pod_keys::PodKeys,
+    engine::diff::{self, AttachTargets, Mode, ObjectOps, Removal, Write},
+    engine::observe::{self, Lookup, ObserveError},
+    engine::plan::{CidrEntry, PodPlan},
+    engine::pod_keys::PodKeys,
     store::{
         bpf_sys, ensure_loaded, open_program, programs::AttachTarget, EbpfObject, NodeLock,
         NodeMaps, ObjectError, ObjectId, ObjectPins, OpenMapError, OpenMaps, PinRoot, PodPins,
     },
+    sys::fault,
+    sys::fs_error::{fs_err, gone_ok, FsError},
+    sys::netns::Netns,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +56,7 @@ pub enum ApplyError {
         target: String,
         source: io::Error,
         /// What refused it: a program attached at an ancestor cgroup.
-        blocked: Option<crate::neighbours::Blocking>,
+        blocked: Option<crate::engine::neighbours::Blocking>,
     },
     #[error("{program} attaches to the pod's cgroup, but the plan has none")]
     NoCgroup { program: &'static str },
@@ -119,7 +119,7 @@ pub enum Outcome {
 /// `known`, the keys earlier applies of the pod may have written (its record's), makes
 /// what is installed a lookup of those and the plan's keys; without them the node-wide
 /// maps are read through if the pod is installed. When a map has no room for the pod,
-/// every pod that is gone is removed ([`crate::gc::collect_stale`]) and, if any was, the
+/// every pod that is gone is removed ([`crate::engine::gc::collect_stale`]) and, if any was, the
 /// pod is applied once more.
 pub fn apply(
     root: &PinRoot,
@@ -134,7 +134,7 @@ pub fn apply(
         Err(ApplyError::MapFull { map }) => map,
         other => return other,
     };
-    match crate::gc::collect_stale(root) {
+    match crate::engine::gc::collect_stale(root) {
         Ok(removed) if !removed.is_empty() => {
             tracing::info!(
                 "{full} was full: removed {} pod(s) that are gone, applying once more",
@@ -165,7 +165,7 @@ fn apply_once(
     let cookie = plan.netns_cookie;
     // With every setup, a few pods that are gone go too: no map fills with pods deleted
     // without a cleanup.
-    crate::gc::collect_some(root, maps, cookie, object.id());
+    crate::engine::gc::collect_some(root, maps, cookie, object.id());
     let target = root.object(object.id());
     let targets = attach_targets(plan, netns)?;
     // Links a killed run staged are not the pod's: they go before anything is compared.
@@ -197,7 +197,7 @@ fn apply_once(
     tracing::debug!("wrote and swapped in {:?}", started.elapsed());
     let mut failures = remove(&obj, target_maps, cookie, &ops.removals);
     let capture_ports = [plan.config.inbound_port, plan.config.outbound_port];
-    let listeners = crate::listeners::register_existing(target_maps, netns, &capture_ports);
+    let listeners = crate::engine::listeners::register_existing(target_maps, netns, &capture_ports);
     tracing::debug!("registered listeners in {:?}", started.elapsed());
     for retired in &pod_diff.retire {
         failures.extend(retire(retired, cookie, maps));
@@ -610,9 +610,9 @@ pub(crate) fn refused_by(
     err: &io::Error,
     cgroup: Option<&std::path::Path>,
     attach_type: u32,
-) -> Option<crate::neighbours::Blocking> {
+) -> Option<crate::engine::neighbours::Blocking> {
     if err.raw_os_error() != Some(libc::EPERM) {
         return None;
     }
-    crate::neighbours::blocking_ancestor(cgroup?, attach_type)
+    crate::engine::neighbours::blocking_ancestor(cgroup?, attach_type)
 }

@@ -12,12 +12,12 @@ use std::{
 };
 
 use crate::{
-    fs_kind::is_cgroup2_dir,
     store::{
         bpf_sys,
         programs::{AttachTarget, POD_PROGRAMS},
         ObjectPins,
     },
+    sys::fs_kind::is_cgroup2_dir,
 };
 
 const BPF_F_ALLOW_OVERRIDE: u32 = 1;
@@ -146,10 +146,10 @@ pub fn object_program_ids(object: &ObjectPins) -> HashSet<u32> {
 /// The paths of the cgroups with the `wanted` inodes, from one walk of the cgroup2 tree.
 pub fn cgroup_paths(wanted: &HashSet<u64>) -> HashMap<u64, PathBuf> {
     let mut found = HashMap::new();
-    let Ok(mount) = crate::cgroup::cgroup2_mount() else {
+    let Ok(mount) = crate::sys::cgroup::cgroup2_mount() else {
         return found;
     };
-    crate::cgroup::walk_cgroups(&mount, |dir| {
+    crate::sys::cgroup::walk_cgroups(&mount, |dir| {
         if let Ok(meta) = fs::metadata(dir) {
             if wanted.contains(&meta.ino()) {
                 found.insert(meta.ino(), dir.to_path_buf());

@@ -1,6 +1,6 @@
 //! Removing pods: one pod on request (`--cleanup-only`), every pod whose cgroup and
 //! network namespace are gone (`redirector gc`, and any setup a map has no room for: see
-//! [`crate::apply::apply`]), and a few of those with every setup ([`round_robin`]).
+//! [`crate::engine::apply::apply`]), and a few of those with every setup ([`round_robin`]).
 
 mod round_robin;
 
@@ -11,12 +11,12 @@ use redirector_common::NetnsCookie;
 pub(crate) use round_robin::collect_some;
 
 use crate::{
-    apply::{collect_if_unused, remove, retire, ApplyError},
-    diff,
-    fs_error::fs_err,
-    observe::{self, observe_links, observe_pods, ObserveError, ObservedLink, Pods},
-    pod_keys::PodKeys,
+    engine::apply::{collect_if_unused, remove, retire, ApplyError},
+    engine::diff,
+    engine::observe::{self, observe_links, observe_pods, ObserveError, ObservedLink, Pods},
+    engine::pod_keys::PodKeys,
     store::{NodeLock, NodeMaps, ObjectId, ObjectPins, OpenMaps, PinRoot},
+    sys::fs_error::fs_err,
 };
 
 /// Remove everything installed for the pod, under every object, and the pin root itself
@@ -34,7 +34,7 @@ pub fn teardown(
         return Ok(Vec::new());
     }
     let lock = NodeLock::acquire(root)?;
-    let state = observe::observe(root, cookie, maps, crate::apply::lookup(known))?;
+    let state = observe::observe(root, cookie, maps, crate::engine::apply::lookup(known))?;
     let removal = diff::remove_all(&state);
     let failures: Vec<String> = removal
         .retire

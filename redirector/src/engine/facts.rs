@@ -11,9 +11,9 @@ use std::{
 use redirector_common::{decision::INBOUND_PASSTHROUGH_V6, NetnsCookie};
 
 use crate::{
-    netlink::{self, NETLINK_ROUTE, NLM_F_DUMP, NLM_F_REQUEST},
-    netns::{Netns, NetnsError},
-    user_ns::{self, PodIds, UserNsError},
+    sys::netlink::{self, NETLINK_ROUTE, NLM_F_DUMP, NLM_F_REQUEST},
+    sys::netns::{Netns, NetnsError},
+    sys::user_ns::{self, PodIds, UserNsError},
 };
 
 #[derive(Debug, thiserror::Error)]

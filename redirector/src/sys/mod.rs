@@ -1,0 +1,13 @@
+//! The kernel and filesystem interfaces the engine stands on: netlink and sock_diag
+//! sockets, network and user namespaces, cgroups, file-system kinds, the running kernel's
+//! features, errors naming the path they concern, and the fault injection of the tests.
+
+pub mod cgroup;
+pub mod fault;
+pub mod fs_error;
+pub mod fs_kind;
+pub mod kernel;
+pub(crate) mod netlink;
+pub mod netns;
+pub(crate) mod sock_diag;
+pub mod user_ns;
