@@ -17,77 +17,21 @@ use aya::maps::{lpm_trie::Key, MapError, PerCpuValues};
 use redirector_common::{Counters, NetnsCookie, PodAddrKey, PodConfig};
 
 use crate::{
-    engine::diff::{self, AttachTargets, Mode, ObjectOps, Removal, Write},
-    engine::observe::{self, Lookup, ObserveError},
-    engine::plan::{CidrEntry, PodPlan},
+    engine::diff::{self, AttachTargets, Mode, Write},
+    engine::error::{write_err, EngineError},
+    engine::observe,
+    engine::observe::lookup,
+    engine::plan::PodPlan,
     engine::pod_keys::PodKeys,
+    engine::remove::{collect_if_unused, key_of, remove, retire, unpinned},
     store::{
         bpf_sys, ensure_loaded, open_program, programs::AttachTarget, EbpfObject, NodeLock,
-        NodeMaps, ObjectError, ObjectId, ObjectPins, OpenMapError, OpenMaps, PinRoot, PodPins,
+        NodeMaps, ObjectId, ObjectPins, OpenMaps, PinRoot, PodPins,
     },
     sys::fault,
-    sys::fs_error::{fs_err, gone_ok, FsError},
+    sys::fs_error::{fs_err, FsError},
     sys::netns::Netns,
 };
-
-#[derive(Debug, thiserror::Error)]
-pub enum ApplyError {
-    #[error(transparent)]
-    Object(#[from] ObjectError),
-    #[error(transparent)]
-    OpenMap(#[from] OpenMapError),
-    #[error(transparent)]
-    Observe(#[from] ObserveError),
-    #[error(transparent)]
-    Copy(#[from] crate::store::growing::CopyError),
-    #[error("writing {map}: {}", describe(source))]
-    MapWrite { map: &'static str, source: MapError },
-    #[error(
-        "{map} is full: this pod's entries do not fit beside the other pods' on this node; \
-         nothing was applied (the sizes are the `capacity` constants in \
-         redirector-common/src/maps.rs)"
-    )]
-    MapFull { map: &'static str },
-    #[error("opening cgroup {path}: {source}")]
-    Cgroup { path: String, source: io::Error },
-    #[error("attaching {program} to {target}: {source}{}", blocked.as_ref().map(|b| format!(": {b}")).unwrap_or_default())]
-    Attach {
-        program: &'static str,
-        target: String,
-        source: io::Error,
-        /// What refused it: a program attached at an ancestor cgroup.
-        blocked: Option<crate::engine::neighbours::Blocking>,
-    },
-    #[error("{program} attaches to the pod's cgroup, but the plan has none")]
-    NoCgroup { program: &'static str },
-    #[error(transparent)]
-    Fs(#[from] FsError),
-    #[error("{} removal(s) failed: {}", .0.len(), .0.join("; "))]
-    Removals(Vec<String>),
-}
-
-fn write_err(map: &'static str) -> impl FnOnce(MapError) -> ApplyError {
-    move |source| match &source {
-        // The kernel says E2BIG when a hash map or LPM trie has no room for a new key.
-        MapError::SyscallError(err)
-            if matches!(
-                err.io_error.raw_os_error(),
-                Some(libc::E2BIG | libc::ENOSPC)
-            ) =>
-        {
-            ApplyError::MapFull { map }
-        }
-        _ => ApplyError::MapWrite { map, source },
-    }
-}
-
-/// A map error with the kernel's reason (aya's message names only the call).
-fn describe(err: &MapError) -> String {
-    match err {
-        MapError::SyscallError(e) => format!("{}: {}", e.call, e.io_error),
-        other => other.to_string(),
-    }
-}
 
 /// What an apply did, for the log.
 #[derive(Debug)]
@@ -129,9 +73,9 @@ pub fn apply(
     mode: Mode,
     maps: &mut OpenMaps,
     known: Option<&PodKeys>,
-) -> Result<Outcome, ApplyError> {
+) -> Result<Outcome, EngineError> {
     let full = match apply_once(root, object, plan, netns, mode, maps, known) {
-        Err(ApplyError::MapFull { map }) => map,
+        Err(EngineError::MapFull { map }) => map,
         other => return other,
     };
     match crate::engine::gc::collect_stale(root) {
@@ -142,10 +86,10 @@ pub fn apply(
             );
             apply_once(root, object, plan, netns, mode, maps, known)
         }
-        Ok(_) => Err(ApplyError::MapFull { map: full }),
+        Ok(_) => Err(EngineError::MapFull { map: full }),
         Err(err) => {
             tracing::warn!("{full} is full, and removing the pods that are gone failed: {err}");
-            Err(ApplyError::MapFull { map: full })
+            Err(EngineError::MapFull { map: full })
         }
     }
 }
@@ -159,7 +103,7 @@ fn apply_once(
     mode: Mode,
     maps: &mut OpenMaps,
     known: Option<&PodKeys>,
-) -> Result<Outcome, ApplyError> {
+) -> Result<Outcome, EngineError> {
     let _lock = NodeLock::acquire(root)?;
     let started = Instant::now();
     let cookie = plan.netns_cookie;
@@ -204,7 +148,7 @@ fn apply_once(
     }
     tracing::debug!("removed in {:?}", started.elapsed());
     if !failures.is_empty() {
-        return Err(ApplyError::Removals(failures));
+        return Err(EngineError::Removals(failures));
     }
     let report = ApplyReport {
         object_id: obj.id().clone(),
@@ -231,7 +175,7 @@ pub fn is_installed(
     netns: &Netns,
     maps: &mut OpenMaps,
     known: Option<&PodKeys>,
-) -> Result<bool, ApplyError> {
+) -> Result<bool, EngineError> {
     let keys = known.map(|known| known.union(&PodKeys::of(plan)));
     let state = observe::observe(root, plan.netns_cookie, maps, lookup(keys.as_ref()))?;
     let targets = attach_targets(plan, netns)?;
@@ -239,15 +183,10 @@ pub fn is_installed(
     Ok(!state.is_empty() && diff::diff(plan, &target, targets, &state, Mode::Changes).is_empty())
 }
 
-/// How to find a pod's entries: by its keys when they are known.
-pub(crate) fn lookup(keys: Option<&PodKeys>) -> Lookup<'_> {
-    keys.map_or(Lookup::ReadThrough, Lookup::Keys)
-}
-
-fn attach_targets(plan: &PodPlan, netns: &Netns) -> Result<AttachTargets, ApplyError> {
+fn attach_targets(plan: &PodPlan, netns: &Netns) -> Result<AttachTargets, EngineError> {
     let cgroup_id = match &plan.cgroup {
         Some(path) => {
-            let cgroup = fs::metadata(path).map_err(|source| ApplyError::Cgroup {
+            let cgroup = fs::metadata(path).map_err(|source| EngineError::Cgroup {
                 path: path.display().to_string(),
                 source,
             })?;
@@ -279,11 +218,6 @@ struct Staged {
     path: PathBuf,
 }
 
-fn key_of<K: aya::Pod>(e: &CidrEntry<K>) -> Key<K> {
-    Key::new(e.prefix_len, e.data)
-}
-
-/// `Ok(None)` for a missing key.
 fn previous<T>(got: Result<T, MapError>) -> Option<T> {
     got.ok()
 }
@@ -296,7 +230,7 @@ fn stage(
     netns: &Netns,
     writes: &[Write],
     undo: &mut Vec<Undo>,
-) -> Result<Vec<Staged>, ApplyError> {
+) -> Result<Vec<Staged>, EngineError> {
     let cookie = plan.netns_cookie;
     let pod = obj.pod(cookie);
     let attaches_cgroup = writes
@@ -304,7 +238,7 @@ fn stage(
         .any(|w| matches!(w, Write::Attach(spec) if spec.target == AttachTarget::Cgroup));
     let cgroup = match &plan.cgroup {
         Some(path) if attaches_cgroup => {
-            let file = fs::File::open(path).map_err(|source| ApplyError::Cgroup {
+            let file = fs::File::open(path).map_err(|source| EngineError::Cgroup {
                 path: path.display().to_string(),
                 source,
             })?;
@@ -377,7 +311,7 @@ fn stage(
                 // Created first (an unpinned link detaches when its fd closes), then pinned.
                 let (target, target_name) = match spec.target {
                     AttachTarget::Cgroup => {
-                        let (path, file) = cgroup.as_ref().ok_or(ApplyError::NoCgroup {
+                        let (path, file) = cgroup.as_ref().ok_or(EngineError::NoCgroup {
                             program: spec.function,
                         })?;
                         (file.as_fd(), path.display().to_string())
@@ -393,7 +327,7 @@ fn stage(
                     AttachTarget::Netns => None,
                 };
                 let link = bpf_sys::link_create(prog.as_fd(), target.as_fd(), spec.attach_type)
-                    .map_err(|source| ApplyError::Attach {
+                    .map_err(|source| EngineError::Attach {
                         program: spec.function,
                         target: target_name,
                         blocked: refused_by(&source, cgroup_path, spec.attach_type),
@@ -420,7 +354,7 @@ fn stage(
 
 /// Swap the staged links over the current ones. If a rename fails, the links already
 /// swapped are put back (their old links are held open until the swap is complete).
-fn commit(pod: &PodPins, staged: Vec<Staged>) -> Result<(), ApplyError> {
+fn commit(pod: &PodPins, staged: Vec<Staged>) -> Result<(), EngineError> {
     let mut swapped: Vec<(&'static str, Option<OwnedFd>)> = Vec::new();
     for link in &staged {
         let target = pod.link(link.hook);
@@ -492,117 +426,6 @@ fn rollback(maps: &mut NodeMaps, pod: &PodPins, cookie: NetnsCookie, undo: Vec<U
 
 fn e(err: MapError) -> String {
     err.to_string()
-}
-
-/// Make the removals under one object; returns what failed. An entry already gone is
-/// not a failure.
-pub(crate) fn remove(
-    obj: &ObjectPins,
-    maps: &mut NodeMaps,
-    cookie: NetnsCookie,
-    removals: &[Removal],
-) -> Vec<String> {
-    let pod = obj.pod(cookie);
-    let mut failures = Vec::new();
-    for removal in removals {
-        let (what, outcome) = match removal {
-            Removal::Detach(hook) => {
-                let path = pod.link(hook);
-                let outcome = unpinned(crate::store::pins::unpin_link(&path));
-                (format!("link {}", path.display()), outcome)
-            }
-            Removal::Config => ("POD_CONFIG".into(), gone(maps.pod_config.remove(&cookie))),
-            Removal::Counters => ("COUNTERS".into(), gone(maps.counters.remove(&cookie))),
-            Removal::Port(key) => (
-                format!("PORT_SETS {key:?}"),
-                gone(maps.port_sets.remove(key)),
-            ),
-            Removal::Cidr4(entry) => (
-                format!("CIDRS_V4 {entry:?}"),
-                gone(maps.cidrs_v4.remove(&key_of(entry))),
-            ),
-            Removal::Cidr6(entry) => (
-                format!("CIDRS_V6 {entry:?}"),
-                gone(maps.cidrs_v6.remove(&key_of(entry))),
-            ),
-            Removal::Addr(key) => (
-                format!("POD_BY_ADDR {key:?}"),
-                gone(maps.pod_by_addr.remove(key)),
-            ),
-            Removal::Listener(key) => (
-                format!("LISTENERS {key:?}"),
-                gone(maps.listeners.remove(key)),
-            ),
-            Removal::Connection(key) => (
-                format!("ORIG_DST_BY_CONN {key:?}"),
-                gone(maps.orig_dst_by_conn.remove(key)),
-            ),
-        };
-        fault::step("a removal");
-        if let Err(err) = outcome {
-            failures.push(format!(
-                "removing {what} of pod {cookie} under object {}: {err}",
-                obj.id()
-            ));
-        }
-    }
-    if let Err(err) = pod.clear_staged() {
-        failures.push(fs_err("removing staged links in", pod.dir())(err).to_string());
-    }
-    // A pod directory (an earlier release's) goes once empty: the pod may keep other links.
-    if let Err(err) = pod.remove_dir_if_empty() {
-        failures.push(fs_err("removing", pod.dir())(err).to_string());
-    }
-    failures
-}
-
-/// A map entry removed, or already gone.
-fn gone(result: Result<(), MapError>) -> Result<(), String> {
-    match result {
-        Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
-        Err(MapError::SyscallError(err)) if err.io_error.kind() == io::ErrorKind::NotFound => {
-            Ok(())
-        }
-        Err(err) => Err(err.to_string()),
-    }
-}
-
-/// A pin removed, or already gone.
-fn unpinned(result: io::Result<()>) -> Result<(), String> {
-    gone_ok(result).map_err(|err| err.to_string())
-}
-
-/// Remove a pod from an object entirely, and the object once no pod uses it.
-pub(crate) fn retire(ops: &ObjectOps, cookie: NetnsCookie, maps: &mut OpenMaps) -> Vec<String> {
-    let mut failures = match maps.get(&ops.object) {
-        Ok(maps) => remove(&ops.object, maps, cookie, &ops.removals),
-        Err(err) => vec![err.to_string()],
-    };
-    if let Err(err) = collect_if_unused(&ops.object) {
-        failures.push(err.to_string());
-    }
-    failures
-}
-
-/// Remove an object (programs, maps, empty dirs) once no pod and no node link uses it.
-pub(crate) fn collect_if_unused(obj: &ObjectPins) -> Result<(), FsError> {
-    // The node's few links first: a daemon's object has them, and then the pods, which
-    // can be thousands, need not be listed.
-    let node = obj.node();
-    if !node
-        .hooks()
-        .map_err(fs_err("listing", node.dir()))?
-        .is_empty()
-    {
-        return Ok(());
-    }
-    let pods = obj
-        .has_pods()
-        .map_err(fs_err("listing", &obj.links_dir()))?;
-    if !pods {
-        gone_ok(fs::remove_dir_all(obj.dir())).map_err(fs_err("removing", obj.dir()))?;
-    }
-    Ok(())
 }
 
 /// What refused an attachment at `cgroup` with EPERM: a program at an ancestor.

@@ -7,6 +7,7 @@
 
 pub mod apply;
 pub mod diff;
+pub mod error;
 pub mod facts;
 pub mod gc;
 pub mod listeners;
@@ -18,4 +19,5 @@ pub mod observe;
 pub mod plan;
 pub mod pod_cgroup;
 pub mod pod_keys;
+pub mod remove;
 pub mod spec;

@@ -11,8 +11,9 @@ use std::{
 use redirector_common::names;
 
 use crate::{
-    engine::apply::{collect_if_unused, ApplyError},
+    engine::error::EngineError,
     engine::observe::{observe_links, observe_pods, Pods},
+    engine::remove::collect_if_unused,
     store::{
         bpf_sys::{self, LinkTarget},
         ensure_loaded, ensure_loaded_sharing, growing, open_program,
@@ -33,7 +34,7 @@ pub struct NodeAttachment {
 }
 
 /// The object whose programs are attached at node level, if any.
-pub fn node_object(root: &PinRoot) -> Result<Option<ObjectPins>, ApplyError> {
+pub fn node_object(root: &PinRoot) -> Result<Option<ObjectPins>, EngineError> {
     if !root.path().exists() {
         return Ok(None);
     }
@@ -75,9 +76,9 @@ pub fn attach_node(
     root: &PinRoot,
     object: &EbpfObject,
     cgroup: &Path,
-) -> Result<NodeAttachment, ApplyError> {
+) -> Result<NodeAttachment, EngineError> {
     let _lock = NodeLock::acquire(root)?;
-    let cgroup_err = |source| ApplyError::Cgroup {
+    let cgroup_err = |source| EngineError::Cgroup {
         path: cgroup.display().to_string(),
         source,
     };
@@ -95,7 +96,7 @@ pub fn attach_node(
             }
             let prog = open_program(&obj, spec.function)?;
             let link = bpf_sys::link_create(prog.as_fd(), cgroup_file.as_fd(), spec.attach_type)
-                .map_err(|source| ApplyError::Attach {
+                .map_err(|source| EngineError::Attach {
                     program: spec.function,
                     target: cgroup.display().to_string(),
                     blocked: crate::engine::apply::refused_by(
@@ -131,7 +132,7 @@ pub fn attach_node(
 
 /// Remove the node-level links (the programs stop running for every pod that relied on
 /// them), and the objects nothing uses any more. Returns the objects they were under.
-pub fn detach_node(root: &PinRoot) -> Result<Vec<ObjectId>, ApplyError> {
+pub fn detach_node(root: &PinRoot) -> Result<Vec<ObjectId>, EngineError> {
     if !root.path().exists() {
         return Ok(Vec::new());
     }
@@ -161,7 +162,7 @@ pub fn detach_node(root: &PinRoot) -> Result<Vec<ObjectId>, ApplyError> {
 /// The object whose node-level links cover `cgroup` (they attach at it or at one of its
 /// ancestors), if any: a pod there needs no cgroup links of its own, and must have its
 /// entries in that object's maps.
-pub fn covering(root: &PinRoot, cgroup: &Path) -> Result<Option<ObjectPins>, ApplyError> {
+pub fn covering(root: &PinRoot, cgroup: &Path) -> Result<Option<ObjectPins>, EngineError> {
     let Some(object) = node_object(root)? else {
         return Ok(None);
     };
@@ -208,7 +209,7 @@ struct Move {
 /// the connections in flight are copied into the new maps first. Then every link — the node's and each pod's own — is switched to the new
 /// program in place with `BPF_LINK_UPDATE` and its pin moved, and only then is the old
 /// object removed. A failure before the switch leaves everything on the old object.
-pub fn upgrade(root: &PinRoot, object: &EbpfObject) -> Result<Option<Upgrade>, ApplyError> {
+pub fn upgrade(root: &PinRoot, object: &EbpfObject) -> Result<Option<Upgrade>, EngineError> {
     let _lock = NodeLock::acquire(root)?;
     let Some(old) = node_object(root)? else {
         return Ok(None);
@@ -268,7 +269,7 @@ const CONFIGURATION: [&str; 6] = [
 fn copy_entries(
     old: &ObjectPins,
     new: &ObjectPins,
-) -> Result<Vec<redirector_common::NetnsCookie>, ApplyError> {
+) -> Result<Vec<redirector_common::NetnsCookie>, EngineError> {
     let unshared = |maps: &[&'static str]| -> Vec<&'static str> {
         maps.iter()
             .copied()
@@ -318,7 +319,7 @@ fn copy_entries(
 /// The connections in flight, in the maps the objects do not share (their entries
 /// changed shape): copied before the switch and again after it, for connections that
 /// started on the old programs meanwhile.
-fn copy_connections(old: &ObjectPins, new: &ObjectPins) -> Result<(), ApplyError> {
+fn copy_connections(old: &ObjectPins, new: &ObjectPins) -> Result<(), EngineError> {
     for map in names::IN_FLIGHT {
         if !shares(old, new, map) {
             growing::copy_map(map, &old.map(map), &new.map(map), true)?;
@@ -342,7 +343,7 @@ fn link_moves(
     old: &ObjectPins,
     new: &ObjectPins,
     pods: &[redirector_common::NetnsCookie],
-) -> Result<Vec<Move>, ApplyError> {
+) -> Result<Vec<Move>, EngineError> {
     let mut dirs = vec![(old.node(), new.node())];
     let mut cookies: Vec<_> = pods.to_vec();
     cookies.extend(old.pods().map_err(fs_err("listing", &old.links_dir()))?);
@@ -356,7 +357,7 @@ fn link_moves(
                 .iter()
                 .find(|p| p.hook == hook)
                 .ok_or_else(|| {
-                    ApplyError::Fs(crate::sys::fs_error::FsError::new(
+                    EngineError::Fs(crate::sys::fs_error::FsError::new(
                         "moving",
                         from.link(&hook).display(),
                         io::Error::other("a link of no known program"),
@@ -374,7 +375,7 @@ fn link_moves(
 
 /// Switch every link to the new object's program and move its pin; undone link by link if
 /// one fails.
-fn switch_links(new: &ObjectPins, moves: &[Move]) -> Result<(), ApplyError> {
+fn switch_links(new: &ObjectPins, moves: &[Move]) -> Result<(), EngineError> {
     let mut done: Vec<(&Move, std::os::fd::OwnedFd)> = Vec::new();
     let result = (|| {
         for m in moves {
@@ -415,7 +416,7 @@ fn switch_links(new: &ObjectPins, moves: &[Move]) -> Result<(), ApplyError> {
 
 /// Remove an object whose links have all moved away: its empty link directories, then
 /// its programs and maps.
-fn remove_object(old: &ObjectPins) -> Result<(), ApplyError> {
+fn remove_object(old: &ObjectPins) -> Result<(), EngineError> {
     for cookie in old.pods().map_err(fs_err("listing", &old.links_dir()))? {
         let pod = old.pod(cookie);
         pod.remove_dir_if_empty()

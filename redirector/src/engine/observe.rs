@@ -444,3 +444,8 @@ pub fn observe_pods(
     }
     Ok(found)
 }
+
+/// How to find a pod's entries: by its keys when they are known.
+pub(crate) fn lookup(keys: Option<&PodKeys>) -> Lookup<'_> {
+    keys.map_or(Lookup::ReadThrough, Lookup::Keys)
+}

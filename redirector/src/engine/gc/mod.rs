@@ -11,10 +11,11 @@ use redirector_common::NetnsCookie;
 pub(crate) use round_robin::collect_some;
 
 use crate::{
-    engine::apply::{collect_if_unused, remove, retire, ApplyError},
     engine::diff,
+    engine::error::EngineError,
     engine::observe::{self, observe_links, observe_pods, ObserveError, ObservedLink, Pods},
     engine::pod_keys::PodKeys,
+    engine::remove::{collect_if_unused, remove, retire},
     store::{NodeLock, NodeMaps, ObjectId, ObjectPins, OpenMaps, PinRoot},
     sys::fs_error::fs_err,
 };
@@ -29,12 +30,12 @@ pub fn teardown(
     cookie: NetnsCookie,
     maps: &mut OpenMaps,
     known: Option<&PodKeys>,
-) -> Result<Vec<ObjectId>, ApplyError> {
+) -> Result<Vec<ObjectId>, EngineError> {
     if !root.path().exists() {
         return Ok(Vec::new());
     }
     let lock = NodeLock::acquire(root)?;
-    let state = observe::observe(root, cookie, maps, crate::engine::apply::lookup(known))?;
+    let state = observe::observe(root, cookie, maps, observe::lookup(known))?;
     let removal = diff::remove_all(&state);
     let failures: Vec<String> = removal
         .retire
@@ -42,7 +43,7 @@ pub fn teardown(
         .flat_map(|ops| retire(ops, cookie, maps))
         .collect();
     if !failures.is_empty() {
-        return Err(ApplyError::Removals(failures));
+        return Err(EngineError::Removals(failures));
     }
     if removal.retire.is_empty() {
         // Nothing left of the pod: a cleanup killed after its last removal may have left
@@ -64,7 +65,7 @@ pub fn teardown(
 /// entries of pods that have no links at all (left by an interrupted run), and any object
 /// left without pods, and the trace switches of a tracer that is gone. Each map is read
 /// once per object. Returns the removed pods.
-pub fn collect_stale(root: &PinRoot) -> Result<Vec<NetnsCookie>, ApplyError> {
+pub fn collect_stale(root: &PinRoot) -> Result<Vec<NetnsCookie>, EngineError> {
     if !root.path().exists() {
         return Ok(Vec::new());
     }
@@ -101,7 +102,7 @@ pub fn collect_stale(root: &PinRoot) -> Result<Vec<NetnsCookie>, ApplyError> {
                 failures.push(err.to_string());
             }
             if !failures.is_empty() {
-                return Err(ApplyError::Removals(failures));
+                return Err(EngineError::Removals(failures));
             }
         }
     }

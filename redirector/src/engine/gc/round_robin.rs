@@ -16,8 +16,9 @@ use redirector_common::NetnsCookie;
 
 use super::remove_found;
 use crate::{
-    engine::apply::{collect_if_unused, ApplyError},
+    engine::error::EngineError,
     engine::observe::{observe_links, ObservedLink, Pods},
+    engine::remove::collect_if_unused,
     store::{bpf_sys, pins::names_in, NodeMaps, ObjectId, ObjectPins, OpenMaps, PinRoot},
     sys::fs_error::{fs_err, gone_ok},
 };
@@ -71,7 +72,7 @@ fn collect_in(
     object: &ObjectPins,
     maps: &mut OpenMaps,
     setting_up: NetnsCookie,
-) -> Result<Vec<NetnsCookie>, ApplyError> {
+) -> Result<Vec<NetnsCookie>, EngineError> {
     let maps = maps.get(object)?;
     let due = next_pods(object, maps, PODS_CHECKED_PER_SETUP)
         .map_err(fs_err("walking the pods of", object.dir()))?;
@@ -88,7 +89,7 @@ fn collect_in(
     let these: BTreeSet<NetnsCookie> = gone.iter().map(|(cookie, _)| *cookie).collect();
     let (removed, failures) = remove_found(object, maps, &Pods::These(&these), gone, false)?;
     if !failures.is_empty() {
-        return Err(ApplyError::Removals(failures));
+        return Err(EngineError::Removals(failures));
     }
     Ok(removed)
 }
