@@ -157,11 +157,10 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
 /// what the proxy dials after redirector's programs ran (they are nearer the pod), and one
 /// attached without BPF_F_ALLOW_MULTI keeps pods below it from being set up.
 fn report_neighbours(netns: &Netns, live: &LivePod) {
-    let Some(id) = crate::engine::pod_cgroup::ns_id(netns.path()) else {
+    let Some(id) = crate::sys::pod_cgroup::ns_id(netns.path()) else {
         return;
     };
-    let Some(cgroup) = crate::engine::pod_cgroup::cgroups_of(&HashSet::from([id])).remove(&id)
-    else {
+    let Some(cgroup) = crate::sys::pod_cgroup::cgroups_of(&HashSet::from([id])).remove(&id) else {
         println!("other programs on the pod's cgroup path: unknown (no process of the pod found)");
         return;
     };

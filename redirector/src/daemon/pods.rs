@@ -153,16 +153,16 @@ impl Node {
         let records = self.records.all().map_err(|e| e.to_string())?;
         let ids: Vec<_> = records
             .iter()
-            .map(|r| crate::engine::pod_cgroup::ns_id(&r.netns))
+            .map(|r| crate::sys::pod_cgroup::ns_id(&r.netns))
             .collect();
         let wanted: HashSet<_> = ids.iter().flatten().copied().collect();
-        let cgroups = crate::engine::pod_cgroup::cgroups_of(&wanted);
+        let cgroups = crate::sys::pod_cgroup::cgroups_of(&wanted);
         let mut found = BTreeMap::new();
         for (record, id) in records.iter().zip(ids) {
             let Some(cgroup) = id.and_then(|id| cgroups.get(&id)) else {
                 continue;
             };
-            if !crate::engine::pod_cgroup::is_below(cgroup, node) {
+            if !crate::sys::pod_cgroup::is_below(cgroup, node) {
                 found.insert(record.netns_cookie, cgroup.clone());
             }
         }
@@ -408,7 +408,7 @@ impl Node {
         )
         .map_err(|e| e.to_string())?;
         if let Some(node) = self.node_cgroup_id() {
-            if let Some(cgroup) = crate::engine::pod_cgroup::outside(&record.netns, node) {
+            if let Some(cgroup) = crate::sys::pod_cgroup::outside(&record.netns, node) {
                 return Err(format!(
                     "the pod runs in cgroup {}, outside the node cgroup {}: none of the node's programs runs on its sockets",
                     cgroup.display(),

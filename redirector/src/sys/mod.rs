@@ -9,5 +9,6 @@ pub mod fs_kind;
 pub mod kernel;
 pub(crate) mod netlink;
 pub mod netns;
+pub mod pod_cgroup;
 pub(crate) mod sock_diag;
 pub mod user_ns;

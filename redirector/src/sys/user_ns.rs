@@ -17,7 +17,7 @@ use std::{
     sync::OnceLock,
 };
 
-use crate::engine::pod_cgroup::ns_id;
+use crate::sys::pod_cgroup::ns_id;
 
 /// `NS_GET_USERNS` (`_IO(0xb7, 0x1)`): the user namespace owning a namespace.
 const NS_GET_USERNS: libc::c_ulong = 0xb701;
