@@ -164,36 +164,64 @@ fn sizes<K>(data: &MapData) -> Result<usize, MapError> {
     Ok(info.value_size() as usize)
 }
 
+/// A map's entries as bytes: values of `slots` slots (one, or one per CPU) of `slot`
+/// bytes in the map, read and written as slots of `ours` bytes.
+struct Slots {
+    data: MapData,
+    slot: usize,
+    slots: usize,
+    ours: usize,
+}
+
+impl Slots {
+    fn get(&self, key: &[u8]) -> Result<Vec<u8>, MapError> {
+        let mut value = vec![0u8; self.slot * self.slots];
+        let found = bpf_sys::lookup_bytes(self.data.fd().as_fd(), key, &mut value)
+            .map_err(syscall_err("bpf_map_lookup_elem"))?;
+        if !found {
+            return Err(MapError::KeyNotFound);
+        }
+        Ok(resize(&value, self.slot, self.ours, self.slots))
+    }
+
+    fn insert(&self, key: &[u8], ours: &[u8], flags: u64) -> Result<(), MapError> {
+        let value = resize(ours, self.ours, self.slot, self.slots);
+        bpf_sys::update_bytes(self.data.fd().as_fd(), key, &value, flags)
+            .map_err(syscall_err("bpf_map_update_elem"))
+    }
+
+    fn remove(&self, key: &[u8]) -> Result<(), MapError> {
+        bpf_sys::delete_bytes(self.data.fd().as_fd(), key)
+            .map_err(syscall_err("bpf_map_delete_elem"))
+    }
+}
+
 /// A hash map of `K` to `V` whose pinned values may be longer or shorter than `V`.
 pub struct GrowingHash<K, V> {
-    data: MapData,
-    value_size: usize,
+    slots: Slots,
     _types: PhantomData<(K, V)>,
 }
 
 impl<K: bytemuck::Pod, V: bytemuck::Pod> GrowingHash<K, V> {
     pub fn new(data: MapData) -> Result<Self, MapError> {
-        let value_size = sizes::<K>(&data)?;
+        let slot = sizes::<K>(&data)?;
         Ok(GrowingHash {
-            data,
-            value_size,
+            slots: Slots {
+                data,
+                slot,
+                slots: 1,
+                ours: size_of::<V>(),
+            },
             _types: PhantomData,
         })
     }
 
     pub fn map(&self) -> &MapData {
-        &self.data
+        &self.slots.data
     }
 
     pub fn get(&self, key: &K, _flags: u64) -> Result<V, MapError> {
-        let mut value = vec![0u8; self.value_size];
-        let found =
-            bpf_sys::lookup_bytes(self.data.fd().as_fd(), bytemuck::bytes_of(key), &mut value)
-                .map_err(syscall_err("bpf_map_lookup_elem"))?;
-        if !found {
-            return Err(MapError::KeyNotFound);
-        }
-        let ours = resize(&value, self.value_size, size_of::<V>(), 1);
+        let ours = self.slots.get(bytemuck::bytes_of(key))?;
         Ok(bytemuck::pod_read_unaligned(&ours))
     }
 
@@ -203,28 +231,17 @@ impl<K: bytemuck::Pod, V: bytemuck::Pod> GrowingHash<K, V> {
         value: impl Borrow<V>,
         flags: u64,
     ) -> Result<(), MapError> {
-        let value = resize(
-            bytemuck::bytes_of(value.borrow()),
-            size_of::<V>(),
-            self.value_size,
-            1,
-        );
-        bpf_sys::update_bytes(
-            self.data.fd().as_fd(),
-            bytemuck::bytes_of(key.borrow()),
-            &value,
-            flags,
-        )
-        .map_err(syscall_err("bpf_map_update_elem"))
+        let (key, value) = (key.borrow(), value.borrow());
+        self.slots
+            .insert(bytemuck::bytes_of(key), bytemuck::bytes_of(value), flags)
     }
 
     pub fn remove(&mut self, key: &K) -> Result<(), MapError> {
-        bpf_sys::delete_bytes(self.data.fd().as_fd(), bytemuck::bytes_of(key))
-            .map_err(syscall_err("bpf_map_delete_elem"))
+        self.slots.remove(bytemuck::bytes_of(key))
     }
 
     pub fn keys(&self) -> Keys<'_, K> {
-        Keys::new(&self.data)
+        Keys::new(&self.slots.data)
     }
 
     /// Every entry; a key removed between the walk and its lookup is skipped.
@@ -242,9 +259,7 @@ impl<K: bytemuck::Pod, V: bytemuck::Pod> GrowingHash<K, V> {
 
 /// A per-CPU hash map of `K` to `V` whose pinned values may be longer or shorter than `V`.
 pub struct GrowingPerCpuHash<K, V> {
-    data: MapData,
-    value_size: usize,
-    cpus: usize,
+    slots: Slots,
     _types: PhantomData<(K, V)>,
 }
 
@@ -253,23 +268,18 @@ impl<K: bytemuck::Pod, V: bytemuck::Pod + aya::Pod> GrowingPerCpuHash<K, V> {
         let value_size = sizes::<K>(&data)?;
         let cpus = possible_cpus().map_err(syscall_err("reading the possible CPUs"))?;
         Ok(GrowingPerCpuHash {
-            data,
-            value_size,
-            cpus,
+            slots: Slots {
+                data,
+                slot: per_cpu_slot(value_size),
+                slots: cpus,
+                ours: size_of::<V>(),
+            },
             _types: PhantomData,
         })
     }
 
     pub fn get(&self, key: &K, _flags: u64) -> Result<PerCpuValues<V>, MapError> {
-        let slot = per_cpu_slot(self.value_size);
-        let mut value = vec![0u8; slot * self.cpus];
-        let found =
-            bpf_sys::lookup_bytes(self.data.fd().as_fd(), bytemuck::bytes_of(key), &mut value)
-                .map_err(syscall_err("bpf_map_lookup_elem"))?;
-        if !found {
-            return Err(MapError::KeyNotFound);
-        }
-        let ours = resize(&value, slot, size_of::<V>(), self.cpus);
+        let ours = self.slots.get(bytemuck::bytes_of(key))?;
         let values: Vec<V> = ours
             .chunks_exact(size_of::<V>())
             .map(bytemuck::pod_read_unaligned)
@@ -287,28 +297,16 @@ impl<K: bytemuck::Pod, V: bytemuck::Pod + aya::Pod> GrowingPerCpuHash<K, V> {
             .iter()
             .flat_map(|v| bytemuck::bytes_of(v).iter().copied())
             .collect();
-        let value = resize(
-            &ours,
-            size_of::<V>(),
-            per_cpu_slot(self.value_size),
-            self.cpus,
-        );
-        bpf_sys::update_bytes(
-            self.data.fd().as_fd(),
-            bytemuck::bytes_of(key.borrow()),
-            &value,
-            flags,
-        )
-        .map_err(syscall_err("bpf_map_update_elem"))
+        self.slots
+            .insert(bytemuck::bytes_of(key.borrow()), &ours, flags)
     }
 
     pub fn remove(&mut self, key: &K) -> Result<(), MapError> {
-        bpf_sys::delete_bytes(self.data.fd().as_fd(), bytemuck::bytes_of(key))
-            .map_err(syscall_err("bpf_map_delete_elem"))
+        self.slots.remove(bytemuck::bytes_of(key))
     }
 
     pub fn keys(&self) -> Keys<'_, K> {
-        Keys::new(&self.data)
+        Keys::new(&self.slots.data)
     }
 }
 
