@@ -12,6 +12,7 @@ mod inbound;
 mod maps;
 mod orig_dst;
 mod outbound;
+mod socket_storage;
 mod trace;
 
 use aya_ebpf::{
@@ -61,12 +62,16 @@ pub fn restore_getpeername6(ctx: SockAddrContext) -> i32 {
     1
 }
 
+/// Runs for every TCP event of every socket in the cgroup (a dozen per connection, which
+/// no flag turns off); two of them have work, the rest return at once.
 #[sock_ops]
 pub fn track_sock_ops(ctx: SockOpsContext) -> u32 {
-    if ctx.op() == aya_ebpf::bindings::BPF_SOCK_OPS_TCP_LISTEN_CB {
+    use aya_ebpf::bindings::{BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_TCP_LISTEN_CB};
+    let op = ctx.op();
+    if op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB {
+        orig_dst::established(&ctx);
+    } else if op == BPF_SOCK_OPS_TCP_LISTEN_CB {
         inbound::register_listener(&ctx);
-    } else {
-        orig_dst::sock_ops(&ctx);
     }
     1
 }
