@@ -18,9 +18,8 @@ pub mod names {
     pub const DNS_ORIG_BY_COOKIE: &str = "DNS_ORIG_BY_COOKIE";
     pub const LISTENERS: &str = "LISTENERS";
     pub const ADDR_MISSES: &str = "ADDR_MISSES";
-    pub const ORIG_DST_BY_SOCKET: &str = "ORIG_DST_BY_SOCKET";
     /// Every map, for pinning and status.
-    pub const ALL: [&str; 12] = [
+    pub const ALL: [&str; 11] = [
         POD_CONFIG,
         PORT_SETS,
         CIDRS_V4,
@@ -32,7 +31,6 @@ pub mod names {
         LISTENERS,
         DNS_ORIG_BY_COOKIE,
         ADDR_MISSES,
-        ORIG_DST_BY_SOCKET,
     ];
 }
 
@@ -415,25 +413,6 @@ pub struct OrigDst {
     pub family: u16,
 }
 
-/// A redirected connection's original destination in one of its sockets' own storage
-/// ([`names::ORIG_DST_BY_SOCKET`]), which the kernel frees with the socket: so no program
-/// has to watch the socket close.
-#[repr(C)]
-#[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SocketOrigDst {
-    pub orig: OrigDst,
-    /// [`socket_side`]: which end of the connection the socket is.
-    pub side: u32,
-}
-
-pub mod socket_side {
-    /// The app's socket that called `connect()`: its `getpeername` reports `orig`.
-    pub const APP: u32 = 1;
-    /// The proxy's accepted socket: its `SO_ORIGINAL_DST` answers `orig`.
-    pub const PROXY: u32 = 2;
-}
-
 /// One end of a TCP connection: its address as the kernel stores it, and its port in host
 /// byte order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -528,7 +507,6 @@ aya_pod_from_bytemuck!(
     Cidr4Key,
     Cidr6Key,
     OrigDst,
-    SocketOrigDst,
     ConnKey,
     Counters,
     PodAddrKey,
@@ -550,7 +528,6 @@ mod tests {
         assert_eq!(size_of::<Cidr4Key>(), 16);
         assert_eq!(size_of::<Cidr6Key>(), 32);
         assert_eq!(size_of::<OrigDst>(), 20);
-        assert_eq!(size_of::<SocketOrigDst>(), 24);
         assert_eq!(size_of::<ConnKey>(), 48);
         assert_eq!(size_of::<PodAddrKey>(), 20);
         assert_eq!(size_of::<ListenerKey>(), 16);

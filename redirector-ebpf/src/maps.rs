@@ -30,9 +30,7 @@ pub static CIDRS_V4: LpmTrie<Cidr4Key, u8> = LpmTrie::with_max_entries(capacity:
 #[map]
 pub static CIDRS_V6: LpmTrie<Cidr6Key, u8> = LpmTrie::with_max_entries(capacity::CIDR_ENTRIES, 0);
 
-/// socket cookie → original destination, from `connect()` until the handshake completes,
-/// as objects before socket storage kept it. Read only for connections such an object
-/// redirected just before an upgrade; it shares this map with the new programs.
+/// socket cookie → original destination, from `connect()` until the handshake completes.
 #[map]
 pub static ORIG_DST_BY_COOKIE: LruHashMap<u64, OrigDst> =
     LruHashMap::with_max_entries(capacity::PENDING_CONNECTIONS, 0);

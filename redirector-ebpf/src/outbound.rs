@@ -8,7 +8,7 @@ use aya_ebpf::{
     EbpfContext,
 };
 use redirector_common::{
-    decide_outbound, pod_flags, socket_side,
+    decide_outbound, pod_flags,
     trace::{DST_V6, OUTBOUND, SRC_V6},
     OrigDst, OutboundAttempt, PodConfig, Protocol, RawIp, Reason, TraceRecord, Verdict, AF_INET6,
     DNS_CAPTURE_PORT,
@@ -17,8 +17,8 @@ use redirector_common::{
 use crate::{
     addr,
     counters::count_raw,
-    maps::{self, PodMaps, DNS_ORIG_BY_COOKIE, POD_CONFIG},
-    socket_storage, trace,
+    maps::{self, PodMaps, DNS_ORIG_BY_COOKIE, ORIG_DST_BY_COOKIE, POD_CONFIG},
+    trace,
 };
 
 /// Let the connect() proceed (possibly rewritten).
@@ -186,18 +186,14 @@ fn traced_addresses<const V6: bool>(
     };
     let mut families = if V6 { SRC_V6 | DST_V6 } else { 0 };
     if port != 0 {
-        // Rewritten to the proxy: the original is where it was just recorded.
-        // SAFETY: the context's socket and the program's own context; values are copied
-        // out at once.
+        // Rewritten to the proxy: the original is in the map it was just recorded in.
+        // SAFETY: called with the program's own context.
+        let socket_cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+        // SAFETY: the value is copied out at once.
         let orig = unsafe {
             match protocol {
-                Protocol::Tcp => {
-                    socket_storage::get((*ctx.sock_addr).__bindgen_anon_1.sk).map(|e| e.orig)
-                }
-                Protocol::Udp => {
-                    let socket_cookie = bpf_get_socket_cookie(ctx.as_ptr());
-                    DNS_ORIG_BY_COOKIE.get(&socket_cookie).copied()
-                }
+                Protocol::Tcp => ORIG_DST_BY_COOKIE.get(&socket_cookie),
+                Protocol::Udp => DNS_ORIG_BY_COOKIE.get(&socket_cookie),
             }
         };
         if let Some(orig) = orig {
@@ -241,20 +237,14 @@ fn redirect<const V6: bool>(
         port: attempt.dst_port,
         family,
     };
-    // TCP: for SO_ORIGINAL_DST once established, and getpeername; UDP (DNS): for the
-    // replies' source.
+    // SAFETY: called with the program's own context.
+    let socket_cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    // TCP: for SO_ORIGINAL_DST once established; UDP (DNS): for the replies' source.
     let recorded = match attempt.protocol {
-        // SAFETY: a connect context always has its socket.
-        Protocol::Tcp => unsafe {
-            socket_storage::set((*ctx.sock_addr).__bindgen_anon_1.sk, orig, socket_side::APP)
-        },
-        Protocol::Udp => {
-            // SAFETY: called with the program's own context.
-            let socket_cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-            DNS_ORIG_BY_COOKIE.insert(socket_cookie, orig, 0).is_ok()
-        }
+        Protocol::Tcp => ORIG_DST_BY_COOKIE.insert(socket_cookie, orig, 0),
+        Protocol::Udp => DNS_ORIG_BY_COOKIE.insert(socket_cookie, orig, 0),
     };
-    if !recorded {
+    if recorded.is_err() {
         return (Reason::FailedClosed as u8, 0, fail_closed(cfg));
     }
     // The proxy on this host: 127.0.0.1 (IPv4-mapped on an IPv6 socket) or ::1.

@@ -665,7 +665,16 @@ mod tests {
         let standard = plan(&["-p", "15001", "-u", "1337", "-i", "*", "-x", ""], &[]);
         assert_eq!(standard.config.flags & empty, empty);
         let listed = plan(
-            &["-i", "10.0.0.0/8", "-x", "10.1.0.0/16", "-o", "22", "-q", "8080"],
+            &[
+                "-i",
+                "10.0.0.0/8",
+                "-x",
+                "10.1.0.0/16",
+                "-o",
+                "22",
+                "-q",
+                "8080",
+            ],
             &[],
         );
         assert_eq!(listed.config.flags & empty, 0);
