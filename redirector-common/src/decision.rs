@@ -137,8 +137,11 @@ pub fn decide_outbound<L: PodLookups>(
     {
         return Verdict::Pass(Reason::PassedInterface);
     }
+    let listed_in = |empty: u32| cfg.flags & empty == 0;
     // 1. -o
-    if lookups.port_in(PortSet::OutboundExclude, conn.dst_port) {
+    if listed_in(pod_flags::NO_OUTBOUND_EXCLUDE_PORTS)
+        && lookups.port_in(PortSet::OutboundExclude, conn.dst_port)
+    {
         return Verdict::Pass(Reason::PassedExcludedPort);
     }
     // 2. -o lo -s 127.0.0.6 / ::6
@@ -156,7 +159,10 @@ pub fn decide_outbound<L: PodLookups>(
     let dns_port = cfg.flags & pod_flags::DNS_CAPTURE != 0 && conn.dst_port == DNS_PORT;
     // istio drops the lo RETURN rules when an -i CIDR is a loopback address.
     let lo_returns = cfg.flags & pod_flags::INCLUDE_HAS_LOOPBACK == 0;
-    let local_not_proxy = tcp && !dns_port && lo_returns && is_local(conn.dst, lookups);
+    // Whether the destination is the pod's own, looked up once: only the owners' rules ask.
+    let local =
+        tcp && (cfg.proxy_uid_count > 0 || cfg.proxy_gid_count > 0) && is_local(conn.dst, lookups);
+    let local_not_proxy = local && !dns_port && lo_returns;
     // istio's three rules per id, unrolled: the first id's `! --uid-owner` RETURN catches
     // every other caller on lo, so only the first id is compared apart from the rest. What
     // only the owner's own connections need is worked out on their branch: fewer
@@ -174,11 +180,10 @@ pub fn decide_outbound<L: PodLookups>(
         if listed::<MAX_OWNERS>(list, count, caller) {
             // The proxy calling its own pod (not through the loopback CIDR, not the
             // tunnel port) goes to the inbound port; the uids' rule leaves out DNS.
-            let own_pod = tcp
+            let own_pod = local
                 && !(uids && dns_port)
                 && conn.dst_port != cfg.tunnel_port
-                && !in_loopback_cidr(cfg, conn.dst)
-                && is_local(conn.dst, lookups);
+                && !in_loopback_cidr(cfg, conn.dst);
             return if own_pod {
                 Verdict::CaptureInbound
             } else {
@@ -210,16 +215,18 @@ pub fn decide_outbound<L: PodLookups>(
         return Verdict::Pass(Reason::PassedLoopback);
     }
     // 7. -x
-    if lookups.cidr_in(CidrList::Exclude, conn.dst) {
+    if listed_in(pod_flags::NO_EXCLUDE_CIDRS) && lookups.cidr_in(CidrList::Exclude, conn.dst) {
         return Verdict::Pass(Reason::PassedExcludedCidr);
     }
     // 8. -q
-    if lookups.port_in(PortSet::OutboundInclude, conn.dst_port) {
+    if listed_in(pod_flags::NO_OUTBOUND_INCLUDE_PORTS)
+        && lookups.port_in(PortSet::OutboundInclude, conn.dst_port)
+    {
         return Verdict::Capture;
     }
     // 9. -i
     if cfg.flags & pod_flags::CAPTURE_ALL_OUTBOUND != 0
-        || lookups.cidr_in(CidrList::Include, conn.dst)
+        || (listed_in(pod_flags::NO_INCLUDE_CIDRS) && lookups.cidr_in(CidrList::Include, conn.dst))
     {
         return Verdict::Capture;
     }

@@ -195,6 +195,17 @@ pub mod pod_flags {
     pub const INCLUDE_HAS_LOOPBACK: u32 = 1 << 5;
     /// `redirector trace` is watching this pod: each decision is logged (aya-log).
     pub const TRACE: u32 = 1 << 6;
+    // Lists the pod left empty, so that connect4/6 look nothing up in them. Set for an
+    // empty list rather than a full one: a config written before these bits existed
+    // then still looks up everything.
+    /// `-o` is empty.
+    pub const NO_OUTBOUND_EXCLUDE_PORTS: u32 = 1 << 7;
+    /// `-q` is empty.
+    pub const NO_OUTBOUND_INCLUDE_PORTS: u32 = 1 << 8;
+    /// `-x` is empty.
+    pub const NO_EXCLUDE_CIDRS: u32 = 1 << 9;
+    /// `-i` lists no CIDR (it is empty or `*`).
+    pub const NO_INCLUDE_CIDRS: u32 = 1 << 10;
 }
 
 pub mod inbound_capture {

@@ -61,12 +61,21 @@ pub fn restore_getpeername6(ctx: SockAddrContext) -> i32 {
     1
 }
 
+/// Runs for every TCP event of every socket in the cgroup (about 14 a connection between
+/// two sockets of the pod, which no flag turns off); four kinds have work, the rest
+/// return at once.
 #[sock_ops]
 pub fn track_sock_ops(ctx: SockOpsContext) -> u32 {
-    if ctx.op() == aya_ebpf::bindings::BPF_SOCK_OPS_TCP_LISTEN_CB {
-        inbound::register_listener(&ctx);
-    } else {
-        orig_dst::sock_ops(&ctx);
+    use aya_ebpf::bindings::{
+        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB,
+        BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_TCP_LISTEN_CB,
+    };
+    match ctx.op() {
+        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => orig_dst::app_established(&ctx),
+        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => orig_dst::proxy_established(&ctx),
+        BPF_SOCK_OPS_STATE_CB => orig_dst::proxy_state(&ctx),
+        BPF_SOCK_OPS_TCP_LISTEN_CB => inbound::register_listener(&ctx),
+        _ => {}
     }
     1
 }

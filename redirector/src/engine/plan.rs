@@ -232,7 +232,33 @@ pub fn plan_pod(cfg: &CaptureConfig, facts: &PodFacts) -> PodPlan {
             family: u32::from(family),
         });
     }
+    plan.config.flags |= empty_list_flags(&plan);
     plan
+}
+
+/// [`pod_flags`] of the outbound lists the plan leaves empty, from its entries themselves.
+fn empty_list_flags(plan: &PodPlan) -> u32 {
+    let no_port = |set: PortSet| !plan.ports.iter().any(|k| k.set == set as u16);
+    let no_cidr = |list: CidrList| {
+        let list = list as u32;
+        !plan.cidrs_v4.iter().any(|e| e.data.list == list)
+            && !plan.cidrs_v6.iter().any(|e| e.data.list == list)
+    };
+    [
+        (
+            no_port(PortSet::OutboundExclude),
+            pod_flags::NO_OUTBOUND_EXCLUDE_PORTS,
+        ),
+        (
+            no_port(PortSet::OutboundInclude),
+            pod_flags::NO_OUTBOUND_INCLUDE_PORTS,
+        ),
+        (no_cidr(CidrList::Exclude), pod_flags::NO_EXCLUDE_CIDRS),
+        (no_cidr(CidrList::Include), pod_flags::NO_INCLUDE_CIDRS),
+    ]
+    .into_iter()
+    .filter(|(empty, _)| *empty)
+    .fold(0, |flags, (_, flag)| flags | flag)
 }
 
 fn prefix_match(entry_bits: &[u8], addr_bits: &[u8], prefix: u32) -> bool {
@@ -628,6 +654,50 @@ mod tests {
             p.config.loopback_v4_mask,
             u32::from_ne_bytes([255, 0, 0, 0])
         );
+    }
+
+    #[test]
+    fn empty_lists_are_flagged_and_a_config_without_the_flags_decides_the_same() {
+        let empty = pod_flags::NO_OUTBOUND_EXCLUDE_PORTS
+            | pod_flags::NO_OUTBOUND_INCLUDE_PORTS
+            | pod_flags::NO_EXCLUDE_CIDRS
+            | pod_flags::NO_INCLUDE_CIDRS;
+        let standard = plan(&["-p", "15001", "-u", "1337", "-i", "*", "-x", ""], &[]);
+        assert_eq!(standard.config.flags & empty, empty);
+        let listed = plan(
+            &[
+                "-i",
+                "10.0.0.0/8",
+                "-x",
+                "10.1.0.0/16",
+                "-o",
+                "22",
+                "-q",
+                "8080",
+            ],
+            &[],
+        );
+        assert_eq!(listed.config.flags & empty, 0);
+        // Written by a release before the flags: every list is looked up, to the same end.
+        for p in [standard, listed] {
+            let mut unflagged = p.clone();
+            unflagged.config.flags &= !empty;
+            for (uid, dst, port) in [
+                (1000, "10.0.0.1", 80),
+                (1000, "10.1.0.1", 80),
+                (1000, "10.2.0.1", 22),
+                (1000, "192.168.0.1", 8080),
+                (1000, POD_IP, 80),
+                (1337, POD_IP, 80),
+                (1337, "10.0.0.1", 80),
+            ] {
+                assert_eq!(
+                    decide(&p, uid, dst, port),
+                    decide(&unflagged, uid, dst, port),
+                    "uid {uid} to {dst}:{port}"
+                );
+            }
+        }
     }
 
     #[test]
