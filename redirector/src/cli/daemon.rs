@@ -37,8 +37,8 @@ fn repair_config(args: &DaemonArgs) -> Option<RepairConfig> {
 
 #[derive(clap::Args, Debug)]
 pub struct DaemonArgs {
-    #[arg(long, value_name = "DIR", env = "REDIRECTOR_PIN_ROOT", default_value = crate::store::pins::DEFAULT_ROOT)]
-    pin_root: PathBuf,
+    #[command(flatten)]
+    pin_root: super::pin_root::PinRootArg,
     /// The API's unix socket (mode 0600).
     #[arg(long, value_name = "PATH", default_value = DEFAULT_SOCKET)]
     socket: PathBuf,
@@ -101,7 +101,7 @@ pub fn run(args: &DaemonArgs) -> anyhow::Result<()> {
         anyhow::bail!("--cgroup {} is not a cgroup v2 directory", cgroup.display());
     }
     let config = DaemonConfig {
-        pin_root: args.pin_root.clone(),
+        pin_root: args.pin_root.path.clone(),
         socket: args.socket.clone(),
         cgroup,
         state_dir: args.state_dir.clone(),

@@ -16,7 +16,6 @@ use redirector_common::{
 use crate::{
     engine::facts::{interfaces, local_addresses},
     engine::live_pod::LivePod,
-    store::PinRoot,
     sys::netns::Netns,
 };
 
@@ -25,8 +24,8 @@ pub struct ExplainArgs {
     /// The pod's network namespace (default: the current one).
     #[arg(long, value_name = "PATH")]
     netns: Option<PathBuf>,
-    #[arg(long, value_name = "PATH", env = "REDIRECTOR_PIN_ROOT", default_value = crate::store::pins::DEFAULT_ROOT)]
-    pin_root: PathBuf,
+    #[command(flatten)]
+    pin_root: super::pin_root::PinRootArg,
     /// Explain a connection arriving at the pod instead of one it makes.
     #[arg(long)]
     inbound: bool,
@@ -98,7 +97,7 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
         None => Netns::current()?,
     };
     let cookie = netns.cookie();
-    let live = LivePod::open(&PinRoot::new(&args.pin_root), cookie)?;
+    let live = LivePod::open(&args.pin_root.root(), cookie)?;
     let cfg = live.config;
     println!("pod netns cookie {cookie} (object {})", live.object.id());
     if args.inbound {

@@ -1,17 +1,15 @@
 //! `redirector gc`: remove what is left of pods that are gone.
 
-use std::path::PathBuf;
-
-use crate::{engine::gc::collect_stale, store::PinRoot};
+use crate::engine::gc::collect_stale;
 
 #[derive(clap::Args, Debug)]
 pub struct GcArgs {
-    #[arg(long, value_name = "PATH", env = "REDIRECTOR_PIN_ROOT", default_value = crate::store::pins::DEFAULT_ROOT)]
-    pin_root: PathBuf,
+    #[command(flatten)]
+    pin_root: super::pin_root::PinRootArg,
 }
 
 pub fn run(args: &GcArgs) -> anyhow::Result<()> {
-    let removed = collect_stale(&PinRoot::new(&args.pin_root))?;
+    let removed = collect_stale(&args.pin_root.root())?;
     let cookies: Vec<u64> = removed.iter().map(|c| c.get()).collect();
     println!(
         "removed {} stale pod(s){}",

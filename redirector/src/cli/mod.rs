@@ -7,6 +7,7 @@ mod gc;
 mod install_cni;
 mod istio_iptables;
 mod log_sections;
+mod pin_root;
 mod pod;
 mod status;
 mod trace;

@@ -17,8 +17,8 @@ pub struct StatusArgs {
     /// Only the pod in this network namespace (default: every pod).
     #[arg(long, value_name = "PATH")]
     netns: Option<PathBuf>,
-    #[arg(long, value_name = "PATH", env = "REDIRECTOR_PIN_ROOT", default_value = crate::store::pins::DEFAULT_ROOT)]
-    pin_root: PathBuf,
+    #[command(flatten)]
+    pin_root: super::pin_root::PinRootArg,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -172,7 +172,7 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
         Some(path) => Some(Netns::open(path)?.cookie()),
         None => None,
     };
-    let status = read_status(&PinRoot::new(&args.pin_root), only)?;
+    let status = read_status(&args.pin_root.root(), only)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&status)?);
         return Ok(());

@@ -9,7 +9,6 @@ use redirector_common::NetnsCookie;
 use crate::{
     daemon::api::{Request, DEFAULT_SOCKET},
     engine::live_pod::LivePod,
-    store::PinRoot,
     sys::netns::Netns,
     trace::{follow, open_rings, Decision, DecisionSink, Traced, Tracer},
 };
@@ -25,8 +24,8 @@ pub struct TraceArgs {
     /// The daemon's socket, for `--name`.
     #[arg(long, value_name = "PATH", default_value = DEFAULT_SOCKET)]
     socket: PathBuf,
-    #[arg(long, value_name = "PATH", env = "REDIRECTOR_PIN_ROOT", default_value = crate::store::pins::DEFAULT_ROOT)]
-    pin_root: PathBuf,
+    #[command(flatten)]
+    pin_root: super::pin_root::PinRootArg,
     /// One JSON object per line instead of text.
     #[arg(long)]
     json: bool,
@@ -50,7 +49,7 @@ fn cookie_by_name(socket: &PathBuf, name: &str) -> anyhow::Result<NetnsCookie> {
 }
 
 pub fn run(args: &TraceArgs) -> anyhow::Result<()> {
-    let root = PinRoot::new(&args.pin_root);
+    let root = args.pin_root.root();
     let objects = root
         .objects()
         .with_context(|| format!("listing the objects under {}", root.path().display()))?;

@@ -142,11 +142,7 @@ fn defaults() -> IstioConfig {
     }
 }
 
-#[rustfmt::skip]
-const STANDARD_INJECTION: &[&str] = &[
-    "-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT", "-i", "*", "-x", "", "-b", "*",
-    "-d", "15090,15021,15020",
-];
+use super::annotations::STANDARD_INJECTION;
 
 #[test]
 fn no_flags_no_env_gives_istio_defaults() {
@@ -159,7 +155,7 @@ fn standard_injection_invocation() {
     want.capture.outbound_cidrs = CidrSelection::All;
     want.capture.inbound_ports = PortSelection::All;
     want.capture.inbound_exclude_ports = vec![15090, 15021, 15020];
-    assert_eq!(parse(STANDARD_INJECTION), want);
+    assert_eq!(parse(&STANDARD_INJECTION), want);
 }
 
 #[test]
@@ -176,7 +172,7 @@ fn long_names_and_equals_forms_parse_like_short_ones() {
         "*",
         "--istio-local-exclude-ports=15090,15021,15020",
     ];
-    assert_eq!(parse(&long), parse(STANDARD_INJECTION));
+    assert_eq!(parse(&long), parse(&STANDARD_INJECTION));
     assert_eq!(
         parse(&["-p15001", "-b*"]).capture.inbound_ports,
         PortSelection::All
@@ -1008,7 +1004,7 @@ fn value_source_distinguishes_given_flags() {
 
 #[test]
 fn effective_lines_print_like_istio() {
-    let lines = parse(STANDARD_INJECTION).effective_lines();
+    let lines = parse(&STANDARD_INJECTION).effective_lines();
     let want = [
         "PROXY_PORT=15001",
         "PROXY_INBOUND_CAPTURE_PORT=15006",
@@ -1046,7 +1042,7 @@ fn effective_lines_print_like_istio() {
     ];
     assert_eq!(lines, want);
     assert_eq!(
-        parse(STANDARD_INJECTION).to_string(),
+        parse(&STANDARD_INJECTION).to_string(),
         want.map(|line| format!("{line}\n")).concat()
     );
 }
