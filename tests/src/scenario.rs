@@ -8,8 +8,8 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+use crate::dns::protocol::DnsOutcome;
 use crate::dns::{DnsMode, PROXY_ANSWER_V4, PROXY_ANSWER_V6};
-use crate::dns_protocol::DnsOutcome;
 use crate::{ConnOutcome, Landing, Topology, APP_UID, PROXY_UID};
 
 /// An address outside the pod's subnet and outside 10.0.0.0/8, added to the service netns

@@ -12,11 +12,11 @@
 
 use std::collections::BTreeSet;
 
-use redirector_tests::conformance::{run_case, run_scenarios, PassthroughV6, Scenarios};
-use redirector_tests::conformance_cases::{case, cases, cases_md_names, SKIPPED_GOLDEN_CASES};
-use redirector_tests::conformance_rules::{
+use redirector_tests::conformance::cases::{case, cases, cases_md_names, SKIPPED_GOLDEN_CASES};
+use redirector_tests::conformance::rules::{
     derive_v6, table, without_v6_only_rules, V6Origin, DEFAULT_LOOPBACK_V4,
 };
+use redirector_tests::conformance::{run_case, run_scenarios, PassthroughV6, Scenarios};
 use redirector_tests::dns::use_dnsprobe_bin;
 use redirector_tests::golden_dir;
 use redirector_tests::iptables::golden;
@@ -241,7 +241,7 @@ fn derived_ipv6_dns_tables_match_istios() {
     }
     // The cases derived this way keep no jump to an empty DNS chain.
     for case in ["ip-range", "loopback-outbound-iprange"] {
-        let rules = &redirector_tests::conformance_cases::case(case).rules;
+        let rules = &redirector_tests::conformance::cases::case(case).rules;
         assert_eq!(rules.v6_origin, V6Origin::Derived, "{case}");
         let (nat, raw) = (table(&rules.v6, "nat"), table(&rules.v6, "raw"));
         assert!(!nat.contains("ISTIO_OUTPUT_DNS"), "{case}:\n{nat}");

@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use redirector_tests::cri::Containerd;
-use redirector_tests::cri_pods::{
+use redirector_tests::cri::pods::{
     app_pod, assert_lands_on_proxy, assert_reaches_service, primary_network, serve, sidecar,
     LeftAlone, STATUS,
 };
+use redirector_tests::cri::Containerd;
 use redirector_tests::daemon::{Daemon, StateDir};
-use redirector_tests::podman_host::ForwardingGuard;
+use redirector_tests::podman::host::ForwardingGuard;
 use redirector_tests::redirector::{
     pins_under, pod_links, redirector_bin, run_ok, PinRoot, STANDARD_INJECTION,
 };

@@ -15,11 +15,11 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
+use redirector_tests::dns::protocol::DnsOutcome;
 use redirector_tests::dns::{
     require_node, use_dnsprobe_bin, DnsClient, DnsMode, DnsServer, ResolvConf, DNS_PORT,
     DNS_PROXY_PORT, PROXY_ANSWER_V4, PROXY_ANSWER_V6,
 };
-use redirector_tests::dns_protocol::DnsOutcome;
 use redirector_tests::redirector::{install, pins_under, PinRoot, STANDARD_INJECTION};
 use redirector_tests::{
     require_root, use_probe_bin, ChildGuard, ConnOutcome, ProbeServer, Topology, APP_UID, PROXY_UID,

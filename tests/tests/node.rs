@@ -16,16 +16,16 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use redirector_tests::bpftool::cgroup_attachments;
-use redirector_tests::cri::Containerd;
-use redirector_tests::cri_pods::{
+use redirector_tests::cri::pods::{
     app_pod, assert_lands_on_proxy, assert_reaches_service, connect, on_proxy, primary_network,
     serve, sidecar, LeftAlone, STATUS,
 };
+use redirector_tests::cri::Containerd;
 use redirector_tests::daemon::{http_get, tcp_listeners, StateDir};
 use redirector_tests::kubelet::{DaemonSet, Node};
 use redirector_tests::netns::NetNs;
 use redirector_tests::oci;
-use redirector_tests::podman_host::ForwardingGuard;
+use redirector_tests::podman::host::ForwardingGuard;
 use redirector_tests::redirector::{built_object, pins_under};
 use redirector_tests::{require_root, require_tools, skip, use_probe_bin, Cgroup, APP_UID};
 

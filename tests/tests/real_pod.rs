@@ -17,12 +17,12 @@ use std::time::{Duration, Instant};
 
 use redirector_tests::bpftool::{cgroup_attachments, pinned_id, wait_gone};
 use redirector_tests::cgroup::cgroup2_root;
+use redirector_tests::podman::host::{ForwardingGuard, HostNetState};
+use redirector_tests::podman::net::{netns_cookie, PodNetwork};
+use redirector_tests::podman::pod::Pod;
+use redirector_tests::podman::rootfs::Rootfs;
 use redirector_tests::podman::{processes_mentioning, Podman};
-use redirector_tests::podman_host::{ForwardingGuard, HostNetState};
-use redirector_tests::podman_net::{netns_cookie, PodNetwork};
-use redirector_tests::podman_pod::Pod;
-use redirector_tests::podman_rootfs::Rootfs;
-use redirector_tests::probe_protocol::parse_listening;
+use redirector_tests::probe::protocol::parse_listening;
 use redirector_tests::redirector::{pins_under, redirector_bin, PinRoot, STANDARD_INJECTION};
 use redirector_tests::{
     assert_direct, connect_from, probe_bin, require_root, require_tools, use_probe_bin,

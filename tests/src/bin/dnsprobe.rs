@@ -1,6 +1,6 @@
 //! `dnsprobe`: a DNS server, a stand-in for istio's DNS proxy, and DNS clients for
 //! redirector's tests. One line per event on stdout, in the formats of
-//! `redirector_tests::dns_protocol`.
+//! `redirector_tests::dns::protocol`.
 //!
 //! ```text
 //! dnsprobe server  --listen ADDR:PORT [--listen …] --answer IP [--answer IP6] [--name NAME]
@@ -24,11 +24,11 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, U
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redirector_tests::dns_net::{bind_udp, read_frame, write_frame, Frame};
-use redirector_tests::dns_protocol::{
+use redirector_tests::dns::net::{bind_udp, read_frame, write_frame, Frame};
+use redirector_tests::dns::protocol::{
     self as protocol, client_exit, dns_error_kind, emit, error_kind, io_error_line,
 };
-use redirector_tests::dns_wire::{self as wire, TYPE_A, TYPE_AAAA};
+use redirector_tests::dns::wire::{self as wire, TYPE_A, TYPE_AAAA};
 use redirector_tests::sockaddr;
 
 const USAGE: &str = "usage:

@@ -1,5 +1,5 @@
 //! `probe`: tiny TCP servers and client for redirector's tests. One line per event on stdout,
-//! in the formats of `redirector_tests::probe_protocol`.
+//! in the formats of `redirector_tests::probe::protocol`.
 //!
 //! ```text
 //! probe serve   --listen ADDR:PORT [--listen …] --name NAME
@@ -24,7 +24,7 @@ use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use redirector_tests::probe_protocol::{
+use redirector_tests::probe::protocol::{
     self as protocol, client_exit, describe_io_error, emit, error_kind, io_error_line,
 };
 use redirector_tests::sockaddr;

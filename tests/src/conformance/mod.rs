@@ -10,6 +10,9 @@
 //! query (the DNS proxy on 15053, the real server, or an error) and, over UDP, the source
 //! address the client saw the reply come from.
 
+pub mod cases;
+pub mod rules;
+
 use std::ffi::OsStr;
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
@@ -17,7 +20,7 @@ use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use crate::conformance_cases::{Case, DnsSetup};
+use crate::conformance::cases::{Case, DnsSetup};
 use crate::dns::{require_node, DnsClient, DnsServer, ResolvConf, DNS_PORT};
 use crate::iptables::{apply_golden, saved_rules};
 use crate::redirector::{istio_iptables_command, PinRoot};

@@ -6,8 +6,8 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use crate::cgroup::cgroup2_root;
+use crate::podman::rootfs::Rootfs;
 use crate::podman::Podman;
-use crate::podman_rootfs::Rootfs;
 
 /// A pod of a [`Podman`], removed with all its containers on drop (SIGKILL, no grace).
 #[derive(Debug)]

@@ -9,13 +9,19 @@
 //! a wrapper that gives runc a `--root` inside the directory, so /run/runc is never used, and
 //! `tmp_dir` keeps podman's own state out of /run/libpod.
 
+pub mod cgroup;
+pub mod host;
+pub mod net;
+pub mod pod;
+pub mod rootfs;
+
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use crate::podman_cgroup::CgroupParent;
-use crate::podman_host::RemoveIfCreated;
+use crate::podman::cgroup::CgroupParent;
+use crate::podman::host::RemoveIfCreated;
 use crate::{unique_name, NAME_PREFIX};
 
 /// c/image writes its blob-info cache here when podman builds the pause image (root's fixed
@@ -246,7 +252,7 @@ impl Drop for Podman {
             eprintln!("warning: cannot remove {}: {e}", self.dir.display());
         }
         for dir in &self.libpod_parent {
-            if let Err(e) = crate::podman_cgroup::rmdir_tree(dir) {
+            if let Err(e) = cgroup::rmdir_tree(dir) {
                 eprintln!("warning: cannot remove {}: {e}", dir.display());
             }
         }

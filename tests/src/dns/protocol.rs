@@ -18,8 +18,8 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-pub use crate::probe_protocol::error_kind;
-use crate::probe_protocol::{first_line, Fields};
+pub use crate::probe::protocol::error_kind;
+use crate::probe::protocol::{first_line, Fields};
 
 /// DNS-specific client error kinds (besides [`error_kind`]'s).
 pub mod dns_error_kind {
@@ -105,7 +105,7 @@ pub fn notdns_line(text: &str) -> String {
     )
 }
 
-pub use crate::probe_protocol::{client_exit, emit, error_line, io_error_line};
+pub use crate::probe::protocol::{client_exit, emit, error_line, io_error_line};
 
 /// What a `dnsprobe query` or `dnsprobe resolve` reported.
 #[derive(Clone, Debug, PartialEq, Eq)]

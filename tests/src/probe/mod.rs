@@ -1,11 +1,13 @@
 //! Running the `probe` binary: servers that report readiness, and one-shot clients.
 
+pub mod protocol;
+
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::paths::BinChoice;
-use crate::probe_protocol::{parse_listening, ConnOutcome};
+use crate::probe::protocol::{parse_listening, ConnOutcome};
 use crate::{Cgroup, ChildGuard, NetNs, Spawn, Topology};
 
 /// How long a server may take to report all its listeners.
@@ -187,7 +189,7 @@ fn connect_spawn(target: &impl InNetNs, uid: u32, gid: u32, dst: SocketAddr) -> 
 
 /// Runs a client (`probe connect`, a `dnsprobe` client) to completion and returns its stdout;
 /// panics on a broken client. Exit 0 = an answer, 2 = an error it reported (see
-/// [`client_exit`](crate::probe_protocol::client_exit)); anything else is a broken client.
+/// [`client_exit`](crate::probe::protocol::client_exit)); anything else is a broken client.
 pub(crate) fn run_client(spawn: &Spawn) -> String {
     let output = spawn.output();
     let stdout = String::from_utf8_lossy(&output.stdout);

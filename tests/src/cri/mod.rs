@@ -4,6 +4,8 @@
 //! the probe binary, `sleep` as its command, also the sandbox image) is built from host
 //! files as an OCI archive and imported.
 
+pub mod pods;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -21,8 +23,8 @@ use tonic::transport::Channel;
 
 use crate::daemon::StateDir;
 use crate::oci;
+use crate::podman::rootfs::Rootfs;
 use crate::podman::{mounts_under, processes_mentioning};
-use crate::podman_rootfs::Rootfs;
 use crate::redirector::run_ok;
 use crate::{probe_bin, ChildGuard, Spawn};
 

@@ -5,7 +5,7 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use crate::conformance_rules::{
+use crate::conformance::rules::{
     drop_lines, existing_group, substitute_group, Group, RuleSet, V6Origin, CAPTURE_ALL,
     DEFAULT_LOOPBACK_V4,
 };

@@ -9,12 +9,16 @@
 //! used by curl and grpc) drops a reply whose source is not the server it asked — so only
 //! c-ares fails when the reply's source is not restored.
 
+pub mod net;
+pub mod protocol;
+pub mod wire;
+
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::dns_protocol::{parse_listening, DnsOutcome};
+use crate::dns::protocol::{parse_listening, DnsOutcome};
 use crate::paths::BinChoice;
 use crate::probe::{run_client, InNetNs};
 use crate::{unique_name, Cgroup, ChildGuard, NetNs, Spawn};
