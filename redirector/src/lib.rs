@@ -18,6 +18,7 @@ pub mod daemon;
 pub mod engine;
 pub mod install_cni;
 pub mod istio;
+pub mod pods;
 pub mod store;
 pub mod sys;
 pub mod trace;

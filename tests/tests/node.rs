@@ -31,7 +31,7 @@ use redirector_tests::{require_root, require_tools, skip, use_probe_bin, Cgroup,
 
 /// Where the DaemonSet's daemon pins and keeps its records: the defaults.
 const PIN_ROOT: &str = redirector::store::pins::DEFAULT_ROOT;
-const STATE_DIR: &str = redirector::daemon::records::DEFAULT_STATE_DIR;
+const STATE_DIR: &str = redirector::pods::records::DEFAULT_STATE_DIR;
 /// The daemon's metrics, on the host's loopback only, and its probes, on every address
 /// of the host (kubelet probes a host-network pod at the node's address).
 const METRICS: &str = "127.0.0.1:15014";

@@ -7,10 +7,10 @@ use crate::{
         self,
         api::DEFAULT_SOCKET,
         cri::CONTAINERD_SOCKET,
-        records::DEFAULT_STATE_DIR,
         repair::{RepairConfig, RepairMode},
         DaemonConfig,
     },
+    pods::records::DEFAULT_STATE_DIR,
     sys::cgroup::cgroup2_mount,
 };
 

@@ -6,9 +6,9 @@ use anyhow::Context;
 
 use crate::{
     cni::DEFAULT_EXCLUDED_NAMESPACES,
-    daemon::pods::parse_flags,
     install_cni::{watch, Entry, Installer},
     istio::annotations::STANDARD_INJECTION,
+    pods::parse_flags,
 };
 
 /// How often the watch reads the directory with no event, in case one was missed.

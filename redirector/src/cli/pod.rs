@@ -9,8 +9,8 @@ use std::{
 
 use anyhow::{bail, Context as _};
 
-use crate::daemon::{
-    api::{PodInfo, PodRef, Request, Response, DEFAULT_SOCKET},
+use crate::{
+    daemon::api::{PodInfo, PodRef, Request, Response, DEFAULT_SOCKET},
     pods::parse_flags,
 };
 

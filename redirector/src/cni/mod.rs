@@ -28,12 +28,13 @@ use self::{
     error::{code, CniError},
 };
 use crate::{
-    daemon::{
-        pods::{parse_flags, remove_pod, AddError, Node},
-        records::{CniAttachment, PodRecord, Records, DEFAULT_STATE_DIR},
-    },
     engine::node::node_object,
     istio::annotations::{self, left_alone, Rules},
+    pods::{
+        parse_flags,
+        records::{CniAttachment, PodRecord, Records, DEFAULT_STATE_DIR},
+        remove_pod, PodError, Pods,
+    },
     store::{pins::DEFAULT_ROOT, EbpfObject, OpenMaps, PinRoot},
     sys::netns::Netns,
 };
@@ -164,7 +165,7 @@ impl Plugin {
     }
 
     /// The engine over the node's pinned object, or `unavailable` when there is none.
-    fn node(&self, unavailable: u32) -> Result<Node, CniError> {
+    fn node(&self, unavailable: u32) -> Result<Pods, CniError> {
         let object = self.pinned()?.ok_or_else(|| {
             CniError::new(
                 unavailable,
@@ -174,7 +175,7 @@ impl Plugin {
                 ),
             )
         })?;
-        Ok(Node::new(self.root.clone(), object, self.records.clone()))
+        Ok(Pods::new(self.root.clone(), object, self.records.clone()))
     }
 
     fn add(&self, conf: &NetConf) -> Result<Option<Value>, CniError> {
@@ -198,8 +199,8 @@ impl Plugin {
             .map_err(|err| match err {
                 // A node a newer release upgraded: the runtime retries until this node's
                 // plugin is the newer release's too.
-                AddError::NewerFormat(why) => CniError::new(code::TRY_AGAIN_LATER, why),
-                AddError::Failed(why) => CniError::new(code::SETUP_FAILED, why),
+                PodError::NewerFormat(why) => CniError::new(code::TRY_AGAIN_LATER, why),
+                other => CniError::new(code::SETUP_FAILED, other.to_string()),
             })?;
         Ok(Some(result))
     }
@@ -254,7 +255,7 @@ impl Plugin {
             &mut OpenMaps::default(),
         )
         .map(drop)
-        .map_err(|e| CniError::new(code::SETUP_FAILED, e))
+        .map_err(|e| CniError::new(code::SETUP_FAILED, e.to_string()))
     }
 
     /// A pod the rules leave alone needs nothing; a captured one must be installed exactly
@@ -278,7 +279,7 @@ impl Plugin {
             })?;
         node.check_record(&record)
             .map(drop)
-            .map_err(|e| CniError::new(code::SETUP_FAILED, e))
+            .map_err(|e| CniError::new(code::SETUP_FAILED, e.to_string()))
     }
 
     /// Ready when the kernel is one redirector runs on and the node's programs are pinned.
@@ -293,7 +294,7 @@ impl Plugin {
         let failed = |e: String| CniError::new(code::SETUP_FAILED, e);
         let node = if self.may_hold_kernel_state() {
             self.pinned()?
-                .map(|object| Node::new(self.root.clone(), object, self.records.clone()))
+                .map(|object| Pods::new(self.root.clone(), object, self.records.clone()))
         } else {
             None
         };
@@ -309,7 +310,7 @@ impl Plugin {
                     Some(node) => node
                         .remove(Some(record), Some(cookie))
                         .map(drop)
-                        .map_err(failed)?,
+                        .map_err(|e| failed(e.to_string()))?,
                     None => self
                         .records
                         .remove(cookie)

@@ -1,4 +1,4 @@
-//! Node-wide decision counts that only go up, from per-pod counters that go with their pods.
+//! Pods-wide decision counts that only go up, from per-pod counters that go with their pods.
 //!
 //! A pod's counters live in the maps only while the pod does: summed as they are, the
 //! node's totals would drop whenever a pod is removed (by the daemon, the CNI plugin or a

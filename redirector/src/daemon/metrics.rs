@@ -21,10 +21,10 @@ use prometheus_client::{
 };
 use redirector_common::{Reason, COUNTER_SLOTS};
 
+use crate::pods::{records::PodRecord, Pods};
+
 use super::{
     decision_totals::DecisionTotals,
-    pods::Node,
-    records::PodRecord,
     snapshot::{Rendered, Snapshots},
 };
 use crate::{
@@ -64,7 +64,7 @@ pub struct Metrics {
     /// Pods the plugin's rules capture that nothing captured, as the last repair round
     /// found them.
     uncaptured: Gauge,
-    node: OnceLock<Arc<Node>>,
+    node: OnceLock<Arc<Pods>>,
     /// Decisions by pod (`--metrics-per-pod`) rather than node-wide.
     per_pod: bool,
     snapshots: Snapshots<NodeWalk>,
@@ -110,7 +110,7 @@ impl Metrics {
     }
 
     /// The start-up reconcile is done: serve `/readyz` and the node's metrics.
-    pub fn ready(&self, node: Arc<Node>) {
+    pub fn ready(&self, node: Arc<Pods>) {
         let _ = self.node.set(node);
     }
 
@@ -159,7 +159,7 @@ impl Metrics {
 /// The node's state as it is now: pods, their decisions, map fill.
 fn register_node(
     registry: &mut Registry,
-    node: &Node,
+    node: &Pods,
     per_pod: bool,
     walk: &mut NodeWalk,
 ) -> Result<(), String> {

@@ -10,11 +10,10 @@ mod decision_totals;
 pub mod http;
 pub mod metrics;
 mod new_addrs;
-pub mod pods;
 #[cfg(test)]
 mod proptests;
-pub mod records;
 pub mod repair;
+mod requests;
 mod snapshot;
 mod trace;
 
@@ -38,9 +37,8 @@ use tracing::info;
 use self::{
     api::{Request, Response},
     metrics::Metrics,
-    pods::Node,
-    records::Records,
 };
+use crate::pods::{records::Records, Pods};
 use crate::{
     engine::node::{attach_node, detach_node, node_object, upgrade},
     store::{EbpfObject, OpenMaps, PinRoot},
@@ -69,7 +67,7 @@ pub struct DaemonConfig {
 
 /// Start-up: the object (the pinned one if the node has it), the node-level links, and
 /// the reconcile of what is installed with the records — all before serving.
-fn start(config: &DaemonConfig) -> anyhow::Result<Node> {
+fn start(config: &DaemonConfig) -> anyhow::Result<Pods> {
     let root = PinRoot::new(&config.pin_root);
     let configured = EbpfObject::configured()?;
     let object = match node_object(&root)? {
@@ -97,7 +95,7 @@ fn start(config: &DaemonConfig) -> anyhow::Result<Node> {
         attachment.cgroup.display(),
         attachment.attached.len()
     );
-    let node = Node::new(root, object, Records::new(&config.state_dir))
+    let node = Pods::new(root, object, Records::new(&config.state_dir))
         .with_node_cgroup(config.cgroup.clone());
     let (removed, kept) = node.reconcile().map_err(anyhow::Error::msg)?;
     info!(
@@ -196,7 +194,7 @@ async fn serve(config: DaemonConfig, metrics: Arc<Metrics>) -> anyhow::Result<()
 
 /// Pods' addresses added after their setup, looked for every [`new_addrs::INTERVAL`]; the
 /// node state is taken only when there are some.
-async fn adopt_new_addresses(node: Arc<Node>, owner: Arc<Mutex<()>>) {
+async fn adopt_new_addresses(node: Arc<Pods>, owner: Arc<Mutex<()>>) {
     let mut ticks = tokio::time::interval(new_addrs::INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut misses = new_addrs::Misses::default();
@@ -220,7 +218,7 @@ async fn adopt_new_addresses(node: Arc<Node>, owner: Arc<Mutex<()>>) {
 /// makes a round do nothing, with a warning.
 async fn repair_rounds(
     config: repair::RepairConfig,
-    node: Arc<Node>,
+    node: Arc<Pods>,
     owner: Arc<Mutex<()>>,
     metrics: Arc<Metrics>,
 ) {
@@ -328,7 +326,7 @@ fn refusal(stream: &UnixStream) -> Option<String> {
 
 async fn connection(
     stream: UnixStream,
-    node: Arc<Node>,
+    node: Arc<Pods>,
     owner: Arc<Mutex<()>>,
     metrics: Arc<Metrics>,
 ) {

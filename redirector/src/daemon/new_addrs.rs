@@ -14,7 +14,7 @@ use std::{
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use redirector_common::{names, PodAddrKey};
 
-use super::pods::Node;
+use crate::pods::Pods;
 use crate::{engine::facts, store::node_maps, sys::netns::Netns};
 
 /// How often `ADDR_MISSES` is read: well inside TCP's first SYN retransmission (1 s).
@@ -34,7 +34,7 @@ pub struct Misses {
 impl Misses {
     /// The addresses noted since the last call (taken out of the map: noted again if
     /// connections still come to them), less those no pod had a moment ago.
-    pub fn take(&mut self, node: &Node) -> Vec<IpAddr> {
+    pub fn take(&mut self, node: &Pods) -> Vec<IpAddr> {
         if self.map.is_none() {
             self.map = node_maps::open(&node.pins(), names::ADDR_MISSES).ok();
         }
@@ -65,7 +65,7 @@ impl Misses {
     }
 }
 
-impl Node {
+impl Pods {
     /// Sets up again each recorded pod whose namespace now has one of `wanted`; returns
     /// the addresses found.
     pub fn adopt_addresses(&self, wanted: &[IpAddr]) -> Vec<IpAddr> {

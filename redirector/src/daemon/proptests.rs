@@ -4,7 +4,8 @@
 
 use proptest::prelude::*;
 
-use super::{api::Request, pods::parse_flags};
+use super::api::Request;
+use crate::pods::parse_flags;
 
 const CASES: u32 = 2000;
 

@@ -19,7 +19,8 @@ use crate::{
     sys::netns::Netns,
 };
 
-use super::{cri::Sandbox, pods::Node, records::CniAttachment};
+use super::cri::Sandbox;
+use crate::pods::{records::CniAttachment, Pods};
 
 /// What the daemon does with a pod the plugin's rules capture but nothing captured.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,7 +62,7 @@ pub fn plugin_conf(conf_dir: &std::path::Path) -> anyhow::Result<Option<NetConf>
     })?))
 }
 
-impl Node {
+impl Pods {
     /// Capture (or with `capture` false, only count) every sandbox in `sandboxes` that
     /// the plugin's rules in `conf` capture and that is neither recorded nor installed.
     pub fn repair(&self, sandboxes: &[Sandbox], conf: &NetConf, capture: bool) -> Round {

@@ -9,7 +9,8 @@ use tokio::{
     sync::mpsc,
 };
 
-use super::{api::PodRef, api::Response, pods::Node, response_line};
+use super::{api::PodRef, api::Response, response_line};
+use crate::pods::Pods;
 use crate::trace::{follow, open_rings, Decision, DecisionSink, Tracer};
 
 /// Decisions held for a slow client; past this they are dropped (and counted in the
@@ -19,7 +20,7 @@ const BACKLOG: usize = 8192;
 pub async fn stream(
     mut reader: OwnedReadHalf,
     mut writer: OwnedWriteHalf,
-    node: Arc<Node>,
+    node: Arc<Pods>,
     pod: PodRef,
 ) {
     let start = {

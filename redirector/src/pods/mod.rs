@@ -1,5 +1,9 @@
-//! The daemon's handling of each request, on the engine: blocking work, run off the
-//! async threads.
+//! Pods on a node, set up, checked and removed through the engine, with their records:
+//! the front the daemon and the CNI plugin share. Blocking work; the daemon runs it off
+//! its async threads.
+
+mod error;
+pub mod records;
 
 use std::{
     collections::{BTreeMap, HashSet},
@@ -7,12 +11,8 @@ use std::{
     sync::{Mutex, MutexGuard, PoisonError},
 };
 
-use redirector_common::{NetnsCookie, PodConfig, Reason, COUNTER_SLOTS};
+use redirector_common::{NetnsCookie, PodConfig};
 
-use super::{
-    api::{PodInfo, PodRef, Request, Response},
-    records::{CniAttachment, PodRecord, Records},
-};
 use crate::{
     engine::apply::{apply, is_installed, Outcome},
     engine::diff::Mode,
@@ -26,9 +26,11 @@ use crate::{
     store::{EbpfObject, ObjectPins, OpenMaps, PinRoot},
     sys::netns::Netns,
 };
+pub use error::PodError;
+use records::{CniAttachment, PodRecord, Records};
 
 /// The node state the daemon owns.
-pub struct Node {
+pub struct Pods {
     pub root: PinRoot,
     pub object: EbpfObject,
     pub records: Records,
@@ -70,32 +72,52 @@ pub fn parse_flags(args: &[String]) -> Result<IstioConfig, String> {
     Ok(cfg)
 }
 
-/// Why [`Node::add`] set nothing up.
-#[derive(Debug, thiserror::Error)]
-pub enum AddError {
-    /// The node holds a newer format than this release writes ([`Node::format_skew`]):
-    /// a newer release will set the pod up.
-    #[error("{0}")]
-    NewerFormat(String),
-    #[error("{0}")]
-    Failed(String),
+/// What [`Pods::add`] did to the pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    Captured,
+    Updated,
+    Unchanged,
 }
 
-impl From<String> for AddError {
-    fn from(why: String) -> Self {
-        AddError::Failed(why)
+impl Change {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Change::Captured => "captured",
+            Change::Updated => "updated",
+            Change::Unchanged => "unchanged",
+        }
     }
 }
 
-impl From<AddError> for String {
-    fn from(err: AddError) -> Self {
-        err.to_string()
+/// A pod [`Pods::add`] set up: what changed, its record, and for a new pod the
+/// configuration just written (its counters start at zero).
+#[derive(Debug)]
+pub struct Added {
+    pub change: Change,
+    pub record: PodRecord,
+    pub config: Option<PodConfig>,
+}
+
+/// What [`Pods::remove`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removed {
+    Removed,
+    NoSuchPod,
+}
+
+impl Removed {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Removed::Removed => "removed",
+            Removed::NoSuchPod => "no such pod",
+        }
     }
 }
 
-impl Node {
+impl Pods {
     pub fn new(root: PinRoot, object: EbpfObject, records: Records) -> Self {
-        Node {
+        Pods {
             root,
             object,
             records,
@@ -120,7 +142,7 @@ impl Node {
     /// programs read a newer format of entries than it writes (a newer release's daemon
     /// upgraded the node, and this plugin or daemon is the older one), or the pod's record
     /// shard holds newer records. Checked before anything is written.
-    pub fn format_skew(&self, cookie: NetnsCookie) -> Result<Option<String>, String> {
+    pub fn format_skew(&self, cookie: NetnsCookie) -> Result<Option<String>, PodError> {
         let pinned = self.pins().format();
         if pinned > redirector_common::FORMAT {
             return Ok(Some(format!(
@@ -129,15 +151,15 @@ impl Node {
                 redirector_common::FORMAT
             )));
         }
-        self.records.newer_format(cookie).map_err(|e| e.to_string())
+        Ok(self.records.newer_format(cookie)?)
     }
 
     /// The node cgroup's inode, from the node's links.
-    fn node_cgroup_id(&self) -> Option<u64> {
+    pub(crate) fn node_cgroup_id(&self) -> Option<u64> {
         crate::engine::node::node_cgroup_id(&self.pins())
     }
 
-    fn describe_node_cgroup(&self, id: u64) -> String {
+    pub(crate) fn describe_node_cgroup(&self, id: u64) -> String {
         match &self.node_cgroup {
             Some(path) => path.display().to_string(),
             None => format!("with inode {id}"),
@@ -146,11 +168,11 @@ impl Node {
 
     /// Find the pods whose processes run outside the node cgroup (one pass over /proc),
     /// log the ones newly found, and keep them for `list` and the metrics. How many.
-    pub fn find_outside(&self) -> Result<usize, String> {
+    pub fn find_outside(&self) -> Result<usize, PodError> {
         let Some(node) = self.node_cgroup_id() else {
             return Ok(0);
         };
-        let records = self.records.all().map_err(|e| e.to_string())?;
+        let records = self.records.all()?;
         let ids: Vec<_> = records
             .iter()
             .map(|r| crate::sys::pod_cgroup::ns_id(&r.netns))
@@ -195,42 +217,13 @@ impl Node {
 
     /// The open maps; a request that panicked holding them left nothing half-written in
     /// them that the next apply's observe does not read again.
-    fn maps(&self) -> MutexGuard<'_, OpenMaps> {
+    pub(crate) fn maps(&self) -> MutexGuard<'_, OpenMaps> {
         self.maps.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub fn handle(&self, request: Request) -> Response {
-        let result = match request {
-            Request::Add {
-                netns,
-                name,
-                args,
-                annotations,
-            } => {
-                // The API is asked for this pod by name: only an explicit opt-out holds.
-                let rules = crate::istio::annotations::Rules {
-                    require_status: false,
-                    exclude_namespaces: &[],
-                };
-                if let Some(why) = crate::istio::annotations::left_alone(rules, None, &annotations)
-                {
-                    return Response::done(format!("not captured: {why}"), Vec::new());
-                }
-                let args = crate::istio::annotations::flags(&args, &annotations);
-                self.add(&netns, name, args, None).map_err(String::from)
-            }
-            Request::Del(pod) => self.del(&pod),
-            Request::List => self.list(),
-            Request::Check(pod) => self.check(&pod),
-            // A stream, not one answer: the connection runs it (`super::trace`).
-            Request::Trace(_) => Err("trace is answered as a stream".into()),
-        };
-        result.unwrap_or_else(Response::failed)
-    }
-
-    fn plan(&self, netns: &Netns, cfg: &IstioConfig) -> Result<PodPlan, String> {
-        let facts =
-            PodFacts::gather(netns, None, &cfg.run.resolv_conf).map_err(|e| e.to_string())?;
+    fn plan(&self, netns: &Netns, cfg: &IstioConfig) -> Result<PodPlan, PodError> {
+        let facts = PodFacts::gather(netns, None, &cfg.run.resolv_conf)
+            .map_err(|e| PodError::Namespace(e.to_string()))?;
         Ok(plan_pod(&cfg.capture, &facts))
     }
 
@@ -241,22 +234,23 @@ impl Node {
         name: Option<String>,
         args: Vec<String>,
         cni: Option<CniAttachment>,
-    ) -> Result<Response, AddError> {
+    ) -> Result<Added, PodError> {
         let started = std::time::Instant::now();
-        let cfg = parse_flags(&args)?;
+        let cfg = parse_flags(&args).map_err(PodError::Flags)?;
         let (netns, facts) = PodFacts::open_and_gather(
             netns_path,
             cfg.run.allow_host_netns,
             None,
             &cfg.run.resolv_conf,
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| PodError::Namespace(e.to_string()))?;
         if let Some(skew) = self.format_skew(netns.cookie())? {
-            return Err(AddError::NewerFormat(skew));
+            return Err(PodError::NewerFormat(skew));
         }
         let plan = plan_pod(&cfg.capture, &facts);
         if plan.config.flags & redirector_common::pod_flags::IPV6 != 0 {
-            loopback::add_inbound_passthrough(&netns).map_err(|e| e.to_string())?;
+            loopback::add_inbound_passthrough(&netns)
+                .map_err(|e| PodError::Namespace(e.to_string()))?;
         }
         let cookie = netns.cookie();
         let keys = PodKeys::of(&plan);
@@ -271,7 +265,10 @@ impl Node {
             &mut maps,
             known.as_ref(),
         )
-        .map_err(|e| format!("setting up pod netns {cookie}: {e}"))?;
+        .map_err(|source| PodError::Apply {
+            cookie,
+            source: Box::new(source),
+        })?;
         drop(maps);
         let record = PodRecord {
             netns_cookie: cookie.get(),
@@ -283,32 +280,38 @@ impl Node {
             format: redirector_common::FORMAT,
             keys: Some(keys),
         };
-        self.records.save(&record).map_err(|e| e.to_string())?;
+        self.records.save(&record)?;
         let took = started.elapsed();
-        let (what, info) = match outcome {
-            // Just written: the plan's config, and counters that start at zero.
-            Outcome::New(_) => (
-                "captured",
-                pod_info(&record, Some(&plan.config), &[0; COUNTER_SLOTS]),
-            ),
-            Outcome::Replaced(_) => ("updated", self.info(&record)),
-            Outcome::Unchanged => ("unchanged", self.info(&record)),
+        let (change, config) = match outcome {
+            // Just written: the plan's config.
+            Outcome::New(_) => (Change::Captured, Some(plan.config)),
+            Outcome::Replaced(_) => (Change::Updated, None),
+            Outcome::Unchanged => (Change::Unchanged, None),
         };
         tracing::info!(
-            "pod {} (netns cookie {}) {what} in {:.2} ms",
+            "pod {} (netns cookie {}) {} in {:.2} ms",
             record.name.as_deref().unwrap_or("-"),
             record.netns_cookie,
+            change.as_str(),
             took.as_secs_f64() * 1e3
         );
-        Ok(Response::done(what, vec![info]))
+        Ok(Added {
+            change,
+            record,
+            config,
+        })
     }
 
     /// The keys the pod's record says its applies may have written, with `planned` added
     /// to the record first if it lacks any of them: an apply killed after writing them
     /// then leaves nothing the record does not name. `None` when the pod has no record, or
     /// one of an earlier release: what is installed is then read through.
-    fn note_keys(&self, cookie: NetnsCookie, planned: &PodKeys) -> Result<Option<PodKeys>, String> {
-        let Some(record) = self.records.get(cookie).map_err(|e| e.to_string())? else {
+    fn note_keys(
+        &self,
+        cookie: NetnsCookie,
+        planned: &PodKeys,
+    ) -> Result<Option<PodKeys>, PodError> {
+        let Some(record) = self.records.get(cookie)? else {
             return Ok(None);
         };
         let Some(known) = record.keys.clone() else {
@@ -319,54 +322,9 @@ impl Node {
                 keys: Some(known.union(planned)),
                 ..record
             };
-            self.records.save(&ahead).map_err(|e| e.to_string())?;
+            self.records.save(&ahead)?;
         }
         Ok(Some(known))
-    }
-
-    /// The cookie of a pod named by request: its record's, else its namespace's.
-    fn find(&self, pod: &PodRef) -> Result<(Option<PodRecord>, Option<NetnsCookie>), String> {
-        if pod.netns.is_none() && pod.name.is_none() {
-            return Err("name the pod with netns or name".into());
-        }
-        let record = self
-            .records
-            .find(pod.name.as_deref(), pod.netns.as_deref())
-            .map_err(|e| e.to_string())?;
-        let cookie = match (&record, &pod.netns) {
-            (Some(record), _) => Some(record.cookie()),
-            (None, Some(path)) => Netns::open(path).ok().map(|n| n.cookie()),
-            (None, None) => None,
-        };
-        Ok((record, cookie))
-    }
-
-    /// What a `trace` request watches, and the names of the pods it may report.
-    pub fn trace_target(
-        &self,
-        pod: &PodRef,
-    ) -> Result<(crate::trace::Traced, BTreeMap<u64, String>), String> {
-        let names = self
-            .records
-            .all()
-            .map_err(|e| e.to_string())?
-            .into_iter()
-            .filter_map(|r| Some((r.netns_cookie, r.name?)))
-            .collect();
-        if pod.netns.is_none() && pod.name.is_none() {
-            return Ok((crate::trace::Traced::All, names));
-        }
-        match self.find(pod)? {
-            (_, Some(cookie)) if LivePod::open(&self.root, cookie).is_ok() => {
-                Ok((crate::trace::Traced::One(cookie), names))
-            }
-            _ => Err("no such pod".into()),
-        }
-    }
-
-    fn del(&self, pod: &PodRef) -> Result<Response, String> {
-        let (record, cookie) = self.find(pod)?;
-        self.remove(record, cookie)
     }
 
     /// Remove the pod of a record or with a cookie; nothing to remove is not an error.
@@ -374,28 +332,20 @@ impl Node {
         &self,
         record: Option<PodRecord>,
         cookie: Option<NetnsCookie>,
-    ) -> Result<Response, String> {
+    ) -> Result<Removed, PodError> {
         remove_pod(&self.root, &self.records, record, cookie, &mut self.maps())
     }
 
-    fn check(&self, pod: &PodRef) -> Result<Response, String> {
-        let (Some(record), _) = self.find(pod)? else {
-            return Err("no such pod".into());
-        };
-        self.check_record(&record)
-    }
-
     /// Whether the pod of `record` is installed exactly as its flags plan it.
-    pub fn check_record(&self, record: &PodRecord) -> Result<Response, String> {
-        let cfg = parse_flags(&record.args)?;
-        let netns = Netns::open(&record.netns).map_err(|e| e.to_string())?;
+    pub fn check_record(&self, record: &PodRecord) -> Result<(), PodError> {
+        let cfg = parse_flags(&record.args).map_err(PodError::Flags)?;
+        let netns = Netns::open(&record.netns).map_err(|e| PodError::Namespace(e.to_string()))?;
         if netns.cookie() != record.cookie() {
-            return Err(format!(
-                "{} is another network namespace now (cookie {}, the pod's was {})",
-                record.netns.display(),
-                netns.cookie(),
-                record.netns_cookie
-            ));
+            return Err(PodError::NamespaceReused {
+                path: record.netns.clone(),
+                now: netns.cookie(),
+                was: record.netns_cookie,
+            });
         }
         let plan = self.plan(&netns, &cfg)?;
         let same = is_installed(
@@ -405,60 +355,42 @@ impl Node {
             &netns,
             &mut self.maps(),
             record.keys.as_ref(),
-        )
-        .map_err(|e| e.to_string())?;
+        )?;
         if let Some(node) = self.node_cgroup_id() {
             if let Some(cgroup) = crate::sys::pod_cgroup::outside(&record.netns, node) {
-                return Err(format!(
-                    "the pod runs in cgroup {}, outside the node cgroup {}: none of the node's programs runs on its sockets",
-                    cgroup.display(),
-                    self.describe_node_cgroup(node)
-                ));
+                return Err(PodError::OutsideNodeCgroup {
+                    cgroup,
+                    node: self.describe_node_cgroup(node),
+                });
             }
         }
         if same {
-            Ok(Response::done(
-                "captured as planned",
-                vec![self.info(record)],
-            ))
+            Ok(())
         } else {
-            Err("the installed state differs from the pod's plan".into())
+            Err(PodError::Differs)
         }
     }
 
-    fn list(&self) -> Result<Response, String> {
-        let records = self.records.all().map_err(|e| e.to_string())?;
-        let pods = records.iter().map(|r| self.info(r)).collect();
-        Ok(Response::done(format!("{} pod(s)", records.len()), pods))
-    }
-
-    fn info(&self, record: &PodRecord) -> PodInfo {
-        let mut info = match LivePod::open(&self.root, record.cookie()) {
-            Ok(live) => pod_info(record, Some(&live.config), &live.counters()),
-            Err(_) => pod_info(record, None, &[0; COUNTER_SLOTS]),
-        };
-        info.outside_node_cgroup = self
-            .outside
+    /// The cgroup a pod was last found in outside the node cgroup, if it was.
+    pub fn outside_of(&self, cookie: u64) -> Option<PathBuf> {
+        self.outside
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .get(&record.netns_cookie)
-            .cloned();
-        info
+            .get(&cookie)
+            .cloned()
     }
 
     /// Start-up reconcile: remove pods whose namespace (and cgroup) are gone, and the
     /// records of pods that are no longer installed. Live pods are left exactly as they are.
-    pub fn reconcile(&self) -> Result<(Vec<NetnsCookie>, usize), String> {
-        let removed = crate::engine::gc::collect_stale(&self.root).map_err(|e| e.to_string())?;
+    pub fn reconcile(&self) -> Result<(Vec<NetnsCookie>, usize), PodError> {
+        let removed = crate::engine::gc::collect_stale(&self.root)?;
         let mut kept = 0;
-        for record in self.records.all().map_err(|e| e.to_string())? {
+        for record in self.records.all()? {
             let installed = LivePod::open(&self.root, record.cookie()).is_ok();
             if installed {
                 kept += 1;
             } else {
-                self.records
-                    .remove(record.cookie())
-                    .map_err(|e| e.to_string())?;
+                self.records.remove(record.cookie())?;
             }
         }
         self.find_outside()?;
@@ -474,43 +406,16 @@ pub fn remove_pod(
     record: Option<PodRecord>,
     cookie: Option<NetnsCookie>,
     maps: &mut OpenMaps,
-) -> Result<Response, String> {
+) -> Result<Removed, PodError> {
     let Some(cookie) = cookie else {
-        return Ok(Response::done("no such pod", Vec::new()));
+        return Ok(Removed::NoSuchPod);
     };
     let known = record.as_ref().and_then(|r| r.keys.as_ref());
-    let removed = teardown(root, cookie, maps, known).map_err(|e| e.to_string())?;
-    records.remove(cookie).map_err(|e| e.to_string())?;
-    let message = if removed.is_empty() && record.is_none() {
-        "no such pod"
+    let removed = teardown(root, cookie, maps, known)?;
+    records.remove(cookie)?;
+    Ok(if removed.is_empty() && record.is_none() {
+        Removed::NoSuchPod
     } else {
-        "removed"
-    };
-    Ok(Response::done(message, Vec::new()))
-}
-
-/// What the API reports of a pod: its record, its installed config, its non-zero counters.
-fn pod_info(
-    record: &PodRecord,
-    config: Option<&PodConfig>,
-    counters: &[u64; COUNTER_SLOTS],
-) -> PodInfo {
-    PodInfo {
-        name: record.name.clone(),
-        netns: record.netns.clone(),
-        netns_cookie: record.netns_cookie,
-        args: record.args.clone(),
-        config: config.map(|c| {
-            format!(
-                "-p {} -z {} -e {} flags {:#x}",
-                c.outbound_port, c.inbound_port, c.tunnel_port, c.flags
-            )
-        }),
-        counters: Reason::ALL
-            .iter()
-            .filter(|r| counters[**r as usize] != 0)
-            .map(|r| (r.name().to_owned(), counters[*r as usize]))
-            .collect(),
-        outside_node_cgroup: None,
-    }
+        Removed::Removed
+    })
 }
