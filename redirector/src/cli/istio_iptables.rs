@@ -10,11 +10,11 @@ use tracing::{info, warn};
 use super::{log_sections::Section, validate};
 use crate::istio::IstioConfig;
 use crate::{
-    engine::apply::{apply, Outcome},
+    engine::apply::Outcome,
+    engine::capture::capture,
     engine::diff::Mode,
     engine::facts::PodFacts,
     engine::gc::teardown,
-    engine::loopback,
     engine::node::covering,
     engine::plan::{dns_capture_enabled, plan_pod},
     store::{pins::BPFFS_MOUNT, EbpfObject, OpenMaps, PinRoot, OBJECT_OVERRIDE_ENV},
@@ -153,9 +153,6 @@ fn apply_rules(cfg: &IstioConfig, root: &PinRoot, netns: &Netns) -> anyhow::Resu
         return Ok(());
     }
     require_bpffs(root.path())?;
-    if plan.config.flags & redirector_common::pod_flags::IPV6 != 0 {
-        loopback::add_inbound_passthrough(netns)?;
-    }
     let object = match node_object {
         Some(node) => EbpfObject::pinned(node.id().clone()),
         None => EbpfObject::configured()?,
@@ -165,7 +162,7 @@ fn apply_rules(cfg: &IstioConfig, root: &PinRoot, netns: &Netns) -> anyhow::Resu
     } else {
         Mode::Changes
     };
-    let report = match apply(
+    let report = match capture(
         root,
         &object,
         &plan,

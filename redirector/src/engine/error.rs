@@ -20,6 +20,8 @@ pub enum EngineError {
     #[error(transparent)]
     Observe(#[from] ObserveError),
     #[error(transparent)]
+    Loopback(#[from] super::loopback::LoopbackError),
+    #[error(transparent)]
     Copy(#[from] crate::store::growing::CopyError),
     #[error("writing {map}: {}", describe(source))]
     MapWrite { map: &'static str, source: MapError },

@@ -6,6 +6,7 @@
 //! upgrades, and the rest are what the steps use.
 
 pub mod apply;
+pub mod capture;
 pub mod diff;
 pub mod error;
 pub mod facts;

@@ -14,12 +14,12 @@ use std::{
 use redirector_common::{NetnsCookie, PodConfig};
 
 use crate::{
-    engine::apply::{apply, is_installed, Outcome},
+    engine::apply::{is_installed, Outcome},
+    engine::capture::capture,
     engine::diff::Mode,
     engine::facts::PodFacts,
     engine::gc::teardown,
     engine::live_pod::LivePod,
-    engine::loopback,
     engine::plan::{plan_pod, PodPlan},
     engine::pod_keys::PodKeys,
     istio::{parse_istio_iptables, IstioConfig},
@@ -248,15 +248,11 @@ impl Pods {
             return Err(PodError::NewerFormat(skew));
         }
         let plan = plan_pod(&cfg.capture, &facts);
-        if plan.config.flags & redirector_common::pod_flags::IPV6 != 0 {
-            loopback::add_inbound_passthrough(&netns)
-                .map_err(|e| PodError::Namespace(e.to_string()))?;
-        }
         let cookie = netns.cookie();
         let keys = PodKeys::of(&plan);
         let mut maps = self.maps();
         let known = self.note_keys(cookie, &keys)?;
-        let outcome = apply(
+        let outcome = capture(
             &self.root,
             &self.object,
             &plan,
