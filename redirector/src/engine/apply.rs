@@ -402,16 +402,21 @@ fn restore_link(pod: &PodPins, hook: &str, old: Option<OwnedFd>) -> io::Result<(
 fn rollback(maps: &mut NodeMaps, pod: &PodPins, cookie: NetnsCookie, undo: Vec<Undo>) {
     for step in undo.into_iter().rev() {
         let undone = match step {
-            Undo::Config(Some(before)) => maps.pod_config.insert(cookie, before, 0).map_err(e),
-            Undo::Config(None) => maps.pod_config.remove(&cookie).map_err(e),
-            Undo::Port(key) => maps.port_sets.remove(&key).map_err(e),
-            Undo::Cidr4(key, Some(v)) => maps.cidrs_v4.insert(&key, v, 0).map_err(e),
-            Undo::Cidr4(key, None) => maps.cidrs_v4.remove(&key).map_err(e),
-            Undo::Cidr6(key, Some(v)) => maps.cidrs_v6.insert(&key, v, 0).map_err(e),
-            Undo::Cidr6(key, None) => maps.cidrs_v6.remove(&key).map_err(e),
-            Undo::Addr(key, Some(owner)) => maps.pod_by_addr.insert(key, owner, 0).map_err(e),
-            Undo::Addr(key, None) => maps.pod_by_addr.remove(&key).map_err(e),
-            Undo::Counters => maps.counters.remove(&cookie).map_err(e),
+            Undo::Config(Some(before)) => maps
+                .pod_config
+                .insert(cookie, before, 0)
+                .map_err(undo_failed),
+            Undo::Config(None) => maps.pod_config.remove(&cookie).map_err(undo_failed),
+            Undo::Port(key) => maps.port_sets.remove(&key).map_err(undo_failed),
+            Undo::Cidr4(key, Some(v)) => maps.cidrs_v4.insert(&key, v, 0).map_err(undo_failed),
+            Undo::Cidr4(key, None) => maps.cidrs_v4.remove(&key).map_err(undo_failed),
+            Undo::Cidr6(key, Some(v)) => maps.cidrs_v6.insert(&key, v, 0).map_err(undo_failed),
+            Undo::Cidr6(key, None) => maps.cidrs_v6.remove(&key).map_err(undo_failed),
+            Undo::Addr(key, Some(owner)) => {
+                maps.pod_by_addr.insert(key, owner, 0).map_err(undo_failed)
+            }
+            Undo::Addr(key, None) => maps.pod_by_addr.remove(&key).map_err(undo_failed),
+            Undo::Counters => maps.counters.remove(&cookie).map_err(undo_failed),
             Undo::StagedLink(path) => unpinned(fs::remove_file(&path)),
         };
         if let Err(err) = undone {
@@ -424,7 +429,8 @@ fn rollback(maps: &mut NodeMaps, pod: &PodPins, cookie: NetnsCookie, undo: Vec<U
     }
 }
 
-fn e(err: MapError) -> String {
+/// Why an undo step failed, for the warning.
+fn undo_failed(err: MapError) -> String {
     err.to_string()
 }
 
