@@ -37,6 +37,8 @@ pub fn test(filter: &[String]) -> Result<()> {
         "redirector",
         "--package",
         "xtask",
+        "--package",
+        "redirector-bench",
     ]);
     status(unit)?;
     if !crate::bootstrap::is_root() && std::env::var_os("CI").is_none() {
@@ -82,7 +84,7 @@ pub fn bench(args: &[String]) -> Result<()> {
     crate::workspace::ensure_tool("nginx", "nginx")?;
     // redirector on its own, as it ships: built with the tests' crates, cargo would unify
     // their dependencies' features into it (hyper's client, for one).
-    for package in ["redirector", "redirector-tests"] {
+    for package in ["redirector", "redirector-tests", "redirector-bench"] {
         let mut build = cargo();
         build.args(["build", "--release", "--package", package, "--bins"]);
         status(build)?;
