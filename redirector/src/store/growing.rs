@@ -53,12 +53,14 @@ fn shape(data: &MapData) -> Result<Shape, MapError> {
     })
 }
 
-/// The two maps' entries can be converted from one to the other: same key size, both
-/// per-CPU or neither. Checked for every map before anything moves.
-pub fn check_copy(map: &'static str, from: &Path, to: &Path) -> Result<(), CopyError> {
+/// A pinned map, open, with its shape.
+type Opened = (MapData, Shape);
+
+/// The maps pinned at `from` and `to`, opened, with their shapes.
+fn open_pair(map: &'static str, from: &Path, to: &Path) -> Result<(Opened, Opened), CopyError> {
     let open = |path: &Path| {
         MapData::from_pin(path)
-            .and_then(|data| shape(&data))
+            .and_then(|data| shape(&data).map(|shape| (data, shape)))
             .map_err(|source| CopyError::Map { map, source })
     };
     let (a, b) = (open(from)?, open(to)?);
@@ -68,18 +70,24 @@ pub fn check_copy(map: &'static str, from: &Path, to: &Path) -> Result<(), CopyE
         from,
         to,
     };
-    if a.key_size != b.key_size {
+    if a.1.key_size != b.1.key_size {
         return Err(changed(
             "key size",
-            a.key_size.to_string(),
-            b.key_size.to_string(),
+            a.1.key_size.to_string(),
+            b.1.key_size.to_string(),
         ));
     }
-    if a.per_cpu != b.per_cpu {
+    if a.1.per_cpu != b.1.per_cpu {
         let kind = |per_cpu| if per_cpu { "per-CPU" } else { "shared" }.to_string();
-        return Err(changed("kind", kind(a.per_cpu), kind(b.per_cpu)));
+        return Err(changed("kind", kind(a.1.per_cpu), kind(b.1.per_cpu)));
     }
-    Ok(())
+    Ok((a, b))
+}
+
+/// The two maps' entries can be converted from one to the other: same key size, both
+/// per-CPU or neither. Checked for every map before anything moves.
+pub fn check_copy(map: &'static str, from: &Path, to: &Path) -> Result<(), CopyError> {
+    open_pair(map, from, to).map(drop)
 }
 
 /// Every entry of the map pinned at `from` written into the one at `to`, each value
@@ -92,38 +100,38 @@ pub fn copy_map(
     to: &Path,
     lossy: bool,
 ) -> Result<usize, CopyError> {
-    check_copy(map, from, to)?;
+    let ((src, a), (dst, b)) = open_pair(map, from, to)?;
     let err = |source| CopyError::Map { map, source };
-    let (src, dst) = (
-        MapData::from_pin(from).map_err(err)?,
-        MapData::from_pin(to).map_err(err)?,
-    );
-    let (a, b) = (shape(&src).map_err(err)?, shape(&dst).map_err(err)?);
     let (slots, from_slot, to_slot) = if a.per_cpu {
         let cpus = possible_cpus().map_err(|e| err(syscall_err("reading the possible CPUs")(e)))?;
         (cpus, per_cpu_slot(a.value_size), per_cpu_slot(b.value_size))
     } else {
         (1, a.value_size, b.value_size)
     };
-    let mut value = vec![0u8; from_slot * slots];
+    // The source read through the slot codec, in the destination's layout.
+    let source = Slots {
+        data: src,
+        slot: from_slot,
+        slots,
+        ours: to_slot,
+    };
     let mut key: Option<Vec<u8>> = None;
     let mut copied = 0;
     loop {
-        let next = bpf_sys::next_key_bytes(src.fd().as_fd(), key.as_deref(), a.key_size)
+        let next = bpf_sys::next_key_bytes(source.data.fd().as_fd(), key.as_deref(), a.key_size)
             .map_err(|e| err(syscall_err("bpf_map_get_next_key")(e)))?;
         let Some(next) = next else {
             return Ok(copied);
         };
-        // A key removed meanwhile is skipped, as the programs would have removed it.
-        let found = bpf_sys::lookup_bytes(src.fd().as_fd(), &next, &mut value)
-            .map_err(|e| err(syscall_err("bpf_map_lookup_elem")(e)))?;
-        if found {
-            let converted = resize(&value, from_slot, to_slot, slots);
-            match bpf_sys::update_bytes(dst.fd().as_fd(), &next, &converted, 0) {
+        match source.get(&next) {
+            Ok(converted) => match bpf_sys::update_bytes(dst.fd().as_fd(), &next, &converted, 0) {
                 Ok(()) => copied += 1,
                 Err(_) if lossy => {}
                 Err(e) => return Err(err(syscall_err("bpf_map_update_elem")(e))),
-            }
+            },
+            // A key removed meanwhile is skipped, as the programs would have removed it.
+            Err(MapError::KeyNotFound) => {}
+            Err(e) => return Err(err(e)),
         }
         key = Some(next);
     }
