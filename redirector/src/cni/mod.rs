@@ -165,7 +165,7 @@ impl Plugin {
     }
 
     /// The engine over the node's pinned object, or `unavailable` when there is none.
-    fn node(&self, unavailable: u32) -> Result<Pods, CniError> {
+    fn pods(&self, unavailable: u32) -> Result<Pods, CniError> {
         let object = self.pinned()?.ok_or_else(|| {
             CniError::new(
                 unavailable,
@@ -190,12 +190,12 @@ impl Plugin {
             return Ok(Some(result));
         };
         kernel_ready(code::SETUP_FAILED)?;
-        let node = self.node(code::TRY_AGAIN_LATER)?;
+        let pods = self.pods(code::TRY_AGAIN_LATER)?;
         let cni = CniAttachment {
             container_id: container,
             network: conf.name.clone(),
         };
-        node.add(&PathBuf::from(netns), pod_name(), flags, Some(cni))
+        pods.add(&PathBuf::from(netns), pod_name(), flags, Some(cni))
             .map_err(|err| match err {
                 // A node a newer release upgraded: the runtime retries until this node's
                 // plugin is the newer release's too.
@@ -266,7 +266,7 @@ impl Plugin {
             return Ok(());
         }
         kernel_ready(code::SETUP_FAILED)?;
-        let node = self.node(code::NOT_AVAILABLE)?;
+        let pods = self.pods(code::NOT_AVAILABLE)?;
         let record = self
             .records
             .by_container(&container, None)
@@ -277,7 +277,7 @@ impl Plugin {
                     format!("no pod is set up for container {container}"),
                 )
             })?;
-        node.check_record(&record)
+        pods.check_record(&record)
             .map(drop)
             .map_err(|e| CniError::new(code::SETUP_FAILED, e.to_string()))
     }
@@ -285,14 +285,14 @@ impl Plugin {
     /// Ready when the kernel is one redirector runs on and the node's programs are pinned.
     fn status(&self) -> Result<(), CniError> {
         kernel_ready(code::NOT_AVAILABLE)?;
-        self.node(code::NOT_AVAILABLE).map(drop)
+        self.pods(code::NOT_AVAILABLE).map(drop)
     }
 
     /// Remove the pods of containers the runtime no longer has, and pods that are gone;
     /// with nothing pinned or a refused kernel, only their records.
     fn gc(&self, conf: &NetConf) -> Result<(), CniError> {
         let failed = |e: String| CniError::new(code::SETUP_FAILED, e);
-        let node = if self.may_hold_kernel_state() {
+        let pods = if self.may_hold_kernel_state() {
             self.pinned()?
                 .map(|object| Pods::new(self.root.clone(), object, self.records.clone()))
         } else {
@@ -306,8 +306,8 @@ impl Plugin {
                 .filter(|record| is_stale(record, conf.name.as_deref(), &valid));
             for record in stale {
                 let cookie = record.cookie();
-                match &node {
-                    Some(node) => node
+                match &pods {
+                    Some(pods) => pods
                         .remove(Some(record), Some(cookie))
                         .map(drop)
                         .map_err(|e| failed(e.to_string()))?,
@@ -318,7 +318,7 @@ impl Plugin {
                 }
             }
         }
-        if node.is_none() {
+        if pods.is_none() {
             return Ok(());
         }
         crate::engine::gc::collect_stale(&self.root)

@@ -64,7 +64,7 @@ pub struct Metrics {
     /// Pods the plugin's rules capture that nothing captured, as the last repair round
     /// found them.
     uncaptured: Gauge,
-    node: OnceLock<Arc<Pods>>,
+    pods: OnceLock<Arc<Pods>>,
     /// Decisions by pod (`--metrics-per-pod`) rather than node-wide.
     per_pod: bool,
     snapshots: Snapshots<NodeWalk>,
@@ -88,7 +88,7 @@ impl Metrics {
             errors: Family::default(),
             repaired: Counter::default(),
             uncaptured: Gauge::default(),
-            node: OnceLock::new(),
+            pods: OnceLock::new(),
             per_pod,
             snapshots: Snapshots::new(NodeWalk::default()),
         }
@@ -110,13 +110,13 @@ impl Metrics {
     }
 
     /// The start-up reconcile is done: serve `/readyz` and the node's metrics.
-    pub fn ready(&self, node: Arc<Pods>) {
-        let _ = self.node.set(node);
+    pub fn ready(&self, pods: Arc<Pods>) {
+        let _ = self.pods.set(pods);
     }
 
     /// Whether the start-up reconcile is done.
     pub fn is_ready(&self) -> bool {
-        self.node.get().is_some()
+        self.pods.get().is_some()
     }
 
     /// The text of `/metrics`: the latest snapshot, or a new one if it is a second old.
@@ -147,8 +147,8 @@ impl Metrics {
             "Pods the plugin's rules capture that are not captured, at the last repair round",
             self.uncaptured.clone(),
         );
-        if let Some(node) = self.node.get() {
-            register_node(&mut registry, node, self.per_pod, walk)?;
+        if let Some(pods) = self.pods.get() {
+            register_pods(&mut registry, pods, self.per_pod, walk)?;
         }
         let mut text = String::new();
         encode(&mut text, &registry).map_err(|e| e.to_string())?;
@@ -157,24 +157,24 @@ impl Metrics {
 }
 
 /// The node's state as it is now: pods, their decisions, map fill.
-fn register_node(
+fn register_pods(
     registry: &mut Registry,
-    node: &Pods,
+    pods: &Pods,
     per_pod: bool,
     walk: &mut NodeWalk,
 ) -> Result<(), String> {
-    let records = node.records.all().map_err(|e| e.to_string())?;
-    let pods = Gauge::<i64>::default();
-    pods.set(records.len() as i64);
-    registry.register("pods", "Pods the daemon manages", pods);
+    let records = pods.records.all().map_err(|e| e.to_string())?;
+    let managed = Gauge::<i64>::default();
+    managed.set(records.len() as i64);
+    registry.register("pods", "Pods the daemon manages", managed);
     let outside = Gauge::<i64>::default();
-    outside.set(node.outside_count() as i64);
+    outside.set(pods.outside_count() as i64);
     registry.register(
         "pods_outside_node_cgroup",
         "Pods whose processes run outside the node cgroup the programs are attached at: not captured",
         outside,
     );
-    let objects = node.root.objects().map_err(|e| e.to_string())?;
+    let objects = pods.root.objects().map_err(|e| e.to_string())?;
     walk.maps.retain_loaded(&objects);
     let counted = pod_counters(&records, &objects, &mut walk.maps);
     if per_pod {

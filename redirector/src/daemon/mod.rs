@@ -95,14 +95,14 @@ fn start(config: &DaemonConfig) -> anyhow::Result<Pods> {
         attachment.cgroup.display(),
         attachment.attached.len()
     );
-    let node = Pods::new(root, object, Records::new(&config.state_dir))
+    let pods = Pods::new(root, object, Records::new(&config.state_dir))
         .with_node_cgroup(config.cgroup.clone());
-    let (removed, kept) = node.reconcile().map_err(anyhow::Error::msg)?;
+    let (removed, kept) = pods.reconcile().map_err(anyhow::Error::msg)?;
     info!(
         "reconciled: {kept} pod(s) kept as they are, {} gone pod(s) removed {removed:?}",
         removed.len()
     );
-    Ok(node)
+    Ok(pods)
 }
 
 /// Run until SIGTERM or SIGINT, then exit leaving every pod captured.
@@ -128,9 +128,9 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
 
 async fn serve(config: DaemonConfig, metrics: Arc<Metrics>) -> anyhow::Result<()> {
     let start_config = config.clone();
-    let node = tokio::task::spawn_blocking(move || start(&start_config)).await??;
-    let node = Arc::new(node);
-    metrics.ready(Arc::clone(&node));
+    let pods = tokio::task::spawn_blocking(move || start(&start_config)).await??;
+    let pods = Arc::new(pods);
+    metrics.ready(Arc::clone(&pods));
     let listener = bind(&config.socket)?;
     info!("ready: serving on {}", config.socket.display());
     // One owner of the node state: requests are handled one at a time.
@@ -139,10 +139,10 @@ async fn serve(config: DaemonConfig, metrics: Arc<Metrics>) -> anyhow::Result<()
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     if let Some(repair) = config.repair.clone() {
-        let (node, owner, metrics) = (Arc::clone(&node), Arc::clone(&owner), Arc::clone(&metrics));
-        tokio::spawn(repair_rounds(repair, node, owner, metrics));
+        let (pods, owner, metrics) = (Arc::clone(&pods), Arc::clone(&owner), Arc::clone(&metrics));
+        tokio::spawn(repair_rounds(repair, pods, owner, metrics));
     }
-    tokio::spawn(adopt_new_addresses(Arc::clone(&node), Arc::clone(&owner)));
+    tokio::spawn(adopt_new_addresses(Arc::clone(&pods), Arc::clone(&owner)));
     let mut gc = config.gc_interval.map(|every| {
         let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -151,10 +151,10 @@ async fn serve(config: DaemonConfig, metrics: Arc<Metrics>) -> anyhow::Result<()
     loop {
         tokio::select! {
             _ = async { gc.as_mut().expect("only polled when set").tick().await }, if gc.is_some() => {
-                let (node, owner) = (Arc::clone(&node), Arc::clone(&owner));
+                let (pods, owner) = (Arc::clone(&pods), Arc::clone(&owner));
                 tokio::spawn(async move {
                     let _owner = owner.lock().await;
-                    match tokio::task::spawn_blocking(move || node.reconcile()).await {
+                    match tokio::task::spawn_blocking(move || pods.reconcile()).await {
                         Ok(Ok((removed, _))) if !removed.is_empty() => {
                             info!("removed {} gone pod(s): {removed:?}", removed.len())
                         }
@@ -172,9 +172,9 @@ async fn serve(config: DaemonConfig, metrics: Arc<Metrics>) -> anyhow::Result<()
                         tracing::warn!("{MAX_CONNECTIONS} API connections open: closing a new one");
                         continue;
                     };
-                    let (node, owner, metrics) = (Arc::clone(&node), Arc::clone(&owner), Arc::clone(&metrics));
+                    let (pods, owner, metrics) = (Arc::clone(&pods), Arc::clone(&owner), Arc::clone(&metrics));
                     tokio::spawn(async move {
-                        connection(stream, node, owner, metrics).await;
+                        connection(stream, pods, owner, metrics).await;
                         drop(permit);
                     });
                 }
@@ -194,19 +194,19 @@ async fn serve(config: DaemonConfig, metrics: Arc<Metrics>) -> anyhow::Result<()
 
 /// Pods' addresses added after their setup, looked for every [`new_addrs::INTERVAL`]; the
 /// node state is taken only when there are some.
-async fn adopt_new_addresses(node: Arc<Pods>, owner: Arc<Mutex<()>>) {
+async fn adopt_new_addresses(pods: Arc<Pods>, owner: Arc<Mutex<()>>) {
     let mut ticks = tokio::time::interval(new_addrs::INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut misses = new_addrs::Misses::default();
     loop {
         ticks.tick().await;
-        let wanted = misses.take(&node);
+        let wanted = misses.take(&pods);
         if wanted.is_empty() {
             continue;
         }
         let _owner = owner.lock().await;
-        let (node, asked) = (Arc::clone(&node), wanted.clone());
-        match tokio::task::spawn_blocking(move || node.adopt_addresses(&asked)).await {
+        let (pods, asked) = (Arc::clone(&pods), wanted.clone());
+        match tokio::task::spawn_blocking(move || pods.adopt_addresses(&asked)).await {
             Ok(claimed) => misses.unclaimed(&wanted, &claimed),
             Err(err) => tracing::warn!("pods' new addresses: {err}"),
         }
@@ -218,7 +218,7 @@ async fn adopt_new_addresses(node: Arc<Pods>, owner: Arc<Mutex<()>>) {
 /// makes a round do nothing, with a warning.
 async fn repair_rounds(
     config: repair::RepairConfig,
-    node: Arc<Pods>,
+    pods: Arc<Pods>,
     owner: Arc<Mutex<()>>,
     metrics: Arc<Metrics>,
 ) {
@@ -265,8 +265,8 @@ async fn repair_rounds(
             }
         };
         let _owner = owner.lock().await;
-        let node = Arc::clone(&node);
-        match tokio::task::spawn_blocking(move || node.repair(&sandboxes, &conf, capture)).await {
+        let pods = Arc::clone(&pods);
+        match tokio::task::spawn_blocking(move || pods.repair(&sandboxes, &conf, capture)).await {
             Ok(round) => metrics.repaired(round.captured.len(), round.uncaptured.len()),
             Err(err) => tracing::warn!("repair: {err}"),
         }
@@ -326,7 +326,7 @@ fn refusal(stream: &UnixStream) -> Option<String> {
 
 async fn connection(
     stream: UnixStream,
-    node: Arc<Pods>,
+    pods: Arc<Pods>,
     owner: Arc<Mutex<()>>,
     metrics: Arc<Metrics>,
 ) {
@@ -369,15 +369,15 @@ async fn connection(
         let response = match serde_json::from_str::<Request>(&text) {
             Ok(Request::Trace(pod)) => {
                 // The connection becomes the stream.
-                trace::stream(reader.into_inner(), writer, node, pod).await;
+                trace::stream(reader.into_inner(), writer, pods, pod).await;
                 return;
             }
             Ok(request) => {
                 let _owner = owner.lock().await;
                 let op = request.op();
                 let started = Instant::now();
-                let node = Arc::clone(&node);
-                let response = tokio::task::spawn_blocking(move || node.handle(request))
+                let pods = Arc::clone(&pods);
+                let response = tokio::task::spawn_blocking(move || pods.handle(request))
                     .await
                     .unwrap_or_else(|err| Response::failed(format!("the request failed: {err}")));
                 metrics.observe(op, started.elapsed().as_secs_f64(), !response.ok);

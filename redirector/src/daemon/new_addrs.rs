@@ -34,9 +34,9 @@ pub struct Misses {
 impl Misses {
     /// The addresses noted since the last call (taken out of the map: noted again if
     /// connections still come to them), less those no pod had a moment ago.
-    pub fn take(&mut self, node: &Pods) -> Vec<IpAddr> {
+    pub fn take(&mut self, pods: &Pods) -> Vec<IpAddr> {
         if self.map.is_none() {
-            self.map = node_maps::open(&node.pins(), names::ADDR_MISSES).ok();
+            self.map = node_maps::open(&pods.pins(), names::ADDR_MISSES).ok();
         }
         let Some(map) = &mut self.map else {
             return Vec::new();

@@ -8,9 +8,24 @@ use redirector_common::{NetnsCookie, PodConfig, Reason, COUNTER_SLOTS};
 use super::api::{PodInfo, PodRef, Request, Response};
 use crate::{
     engine::live_pod::LivePod,
-    pods::{records::PodRecord, Added, Change, Pods},
-    sys::netns::Netns,
+    pods::{records::PodRecord, Added, Change, PodError, Pods},
+    sys::{fs_error::FsError, netns::Netns},
 };
+
+/// Why the API refused a request: the answer's `error` is its message.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error("name the pod with netns or name")]
+    Unnamed,
+    #[error("no such pod")]
+    NoSuchPod,
+    #[error("trace is answered as a stream")]
+    TraceIsAStream,
+    #[error(transparent)]
+    Pod(#[from] PodError),
+    #[error(transparent)]
+    Records(#[from] FsError),
+}
 
 impl Pods {
     pub fn handle(&self, request: Request) -> Response {
@@ -33,13 +48,13 @@ impl Pods {
                 let args = crate::istio::annotations::flags(&args, &annotations);
                 self.add(&netns, name, args, None)
                     .map(|added| self.added(added))
-                    .map_err(|e| e.to_string())
+                    .map_err(RequestError::from)
             }
             Request::Del(pod) => self.del(&pod),
             Request::List => self.list(),
             Request::Check(pod) => self.check(&pod),
             // A stream, not one answer: the connection runs it (`super::trace`).
-            Request::Trace(_) => Err("trace is answered as a stream".into()),
+            Request::Trace(_) => Err(RequestError::TraceIsAStream),
         };
         result.unwrap_or_else(Response::failed)
     }
@@ -56,14 +71,13 @@ impl Pods {
     }
 
     /// The cookie of a pod named by request: its record's, else its namespace's.
-    fn find(&self, pod: &PodRef) -> Result<(Option<PodRecord>, Option<NetnsCookie>), String> {
+    fn find(&self, pod: &PodRef) -> Result<(Option<PodRecord>, Option<NetnsCookie>), RequestError> {
         if pod.netns.is_none() && pod.name.is_none() {
-            return Err("name the pod with netns or name".into());
+            return Err(RequestError::Unnamed);
         }
         let record = self
             .records
-            .find(pod.name.as_deref(), pod.netns.as_deref())
-            .map_err(|e| e.to_string())?;
+            .find(pod.name.as_deref(), pod.netns.as_deref())?;
         let cookie = match (&record, &pod.netns) {
             (Some(record), _) => Some(record.cookie()),
             (None, Some(path)) => Netns::open(path).ok().map(|n| n.cookie()),
@@ -76,11 +90,10 @@ impl Pods {
     pub fn trace_target(
         &self,
         pod: &PodRef,
-    ) -> Result<(crate::trace::Traced, BTreeMap<u64, String>), String> {
+    ) -> Result<(crate::trace::Traced, BTreeMap<u64, String>), RequestError> {
         let names = self
             .records
-            .all()
-            .map_err(|e| e.to_string())?
+            .all()?
             .into_iter()
             .filter_map(|r| Some((r.netns_cookie, r.name?)))
             .collect();
@@ -91,29 +104,29 @@ impl Pods {
             (_, Some(cookie)) if LivePod::open(&self.root, cookie).is_ok() => {
                 Ok((crate::trace::Traced::One(cookie), names))
             }
-            _ => Err("no such pod".into()),
+            _ => Err(RequestError::NoSuchPod),
         }
     }
 
-    fn del(&self, pod: &PodRef) -> Result<Response, String> {
+    fn del(&self, pod: &PodRef) -> Result<Response, RequestError> {
         let (record, cookie) = self.find(pod)?;
-        let removed = self.remove(record, cookie).map_err(|e| e.to_string())?;
+        let removed = self.remove(record, cookie)?;
         Ok(Response::done(removed.as_str(), Vec::new()))
     }
 
-    fn check(&self, pod: &PodRef) -> Result<Response, String> {
+    fn check(&self, pod: &PodRef) -> Result<Response, RequestError> {
         let (Some(record), _) = self.find(pod)? else {
-            return Err("no such pod".into());
+            return Err(RequestError::NoSuchPod);
         };
-        self.check_record(&record).map_err(|e| e.to_string())?;
+        self.check_record(&record)?;
         Ok(Response::done(
             "captured as planned",
             vec![self.info(&record)],
         ))
     }
 
-    fn list(&self) -> Result<Response, String> {
-        let records = self.records.all().map_err(|e| e.to_string())?;
+    fn list(&self) -> Result<Response, RequestError> {
+        let records = self.records.all()?;
         let pods = records.iter().map(|r| self.info(r)).collect();
         Ok(Response::done(format!("{} pod(s)", records.len()), pods))
     }

@@ -20,13 +20,13 @@ const BACKLOG: usize = 8192;
 pub async fn stream(
     mut reader: OwnedReadHalf,
     mut writer: OwnedWriteHalf,
-    node: Arc<Pods>,
+    pods: Arc<Pods>,
     pod: PodRef,
 ) {
     let start = {
-        let node = Arc::clone(&node);
+        let pods = Arc::clone(&pods);
         tokio::task::spawn_blocking(move || -> Result<_, String> {
-            let (traced, names) = node.trace_target(&pod)?;
+            let (traced, names) = pods.trace_target(&pod).map_err(|e| e.to_string())?;
             let (tx, rx) = mpsc::channel(BACKLOG);
             let dropped = Arc::new(std::sync::atomic::AtomicU64::new(0));
             let counted = Arc::clone(&dropped);
@@ -36,8 +36,8 @@ pub async fn stream(
                     counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
             });
-            let rings = open_rings(&node.root, &sink).map_err(|e| e.to_string())?;
-            let tracer = Tracer::start(&node.root, traced).map_err(|e| e.to_string())?;
+            let rings = open_rings(&pods.root, &sink).map_err(|e| e.to_string())?;
+            let tracer = Tracer::start(&pods.root, traced).map_err(|e| e.to_string())?;
             Ok((tracer, rings, rx, dropped))
         })
         .await
