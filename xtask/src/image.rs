@@ -39,10 +39,11 @@ pub fn build() -> Result<PathBuf> {
     Ok(archive)
 }
 
-/// `cargo build --release` for the host target with glibc linked in. The flags go through
-/// the target's own variable, not RUSTFLAGS, so the eBPF build inside build.rs (another
-/// target) does not get them.
-fn static_release_binary() -> Result<PathBuf> {
+/// `cargo build --release` for the host target with glibc linked in: the binary the image
+/// ships, and the one `cargo xtask bench` measures. The flags go through the target's own
+/// variable, not RUSTFLAGS, so the eBPF build inside build.rs (another target) does not get
+/// them.
+pub fn static_release_binary() -> Result<PathBuf> {
     let mut cmd = cargo();
     cmd.args([
         "build",

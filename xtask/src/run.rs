@@ -82,9 +82,12 @@ pub fn demo(daemon: bool) -> Result<()> {
 pub fn bench(args: &[String]) -> Result<()> {
     crate::workspace::ensure_tool("wrk", "wrk")?;
     crate::workspace::ensure_tool("nginx", "nginx")?;
-    // redirector on its own, as it ships: built with the tests' crates, cargo would unify
-    // their dependencies' features into it (hyper's client, for one).
-    for package in ["redirector", "redirector-tests", "redirector-bench"] {
+    // redirector on its own, as it ships (statically linked, as the image holds it): built
+    // with the tests' crates, cargo would unify their dependencies' features into it
+    // (hyper's client, for one); linked dynamically, it spends about a fifth of an init
+    // container's run in the dynamic loader (perf, 2026-11-25).
+    let redirector = crate::image::static_release_binary()?;
+    for package in ["redirector-tests", "redirector-bench"] {
         let mut build = cargo();
         build.args(["build", "--release", "--package", package, "--bins"]);
         status(build)?;
@@ -94,7 +97,7 @@ pub fn bench(args: &[String]) -> Result<()> {
     cmd.args(args)
         .arg("--out")
         .arg(target_dir().join("bench"))
-        .env("REDIRECTOR_BIN", bin.join("redirector"))
+        .env("REDIRECTOR_BIN", redirector)
         .env("PROBE_BIN", bin.join("probe"))
         .env("SIDECAR_BIN", bin.join("sidecar"));
     status(cmd)?;
