@@ -206,12 +206,12 @@ fn apply_rules(cfg: &IstioConfig, root: &PinRoot, netns: &Netns) -> anyhow::Resu
     for listener in &report.listeners {
         info!("registered the proxy's existing listener on {listener}");
     }
+    // The apply renamed exactly the plan's links into place under the report's object, and
+    // moved the pod off every other: no need to read bpffs again to say so.
     info!("Final state:");
-    for obj in root.objects().context("listing pinned objects")? {
-        let pod = obj.pod(plan.netns_cookie);
-        for hook in pod.hooks().unwrap_or_default() {
-            info!("pinned link {}", pod.link(&hook).display());
-        }
+    let pod = root.object(&report.object_id).pod(plan.netns_cookie);
+    for program in plan.programs {
+        info!("pinned link {}", pod.link(program.hook).display());
     }
     Ok(())
 }
