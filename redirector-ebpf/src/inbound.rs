@@ -68,11 +68,17 @@ pub fn sk_lookup(ctx: &SkLookupContext) -> u32 {
     };
     // A connection made inside the pod was decided on its way out (nat OUTPUT); istio's
     // PREROUTING rules never see it. It comes from one of the pod's own addresses (to the
-    // pod's own address, the kernel reports the address's interface, not lo).
+    // pod's own address, the kernel reports the address's interface, not lo). Those on lo
+    // (every redirected one: the app dialling its proxy) pass before any lookup, whichever
+    // pod the address is of (6.18, bpf_stats: 85 → 50 ns a run, the address lookup
+    // skipped).
     let from_pod = match remote {
         IpAddr::V4(v4) => v4.is_loopback(),
         IpAddr::V6(v6) => v6.is_loopback() || v6 == INBOUND_PASSTHROUGH_V6,
     };
+    if from_pod || lk.ingress_ifindex == LOOPBACK_IFINDEX {
+        return SK_PASS;
+    }
     let (family, raw) = addr::raw(local);
     let addr_key = PodAddrKey {
         addr: raw,
@@ -80,17 +86,14 @@ pub fn sk_lookup(ctx: &SkLookupContext) -> u32 {
     };
     // SAFETY: the value is copied out at once.
     let Some(&netns_cookie) = (unsafe { POD_BY_ADDR.get(addr_key) }) else {
-        return unknown_address(lk, addr_key, from_pod || remote == local);
+        return unknown_address(lk, addr_key, remote == local);
     };
     // SAFETY: the value stays valid (RCU) for this run of the program; it is only read.
     let Some(cfg) = (unsafe { POD_CONFIG.get(netns_cookie) }) else {
         return SK_PASS;
     };
     let lookups = PodMaps { netns_cookie };
-    if from_pod
-        || lk.ingress_ifindex == LOOPBACK_IFINDEX
-        || lookups.cidr_in(CidrList::Local, remote)
-    {
+    if lookups.cidr_in(CidrList::Local, remote) {
         return SK_PASS;
     }
     let local_port = lk.local_port as u16;
@@ -146,10 +149,10 @@ pub fn sk_lookup(ctx: &SkLookupContext) -> u32 {
 /// gained after setup (a secondary IP, a later interface). The pod's own connections
 /// pass; any other is refused, never let past the sidecar, and the address is noted for
 /// user space, which adds it to its pod: the client's retransmitted SYN then lands on the
-/// proxy.
+/// proxy. `to_itself`: the connection comes from the address it goes to, so from the pod.
 #[inline(always)]
-fn unknown_address(lk: &bpf_sk_lookup, key: PodAddrKey, from_pod: bool) -> u32 {
-    if from_pod || lk.ingress_ifindex == LOOPBACK_IFINDEX {
+fn unknown_address(lk: &bpf_sk_lookup, key: PodAddrKey, to_itself: bool) -> u32 {
+    if to_itself {
         return SK_PASS;
     }
     // Copied to the stack: a map value cannot come from the context.

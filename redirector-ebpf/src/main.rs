@@ -73,7 +73,7 @@ pub fn track_sock_ops(ctx: SockOpsContext) -> u32 {
     match ctx.op() {
         BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => orig_dst::app_established(&ctx),
         BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => orig_dst::proxy_established(&ctx),
-        BPF_SOCK_OPS_STATE_CB => orig_dst::proxy_state(&ctx),
+        BPF_SOCK_OPS_STATE_CB => orig_dst::closed(&ctx),
         BPF_SOCK_OPS_TCP_LISTEN_CB => inbound::register_listener(&ctx),
         _ => {}
     }

@@ -35,7 +35,8 @@ pub static CIDRS_V6: LpmTrie<Cidr6Key, u8> = LpmTrie::with_max_entries(capacity:
 pub static ORIG_DST_BY_COOKIE: LruHashMap<u64, OrigDst> =
     LruHashMap::with_max_entries(capacity::PENDING_CONNECTIONS, 0);
 
-/// Established redirected connection → original destination, until the proxy's socket closes.
+/// Established redirected connection → original destination, until the app's socket (an
+/// inbound connection's: the proxy's) closes.
 #[map]
 pub static ORIG_DST_BY_CONN: LruHashMap<ConnKey, OrigDst> =
     LruHashMap::with_max_entries(capacity::REDIRECTED_CONNECTIONS, 0);

@@ -127,11 +127,11 @@ pub enum Lookup<'a> {
 /// user space wrote for it, found as `lookup` says. The entries the kernel made for it
 /// (listeners, redirected connections) are not read: finding them means reading
 /// node-wide maps through, and they go by themselves — a listener's when its socket
-/// closes, a connection's when the proxy's socket closes or, unused, when newer
-/// connections need the room (a connection already redirected keeps its original
-/// destination, as conntrack keeps its entries when iptables rules are removed). Each
-/// object's maps are taken from `maps`, which keeps them open for the apply that follows
-/// and, in the daemon, for the next pod.
+/// closes, a connection's when the app's socket (inbound: the proxy's) closes or, unused,
+/// when newer connections need the room (a connection already redirected keeps its
+/// original destination, as conntrack keeps its entries when iptables rules are removed).
+/// Each object's maps are taken from `maps`, which keeps them open for the apply that
+/// follows and, in the daemon, for the next pod.
 pub fn observe(
     root: &PinRoot,
     netns_cookie: NetnsCookie,
