@@ -276,7 +276,12 @@ pub fn markdown(dp: &DataPath, setup: &Setup, machine: &str) -> String {
         );
         let _ = writeln!(s, "| pods on the node | add, ms | removal, ms |");
         let _ = writeln!(s, "|---:|---:|---:|");
-        for n in [10, 1000, pods] {
+        let mut rows: Vec<usize> = [10, 100, 1000, 4096, pods]
+            .into_iter()
+            .filter(|n| *n <= pods)
+            .collect();
+        rows.dedup();
+        for n in rows {
             let _ = writeln!(
                 s,
                 "| {n} | {:.3} | {:.3} |",

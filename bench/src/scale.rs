@@ -78,6 +78,9 @@ pub fn run(pods: usize) -> Scale {
     out.adds.total_s = marks.seconds_since(start);
     out.daemon_rss_kib = (rss_before, daemon.rss_kib());
     out.map_fill = map_fill(&root);
+    // Reading every map (bpftool) leaves the caches cold and the kernel freeing what it
+    // read: the first removals would measure that, not the pods on the node.
+    std::thread::sleep(std::time::Duration::from_secs(1));
     let start = Instant::now();
     for i in 0..pods {
         let req = serde_json::json!({"op": "del", "name": format!("scale/p{i}")});
