@@ -136,9 +136,8 @@ fn main() -> ExitCode {
         setup::Setup::default()
     };
     if opts.setup && opts.scale {
-        // As many as the maps hold: 10,000 pods need the capacities docs/daemon.md gives.
-        let pods = 10_000.min(redirector_common::capacity::PODS as usize);
-        setup.scale = Some(scale::run(pods));
+        // Past the shipped capacity: the daemon sizes the node for them (`--max-pods`).
+        setup.scale = Some(scale::run(10_000));
     }
     if opts.churn {
         setup.churn = setup::churn_sequence(match (opts.scale, opts.quick) {
