@@ -2,11 +2,12 @@
 //! `cargo xtask bench`, which installs wrk and nginx and builds the release binaries first.
 //!
 //! ```text
-//! bench [--quick] [--scale] [--out DIR] [--only datapath|setup|churn] [--modes NAME,...]
+//! bench [--quick] [--scale] [--out DIR] [--only datapath|setup|churn|scale] [--modes NAME,...]
 //! ```
 //! `--scale` runs the churn of init-container pods (set up and deleted without a cleanup,
 //! 10 alive at a time) over 10,000 pods instead of 1,000, and (with the setup part)
-//! 10,000 pods through the daemon's API and out again ([`scale`]).
+//! 10,000 pods through the daemon's API and out again ([`scale`]); `--only scale` runs
+//! that part alone.
 //! `--modes` measures only those data-path modes (e.g. to compare two redirector builds
 //! through `REDIRECTOR_BIN`, one without `redirector trace`).
 //! Prints a Markdown report; writes `bench.json` and `bench.svg` to DIR.
@@ -30,6 +31,8 @@ struct Options {
     out: PathBuf,
     datapath: bool,
     setup: bool,
+    /// The per-pod setup measures besides `--scale`'s (`--only scale` leaves them out).
+    setup_sequences: bool,
     churn: bool,
     modes: Vec<datapath::Mode>,
 }
@@ -41,6 +44,7 @@ fn parse_args() -> Result<Options, String> {
         out: PathBuf::from("target/bench"),
         datapath: true,
         setup: true,
+        setup_sequences: true,
         churn: true,
         modes: datapath::Mode::ALL.to_vec(),
     };
@@ -54,7 +58,15 @@ fn parse_args() -> Result<Options, String> {
                 Some("datapath") => (o.setup, o.churn) = (false, false),
                 Some("setup") => o.datapath = false,
                 Some("churn") => (o.datapath, o.setup) = (false, false),
-                other => return Err(format!("--only {other:?}: use datapath, setup or churn")),
+                Some("scale") => {
+                    (o.datapath, o.churn, o.setup_sequences) = (false, false, false);
+                    o.scale = true;
+                }
+                other => {
+                    return Err(format!(
+                        "--only {other:?}: use datapath, setup, churn or scale"
+                    ))
+                }
             },
             "--modes" => {
                 let list = args.next().ok_or("--modes needs a list")?;
@@ -99,7 +111,7 @@ fn main() -> ExitCode {
         Ok(o) => o,
         Err(e) => {
             eprintln!(
-                "bench: {e}\nusage: bench [--quick] [--scale] [--out DIR] [--only datapath|setup|churn] [--modes NAME,...]"
+                "bench: {e}\nusage: bench [--quick] [--scale] [--out DIR] [--only datapath|setup|churn|scale] [--modes NAME,...]"
             );
             return ExitCode::from(64);
         }
@@ -118,15 +130,14 @@ fn main() -> ExitCode {
     } else {
         datapath::DataPath::default()
     };
-    let mut setup = if opts.setup {
+    let mut setup = if opts.setup && opts.setup_sequences {
         setup::run(samples, pods)
     } else {
         setup::Setup::default()
     };
     if opts.setup && opts.scale {
-        // As many as the maps hold: 10,000 pods need the capacities docs/daemon.md gives.
-        let pods = 10_000.min(redirector_common::capacity::PODS as usize);
-        setup.scale = Some(scale::run(pods));
+        // Past the shipped capacity: the daemon sizes the node for them (`--max-pods`).
+        setup.scale = Some(scale::run(10_000));
     }
     if opts.churn {
         setup.churn = setup::churn_sequence(match (opts.scale, opts.quick) {

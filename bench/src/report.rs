@@ -276,7 +276,12 @@ pub fn markdown(dp: &DataPath, setup: &Setup, machine: &str) -> String {
         );
         let _ = writeln!(s, "| pods on the node | add, ms | removal, ms |");
         let _ = writeln!(s, "|---:|---:|---:|");
-        for n in [10, 1000, pods] {
+        let mut rows: Vec<usize> = [10, 100, 1000, 4096, pods]
+            .into_iter()
+            .filter(|n| *n <= pods)
+            .collect();
+        rows.dedup();
+        for n in rows {
             let _ = writeln!(
                 s,
                 "| {n} | {:.3} | {:.3} |",
@@ -310,6 +315,20 @@ pub fn markdown(dp: &DataPath, setup: &Setup, machine: &str) -> String {
             .collect::<Vec<_>>()
             .join(", ");
         let _ = writeln!(s, "\nMap entries with every pod installed: {fill}.");
+        if scale.object_memlock > 0 {
+            let largest: Vec<String> = scale
+                .map_memlock
+                .iter()
+                .take(6)
+                .map(|(m, b)| format!("{m} {:.0} KiB", *b as f64 / 1024.0))
+                .collect();
+            let _ = writeln!(
+                s,
+                "\nObject sized for {pods} pods (`--max-pods {pods}`): {:.2} MiB locked; largest maps: {}.",
+                scale.object_memlock as f64 / (1 << 20) as f64,
+                largest.join(", ")
+            );
+        }
     }
     if setup.object_memlock > 0 {
         let _ = writeln!(

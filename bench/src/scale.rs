@@ -1,4 +1,5 @@
-//! `--scale`: 10,000 pods through the daemon's API on one connection, then removed again:
+//! `--scale`: 10,000 pods through the daemon's API on one connection (a daemon sized for
+//! them with `--max-pods`), then removed again:
 //! the time of each add and each removal (so pod 10,000's can be held against pod 10's),
 //! kernel and daemon memory per pod, and `redirector_request_seconds` quantiles from the
 //! daemon's own metrics.
@@ -27,6 +28,9 @@ pub struct Scale {
     pub request_ms: Vec<(String, [f64; 3], u64)>,
     /// Entries of each map with every pod installed.
     pub map_fill: Vec<(String, u64)>,
+    /// The object's locked memory (maps and programs), bytes, and its largest maps.
+    pub object_memlock: u64,
+    pub map_memlock: Vec<(String, u64)>,
 }
 
 impl Scale {
@@ -52,7 +56,13 @@ pub fn run(pods: usize) -> Scale {
     let root = PinRoot::new("bscale");
     let node = Cgroup::new("bscalenode");
     let state = StateDir::on_tmpfs("bscalestate");
-    let daemon = Daemon::start_with(&root, &node, &state, &["--metrics-addr", "127.0.0.1:0"]);
+    let max_pods = pods.to_string();
+    let daemon = Daemon::start_with(
+        &root,
+        &node,
+        &state,
+        &["--metrics-addr", "127.0.0.1:0", "--max-pods", &max_pods],
+    );
     let made: Vec<NetNs> = (0..pods).map(|_| NetNs::new("bscale")).collect();
     let mut api = Api::connect(daemon.socket());
     let mut out = Scale {
@@ -78,6 +88,13 @@ pub fn run(pods: usize) -> Scale {
     out.adds.total_s = marks.seconds_since(start);
     out.daemon_rss_kib = (rss_before, daemon.rss_kib());
     out.map_fill = map_fill(&root);
+    if let Some(id) = redirector_tests::redirector::object_ids(&root).first() {
+        let object = root.path().join("objects").join(id);
+        (out.object_memlock, out.map_memlock) = crate::memory::object_memlock(&object);
+    }
+    // Reading every map (bpftool) leaves the caches cold and the kernel freeing what it
+    // read: the first removals would measure that, not the pods on the node.
+    std::thread::sleep(std::time::Duration::from_secs(1));
     let start = Instant::now();
     for i in 0..pods {
         let req = serde_json::json!({"op": "del", "name": format!("scale/p{i}")});

@@ -289,11 +289,41 @@ impl Killed {
         Daemon::spawn(self.socket, self.args, self.env)
     }
 
+    /// A new daemon with the same flags but `flag` set to `value`.
+    pub fn restart_with_flag(mut self, flag: &str, value: &str) -> Daemon {
+        set_flag(&mut self.args, flag, value);
+        self.restart()
+    }
+
+    /// The daemon's command with `flag` set to `value`, run until it exits: a start it
+    /// refuses. Panics if it is still running after 30 s.
+    pub fn run_refused(&self, flag: &str, value: &str) -> Output {
+        let mut args = self.args.clone();
+        set_flag(&mut args, flag, value);
+        let out = Command::new("timeout")
+            .arg("30")
+            .arg(redirector_bin())
+            .args(&args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .expect("running redirector daemon");
+        assert_ne!(out.status.code(), Some(124), "the daemon started: {args:?}");
+        out
+    }
+
     /// A new daemon with the same flags and env var `key` set to `value`.
     pub fn restart_with_env(mut self, key: &str, value: &str) -> Daemon {
         self.env.retain(|(k, _)| k != key);
         self.env.push((key.to_owned(), value.to_owned()));
         self.restart()
+    }
+}
+
+/// `flag value` in `args`, in place of the flag's earlier value if it has one.
+fn set_flag(args: &mut Vec<String>, flag: &str, value: &str) {
+    match args.iter().position(|a| a == flag) {
+        Some(at) if at + 1 < args.len() => args[at + 1] = value.to_owned(),
+        _ => args.extend([flag.to_owned(), value.to_owned()]),
     }
 }
 

@@ -46,7 +46,8 @@ enum Command {
         /// time) over 10,000 pods instead of 1,000.
         #[arg(long)]
         scale: bool,
-        /// Only one part: `datapath`, `setup` or `churn`.
+        /// Only one part: `datapath`, `setup`, `churn` or `scale` (`--scale`'s pods through
+        /// the daemon's API alone).
         #[arg(long, value_name = "PART")]
         only: Option<String>,
         /// Only these data-path modes, comma-separated (direct, explicit, iptables,

@@ -87,6 +87,19 @@ pub struct DaemonArgs {
     /// capture it, only report it (log and metric), or not look.
     #[arg(long, value_enum, value_name = "MODE", default_value = "capture")]
     repair: RepairMode,
+    /// The pods the node's maps are sized for, at the object's load: the per-pod maps
+    /// (pods' configuration and counters, listeners, ports, addresses, CIDRs) get
+    /// capacities in proportion to the shipped 4096 pods'. A node already loaded with
+    /// another size is moved to this one at start, pods and all (refused if it holds more
+    /// pods than this).
+    #[arg(
+        long,
+        value_name = "PODS",
+        env = "REDIRECTOR_MAX_PODS",
+        default_value_t = redirector_common::capacity::PODS,
+        value_parser = crate::store::sizing::parse_max_pods_count
+    )]
+    max_pods: u32,
     /// Seconds between looks at the node's pods for repair (one is made at start).
     #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     repair_interval: u64,
@@ -111,6 +124,7 @@ pub fn run(args: &DaemonArgs) -> anyhow::Result<()> {
         gc_interval: (args.gc_interval > 0)
             .then(|| std::time::Duration::from_secs(args.gc_interval)),
         repair: repair_config(args),
+        max_pods: crate::store::PodCapacity::new(args.max_pods).map_err(anyhow::Error::msg)?,
     };
     if args.uninstall {
         for change in crate::install_cni::unchain_all(&args.cni_conf_dir)? {

@@ -63,16 +63,20 @@ pub struct DaemonConfig {
     pub gc_interval: Option<std::time::Duration>,
     /// Capture of pods the plugin never saw, through the runtime's CRI; `None`: off.
     pub repair: Option<repair::RepairConfig>,
+    /// The pods the node's object is sized for (`--max-pods`).
+    pub max_pods: crate::store::PodCapacity,
 }
 
 /// Start-up: the object (the pinned one if the node has it), the node-level links, and
 /// the reconcile of what is installed with the records — all before serving.
 fn start(config: &DaemonConfig) -> anyhow::Result<Pods> {
     let root = PinRoot::new(&config.pin_root);
-    let configured = EbpfObject::configured()?;
+    let configured = EbpfObject::configured()?.sized(config.max_pods);
     let object = match node_object(&root)? {
-        // This binary's kernel side is newer: the node moves to it, with no gap.
+        // This binary's kernel side is newer, or sized for another number of pods: the
+        // node moves to it, with no gap.
         Some(pinned) if pinned.id() != configured.id() && !configured.bytes().is_empty() => {
+            refuse_fewer_pods_than_installed(&pinned, config.max_pods)?;
             if let Some(moved) = upgrade(&root, &configured)? {
                 info!(
                     "upgraded the node from object {} to {}: {} pod(s), {} link(s) switched in place, maps {}",
@@ -103,6 +107,26 @@ fn start(config: &DaemonConfig) -> anyhow::Result<Pods> {
         removed.len()
     );
     Ok(pods)
+}
+
+/// A node holding more pods than `max_pods` is not moved to an object that small: the
+/// copy of its pods would fail part way.
+fn refuse_fewer_pods_than_installed(
+    pinned: &crate::store::ObjectPins,
+    max_pods: crate::store::PodCapacity,
+) -> anyhow::Result<()> {
+    let installed = pinned
+        .pods()
+        .map_err(crate::sys::fs_error::fs_err("listing", &pinned.links_dir()))?
+        .len();
+    if installed > max_pods.pods() as usize {
+        anyhow::bail!(
+            "--max-pods {} is fewer than the {installed} pods the node holds (object {}): start the daemon with --max-pods {installed} or more, or remove pods first",
+            max_pods.pods(),
+            pinned.id()
+        );
+    }
+    Ok(())
 }
 
 /// Run until SIGTERM or SIGINT, then exit leaving every pod captured.

@@ -27,8 +27,8 @@ pub enum EngineError {
     MapWrite { map: &'static str, source: MapError },
     #[error(
         "{map} is full: this pod's entries do not fit beside the other pods' on this node; \
-         nothing was applied (the sizes are the `capacity` constants in \
-         redirector-common/src/maps.rs)"
+         nothing was applied (a node of more pods needs `redirector daemon --max-pods`; \
+         the other sizes are the `capacity` constants in redirector-common/src/maps.rs)"
     )]
     MapFull { map: &'static str },
     #[error("opening cgroup {path}: {source}")]

@@ -151,14 +151,32 @@ pub fn lookup_bytes(map: BorrowedFd<'_>, key: &[u8], value: &mut [u8]) -> io::Re
 }
 
 /// Write `value` (the map's whole value) at `key`, with `BPF_ANY`/`BPF_EXIST`-style flags.
+///
+/// ENOMEM is tried again a few times, a little later each: a map without preallocation
+/// takes a new entry from the kernel's BPF allocator, whose caches (per-CPU values from the
+/// percpu allocator's atomic pool) are refilled in the background, and a run of thousands
+/// of adds can find them empty for a moment with plenty of memory free.
 pub fn update_bytes(map: BorrowedFd<'_>, key: &[u8], value: &[u8], flags: u64) -> io::Result<()> {
     let mut attr = BpfAttr([0; 32]);
     attr.0[0] = map.as_raw_fd() as u32;
     set_ptr(&mut attr, 2, key.as_ptr() as u64);
     set_ptr(&mut attr, 4, value.as_ptr() as u64);
     set_ptr(&mut attr, 6, flags);
+    let mut wait = std::time::Duration::from_micros(50);
+    for _ in 0..ENOMEM_RETRIES {
+        match bpf(BPF_MAP_UPDATE_ELEM, &mut attr) {
+            Err(err) if err.raw_os_error() == Some(libc::ENOMEM) => {
+                std::thread::sleep(wait);
+                wait *= 2;
+            }
+            other => return other.map(drop),
+        }
+    }
     bpf(BPF_MAP_UPDATE_ELEM, &mut attr).map(drop)
 }
+
+/// How many times [`update_bytes`] tries again after ENOMEM (about 400 ms in all).
+const ENOMEM_RETRIES: u32 = 13;
 
 /// Remove `key`; NotFound when it was not there.
 pub fn delete_bytes(map: BorrowedFd<'_>, key: &[u8]) -> io::Result<()> {

@@ -8,6 +8,7 @@ pub mod node_maps;
 pub mod object;
 pub mod pins;
 pub mod programs;
+pub mod sizing;
 
 pub use lock::{DirLock, NodeLock};
 pub use node_maps::{NodeMaps, OpenMapError, OpenMaps};
@@ -16,3 +17,4 @@ pub use object::{
     OBJECT_OVERRIDE_ENV,
 };
 pub use pins::{ObjectId, ObjectPins, PinRoot, PodPins};
+pub use sizing::PodCapacity;

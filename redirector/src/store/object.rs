@@ -13,6 +13,7 @@ use super::{
     bpf_sys,
     pins::{ObjectId, ObjectPins, PinRoot},
     programs::{ProgramKind, ProgramSpec, POD_PROGRAMS},
+    sizing::PodCapacity,
 };
 use crate::sys::fs_error::{fs_err, FsError};
 
@@ -28,25 +29,55 @@ const EMBEDDED_HASH: &str = include_str!(concat!(env!("OUT_DIR"), "/redirector.i
 /// to a rebuilt kernel side without a new binary, and to test that pods move over.
 pub const OBJECT_OVERRIDE_ENV: &str = "REDIRECTOR_EBPF_OBJECT";
 
-/// An eBPF object to load: its bytes and their id, computed once.
+/// An eBPF object to load: its bytes, the pods its maps are sized for, and their id,
+/// computed once.
 #[derive(Debug)]
 pub struct EbpfObject {
     bytes: Cow<'static, [u8]>,
+    /// The id of the bytes alone.
+    bytes_hash: u64,
+    capacity: PodCapacity,
     id: ObjectId,
 }
 
 impl EbpfObject {
     pub fn new(bytes: Cow<'static, [u8]>) -> Self {
-        let id = ObjectId::of(&bytes);
-        EbpfObject { bytes, id }
+        let hash = redirector_common::identity::object_hash(&bytes);
+        Self::of_hash(bytes, hash)
+    }
+
+    fn of_hash(bytes: Cow<'static, [u8]>, bytes_hash: u64) -> Self {
+        EbpfObject {
+            bytes,
+            bytes_hash,
+            capacity: PodCapacity::SHIPPED,
+            id: ObjectId::from_hash(bytes_hash),
+        }
     }
 
     /// An object already pinned under a pin root, known by its id alone.
     pub fn pinned(id: ObjectId) -> Self {
         EbpfObject {
             bytes: Cow::Borrowed(&[]),
+            bytes_hash: 0,
+            capacity: PodCapacity::SHIPPED,
             id,
         }
+    }
+
+    /// The same bytes with the per-pod maps sized for `capacity` pods: another object,
+    /// with its own id ([`crate::store::sizing`]).
+    pub fn sized(self, capacity: PodCapacity) -> Self {
+        let id = ObjectId::from_hash(capacity.object_hash(self.bytes_hash));
+        EbpfObject {
+            capacity,
+            id,
+            ..self
+        }
+    }
+
+    pub fn capacity(&self) -> PodCapacity {
+        self.capacity
     }
 
     /// The embedded object, or the file named by [`OBJECT_OVERRIDE_ENV`].
@@ -57,13 +88,11 @@ impl EbpfObject {
                 let bytes = fs::read(&path).map_err(fs_err("reading eBPF object", &path))?;
                 Ok(Self::new(bytes.into()))
             }
-            _ => Ok(EbpfObject {
-                bytes: EMBEDDED.into(),
-                id: ObjectId::from_hash(
-                    u64::from_str_radix(EMBEDDED_HASH.trim(), 16)
-                        .expect("build.rs writes the embedded object's id in hex"),
-                ),
-            }),
+            _ => Ok(Self::of_hash(
+                EMBEDDED.into(),
+                u64::from_str_radix(EMBEDDED_HASH.trim(), 16)
+                    .expect("build.rs writes the embedded object's id in hex"),
+            )),
         }
     }
 
@@ -129,7 +158,7 @@ pub fn ensure_loaded(
         &root.objects_dir(),
     ))?;
     let staging = root.staging_object(id);
-    if let Err(err) = load_and_pin(bytes, &staging, &[]) {
+    if let Err(err) = load_and_pin(bytes, object.capacity(), &staging, &[]) {
         if let Err(cleanup) = fs::remove_dir_all(staging.dir()) {
             tracing::warn!("removing {}: {cleanup}", staging.dir().display());
         }
@@ -192,7 +221,7 @@ pub fn ensure_loaded_sharing(
         let staging = root.staging_object(object.id());
         let shared: Vec<(&str, std::path::PathBuf)> =
             same.iter().map(|n| (*n, current.map(n))).collect();
-        if let Err(err) = load_and_pin(object.bytes(), &staging, &shared) {
+        if let Err(err) = load_and_pin(object.bytes(), object.capacity(), &staging, &shared) {
             if let Err(cleanup) = fs::remove_dir_all(staging.dir()) {
                 tracing::warn!("removing {}: {cleanup}", staging.dir().display());
             }
@@ -284,9 +313,11 @@ fn load_and_pin_program(
 }
 
 /// Load `bytes` and pin its programs and maps under `staging`, its maps named in `shared`
-/// being the ones pinned at the paths given instead of new ones.
+/// being the ones pinned at the paths given instead of new ones, and the per-pod maps
+/// sized for `capacity` pods.
 fn load_and_pin(
     bytes: &[u8],
+    capacity: PodCapacity,
     staging: &ObjectPins,
     shared: &[(&str, std::path::PathBuf)],
 ) -> Result<(), ObjectError> {
@@ -300,6 +331,11 @@ fn load_and_pin(
         fs::create_dir_all(&dir).map_err(fs_err("creating", &dir))?;
     }
     let mut loader = EbpfLoader::new();
+    if capacity != PodCapacity::SHIPPED {
+        for (name, entries) in capacity.map_capacities() {
+            loader.map_max_entries(name, entries);
+        }
+    }
     for (name, path) in shared {
         loader.map_pin_path(name, path.as_path());
     }

@@ -1,0 +1,162 @@
+//! `redirector daemon --max-pods`: the node's per-pod maps sized at the object's load.
+//! A pod past the capacity is added once the daemon runs with a larger size; the node
+//! moves between sizes pods and all, and refuses a size below the pods it holds; init
+//! containers on the node use the sized object; bad values are refused with nothing
+//! pinned.
+
+use std::process::Command;
+
+use redirector_tests::bpftool::pinned_map;
+use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::redirector::{object_ids, redirector_bin, PinRoot, STANDARD_INJECTION};
+use redirector_tests::{
+    assert_proxied, require_root, use_probe_bin, Cgroup, NetNs, ProxiedPod, APP_UID,
+};
+
+/// The capacity of the node object's map `name`.
+fn capacity(root: &PinRoot, name: &str) -> u64 {
+    let ids = object_ids(root);
+    assert_eq!(ids.len(), 1, "one object on the node: {ids:?}");
+    let path = root
+        .path()
+        .join("objects")
+        .join(&ids[0])
+        .join("maps")
+        .join(name);
+    pinned_map(&path).2
+}
+
+/// `pod add` of `netns`, its output.
+fn add(daemon: &Daemon, netns: &NetNs, name: &str) -> std::process::Output {
+    let path = netns.path().display().to_string();
+    let mut args = vec!["add", "--netns", path.as_str(), "--name", name, "--"];
+    args.extend_from_slice(&STANDARD_INJECTION);
+    daemon.pod(&args)
+}
+
+#[test]
+fn a_pod_past_the_capacity_is_added_once_the_node_is_sized_for_it() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let root = PinRoot::new("maxpods");
+    let node = Cgroup::new("node");
+    let state = StateDir::new("state");
+    let daemon = Daemon::start_with(&root, &node, &state, &["--max-pods", "3"]);
+    assert_eq!(capacity(&root, "POD_CONFIG"), 3);
+    assert_eq!(capacity(&root, "LISTENERS"), 12);
+    let pods: Vec<ProxiedPod> = (0..3)
+        .map(|i| ProxiedPod::under(&node, &format!("mp{i}")))
+        .collect();
+    for (i, pod) in pods.iter().enumerate() {
+        daemon.add(&pod.topo.pod, &format!("default/p{i}"), &STANDARD_INJECTION);
+    }
+    let fourth = NetNs::new("mp3");
+    let refused = add(&daemon, &fourth, "default/p3");
+    let answer = String::from_utf8_lossy(&refused.stderr).into_owned()
+        + &String::from_utf8_lossy(&refused.stdout);
+    assert!(!refused.status.success(), "{answer}");
+    assert!(
+        answer.contains("is full") && answer.contains("--max-pods"),
+        "{answer}"
+    );
+    let small = object_ids(&root);
+
+    // Restarted larger: the node moves to an object of that size, its pods with it.
+    let daemon = daemon.kill().restart_with_flag("--max-pods", "5");
+    assert!(
+        daemon.log().contains("upgraded the node from object"),
+        "{}",
+        daemon.log()
+    );
+    assert_ne!(object_ids(&root), small);
+    assert_eq!(capacity(&root, "POD_CONFIG"), 5);
+    assert_eq!(capacity(&root, "PORT_SETS"), 40);
+    let out = add(&daemon, &fourth, "default/p3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(daemon.pod_names().len(), 4);
+    for pod in &pods {
+        let dst = pod.service(false);
+        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+    }
+
+    // An init container in the node cgroup uses the node's object, whatever its size.
+    let init = ProxiedPod::under(&node, "mpinit");
+    let log = init.install(&root, &STANDARD_INJECTION);
+    assert!(log.contains("cover cgroup"), "{log}");
+    assert_eq!(
+        object_ids(&root).len(),
+        1,
+        "no object of the shipped size: {log}"
+    );
+    assert_eq!(capacity(&root, "POD_CONFIG"), 5);
+
+    // Smaller than the pods on the node: refused, the node as it was.
+    let sized = object_ids(&root);
+    let killed = daemon.kill();
+    let out = killed.run_refused("--max-pods", "4");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--max-pods 4 is fewer than the 5 pods"),
+        "{err}"
+    );
+    assert_eq!(object_ids(&root), sized);
+
+    // The shipped size (the default) again.
+    let daemon = killed.restart_with_flag("--max-pods", "4096");
+    assert_eq!(capacity(&root, "POD_CONFIG"), 4096);
+    assert_eq!(daemon.pod_names().len(), 4);
+    for pod in pods.iter().chain([&init]) {
+        let dst = pod.service(false);
+        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+    }
+    init.install(&root, &["--cleanup-only"]);
+}
+
+#[test]
+fn no_pods_or_absurd_sizes_are_refused_with_nothing_pinned() {
+    if !require_root() {
+        return;
+    }
+    let root = PinRoot::new("maxbad");
+    let node = Cgroup::new("node");
+    let state = StateDir::new("state");
+    let daemon = |value: Option<&str>, env: Option<&str>| {
+        let mut cmd = Command::new(redirector_bin());
+        cmd.arg("daemon")
+            .arg("--pin-root")
+            .arg(root.path())
+            .arg("--cgroup")
+            .arg(node.path())
+            .arg("--state-dir")
+            .arg(state.path())
+            .arg("--socket")
+            .arg(state.path().join("api.sock"))
+            .args(["--repair", "off"]);
+        if let Some(value) = value {
+            cmd.args(["--max-pods", value]);
+        }
+        if let Some(env) = env {
+            cmd.env("REDIRECTOR_MAX_PODS", env);
+        }
+        cmd.output().expect("running redirector daemon")
+    };
+    for (flag, env) in [
+        (Some("0"), None),
+        (Some("100000000"), None),
+        (Some("lots"), None),
+        (None, Some("0")),
+    ] {
+        let out = daemon(flag, env);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{flag:?} {env:?}: {err}");
+        assert!(err.contains("--max-pods"), "{err}");
+        assert!(!root.path().exists(), "nothing pinned: {flag:?} {env:?}");
+    }
+}
