@@ -71,7 +71,7 @@ pub struct DaemonConfig {
 /// the reconcile of what is installed with the records — all before serving.
 fn start(config: &DaemonConfig) -> anyhow::Result<Pods> {
     let root = PinRoot::new(&config.pin_root);
-    let configured = EbpfObject::configured()?.sized(config.max_pods);
+    let configured = EbpfObject::configured_for(config.max_pods)?;
     let object = match node_object(&root)? {
         // This binary's kernel side is newer, or sized for another number of pods: the
         // node moves to it, with no gap.

@@ -34,8 +34,6 @@ pub const OBJECT_OVERRIDE_ENV: &str = "REDIRECTOR_EBPF_OBJECT";
 #[derive(Debug)]
 pub struct EbpfObject {
     bytes: Cow<'static, [u8]>,
-    /// The id of the bytes alone.
-    bytes_hash: u64,
     capacity: PodCapacity,
     id: ObjectId,
 }
@@ -43,15 +41,16 @@ pub struct EbpfObject {
 impl EbpfObject {
     pub fn new(bytes: Cow<'static, [u8]>) -> Self {
         let hash = redirector_common::identity::object_hash(&bytes);
-        Self::of_hash(bytes, hash)
+        Self::of_hash(bytes, hash, PodCapacity::SHIPPED)
     }
 
-    fn of_hash(bytes: Cow<'static, [u8]>, bytes_hash: u64) -> Self {
+    /// Bytes hashing to `bytes_hash` with the per-pod maps sized for `capacity` pods: each
+    /// size is another object, with its own id ([`crate::store::sizing`]).
+    fn of_hash(bytes: Cow<'static, [u8]>, bytes_hash: u64, capacity: PodCapacity) -> Self {
         EbpfObject {
             bytes,
-            bytes_hash,
-            capacity: PodCapacity::SHIPPED,
-            id: ObjectId::from_hash(bytes_hash),
+            capacity,
+            id: ObjectId::from_hash(capacity.object_hash(bytes_hash)),
         }
     }
 
@@ -59,20 +58,8 @@ impl EbpfObject {
     pub fn pinned(id: ObjectId) -> Self {
         EbpfObject {
             bytes: Cow::Borrowed(&[]),
-            bytes_hash: 0,
             capacity: PodCapacity::SHIPPED,
             id,
-        }
-    }
-
-    /// The same bytes with the per-pod maps sized for `capacity` pods: another object,
-    /// with its own id ([`crate::store::sizing`]).
-    pub fn sized(self, capacity: PodCapacity) -> Self {
-        let id = ObjectId::from_hash(capacity.object_hash(self.bytes_hash));
-        EbpfObject {
-            capacity,
-            id,
-            ..self
         }
     }
 
@@ -80,18 +67,25 @@ impl EbpfObject {
         self.capacity
     }
 
-    /// The embedded object, or the file named by [`OBJECT_OVERRIDE_ENV`].
+    /// The embedded object, or the file named by [`OBJECT_OVERRIDE_ENV`], as shipped.
     pub fn configured() -> Result<Self, ObjectError> {
+        Self::configured_for(PodCapacity::SHIPPED)
+    }
+
+    /// [`Self::configured`], its per-pod maps sized for `capacity` pods.
+    pub fn configured_for(capacity: PodCapacity) -> Result<Self, ObjectError> {
         match std::env::var_os(OBJECT_OVERRIDE_ENV) {
             Some(path) if !path.is_empty() => {
                 let path = std::path::PathBuf::from(path);
                 let bytes = fs::read(&path).map_err(fs_err("reading eBPF object", &path))?;
-                Ok(Self::new(bytes.into()))
+                let hash = redirector_common::identity::object_hash(&bytes);
+                Ok(Self::of_hash(bytes.into(), hash, capacity))
             }
             _ => Ok(Self::of_hash(
                 EMBEDDED.into(),
                 u64::from_str_radix(EMBEDDED_HASH.trim(), 16)
                     .expect("build.rs writes the embedded object's id in hex"),
+                capacity,
             )),
         }
     }
