@@ -96,10 +96,10 @@ pub struct DaemonArgs {
         long,
         value_name = "PODS",
         env = "REDIRECTOR_MAX_PODS",
-        default_value_t = redirector_common::capacity::PODS,
-        value_parser = crate::store::sizing::parse_max_pods_count
+        default_value_t = crate::store::PodCapacity::SHIPPED,
+        value_parser = crate::store::sizing::parse_max_pods
     )]
-    max_pods: u32,
+    max_pods: crate::store::PodCapacity,
     /// Seconds between looks at the node's pods for repair (one is made at start).
     #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     repair_interval: u64,
@@ -124,7 +124,7 @@ pub fn run(args: &DaemonArgs) -> anyhow::Result<()> {
         gc_interval: (args.gc_interval > 0)
             .then(|| std::time::Duration::from_secs(args.gc_interval)),
         repair: repair_config(args),
-        max_pods: crate::store::PodCapacity::new(args.max_pods).map_err(anyhow::Error::msg)?,
+        max_pods: args.max_pods,
     };
     if args.uninstall {
         for change in crate::install_cni::unchain_all(&args.cni_conf_dir)? {

@@ -76,17 +76,19 @@ impl Default for PodCapacity {
     }
 }
 
+/// As `--max-pods` takes it: the number of pods.
+impl std::fmt::Display for PodCapacity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 /// For clap: a `--max-pods` value.
 pub fn parse_max_pods(value: &str) -> Result<PodCapacity, String> {
     let pods = value
         .parse::<u32>()
         .map_err(|_| format!("not a number of pods (1 to {MOST_PODS})"))?;
     PodCapacity::new(pods)
-}
-
-/// For clap: a `--max-pods` value, as the number it is.
-pub fn parse_max_pods_count(value: &str) -> Result<u32, String> {
-    parse_max_pods(value).map(PodCapacity::pods)
 }
 
 #[cfg(test)]
