@@ -6,6 +6,9 @@
 //!  wrk (uid 1000, CPU 0) ──> capture? ──> sidecar   nginx :80 (CPU 1)
 //!                                       (uid 1337, CPU 1) ──────────^
 //! ```
+//! The eBPF profile also runs with the sidecar answering itself: requests to the service's
+//! port [`ANSWERED_PORT`], which nothing serves, are answered by the sidecar with no
+//! upstream connection, as a proxy answers what it serves locally.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -61,6 +64,9 @@ impl Mode {
     }
 }
 
+/// The service port whose requests the sidecar answers itself.
+const ANSWERED_PORT: u16 = 81;
+
 /// One mode's pod, service and sidecar. Fields drop in order: processes, then the daemon,
 /// then namespaces and cgroups, then pins.
 struct Bed {
@@ -74,6 +80,8 @@ struct Bed {
     _state: Option<StateDir>,
     root: Option<PinRoot>,
     base: String,
+    /// The URL the sidecar answers itself (redirected modes only).
+    answered: String,
 }
 
 /// Where nginx keeps its config, temp files and the bulk file.
@@ -178,6 +186,7 @@ impl Bed {
             .arg(bin_path("sidecar"))
             .args(["--listen", "127.0.0.1:15001", "--upstream"])
             .arg(service.to_string())
+            .args(["--answer-port", &ANSWERED_PORT.to_string()])
             .netns(&topo.pod)
             .cgroup(&topo.pod_cgroup)
             .user(PROXY_UID, PROXY_UID)
@@ -220,6 +229,7 @@ impl Bed {
             Mode::Explicit => "http://127.0.0.1:15001".to_string(),
             _ => format!("http://{service}"),
         };
+        let answered = format!("http://{}", topo.service_addr(false, ANSWERED_PORT));
         Bed {
             mode,
             _tracer: tracer,
@@ -231,6 +241,7 @@ impl Bed {
             _state: state,
             root,
             base,
+            answered,
         }
     }
 
@@ -274,6 +285,9 @@ pub struct Sample {
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ProgramCost {
     pub mode: Mode,
+    /// Whether the sidecar answered each request itself (no upstream connection) rather
+    /// than forwarding it to the service.
+    pub proxy_answers: bool,
     pub program: String,
     pub runs_per_req: f64,
     pub ns_per_run: f64,
@@ -314,14 +328,27 @@ fn prog_stats(pin: &Path) -> Option<(String, u64, u64)> {
 }
 
 /// With `kernel.bpf_stats_enabled` on for the run only: each program's runs and time per
-/// request of `load`. A separate run, so the stats' own cost stays out of the rounds.
-fn profile(bed: &Bed, load: Load, seconds: u32) -> Vec<ProgramCost> {
+/// request of `load`, forwarded by the sidecar or answered by it (`proxy_answers`). A
+/// separate run, so the stats' own cost stays out of the rounds.
+fn profile(bed: &Bed, load: Load, seconds: u32, proxy_answers: bool) -> Vec<ProgramCost> {
     const SWITCH: &str = "/proc/sys/kernel/bpf_stats_enabled";
     let was = std::fs::read_to_string(SWITCH).unwrap_or_else(|_| "0".into());
     std::fs::write(SWITCH, "1").expect("enabling bpf_stats");
     let pins = bed.program_pins();
     let before: Vec<_> = pins.iter().filter_map(|p| prog_stats(p)).collect();
-    let report = wrk::run(&bed.topo, &bed.base, load, seconds);
+    let base = if proxy_answers {
+        &bed.answered
+    } else {
+        &bed.base
+    };
+    let report = wrk::run(&bed.topo, base, load, seconds);
+    if report.errors > 0 {
+        eprintln!(
+            "bench: {} errors profiling {} at {base}",
+            report.errors,
+            bed.mode.name()
+        );
+    }
     let after: Vec<_> = pins.iter().filter_map(|p| prog_stats(p)).collect();
     let _ = std::fs::write(SWITCH, was.trim());
     let reqs = report.requests.max(1) as f64;
@@ -334,6 +361,7 @@ fn profile(bed: &Bed, load: Load, seconds: u32) -> Vec<ProgramCost> {
             let ns = (a.1 - b.1) as f64;
             ProgramCost {
                 mode: bed.mode,
+                proxy_answers,
                 program: a.0.clone(),
                 runs_per_req: runs / reqs,
                 ns_per_run: ns / runs,
@@ -384,7 +412,10 @@ pub fn run(rounds: u32, seconds: u32, modes: &[Mode]) -> DataPath {
         }
     }
     for bed in beds.iter().filter(|b| b.root.is_some()) {
-        out.programs.extend(profile(bed, LOADS[0], seconds));
+        for proxy_answers in [false, true] {
+            out.programs
+                .extend(profile(bed, LOADS[0], seconds, proxy_answers));
+        }
     }
     // Daemons first (SIGTERM leaves their pins; PinRoot removes them).
     for mut bed in beds {

@@ -18,6 +18,7 @@ mod memory;
 mod plot;
 mod report;
 mod scale;
+mod sequence;
 mod setup;
 mod stats;
 mod wrk;

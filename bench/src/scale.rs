@@ -11,7 +11,7 @@ use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::redirector::{map_fill, PinRoot, STANDARD_INJECTION};
 use redirector_tests::NetNs;
 
-use crate::setup::{Api, MemoryMarks, Sequence};
+use crate::sequence::{Api, MemoryMarks, Sequence};
 use crate::stats::median;
 
 #[derive(Debug, Default, serde::Serialize)]

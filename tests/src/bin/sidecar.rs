@@ -2,10 +2,13 @@
 //! address, asks the socket for its original destination (`SO_ORIGINAL_DST`, answered by
 //! conntrack under iptables and by redirector's getsockopt program), dials it and copies
 //! bytes both ways. A connection made to the proxy itself (no original destination) goes to
-//! `--upstream`, which is how an app that dials its sidecar explicitly is served.
+//! `--upstream`, which is how an app that dials its sidecar explicitly is served. A
+//! connection whose original destination port is `--answer-port` is answered by the
+//! sidecar itself with an HTTP 200, as a proxy answers a request it serves locally (no
+//! upstream hop).
 //!
 //! ```text
-//! sidecar --listen ADDR:PORT [--listen …] [--upstream ADDR:PORT]
+//! sidecar --listen ADDR:PORT [--listen …] [--upstream ADDR:PORT] [--answer-port PORT]
 //! ```
 //! One event-loop thread, so that its cost per connection is the same in every mode.
 
@@ -13,19 +16,31 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use redirector_tests::sockaddr::original_dst;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 
-async fn forward(client: TcpStream, upstream: Option<SocketAddr>) {
+/// Where connections go: to their original destination, or `upstream` without one; those
+/// to port `answer` are answered here.
+#[derive(Clone, Copy)]
+struct Routes {
+    upstream: Option<SocketAddr>,
+    answer: Option<u16>,
+}
+
+async fn forward(client: TcpStream, routes: Routes) {
     let Ok(client) = client.into_std() else {
         return;
     };
-    let target = original_dst(&client).ok().or(upstream);
+    let target = original_dst(&client).ok().or(routes.upstream);
     let Ok(client) = TcpStream::from_std(client) else {
         return;
     };
     let Some(target) = target else {
         return; // Nowhere to send it: close.
     };
+    if routes.answer == Some(target.port()) {
+        return answer(client).await;
+    }
     let Ok(server) = TcpStream::connect(target).await else {
         return;
     };
@@ -35,7 +50,22 @@ async fn forward(client: TcpStream, upstream: Option<SocketAddr>) {
     let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
 }
 
-async fn serve(listen: Vec<SocketAddr>, upstream: Option<SocketAddr>) -> std::io::Result<()> {
+/// Reads one HTTP request's head and answers it with a 200, then closes.
+async fn answer(mut client: TcpStream) {
+    const REPLY: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n";
+    let mut head = Vec::with_capacity(512);
+    let mut buf = [0u8; 512];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match client.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    let _ = client.write_all(REPLY).await;
+    let _ = client.shutdown().await;
+}
+
+async fn serve(listen: Vec<SocketAddr>, routes: Routes) -> std::io::Result<()> {
     let mut listeners = Vec::new();
     for addr in listen {
         listeners.push(TcpListener::bind(addr).await?);
@@ -48,7 +78,7 @@ async fn serve(listen: Vec<SocketAddr>, upstream: Option<SocketAddr>) -> std::io
         tasks.push(tokio::spawn(async move {
             loop {
                 if let Ok((conn, _)) = l.accept().await {
-                    tokio::spawn(forward(conn, upstream));
+                    tokio::spawn(forward(conn, routes));
                 }
             }
         }));
@@ -61,17 +91,22 @@ async fn serve(listen: Vec<SocketAddr>, upstream: Option<SocketAddr>) -> std::io
 
 fn main() -> ExitCode {
     let mut listen = Vec::new();
-    let mut upstream = None;
+    let mut routes = Routes {
+        upstream: None,
+        answer: None,
+    };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
-        let value = args.next().map(|v| v.parse::<SocketAddr>());
-        match (flag.as_str(), value) {
-            ("--listen", Some(Ok(a))) => listen.push(a),
-            ("--upstream", Some(Ok(a))) => upstream = Some(a),
-            (flag, value) => {
-                eprintln!("sidecar: bad argument {flag} {value:?}\nusage: sidecar --listen ADDR:PORT [--listen …] [--upstream ADDR:PORT]");
-                return ExitCode::from(64);
-            }
+        let value = args.next().unwrap_or_default();
+        let parsed = match flag.as_str() {
+            "--listen" => value.parse().map(|a| listen.push(a)).ok(),
+            "--upstream" => value.parse().map(|a| routes.upstream = Some(a)).ok(),
+            "--answer-port" => value.parse().map(|p| routes.answer = Some(p)).ok(),
+            _ => None,
+        };
+        if parsed.is_none() {
+            eprintln!("sidecar: bad argument {flag} {value:?}\nusage: sidecar --listen ADDR:PORT [--listen …] [--upstream ADDR:PORT] [--answer-port PORT]");
+            return ExitCode::from(64);
         }
     }
     if listen.is_empty() {
@@ -88,7 +123,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match rt.block_on(serve(listen, upstream)) {
+    match rt.block_on(serve(listen, routes)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("sidecar: {e}");
