@@ -1,10 +1,9 @@
 //! A handle on a network namespace, passed explicitly to everything that works in one.
 //!
-//! `setns` moves only the calling thread, so work inside a namespace runs on a short-lived
-//! thread that enters it ([`Netns::run`]), or on the calling thread when that is already
-//! there; the caller's own threads never change namespace. Sockets made there stay in that
-//! namespace after the thread ends: the handle keeps a sock_diag socket made when it was
-//! opened.
+//! `setns` moves only the calling thread, so work inside a namespace ([`Netns::run`]) runs
+//! on the calling thread, which enters the namespace and returns to its own after (or
+//! stays where it is when already there). Sockets made there stay in that namespace: the
+//! handle keeps a sock_diag socket made when it was opened.
 
 use std::{
     fs, io,
@@ -180,39 +179,55 @@ impl Netns {
     }
 }
 
-/// Run `work` inside the namespace open as `file` (nsfs inode `inode`, opened from `path`):
-/// on the calling thread when it is already there (an init container, which starts in its
-/// pod's namespace: no thread to start, and no setns, which needs CAP_SYS_ADMIN, e.g. when
-/// validation runs as the proxy's uid), else on a thread that enters it.
+/// Run `work` inside the namespace open as `file` (nsfs inode `inode`, opened from `path`),
+/// on the calling thread: at once when it is already there (an init container, which
+/// starts in its pod's namespace: no setns, which needs CAP_SYS_ADMIN, e.g. when
+/// validation runs as the proxy's uid), else entering it and coming back after, even if
+/// `work` panics (which is then this call's error). A thread of its own per call would cost a thread's start and two
+/// wake-ups across CPUs each time (a daemon adds pods one after another).
 fn run_in<T: Send>(
     file: &fs::File,
     inode: u64,
     path: &Path,
     work: impl FnOnce() -> T + Send,
 ) -> Result<T, NetnsError> {
-    if fs::metadata(THREAD_NETNS).is_ok_and(|m| m.ino() == inode) {
-        return Ok(work());
-    }
-    let fd = file.as_raw_fd();
-    std::thread::scope(|scope| {
-        scope
-            .spawn(move || {
-                // SAFETY: setns on a descriptor the caller keeps open for the scope; it
-                // moves only this thread, which ends with the scope.
-                if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(work())
-            })
-            .join()
-    })
-    .map_err(|_| NetnsError::Panicked {
-        path: path.display().to_string(),
-    })?
-    .map_err(|source| NetnsError::Enter {
+    let enter_err = |source| NetnsError::Enter {
         path: path.display().to_string(),
         source,
+    };
+    let home = fs::File::open(THREAD_NETNS).map_err(enter_err)?;
+    if home.metadata().map_err(enter_err)?.ino() == inode {
+        return Ok(work());
+    }
+    setns(file).map_err(enter_err)?;
+    let _back = Return(home);
+    // A panic is this call's error, as it was when the work had a thread of its own.
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).map_err(|_| NetnsError::Panicked {
+        path: path.display().to_string(),
     })
+}
+
+/// Moves the calling thread into the network namespace open as `file`.
+fn setns(file: &fs::File) -> io::Result<()> {
+    // SAFETY: setns on a descriptor the caller keeps open; it moves only this thread.
+    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Takes the calling thread back to the namespace open as its file when dropped. A thread
+/// left in a pod's namespace would do the rest of the process's work there, so a failure
+/// to return (no reason for it is known: the thread started there) ends the process.
+struct Return(fs::File);
+
+impl Drop for Return {
+    fn drop(&mut self) {
+        if let Err(err) = setns(&self.0) {
+            eprintln!("redirector: returning a thread to its network namespace failed: {err}");
+            std::process::abort();
+        }
+    }
 }
 
 impl AsFd for Netns {
