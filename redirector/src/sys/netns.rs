@@ -67,8 +67,8 @@ impl Netns {
         Self::open_and_run(path, || ()).map(|(netns, ())| netns)
     }
 
-    /// [`Netns::open`], and `work` run inside it on the same short-lived thread: one
-    /// thread instead of two when a caller needs both.
+    /// [`Netns::open`], and `work` run inside it in the same visit: one entry and return
+    /// instead of two when a caller needs both.
     pub fn open_and_run<T: Send>(
         path: &Path,
         work: impl FnOnce() -> T + Send,
