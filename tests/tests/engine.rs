@@ -2,7 +2,8 @@
 //! at the same time from two threads, each through its own `Netns` handle, and the
 //! process itself never changes network namespace; the maps it keeps open between pods
 //! follow the object when another process removes it and loads it again; a pod whose
-//! keys are known is observed and removed by looking them up.
+//! keys are known is observed and removed by looking them up; work in a pod's namespace
+//! runs there and its thread comes back, even when the work panics.
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
@@ -20,12 +21,12 @@ use redirector::{
     engine::pod_keys::PodKeys,
     istio::parse_istio_iptables,
     store::{self, EbpfObject, NodeMaps, OpenMaps},
-    sys::netns::Netns,
+    sys::netns::{Netns, NetnsError},
 };
 use redirector_common::{PortKey, PortSet};
 use redirector_tests::redirector::{object_ids, PinRoot, STANDARD_INJECTION};
 use redirector_tests::{
-    assert_direct, assert_proxied, require_root, use_probe_bin, ProxiedPod, APP_UID,
+    assert_direct, assert_proxied, require_root, use_probe_bin, NetNs, ProxiedPod, APP_UID,
 };
 
 /// The network namespace inode of every thread of this process.
@@ -157,6 +158,37 @@ fn one_process_sets_up_two_pods_at_once_without_changing_its_namespace() {
     assert!(
         !pins.path().exists(),
         "the last pod's teardown removes the pin root"
+    );
+}
+
+/// The calling thread's network namespace inode.
+fn own_namespace() -> u64 {
+    std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino()
+}
+
+#[test]
+fn work_in_a_namespace_runs_there_and_its_thread_comes_back_even_when_it_panics() {
+    if !require_root() {
+        return;
+    }
+    let pod = NetNs::new("engrun");
+    let netns = Netns::open(&pod.path()).expect("opening the pod's namespace");
+    let own = own_namespace();
+    let inside = netns
+        .run(own_namespace)
+        .expect("working in the pod's namespace");
+    assert_eq!(inside, netns.inode(), "the work ran in the pod's namespace");
+    assert_ne!(inside, own);
+    assert_eq!(own_namespace(), own, "back in its own namespace");
+    let panicked = netns.run(|| -> u64 { panic!("work that fails in the pod's namespace") });
+    assert!(
+        matches!(panicked, Err(NetnsError::Panicked { .. })),
+        "a panic is the call's error: {panicked:?}"
+    );
+    assert_eq!(
+        own_namespace(),
+        own,
+        "back in its own namespace after a panic"
     );
 }
 

@@ -1,7 +1,9 @@
 //! `cargo xtask image`: the node image as an OCI archive, built from the workspace alone —
 //! nothing is pulled. One layer holds the release binary, linked statically (glibc's
 //! `crt-static`) so that the copy install-cni puts on the node runs whatever the host's
-//! libc, with its two other names as links. The archive is reproducible: every entry has
+//! libc, with its two other names as links. It is not position-independent, as istio's
+//! own Go binaries are not: a static PIE relocates itself at every start, and an init
+//! container starts once per pod (about 50 page faults and 0.2 ms of its 2.6 ms, 6.18). The archive is reproducible: every entry has
 //! owner 0 and time 0, so the same binary gives the same digests.
 //!
 //! Loads with `podman load -i` and `ctr -n k8s.io images import`; the reference is
@@ -55,10 +57,10 @@ pub fn static_release_binary() -> Result<PathBuf> {
     ])
     .env(
         "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS",
-        "-C target-feature=+crt-static",
+        "-C target-feature=+crt-static -C relocation-model=static",
     );
     status(cmd)?;
-    let binary = target_dir().join(HOST_TARGET).join("release/redirector");
+    let binary = shipped_binary();
     let ldd = std::process::Command::new("ldd").arg(&binary).output();
     if let Ok(out) = ldd {
         let text = String::from_utf8_lossy(&out.stdout);
@@ -67,6 +69,11 @@ pub fn static_release_binary() -> Result<PathBuf> {
         }
     }
     Ok(binary)
+}
+
+/// Where [`static_release_binary`] puts the binary the image ships.
+pub fn shipped_binary() -> PathBuf {
+    target_dir().join(HOST_TARGET).join("release/redirector")
 }
 
 /// The version the binary reports (`redirector 0.1.0` → `0.1.0`).

@@ -60,7 +60,8 @@ pub fn test(filter: &[String]) -> Result<()> {
         .args(filter)
         // Bootstrap installed podman and containerd: no test may skip for a missing tool.
         .env("REDIRECTOR_TESTS_REQUIRE_TOOLS", "1")
-        .env("REDIRECTOR_IMAGE", image);
+        .env("REDIRECTOR_IMAGE", image)
+        .env("REDIRECTOR_SHIPPED_BIN", crate::image::shipped_binary());
     bin_env(&mut integ);
     status(integ)
 }

@@ -1,86 +1,91 @@
-//! Account names to ids, the way iptables' owner match resolves them.
+//! Account names to ids, read from `/etc/passwd` and `/etc/group` as istio's own binaries
+//! read them (Go's `os/user` without cgo reads only these files).
 //!
-//! The re-entrant `get*nam_r` calls are used because tests resolve names from many threads.
+//! Never through NSS (`getpwnam`): the binary ships statically linked, and a static glibc
+//! asked for a name its files lack loads the host's NSS modules (`libnss_systemd` where
+//! nsswitch.conf names systemd), built for another libc, and crashes. The CNI plugin runs
+//! on the host, so that crash would fail every pod's setup on such a node.
 
-use std::{ffi::CString, mem::MaybeUninit, ptr};
+use std::path::Path;
 
-/// Largest buffer offered to NSS before giving up; a passwd or group entry never needs more.
-const MAX_BUFFER: usize = 1 << 20;
+const PASSWD: &str = "/etc/passwd";
+const GROUP: &str = "/etc/group";
 
-/// The uid of user `name`, `None` if there is no such user or the lookup fails.
+/// The uid of user `name`, `None` if /etc/passwd has no such user or cannot be read.
 pub(crate) fn uid_by_name(name: &str) -> Option<u32> {
-    id_by_name(name, libc::getpwnam_r, |entry: &libc::passwd| entry.pw_uid)
+    id_in_file(Path::new(PASSWD), name, PASSWD_FIELDS)
 }
 
-/// The gid of group `name`, `None` if there is no such group or the lookup fails.
+/// The gid of group `name`, `None` if /etc/group has no such group or cannot be read.
 pub(crate) fn gid_by_name(name: &str) -> Option<u32> {
-    id_by_name(name, libc::getgrnam_r, |entry: &libc::group| entry.gr_gid)
+    id_in_file(Path::new(GROUP), name, GROUP_FIELDS)
 }
 
-/// The shape shared by `getpwnam_r` and `getgrnam_r`.
-type GetByName<E> = unsafe extern "C" fn(
-    *const libc::c_char,
-    *mut E,
-    *mut libc::c_char,
-    libc::size_t,
-    *mut *mut E,
-) -> libc::c_int;
+/// `name:password:uid:gid:gecos:home:shell`.
+const PASSWD_FIELDS: usize = 7;
+/// `name:password:gid:members`.
+const GROUP_FIELDS: usize = 4;
 
-/// Looks `name` up with a `get*nam_r` call and reads the id out of the entry found.
-fn id_by_name<E>(name: &str, get: GetByName<E>, id: fn(&E) -> u32) -> Option<u32> {
-    let name = CString::new(name).ok()?;
-    with_growing_buffer(|buf| {
-        let mut entry = MaybeUninit::<E>::uninit();
-        let mut found: *mut E = ptr::null_mut();
-        // SAFETY: every pointer is valid for the call and `buf.len()` is the buffer's real size.
-        let rc = unsafe {
-            get(
-                name.as_ptr(),
-                entry.as_mut_ptr(),
-                buf.as_mut_ptr(),
-                buf.len(),
-                &mut found,
-            )
-        };
-        if rc != 0 {
-            return Err(rc);
-        }
-        // SAFETY: on success `found` is either null or points to the now initialised `entry`.
-        Ok((!found.is_null()).then(|| id(unsafe { &*found })))
-    })
+fn id_in_file(path: &Path, name: &str, fields: usize) -> Option<u32> {
+    id_in(&std::fs::read_to_string(path).ok()?, name, fields)
 }
 
-/// Calls `lookup` with a scratch buffer, doubling it while NSS answers `ERANGE`.
-fn with_growing_buffer(
-    mut lookup: impl FnMut(&mut [libc::c_char]) -> Result<Option<u32>, libc::c_int>,
-) -> Option<u32> {
-    let mut len = 1024;
-    loop {
-        let mut buf = vec![0; len];
-        match lookup(&mut buf) {
-            Ok(id) => return id,
-            Err(libc::ERANGE) if len < MAX_BUFFER => len *= 2,
-            // Some NSS modules report "no such name" as an errno (ENOENT, ESRCH, ...).
-            Err(_) => return None,
-        }
+/// The id (third field) of the first entry named `name` in the text of a passwd or group
+/// file whose entries have `fields` fields. As glibc's and Go's parsers: blank space at a
+/// line's start and `#` comments are skipped; an entry with too few fields or an id that
+/// is not a number is passed over.
+fn id_in(text: &str, name: &str, fields: usize) -> Option<u32> {
+    if name.is_empty() {
+        return None;
     }
+    text.lines()
+        .map(str::trim_start)
+        .filter(|line| !line.starts_with('#'))
+        .map(|line| line.split(':').collect::<Vec<_>>())
+        .filter(|entry| entry.len() >= fields && entry[0] == name)
+        .find_map(|entry| entry[2].parse().ok())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const PASSWD_TEXT: &str = "\
+root:x:0:0:root:/root:/bin/bash
+# istio-proxy:x:1:1:a comment:/:/bin/false
+  proxy:x:13:13:proxy:/bin:/usr/sbin/nologin
+short:x:5
+bad:x:not-a-number:7::/:/bin/false
+bad:x:42:7::/:/bin/false
+istio-proxy:x:1337:1337::/home/istio-proxy:/bin/sh
+";
+
     #[test]
-    fn root_resolves_to_zero() {
-        assert_eq!(uid_by_name("root"), Some(0));
-        assert_eq!(gid_by_name("root"), Some(0));
+    fn names_resolve_to_the_id_of_their_first_complete_entry() {
+        assert_eq!(id_in(PASSWD_TEXT, "root", PASSWD_FIELDS), Some(0));
+        assert_eq!(id_in(PASSWD_TEXT, "proxy", PASSWD_FIELDS), Some(13));
+        assert_eq!(id_in(PASSWD_TEXT, "istio-proxy", PASSWD_FIELDS), Some(1337));
+        assert_eq!(id_in(PASSWD_TEXT, "bad", PASSWD_FIELDS), Some(42));
+        let group = "wheel:x:10:alice,bob\nnobody:x:65534:\n";
+        assert_eq!(id_in(group, "nobody", GROUP_FIELDS), Some(65534));
+        assert_eq!(id_in(group, "wheel", GROUP_FIELDS), Some(10));
     }
 
     #[test]
-    fn unknown_and_malformed_names_resolve_to_none() {
+    fn comments_short_entries_and_unknown_names_resolve_to_none() {
+        assert_eq!(id_in(PASSWD_TEXT, "short", PASSWD_FIELDS), None);
+        assert_eq!(id_in(PASSWD_TEXT, "# istio-proxy", PASSWD_FIELDS), None);
+        assert_eq!(id_in(PASSWD_TEXT, "nobody", PASSWD_FIELDS), None);
+        assert_eq!(id_in(PASSWD_TEXT, "", PASSWD_FIELDS), None);
+        assert_eq!(id_in("::7::::", "", PASSWD_FIELDS), None);
+    }
+
+    #[test]
+    fn this_machines_files_resolve_root() {
+        assert_eq!(uid_by_name("root"), Some(0));
+        assert_eq!(gid_by_name("root"), Some(0));
         assert_eq!(uid_by_name("no-such-user-redirector-test"), None);
         assert_eq!(gid_by_name("no-such-group-redirector-test"), None);
-        assert_eq!(uid_by_name(""), None);
         assert_eq!(uid_by_name("nul\0byte"), None);
     }
 }

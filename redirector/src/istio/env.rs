@@ -11,12 +11,12 @@ pub trait Env {
     /// The value of env var `name`, `None` when unset (or not UTF-8).
     fn var(&self, name: &str) -> Option<String>;
 
-    /// The uid of the user account `name` (`ENVOY_USER`). Asks the system (NSS) by default.
+    /// The uid of the user account `name` (`ENVOY_USER`), from /etc/passwd by default.
     fn user_uid(&self, name: &str) -> Option<u32> {
         accounts::uid_by_name(name)
     }
 
-    /// The gid of the group `name` (owner-group lists). Asks the system (NSS) by default.
+    /// The gid of the group `name` (owner-group lists), from /etc/group by default.
     fn group_gid(&self, name: &str) -> Option<u32> {
         accounts::gid_by_name(name)
     }
