@@ -258,7 +258,7 @@ pub fn markdown(dp: &DataPath, setup: &Setup, machine: &str) -> String {
     }
     let churn = &setup.churn;
     if !churn.per_pod_ms.is_empty() {
-        let (first, last) = churn.first_and_last();
+        let (steady, last) = churn.steady_and_last();
         let _ = writeln!(
             s,
             "\n### Churn: {} init-container pods deleted without a cleanup, {} alive at a time\n",
@@ -267,9 +267,11 @@ pub fn markdown(dp: &DataPath, setup: &Setup, machine: &str) -> String {
         let most = churn.installed_every_100.iter().max().copied().unwrap_or(0);
         let _ = writeln!(
             s,
-            "Setup {first:.2} ms (first 10 pods, median) and {last:.2} ms (last 10): {:.2}×. \
-             Pods installed every 100 deletions: at most {most}.\n",
-            last / first
+            "Setup {steady:.2} ms (pods {}–{}, the first set up while pods are deleted, median) \
+             and {last:.2} ms (last 10): {:.2}×. Pods installed every 100 deletions: at most {most}.\n",
+            churn.steady_start() + 1,
+            churn.steady_start() + 10,
+            last / steady
         );
         let _ = writeln!(
             s,
@@ -542,13 +544,15 @@ pub fn targets(dp: &DataPath, setup: &Setup) -> String {
         }
     }
     let churn = &setup.churn;
-    if churn.per_pod_ms.len() >= 20 {
-        let (first, last) = churn.first_and_last();
-        let r = last / first;
+    if churn.per_pod_ms.len() >= churn.steady_start() + 20 {
+        let (steady, last) = churn.steady_and_last();
+        let r = last / steady;
         row(
             &format!(
-                "churn of {} pods: last 10 set up within 1.1× of the first 10",
-                churn.pods
+                "churn of {} pods: last 10 set up within 1.1× of pods {}–{}",
+                churn.pods,
+                churn.steady_start() + 1,
+                churn.steady_start() + 10
             ),
             format!("{r:.2}×"),
             Some(r <= 1.1),
