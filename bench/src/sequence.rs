@@ -27,7 +27,7 @@ pub struct Sequence {
 
 impl Sequence {
     /// Whether each pod's setup starts a process (`pod add`, the CNI plugin), whose start
-    /// costs at least what `nsenter true` does.
+    /// costs at least what a bare `true` does.
     pub fn starts_a_process(&self) -> bool {
         self.mode != API_MODE && self.mode.starts_with("daemon")
     }

@@ -77,6 +77,9 @@ pub struct OnePod {
     pub iptables_restore_ms: Vec<f64>,
     pub iptables_restore_v4_v6_ms: Vec<f64>,
     pub nsenter_true_ms: Vec<f64>,
+    /// `true` started directly: one process start, the floor of `redirector pod add` and
+    /// of the CNI plugin, which start no second process as an init container's nsenter does.
+    pub true_ms: Vec<f64>,
     pub first_pod_ms: Vec<f64>,
 }
 
@@ -164,6 +167,7 @@ fn one_pod(samples: usize) -> OnePod {
         let ns = NetNs::new("btrue");
         out.nsenter_true_ms
             .push(timed(nsenter(&ns).arg("true"), None));
+        out.true_ms.push(timed(&mut Command::new("true"), None));
     }
     // The first pod on a node loads the object: a fresh pin root each time.
     for _ in 0..samples.min(5) {
