@@ -183,8 +183,9 @@ impl Netns {
 /// on the calling thread: at once when it is already there (an init container, which
 /// starts in its pod's namespace: no setns, which needs CAP_SYS_ADMIN, e.g. when
 /// validation runs as the proxy's uid), else entering it and coming back after, even if
-/// `work` panics (which is then this call's error). A thread of its own per call would cost a thread's start and two
-/// wake-ups across CPUs each time (a daemon adds pods one after another).
+/// `work` panics (which is then this call's error). A thread of its own per call would
+/// cost a thread's start and two wake-ups across CPUs each time (a daemon adds pods one
+/// after another).
 fn run_in<T: Send>(
     file: &fs::File,
     inode: u64,
