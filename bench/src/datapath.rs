@@ -80,7 +80,7 @@ struct Bed {
     _state: Option<StateDir>,
     root: Option<PinRoot>,
     base: String,
-    /// The URL the sidecar answers itself (redirected modes only).
+    /// The URL the sidecar answers itself (profiled in the redirected modes).
     answered: String,
 }
 

@@ -196,10 +196,11 @@ fn run_in<T: Send>(
         path: path.display().to_string(),
         source,
     };
-    let home = fs::File::open(THREAD_NETNS).map_err(enter_err)?;
-    if home.metadata().map_err(enter_err)?.ino() == inode {
+    if fs::metadata(THREAD_NETNS).is_ok_and(|m| m.ino() == inode) {
         return Ok(work());
     }
+    // Opened only to come back: an init container, already there, pays one stat.
+    let home = fs::File::open(THREAD_NETNS).map_err(enter_err)?;
     setns(file).map_err(enter_err)?;
     let _back = Return(home);
     // A panic is this call's error, as it was when the work had a thread of its own.
