@@ -18,6 +18,7 @@ mod memory;
 mod plot;
 mod report;
 mod scale;
+mod scrapes;
 mod sequence;
 mod setup;
 mod stats;
@@ -136,6 +137,9 @@ fn main() -> ExitCode {
     } else {
         setup::Setup::default()
     };
+    if opts.setup && opts.setup_sequences {
+        setup.scrapes = Some(scrapes::run(100, rounds as usize));
+    }
     if opts.setup && opts.scale {
         // Past the shipped capacity: the daemon sizes the node for them (`--max-pods`).
         setup.scale = Some(scale::run(10_000));

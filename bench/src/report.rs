@@ -263,6 +263,31 @@ pub fn markdown(dp: &DataPath, setup: &Setup, machine: &str) -> String {
             );
         }
     }
+    if let Some(scrapes) = &setup.scrapes {
+        let _ = writeln!(
+            s,
+            "\n### Pod adds under `/metrics` scrapes\n\n{} pods added through the API (onto as \
+             many resident), alone and then under waves of {} concurrent scrapes every {} ms, \
+             rounds in turn. Each round's median add, ms:\n",
+            scrapes.pods, scrapes.scrapers, scrapes.tick_ms
+        );
+        let _ = writeln!(
+            s,
+            "| round | alone | under scrapes | ratio | scrapes, snapshots |"
+        );
+        let _ = writeln!(s, "|---:|---:|---:|---:|---:|");
+        for (i, ((a, b), (n, snaps))) in (scrapes.alone_ms.iter().zip(&scrapes.scraped_ms))
+            .zip(&scrapes.scrapes)
+            .enumerate()
+        {
+            let _ = writeln!(
+                s,
+                "| {} | {a:.2} | {b:.2} | {:.2}× | {n}, {snaps} |",
+                i + 1,
+                b / a
+            );
+        }
+    }
     let churn = &setup.churn;
     if !churn.per_pod_ms.is_empty() {
         let (steady, last) = churn.steady_and_last();
@@ -516,6 +541,17 @@ pub fn targets(dp: &DataPath, setup: &Setup) -> String {
                 reading.met(|kib| kib <= most),
             );
         }
+    }
+    if let Some(scrapes) = &setup.scrapes {
+        let ratios = scrapes.ratios();
+        row(
+            &format!(
+                "pod adds under {} concurrent scrapes ≤ 1.1× the same adds alone (medians over rounds)",
+                scrapes.scrapers
+            ),
+            scrapes.show(),
+            (!ratios.is_empty()).then(|| median(&ratios) <= 1.1),
+        );
     }
     if let Some(scale) = &setup.scale {
         let pods = scale.adds.pods;

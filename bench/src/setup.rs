@@ -134,6 +134,8 @@ pub struct Setup {
     pub churn: Churn,
     /// `--scale`: 10,000 pods through the daemon's API.
     pub scale: Option<crate::scale::Scale>,
+    /// Pod adds under concurrent `/metrics` scrapes.
+    pub scrapes: Option<crate::scrapes::Scrapes>,
     pub object_memlock: u64,
     pub map_memlock: Vec<(String, u64)>,
     pub map_fill: serde_json::Value,

@@ -32,6 +32,7 @@ pub mod probe;
 pub mod process;
 pub mod proxied_pod;
 pub mod redirector;
+pub mod scrapes;
 pub mod scenario;
 pub mod sockaddr;
 pub mod socket_lb;

@@ -3,6 +3,7 @@
 
 mod bootstrap;
 mod image;
+mod results;
 mod run;
 mod vm;
 mod workspace;

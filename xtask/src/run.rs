@@ -1,9 +1,11 @@
 //! Build, test and demo steps.
 
+use std::io::{BufRead as _, BufReader};
 use std::process::Command;
 
-use anyhow::Result;
+use anyhow::{bail, Context as _, Result};
 
+use crate::results::{parse_results, Counts};
 use crate::workspace::{cargo, status, target_dir};
 
 /// Environment that points the test kit at the binaries just built.
@@ -26,11 +28,15 @@ pub fn build() -> Result<()> {
     status(cmd)
 }
 
+/// Unit tests, then the privileged integration tests: every test binary runs even when
+/// one fails, and the run ends with `tests: N passed, N failed, N skipped` after the
+/// failed tests' names; it fails if any test did.
 pub fn test(filter: &[String]) -> Result<()> {
     // Unit tests: no root, any order.
     let mut unit = cargo();
     unit.args([
         "test",
+        "--no-fail-fast",
         "--package",
         "redirector-common",
         "--package",
@@ -40,30 +46,61 @@ pub fn test(filter: &[String]) -> Result<()> {
         "--package",
         "redirector-bench",
     ]);
-    status(unit)?;
-    if !crate::bootstrap::is_root() && std::env::var_os("CI").is_none() {
+    let mut counts = run_tests(unit)?;
+    if crate::bootstrap::is_root() || std::env::var_os("CI").is_some() {
+        // The node test runs deploy/daemonset.yaml with the image an operator would build.
+        let image = crate::image::build()?;
+        // Privileged tests share kernel state (bpffs pins, cgroup2): one at a time.
+        let mut integ = cargo();
+        integ
+            .args([
+                "test",
+                "--no-fail-fast",
+                "--package",
+                "redirector-tests",
+                "--",
+                "--test-threads=1",
+            ])
+            .args(filter)
+            // Bootstrap installed podman and containerd: no test may skip for a missing tool.
+            .env("REDIRECTOR_TESTS_REQUIRE_TOOLS", "1")
+            .env("REDIRECTOR_IMAGE", image)
+            .env("REDIRECTOR_SHIPPED_BIN", crate::image::shipped_binary());
+        bin_env(&mut integ);
+        counts.add(run_tests(integ)?);
+    } else {
         eprintln!("xtask: not root: skipping the privileged integration tests");
-        return Ok(());
     }
-    // The node test runs deploy/daemonset.yaml with the image an operator would build.
-    let image = crate::image::build()?;
-    // Privileged tests share kernel state (bpffs pins, cgroup2): one at a time.
-    let mut integ = cargo();
-    integ
-        .args([
-            "test",
-            "--package",
-            "redirector-tests",
-            "--",
-            "--test-threads=1",
-        ])
-        .args(filter)
-        // Bootstrap installed podman and containerd: no test may skip for a missing tool.
-        .env("REDIRECTOR_TESTS_REQUIRE_TOOLS", "1")
-        .env("REDIRECTOR_IMAGE", image)
-        .env("REDIRECTOR_SHIPPED_BIN", crate::image::shipped_binary());
-    bin_env(&mut integ);
-    status(integ)
+    println!("{}", counts.summary("tests"));
+    let failed = counts.failed + counts.unfinished.len() as u64;
+    if failed > 0 {
+        bail!("{failed} tests failed");
+    }
+    Ok(())
+}
+
+/// Runs `cmd` (a `cargo test`) with its output shown as it comes and read for libtest's
+/// results. A run that fails with no test failed (a build error) is an error.
+fn run_tests(mut cmd: Command) -> Result<Counts> {
+    let (reader, writer) = std::io::pipe().context("creating a pipe")?;
+    cmd.stdout(writer.try_clone().context("cloning a pipe")?)
+        .stderr(writer);
+    let mut child = cmd.spawn().with_context(|| format!("running {cmd:?}"))?;
+    // The child holds the writing ends now; the pipe ends when it (and its children) exit.
+    drop(cmd);
+    let mut log = String::new();
+    for line in BufReader::new(reader).lines() {
+        let line = line.context("reading the test output")?;
+        println!("{line}");
+        log.push_str(&line);
+        log.push('\n');
+    }
+    let status = child.wait().context("waiting for cargo test")?;
+    let counts = parse_results(&log);
+    if !status.success() && counts.failed == 0 && counts.unfinished.is_empty() {
+        bail!("cargo test failed before any test failed: {status}");
+    }
+    Ok(counts)
 }
 
 pub fn demo(daemon: bool) -> Result<()> {

@@ -9,13 +9,13 @@
 mod initramfs;
 mod kernels;
 mod qemu;
-mod results;
 
 use std::{fs, path::PathBuf, process::Stdio, time::Duration};
 
 use anyhow::{bail, Result};
 
-use self::{initramfs::*, kernels::*, qemu::*, results::*};
+use self::{initramfs::*, kernels::*, qemu::*};
+use crate::results::{parse_results, Counts};
 use crate::workspace::{cargo, ensure_tool, output, status, target_dir};
 
 pub(crate) fn vm_dir() -> PathBuf {
@@ -175,19 +175,31 @@ pub fn run(specs: &[String], suites: &[String], filter: &[String]) -> Result<()>
             r.accel,
             r.counts.passed,
             r.counts.failed,
-            r.counts.ignored + r.counts.skip_notes.len() as u64,
+            r.counts.skipped(),
             r.wall.as_secs_f64(),
             r.verdict
         );
     }
-    for r in &rows {
+    let mut total = Counts::default();
+    for r in &mut rows {
         if r.counts.ignored > 0 {
             println!("{}: {} tests #[ignore]d", r.kernel, r.counts.ignored);
         }
         for note in &r.counts.skip_notes {
             println!("{}: {note}", r.kernel);
         }
+        let mut counts = std::mem::take(&mut r.counts);
+        for name in counts.failed_tests.iter_mut().chain(&mut counts.unfinished) {
+            *name = format!("{} {name}", r.kernel);
+        }
+        if r.verdict != "PASS" && counts.failed == 0 && counts.unfinished.is_empty() {
+            counts
+                .unfinished
+                .push(format!("{}: the run ({})", r.kernel, r.verdict));
+        }
+        total.add(counts);
     }
+    println!("{}", total.summary("vm"));
     let failed: Vec<&str> = rows
         .iter()
         .filter(|r| r.verdict != "PASS")
@@ -202,14 +214,6 @@ pub fn run(specs: &[String], suites: &[String], filter: &[String]) -> Result<()>
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sums_libtest_results() {
-        let log = "test result: ok. 3 passed; 0 failed; 1 ignored; 0 measured; 2 filtered out; finished in 1.00s\n\
-                   test result: FAILED. 1 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out\n";
-        let c = parse_results(log);
-        assert_eq!((c.passed, c.failed, c.ignored), (4, 2, 1));
-    }
 
     #[test]
     fn module_names_and_versions() {
