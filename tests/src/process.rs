@@ -384,3 +384,18 @@ pub fn wait_tcp_listening(netns: &NetNs, port: u16, timeout: Duration) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Polls `done` every 20 ms until it holds: how long that took, or `None` after `timeout`.
+/// It returns as soon as `done` holds, so a generous `timeout` costs nothing on success.
+pub fn within(timeout: Duration, mut done: impl FnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    loop {
+        if done() {
+            return Some(start.elapsed());
+        }
+        if start.elapsed() > timeout {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

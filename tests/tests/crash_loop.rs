@@ -82,6 +82,7 @@ fn a_daemon_in_a_crash_loop_lets_no_connection_escape_and_leaks_nothing() {
             .and_then(|v| v.parse().ok())
             .unwrap()
     };
+    // Not a speed claim (over 10,000 here): fewer means the hammer hardly ran.
     assert!(count("total") > 100, "{report}");
     assert_eq!(count("served"), 0, "connections escaped capture: {report}");
     assert_eq!(count("proxied"), count("total"), "{report}");

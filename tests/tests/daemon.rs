@@ -2,18 +2,53 @@
 //! daemon` and `redirector pod`, with the cgroup programs attached once at a node cgroup;
 //! capture that survives the daemon being killed; init-container pods beside daemon pods.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use redirector_tests::bpftool::{pinned_map, wait_link_detached};
 use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::process::within;
 use redirector_tests::redirector::{
     install, object_ids, pins_under, pod_links, MapChange, NextObject, PinRoot, STANDARD_INJECTION,
 };
 use redirector_tests::{
     assert_all_proxied, assert_direct, assert_proxied, probe_bin, require_root, use_probe_bin,
-    Cgroup, ConnOutcome, NetNs, ProxiedPod, Spawn, APP_UID, PROXY_UID,
+    Cgroup, ConnOutcome, NetNs, ProxiedPod, Spawn, Topology, APP_UID, PROXY_UID,
 };
+
+/// The app in `topo` connecting to `dst` again and again until `stop`, counting in `made`:
+/// what each connection landed on.
+fn keep_connecting(
+    topo: &Topology,
+    dst: SocketAddr,
+    stop: &AtomicBool,
+    made: &AtomicUsize,
+) -> Vec<ConnOutcome> {
+    let mut outcomes = Vec::new();
+    while !stop.load(Ordering::SeqCst) {
+        outcomes.push(topo.connect(APP_UID, APP_UID, dst));
+        made.fetch_add(1, Ordering::SeqCst);
+    }
+    outcomes
+}
+
+/// Waits until `made` counts `count` connections: a number of them, where waiting a fixed
+/// time could give a loaded machine none. Each takes milliseconds here. On failure it sets
+/// `stop` first, so that the clients end and the test's thread scope with them.
+fn wait_connections(made: &AtomicUsize, count: usize, stop: &AtomicBool) {
+    let reached = within(Duration::from_secs(30), || {
+        made.load(Ordering::SeqCst) >= count
+    });
+    if reached.is_none() {
+        stop.store(true, Ordering::SeqCst);
+    }
+    assert!(
+        reached.is_some(),
+        "{} of {count} connections made",
+        made.load(Ordering::SeqCst)
+    );
+}
 
 #[test]
 fn daemon_captures_a_pod_by_its_namespace_and_releases_it() {
@@ -108,7 +143,7 @@ fn daemon_captures_a_pod_by_its_namespace_and_releases_it() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
-    let other = std::net::SocketAddr::new(dst.ip(), 8080);
+    let other = SocketAddr::new(dst.ip(), 8080);
     assert_proxied(&pod.connect(APP_UID, APP_UID, other), other);
 
     // SIGTERM: exit 0, capture stays (it never ends with the daemon).
@@ -159,17 +194,11 @@ fn killed_daemon_leaves_pods_captured_and_a_new_one_rebuilds_its_view() {
     let mut doomed = Some(doomed);
 
     // A client in the pod connects all the time while the daemon is killed and restarted.
-    let stop = AtomicBool::new(false);
+    let (stop, made) = (AtomicBool::new(false), AtomicUsize::new(0));
     let dst = pod.service(false);
     let topo = &pod.topo;
     let outcomes = std::thread::scope(|scope| {
-        let client = scope.spawn(|| {
-            let mut outcomes = Vec::new();
-            while !stop.load(Ordering::SeqCst) {
-                outcomes.push(topo.connect(APP_UID, APP_UID, dst));
-            }
-            outcomes
-        });
+        let client = scope.spawn(|| keep_connecting(topo, dst, &stop, &made));
         for cycle in 0..10 {
             let killed = daemon.kill();
             if cycle == 5 {
@@ -188,6 +217,7 @@ fn killed_daemon_leaves_pods_captured_and_a_new_one_rebuilds_its_view() {
             };
             assert_eq!(daemon.pod_names(), expected, "after restart {cycle}");
         }
+        wait_connections(&made, 10, &stop);
         stop.store(true, Ordering::SeqCst);
         client.join().unwrap()
     });
@@ -290,23 +320,17 @@ fn a_new_object_replaces_the_node_programs_with_no_gap() {
     let before = object_ids(&root);
     let next = NextObject::new();
 
-    let stop = AtomicBool::new(false);
+    let (stop, made) = (AtomicBool::new(false), AtomicUsize::new(0));
     let dst = pod.service(false);
     let topo = &pod.topo;
     let (outcomes, daemon) = std::thread::scope(|scope| {
-        let client = scope.spawn(|| {
-            let mut outcomes = Vec::new();
-            while !stop.load(Ordering::SeqCst) {
-                outcomes.push(topo.connect(APP_UID, APP_UID, dst));
-            }
-            outcomes
-        });
-        std::thread::sleep(Duration::from_millis(200));
+        let client = scope.spawn(|| keep_connecting(topo, dst, &stop, &made));
+        wait_connections(&made, 5, &stop);
         // A daemon with a rebuilt kernel side takes the node over.
         let daemon = daemon
             .kill()
             .restart_with_env("REDIRECTOR_EBPF_OBJECT", &next.path.display().to_string());
-        std::thread::sleep(Duration::from_millis(300));
+        wait_connections(&made, made.load(Ordering::SeqCst) + 5, &stop);
         stop.store(true, Ordering::SeqCst);
         (client.join().unwrap(), daemon)
     });
@@ -565,24 +589,26 @@ fn an_upgrade_that_copies_maps_and_its_rollback_lose_no_connection() {
         .map(|name| map(&first[0], name));
 
     let stop = AtomicBool::new(false);
+    let made = [AtomicUsize::new(0), AtomicUsize::new(0)];
     let pods = [&daemon_pod, &init_pod];
     let targets: Vec<_> = pods.iter().map(|p| (&p.topo, p.service(false))).collect();
     let dst = daemon_pod.service(false);
+    // `n` more connections of each client.
+    let more = |n: usize| {
+        for made in &made {
+            wait_connections(made, made.load(Ordering::SeqCst) + n, &stop);
+        }
+    };
     let (outcomes, daemon, after_upgrade) = std::thread::scope(|scope| {
         let clients: Vec<_> = targets
             .iter()
-            .map(|&(topo, dst)| {
+            .zip(&made)
+            .map(|(&(topo, dst), made)| {
                 let stop = &stop;
-                scope.spawn(move || {
-                    let mut outcomes = Vec::new();
-                    while !stop.load(Ordering::SeqCst) {
-                        outcomes.push(topo.connect(APP_UID, APP_UID, dst));
-                    }
-                    outcomes
-                })
+                scope.spawn(move || keep_connecting(topo, dst, stop, made))
             })
             .collect();
-        std::thread::sleep(Duration::from_millis(200));
+        more(3);
         // A connection open across both switches, asked again after them.
         let held = Spawn::new(probe_bin())
             .args(["hold", &dst.to_string(), "--for-ms", "2000"])
@@ -600,7 +626,7 @@ fn an_upgrade_that_copies_maps_and_its_rollback_lose_no_connection() {
         let upgraded = daemon
             .kill()
             .restart_with_env("REDIRECTOR_EBPF_OBJECT", &next.path.display().to_string());
-        std::thread::sleep(Duration::from_millis(300));
+        more(3);
         let after_upgrade = counted(&upgraded, "redirected");
         let log = upgraded.log();
         assert!(log.contains("maps copied"), "{log}");
@@ -620,7 +646,7 @@ fn an_upgrade_that_copies_maps_and_its_rollback_lose_no_connection() {
         let rolled_back = upgraded
             .kill()
             .restart_with_env("REDIRECTOR_EBPF_OBJECT", &object.display().to_string());
-        std::thread::sleep(Duration::from_millis(300));
+        more(3);
         stop.store(true, Ordering::SeqCst);
         let outcomes: Vec<Vec<ConnOutcome>> =
             clients.into_iter().map(|c| c.join().unwrap()).collect();

@@ -6,7 +6,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redirector_tests::daemon::{ask, Daemon, StateDir};
 use redirector_tests::redirector::{redirector_bin, PinRoot};
@@ -21,17 +21,12 @@ fn start(hint: &str) -> (Daemon, PinRoot, Cgroup, StateDir) {
     (daemon, root, node, state)
 }
 
-/// The daemon answers `list` on a fresh connection, promptly.
+/// The daemon answers `list` on a fresh connection. One that a client blocks never answers,
+/// which the connection's 30 s read timeout fails; how fast it answers is no claim here.
 #[track_caller]
 fn assert_serving(daemon: &Daemon) {
-    let started = Instant::now();
     let answer = ask(&mut daemon.connect(), r#"{"op":"list"}"#);
     assert_eq!(answer["ok"], true, "{answer}");
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "slow: {:?}",
-        started.elapsed()
-    );
 }
 
 #[test]

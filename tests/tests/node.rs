@@ -26,6 +26,7 @@ use redirector_tests::kubelet::{DaemonSet, Node};
 use redirector_tests::netns::NetNs;
 use redirector_tests::oci;
 use redirector_tests::podman::host::ForwardingGuard;
+use redirector_tests::process::within;
 use redirector_tests::redirector::{built_object, pins_under};
 use redirector_tests::{require_root, require_tools, skip, use_probe_bin, Cgroup, APP_UID};
 
@@ -134,20 +135,6 @@ fn metric(line: &str) -> bool {
     http_get(METRICS, "/metrics").is_ok_and(|(_, body)| body.lines().any(|l| l == line))
 }
 
-/// Polls `done` every 20 ms for up to `timeout`: how long it took, or `None`.
-fn within(timeout: Duration, mut done: impl FnMut() -> bool) -> Option<Duration> {
-    let start = Instant::now();
-    loop {
-        if done() {
-            return Some(start.elapsed());
-        }
-        if start.elapsed() > timeout {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn read_json(path: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(path).unwrap();
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}: {text}", path.display()))
@@ -238,7 +225,6 @@ fn node_lifecycle(cni_version: &str, third_octet: u8) {
     let (_, svc_addr) = serve(&mut cri, &svc);
     let (early, early_app) = app_pod(&mut cri, "default", "early", &[(STATUS, "{}")], &parent);
     sidecar(&mut cri, &early);
-    std::thread::sleep(Duration::from_millis(300));
     assert_reaches_service(&mut cri, &early_app, svc_addr);
 
     // The DaemonSet's pod: ready, the entry chained, the early pod repaired.
@@ -261,8 +247,9 @@ fn node_lifecycle(cni_version: &str, third_octet: u8) {
         "install-cni chained the entry"
     );
     assert!(plugin.exists());
-    // Within --repair-interval (30 s by default); the first round runs at the start.
-    within(Duration::from_secs(35), || {
+    // By the first round, at the start, or the next, --repair-interval (30 s by default)
+    // later; the rest is room for a slow round.
+    within(Duration::from_secs(60), || {
         on_proxy(&connect(&mut cri, &early_app, svc_addr), svc_addr)
     })
     .unwrap_or_else(|| panic!("the early pod is not repaired\n{}", ds.logs(&mut cri, &pod)));
@@ -270,9 +257,9 @@ fn node_lifecycle(cni_version: &str, third_octet: u8) {
         "node {cni_version}: early pod repaired {:.0} ms after its DaemonSet pod was created",
         started.elapsed().as_secs_f64() * 1e3
     );
-    // Scrapes share a snapshot up to a second old.
+    // Scrapes share a snapshot up to a second old: 20 s is room for a slow scrape.
     assert!(
-        within(Duration::from_secs(2), || metric(
+        within(Duration::from_secs(20), || metric(
             "redirector_pods_repaired_total 1"
         ))
         .is_some(),
@@ -283,7 +270,6 @@ fn node_lifecycle(cni_version: &str, third_octet: u8) {
     let (web, web_app) = app_pod(&mut cri, "default", "web", &[(STATUS, "{}")], &parent);
     sidecar(&mut cri, &web);
     let left_alone = LeftAlone::start(&mut cri, &parent, "");
-    std::thread::sleep(Duration::from_millis(300));
     assert_lands_on_proxy(&mut cri, &web_app, svc_addr);
     left_alone.assert_direct(&mut cri, svc_addr);
 
@@ -297,10 +283,10 @@ fn node_lifecycle(cni_version: &str, third_octet: u8) {
     );
     let (late, late_app) = app_pod(&mut cri, "default", "late", &[(STATUS, "{}")], &parent);
     sidecar(&mut cri, &late);
-    std::thread::sleep(Duration::from_millis(300));
     assert_lands_on_proxy(&mut cri, &late_app, svc_addr);
+    // At the next repair round (every 30 s), with room for a slow one.
     assert!(
-        within(Duration::from_secs(35), || metric(
+        within(Duration::from_secs(60), || metric(
             "redirector_pods_uncaptured 0"
         ))
         .is_some(),
@@ -319,7 +305,6 @@ fn node_lifecycle(cni_version: &str, third_octet: u8) {
     let svc = cri.run_sandbox("svc2", &[], &format!("{parent}/svc2"));
     let (_, svc_addr) = serve(&mut cri, &svc);
     let left_alone = LeftAlone::start(&mut cri, &parent, "2");
-    std::thread::sleep(Duration::from_millis(300));
     left_alone.assert_direct(&mut cri, svc_addr);
     let refused = cri
         .try_run_sandbox(
@@ -335,7 +320,6 @@ fn node_lifecycle(cni_version: &str, third_octet: u8) {
     ds.wait_ready(&mut cri, &pod, Duration::from_secs(30));
     let (steady, steady_app) = app_pod(&mut cri, "default", "steady", &[(STATUS, "{}")], &parent);
     sidecar(&mut cri, &steady);
-    std::thread::sleep(Duration::from_millis(300));
     assert_lands_on_proxy(&mut cri, &steady_app, svc_addr);
     left_alone.assert_direct(&mut cri, svc_addr);
 
@@ -361,6 +345,7 @@ fn node_lifecycle(cni_version: &str, third_octet: u8) {
         "node {cni_version}: upgrade under traffic: {total} connections, {} escaped",
         total - proxied
     );
+    // Not a speed claim (thousands in its 6 s): fewer means the client hardly ran.
     assert!(total >= 5, "{counts}");
     assert_eq!(proxied, total, "connections escaped the proxy: {counts}");
     let logs = ds.logs(&mut cri, &pod);

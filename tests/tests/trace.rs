@@ -6,13 +6,13 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::net::UnixStream;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
 use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::dns::{use_dnsprobe_bin, DnsClient, DnsMode, ResolvConf, DNS_PORT};
-use redirector_tests::process::{ChildGuard, Spawn};
+use redirector_tests::process::{within, ChildGuard, Spawn};
 use redirector_tests::redirector::{
     install, redirector_bin, run_ok, trace_switch_on, wait_for_trace_switch, PinRoot,
     STANDARD_INJECTION,
@@ -22,12 +22,12 @@ use redirector_tests::{
     ProxiedPod, Topology, APP_UID, PROXY_UID,
 };
 
-fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !ready() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// Each wait here is for a step of milliseconds: 10 s is room for a loaded machine.
+fn wait_until(what: &str, ready: impl FnMut() -> bool) {
+    assert!(
+        within(Duration::from_secs(10), ready).is_some(),
+        "timed out waiting until {what}"
+    );
 }
 
 /// `redirector trace` of the pod (`--json` or text), once its switch is on.

@@ -55,7 +55,13 @@ fn validation_fails_with_126_on_a_pod_without_capture() {
         "the message says what was tried:\n{log}"
     );
     assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "--probe-timeout is honoured"
+        log.contains("within 2s;"),
+        "--probe-timeout is honoured:\n{log}"
+    );
+    // Not a speed claim (about 2 s here): only a deadline overshot many times over fails.
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "validation gave up after {:?}",
+        started.elapsed()
     );
 }

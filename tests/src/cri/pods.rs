@@ -3,11 +3,14 @@
 //! connection lands.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use serde_json::json;
 
 use crate::cri::{Containerd, Sandbox};
 use crate::daemon::StateDir;
+use crate::probe::protocol::parse_listening;
+use crate::process::within;
 use crate::{ConnOutcome, APP_UID, PROXY_UID};
 
 /// The annotation istio's injector sets on every pod it injected a sidecar into.
@@ -26,7 +29,8 @@ pub fn primary_network(cni_version: &str, third_octet: u8, ipam: &StateDir) -> s
     })
 }
 
-/// The service: `probe serve` on 8080 in `sandbox`; the container and its address.
+/// The service: `probe serve` on 8080 in `sandbox`, once it listens; the container and
+/// its address.
 pub fn serve(cri: &mut Containerd, sandbox: &Sandbox) -> (String, SocketAddr) {
     let server = cri.start_container(
         sandbox,
@@ -41,6 +45,7 @@ pub fn serve(cri: &mut Containerd, sandbox: &Sandbox) -> (String, SocketAddr) {
         ],
         0,
     );
+    wait_listening(cri, &server, 1);
     (server, SocketAddr::new(cri.sandbox_ip(&sandbox.0), 8080))
 }
 
@@ -58,9 +63,10 @@ pub fn app_pod(
     (sandbox, app)
 }
 
-/// The stand-in sidecar in `sandbox`: `probe proxy` on 15001 and 15006, as uid 1337.
+/// The stand-in sidecar in `sandbox`: `probe proxy` on 15001 and 15006, as uid 1337, once
+/// it listens on both.
 pub fn sidecar(cri: &mut Containerd, sandbox: &Sandbox) -> String {
-    cri.start_container(
+    let proxy = cri.start_container(
         sandbox,
         "proxy",
         &[
@@ -74,7 +80,24 @@ pub fn sidecar(cri: &mut Containerd, sandbox: &Sandbox) -> String {
             "proxy",
         ],
         i64::from(PROXY_UID),
-    )
+    );
+    wait_listening(cri, &proxy, 2);
+    proxy
+}
+
+/// Waits until the probe in `container` logged `listeners` `listening` lines: a started
+/// container is not yet a listening one.
+fn wait_listening(cri: &mut Containerd, container: &str, listeners: usize) {
+    // A process start: milliseconds here, 30 s is room for a loaded machine.
+    let ready = within(Duration::from_secs(30), || {
+        let log = cri.container_log(container);
+        log.lines().filter(|l| parse_listening(l).is_some()).count() >= listeners
+    });
+    assert!(
+        ready.is_some(),
+        "{container}: {listeners} `listening` lines expected; its log:\n{}",
+        cri.container_log(container)
+    );
 }
 
 /// Where `app`'s connection to `dst` lands.
