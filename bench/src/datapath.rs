@@ -10,16 +10,21 @@
 //! port [`ANSWERED_PORT`], which nothing serves, are answered by the sidecar with no
 //! upstream connection, as a proxy answers what it serves locally.
 
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use redirector_tests::cgroup::Cgroup;
 use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::dns::protocol::DnsOutcome;
+use redirector_tests::dns::{DnsClient, DnsMode, DnsServer};
 use redirector_tests::iptables::{apply_golden, standard_injection};
 use redirector_tests::redirector::{
     install, redirector_bin, wait_for_trace_switch, PinRoot, STANDARD_INJECTION,
 };
-use redirector_tests::{bin_path, wait_tcp_listening, ChildGuard, Spawn, Topology, PROXY_UID};
+use redirector_tests::{
+    bin_path, wait_tcp_listening, ChildGuard, Spawn, Topology, APP_UID, PROXY_UID,
+};
 
 use crate::cpu;
 use crate::wrk::{self, Load, LOADS};
@@ -40,16 +45,21 @@ pub enum Mode {
     /// `redirector` with `redirector trace` following the pod (its output discarded): what
     /// tracing a pod costs.
     RedirectorTraced,
+    /// A pod on a daemon node (inside the daemon's `--cgroup`) that the daemon does not
+    /// capture, dialling the service directly: what a pod outside the mesh pays, against
+    /// `direct` (the same pod on a node without redirector).
+    Bystander,
 }
 
 impl Mode {
-    pub const ALL: [Mode; 6] = [
+    pub const ALL: [Mode; 7] = [
         Mode::Direct,
         Mode::Explicit,
         Mode::Iptables,
         Mode::Redirector,
         Mode::RedirectorDaemon,
         Mode::RedirectorTraced,
+        Mode::Bystander,
     ];
 
     pub fn name(self) -> &'static str {
@@ -60,7 +70,14 @@ impl Mode {
             Mode::Redirector => "redirector",
             Mode::RedirectorDaemon => "redirector-daemon",
             Mode::RedirectorTraced => "redirector-traced",
+            Mode::Bystander => "daemon-bystander",
         }
+    }
+
+    /// Whether the sidecar captures this mode's connections (its eBPF profile includes
+    /// requests the sidecar answers itself).
+    pub fn proxied(self) -> bool {
+        !matches!(self, Mode::Direct | Mode::Bystander)
     }
 }
 
@@ -157,7 +174,7 @@ impl Bed {
     fn new(mode: Mode, site: &Site) -> Bed {
         let hint = format!("b{}", mode.name());
         let (node, state, root, topo) = match mode {
-            Mode::RedirectorDaemon => {
+            Mode::RedirectorDaemon | Mode::Bystander => {
                 let node = Cgroup::new("benchnode");
                 let topo = Topology::under(&node, &hint);
                 (
@@ -198,6 +215,13 @@ impl Bed {
         let mut tracer = None;
         match mode {
             Mode::Direct | Mode::Explicit => {}
+            Mode::Bystander => {
+                daemon = Some(Daemon::start(
+                    root.as_ref().unwrap(),
+                    node.as_ref().unwrap(),
+                    state.as_ref().unwrap(),
+                ));
+            }
             Mode::Iptables => {
                 let (v4, v6) = standard_injection();
                 apply_golden(&topo.pod, &v4, Some(&v6));
@@ -299,7 +323,11 @@ pub struct DataPath {
     pub seconds: u32,
     pub rounds: u32,
     pub samples: Vec<Sample>,
+    /// Programs that ran for a profiled mode (none at all is a reading too).
     pub programs: Vec<ProgramCost>,
+    pub profiled: Vec<Mode>,
+    /// Programs that ran per UDP request/response of the bystander pod.
+    pub udp_programs: Vec<ProgramCost>,
 }
 
 fn measure(bed: &Bed, load: Load, seconds: u32) -> (wrk::Report, f64) {
@@ -327,31 +355,19 @@ fn prog_stats(pin: &Path) -> Option<(String, u64, u64)> {
     ))
 }
 
-/// With `kernel.bpf_stats_enabled` on for the run only: each program's runs and time per
-/// request of `load`, forwarded by the sidecar or answered by it (`proxy_answers`). A
-/// separate run, so the stats' own cost stays out of the rounds.
-fn profile(bed: &Bed, load: Load, seconds: u32, proxy_answers: bool) -> Vec<ProgramCost> {
+/// Each program's runs and run time over `work` (which returns how many requests it made),
+/// with `kernel.bpf_stats_enabled` on for it alone: a separate run, so the stats' own cost
+/// stays out of the rounds. Programs that did not run are left out.
+fn with_bpf_stats(bed: &Bed, proxy_answers: bool, work: impl FnOnce() -> u64) -> Vec<ProgramCost> {
     const SWITCH: &str = "/proc/sys/kernel/bpf_stats_enabled";
     let was = std::fs::read_to_string(SWITCH).unwrap_or_else(|_| "0".into());
     std::fs::write(SWITCH, "1").expect("enabling bpf_stats");
     let pins = bed.program_pins();
     let before: Vec<_> = pins.iter().filter_map(|p| prog_stats(p)).collect();
-    let base = if proxy_answers {
-        &bed.answered
-    } else {
-        &bed.base
-    };
-    let report = wrk::run(&bed.topo, base, load, seconds);
-    if report.errors > 0 {
-        eprintln!(
-            "bench: {} errors profiling {} at {base}",
-            report.errors,
-            bed.mode.name()
-        );
-    }
+    let requests = work();
     let after: Vec<_> = pins.iter().filter_map(|p| prog_stats(p)).collect();
     let _ = std::fs::write(SWITCH, was.trim());
-    let reqs = report.requests.max(1) as f64;
+    let reqs = requests.max(1) as f64;
     before
         .iter()
         .zip(&after)
@@ -369,6 +385,57 @@ fn profile(bed: &Bed, load: Load, seconds: u32, proxy_answers: bool) -> Vec<Prog
             }
         })
         .collect()
+}
+
+/// Each program's runs and time per request of `load`, forwarded by the sidecar or
+/// answered by it (`proxy_answers`).
+fn profile(bed: &Bed, load: Load, seconds: u32, proxy_answers: bool) -> Vec<ProgramCost> {
+    let base = if proxy_answers {
+        &bed.answered
+    } else {
+        &bed.base
+    };
+    with_bpf_stats(bed, proxy_answers, || {
+        let report = wrk::run(&bed.topo, base, load, seconds);
+        if report.errors > 0 {
+            eprintln!(
+                "bench: {} errors profiling {} at {base}",
+                report.errors,
+                bed.mode.name()
+            );
+        }
+        report.requests
+    })
+}
+
+/// DNS queries over UDP (`sendto` on an unconnected socket, as CoreDNS clients and CoreDNS
+/// itself use it) in a profiled UDP exchange.
+const UDP_EXCHANGES: u64 = 200;
+
+/// Each program's runs and time per UDP request/response: the pod's app queries a DNS
+/// server in the service namespace [`UDP_EXCHANGES`] times.
+fn udp_profile(bed: &Bed) -> Vec<ProgramCost> {
+    let server_addr = bed.topo.service_addr(false, 53);
+    let _server = DnsServer::server(
+        &bed.topo.service,
+        "bench",
+        Ipv4Addr::new(192, 0, 2, 1),
+        None,
+    )
+    .listen(server_addr)
+    .start();
+    let client = DnsClient::new(&bed.topo, Some(&bed.topo.pod_cgroup), APP_UID, APP_UID);
+    with_bpf_stats(bed, false, || {
+        for _ in 0..UDP_EXCHANGES {
+            let answer = client.query(server_addr, DnsMode::Udp);
+            assert!(
+                matches!(answer, DnsOutcome::Reply { .. }),
+                "a DNS query of the {} pod: {answer:?}",
+                bed.mode.name()
+            );
+        }
+        UDP_EXCHANGES
+    })
 }
 
 pub fn run(rounds: u32, seconds: u32, modes: &[Mode]) -> DataPath {
@@ -412,9 +479,18 @@ pub fn run(rounds: u32, seconds: u32, modes: &[Mode]) -> DataPath {
         }
     }
     for bed in beds.iter().filter(|b| b.root.is_some()) {
-        for proxy_answers in [false, true] {
+        let answers: &[bool] = if bed.mode.proxied() {
+            &[false, true]
+        } else {
+            &[false]
+        };
+        out.profiled.push(bed.mode);
+        for &proxy_answers in answers {
             out.programs
                 .extend(profile(bed, LOADS[0], seconds, proxy_answers));
+        }
+        if bed.mode == Mode::Bystander {
+            out.udp_programs = udp_profile(bed);
         }
     }
     // Daemons first (SIGTERM leaves their pins; PinRoot removes them).

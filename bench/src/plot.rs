@@ -17,6 +17,7 @@ const COLORS: [RGBColor; Mode::ALL.len()] = [
     RGBColor(67, 147, 195),
     RGBColor(33, 102, 172),
     RGBColor(146, 197, 222),
+    RGBColor(120, 180, 120),
 ];
 
 pub fn draw(dp: &DataPath, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
@@ -24,7 +25,7 @@ pub fn draw(dp: &DataPath, path: &Path) -> Result<(), Box<dyn std::error::Error>
     root.fill(&WHITE)?;
     let (legend, charts) = root.split_vertically(40);
     for (i, mode) in Mode::ALL.iter().enumerate() {
-        let x = 20 + i as i32 * 220;
+        let x = 20 + i as i32 * 195;
         legend.draw(&Rectangle::new([(x, 12), (x + 16, 28)], COLORS[i].filled()))?;
         legend.draw(&Text::new(mode.name(), (x + 22, 14), ("sans-serif", 16)))?;
     }

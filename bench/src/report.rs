@@ -105,6 +105,7 @@ pub fn markdown(dp: &DataPath, setup: &Setup, machine: &str) -> String {
             (Mode::RedirectorDaemon, Mode::Explicit),
             (Mode::Iptables, Mode::Explicit),
             (Mode::RedirectorTraced, Mode::Redirector),
+            (Mode::Bystander, Mode::Direct),
         ];
         let pairs: Vec<_> = pairs
             .into_iter()
@@ -171,6 +172,7 @@ pub fn markdown(dp: &DataPath, setup: &Setup, machine: &str) -> String {
                 Mode::Redirector,
                 Mode::RedirectorDaemon,
                 Mode::RedirectorTraced,
+                Mode::Bystander,
             ]
             .into_iter()
             .filter(|m| ran(dp, *m))
@@ -197,6 +199,29 @@ pub fn markdown(dp: &DataPath, setup: &Setup, machine: &str) -> String {
                         s,
                         "| {} | {sidecar} | **all** | | | **{total:.0}** |",
                         mode.name()
+                    );
+                }
+            }
+        }
+        if dp.profiled.contains(&Mode::Bystander) {
+            let _ = writeln!(
+                s,
+                "\n### eBPF programs per UDP request/response of a pod not captured (`daemon-bystander`, DNS over an unconnected socket)\n"
+            );
+            if dp.udp_programs.is_empty() {
+                let _ = writeln!(s, "None ran.");
+            } else {
+                let _ = writeln!(
+                    s,
+                    "Each exchange is one `dnsprobe query` process, so a run finds cold caches: the runs are the figure, the time an upper bound.\n"
+                );
+                let _ = writeln!(s, "| program | runs/exchange | ns/run | ns/exchange |");
+                let _ = writeln!(s, "|---|---:|---:|---:|");
+                for p in &dp.udp_programs {
+                    let _ = writeln!(
+                        s,
+                        "| {} | {:.2} | {:.0} | {:.0} |",
+                        p.program, p.runs_per_req, p.ns_per_run, p.ns_per_req
                     );
                 }
             }
@@ -471,6 +496,37 @@ pub fn targets(dp: &DataPath, setup: &Setup) -> String {
                 Some(median(&ka) >= 0.97),
             );
         }
+    }
+    if ran(dp, Mode::Bystander) && ran(dp, Mode::Direct) {
+        // A pod the daemon does not capture, against the same pod with nothing attached.
+        let ratio: Vec<f64> = new_conn
+            .iter()
+            .map(|l| median(&rps_ratio(dp, Mode::Bystander, Mode::Direct, l)))
+            .collect();
+        row(
+            "a pod on a daemon node not captured: new connections/s ≥ 0.99× `direct`",
+            format!("{:.2}× / {:.2}× (8 / 64 conc.)", ratio[0], ratio[1]),
+            Some(ratio.iter().all(|r| *r >= 0.99)),
+        );
+    }
+    if dp.profiled.contains(&Mode::Bystander) {
+        let programs = programs_of(dp, Mode::Bystander, false);
+        let runs: f64 = programs.iter().map(|p| p.runs_per_req).sum();
+        let ns: f64 = programs.iter().map(|p| p.ns_per_req).sum();
+        row(
+            "a pod on a daemon node not captured: 0 eBPF runs per new connection",
+            format!("{runs:.2} runs, {ns:.0} ns"),
+            Some(programs.is_empty()),
+        );
+    }
+    if dp.profiled.contains(&Mode::Bystander) {
+        let runs: f64 = dp.udp_programs.iter().map(|p| p.runs_per_req).sum();
+        let ns: f64 = dp.udp_programs.iter().map(|p| p.ns_per_req).sum();
+        row(
+            "a pod on a daemon node not captured: 0 eBPF runs per UDP request/response",
+            format!("{runs:.2} runs, {ns:.0} ns"),
+            Some(dp.udp_programs.is_empty()),
+        );
     }
     let one = &setup.one_pod;
     if !one.redirector_ms.is_empty() {

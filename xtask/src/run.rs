@@ -137,7 +137,8 @@ pub fn bench(args: &[String]) -> Result<()> {
         .arg(target_dir().join("bench"))
         .env("REDIRECTOR_BIN", redirector)
         .env("PROBE_BIN", bin.join("probe"))
-        .env("SIDECAR_BIN", bin.join("sidecar"));
+        .env("SIDECAR_BIN", bin.join("sidecar"))
+        .env("DNSPROBE_BIN", bin.join("dnsprobe"));
     status(cmd)?;
     let partial = ["--quick", "--only", "--modes"];
     if args.iter().any(|a| partial.contains(&a.as_str())) {
