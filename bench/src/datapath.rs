@@ -11,9 +11,10 @@
 //! upstream connection, as a proxy answers what it serves locally.
 
 use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
+use redirector_tests::bpftool::{program_runs, BpfStats};
 use redirector_tests::cgroup::Cgroup;
 use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::dns::protocol::DnsOutcome;
@@ -338,47 +339,31 @@ fn measure(bed: &Bed, load: Load, seconds: u32) -> (wrk::Report, f64) {
     (report, per_req)
 }
 
-/// `bpftool prog show pinned` → (run time ns, run count).
-fn prog_stats(pin: &Path) -> Option<(String, u64, u64)> {
-    let out = std::process::Command::new("bpftool")
-        .args(["prog", "show", "pinned"])
-        .arg(pin)
-        .arg("-j")
-        .output()
-        .ok()?;
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-    let name = pin.file_name()?.to_string_lossy().into_owned();
-    Some((
-        name,
-        v["run_time_ns"].as_u64().unwrap_or(0),
-        v["run_cnt"].as_u64().unwrap_or(0),
-    ))
-}
-
 /// Each program's runs and run time over `work` (which returns how many requests it made),
 /// with `kernel.bpf_stats_enabled` on for it alone: a separate run, so the stats' own cost
 /// stays out of the rounds. Programs that did not run are left out.
 fn with_bpf_stats(bed: &Bed, proxy_answers: bool, work: impl FnOnce() -> u64) -> Vec<ProgramCost> {
-    const SWITCH: &str = "/proc/sys/kernel/bpf_stats_enabled";
-    let was = std::fs::read_to_string(SWITCH).unwrap_or_else(|_| "0".into());
-    std::fs::write(SWITCH, "1").expect("enabling bpf_stats");
     let pins = bed.program_pins();
-    let before: Vec<_> = pins.iter().filter_map(|p| prog_stats(p)).collect();
+    let stats = BpfStats::on();
+    let before: Vec<_> = pins.iter().map(|p| program_runs(p)).collect();
     let requests = work();
-    let after: Vec<_> = pins.iter().filter_map(|p| prog_stats(p)).collect();
-    let _ = std::fs::write(SWITCH, was.trim());
+    let after: Vec<_> = pins.iter().map(|p| program_runs(p)).collect();
+    drop(stats);
     let reqs = requests.max(1) as f64;
-    before
-        .iter()
-        .zip(&after)
-        .filter(|(b, a)| a.2 > b.2)
-        .map(|(b, a)| {
-            let runs = (a.2 - b.2) as f64;
+    pins.iter()
+        .zip(before.iter().zip(&after))
+        .filter(|(_, (b, a))| a.0 > b.0)
+        .map(|(pin, (b, a))| {
+            let runs = (a.0 - b.0) as f64;
             let ns = (a.1 - b.1) as f64;
             ProgramCost {
                 mode: bed.mode,
                 proxy_answers,
-                program: a.0.clone(),
+                program: pin
+                    .file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned(),
                 runs_per_req: runs / reqs,
                 ns_per_run: ns / runs,
                 ns_per_req: ns / reqs,

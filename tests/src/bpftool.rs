@@ -59,7 +59,6 @@ pub fn cgroup_attachments(cgroup: &Path) -> Vec<(u64, String, String)> {
         .collect()
 }
 
-/// The kernel id of the object pinned at `path` (`kind`: prog, map or link).
 /// The definition of the map pinned at `path`: (id, value size, capacity).
 pub fn pinned_map(path: &Path) -> (u64, u64, u64) {
     let v = bpftool_json(&["map", "show", "pinned", &path.to_string_lossy()]);
@@ -71,12 +70,43 @@ pub fn pinned_map(path: &Path) -> (u64, u64, u64) {
     (field("id"), field("bytes_value"), field("max_entries"))
 }
 
+/// The kernel id of the object pinned at `path` (`kind`: prog, map or link).
 pub fn pinned_id(kind: &str, path: &Path) -> u64 {
     let v = bpftool_json(&[kind, "show", "pinned", &path.to_string_lossy()]);
     ids(&v)
         .first()
         .copied()
         .unwrap_or_else(|| panic!("no {kind} id for {}", path.display()))
+}
+
+/// The program pinned at `path`: how often it ran and for how long (ns), counted while
+/// [`BpfStats`] is on.
+pub fn program_runs(path: &Path) -> (u64, u64) {
+    let v = bpftool_json(&["prog", "show", "pinned", &path.to_string_lossy()]);
+    let field = |name: &str| v.get(name).and_then(Value::as_u64).unwrap_or(0);
+    (field("run_cnt"), field("run_time_ns"))
+}
+
+/// `kernel.bpf_stats_enabled` on (the kernel counts each program's runs and time) until
+/// dropped, then as it was.
+pub struct BpfStats {
+    was: String,
+}
+
+impl BpfStats {
+    const SWITCH: &'static str = "/proc/sys/kernel/bpf_stats_enabled";
+
+    pub fn on() -> Self {
+        let was = std::fs::read_to_string(Self::SWITCH).unwrap_or_else(|_| "0".into());
+        std::fs::write(Self::SWITCH, "1").expect("enabling bpf_stats");
+        BpfStats { was }
+    }
+}
+
+impl Drop for BpfStats {
+    fn drop(&mut self) {
+        let _ = std::fs::write(Self::SWITCH, self.was.trim());
+    }
 }
 
 /// Ids of every loaded object of `kind` (prog, map or link).

@@ -18,6 +18,7 @@ pub mod neighbours;
 pub mod node;
 pub mod observe;
 pub mod plan;
+pub mod pod_cgroup;
 pub mod pod_keys;
 pub mod remove;
 pub mod spec;

@@ -18,6 +18,8 @@ const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_PROG_ATTACH: libc::c_long = 8;
+const BPF_PROG_DETACH: libc::c_long = 9;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_PROG_QUERY: libc::c_long = 16;
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
@@ -275,6 +277,46 @@ pub fn cgroup_programs(cgroup: BorrowedFd<'_>, attach_type: u32) -> io::Result<(
     bpf(BPF_PROG_QUERY, &mut attr)?;
     let count = (attr.0[6] as usize).min(MOST);
     Ok((attr.0[3], ids[..count].to_vec()))
+}
+
+/// `BPF_F_ALLOW_MULTI`: a cgroup's programs for one hook run together, and with its
+/// ancestors' (nearest the socket first).
+pub const BPF_F_ALLOW_MULTI: u32 = 1 << 1;
+const BPF_F_REPLACE: u32 = 1 << 2;
+
+/// Attach `prog` at `cgroup` without a link (BPF_PROG_ATTACH, `BPF_F_ALLOW_MULTI`): the
+/// attachment lives as long as the cgroup, pinned nowhere. With `replace`, `prog` takes
+/// the place of that program, attached there, in one step (`BPF_F_REPLACE`): the hook
+/// never runs without one of the two.
+pub fn prog_attach(
+    prog: BorrowedFd<'_>,
+    cgroup: BorrowedFd<'_>,
+    attach_type: u32,
+    replace: Option<BorrowedFd<'_>>,
+) -> io::Result<()> {
+    let mut attr = BpfAttr([0; 32]);
+    attr.0[0] = cgroup.as_raw_fd() as u32;
+    attr.0[1] = prog.as_raw_fd() as u32;
+    attr.0[2] = attach_type;
+    attr.0[3] = BPF_F_ALLOW_MULTI;
+    if let Some(old) = replace {
+        attr.0[3] |= BPF_F_REPLACE;
+        attr.0[4] = old.as_raw_fd() as u32;
+    }
+    bpf(BPF_PROG_ATTACH, &mut attr).map(drop)
+}
+
+/// Detach `prog`, attached at `cgroup` with [`prog_attach`].
+pub fn prog_detach(
+    prog: BorrowedFd<'_>,
+    cgroup: BorrowedFd<'_>,
+    attach_type: u32,
+) -> io::Result<()> {
+    let mut attr = BpfAttr([0; 32]);
+    attr.0[0] = cgroup.as_raw_fd() as u32;
+    attr.0[1] = prog.as_raw_fd() as u32;
+    attr.0[2] = attach_type;
+    bpf(BPF_PROG_DETACH, &mut attr).map(drop)
 }
 
 /// Attach `prog` to `target` (a cgroup or network namespace fd) with a BPF link; the link

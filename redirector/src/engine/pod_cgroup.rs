@@ -1,0 +1,205 @@
+//! Node mode's programs attached at one pod's own cgroup instead of the node cgroup, so
+//! that a pod the node does not capture runs none of them. Attached with BPF_PROG_ATTACH
+//! and `BPF_F_ALLOW_MULTI`, with no link and no pin: the attachment lives and dies with the
+//! cgroup, costs about a tenth of a pinned link's kernel memory (0.6–0.7 KiB for six
+//! programs against 6.7–9.9 KiB as links, docs/design.md), and is found again by asking the
+//! cgroup (BPF_PROG_QUERY) for the object's program ids.
+
+use std::{
+    fs,
+    os::fd::{AsFd, OwnedFd},
+    path::Path,
+};
+
+use crate::{
+    engine::error::EngineError,
+    store::{
+        bpf_sys, open_program,
+        programs::{ProgramSpec, NODE_PROGRAMS},
+        ObjectPins,
+    },
+};
+
+/// The cgroup's directory, open, for the bpf(2) commands.
+fn open_cgroup(cgroup: &Path) -> Result<fs::File, EngineError> {
+    fs::File::open(cgroup).map_err(|source| EngineError::Cgroup {
+        path: cgroup.display().to_string(),
+        source,
+    })
+}
+
+/// A program of the object: its pinned program, open, and its id.
+struct Program {
+    spec: &'static ProgramSpec,
+    fd: OwnedFd,
+    id: u32,
+}
+
+fn programs(object: &ObjectPins) -> Result<Vec<Program>, EngineError> {
+    NODE_PROGRAMS
+        .iter()
+        .map(|spec| {
+            let path = object.program(spec.function);
+            let id = aya::programs::ProgramInfo::from_pin(&path)
+                .map_err(|e| {
+                    crate::sys::fs_error::FsError::new(
+                        "reading the program",
+                        path.display(),
+                        std::io::Error::other(e.to_string()),
+                    )
+                })?
+                .id();
+            Ok(Program {
+                spec,
+                fd: open_program(object, spec.function)?,
+                id,
+            })
+        })
+        .collect()
+}
+
+/// Whether `program` is attached directly at the cgroup `file` (at `path`).
+fn attached_at(file: &fs::File, path: &Path, program: &Program) -> Result<bool, EngineError> {
+    let (_, ids) = bpf_sys::cgroup_programs(file.as_fd(), program.spec.attach_type)
+        .map_err(|source| attach_err(program, path, source))?;
+    Ok(ids.contains(&program.id))
+}
+
+fn attach_err(program: &Program, cgroup: &Path, source: std::io::Error) -> EngineError {
+    EngineError::Attach {
+        program: program.spec.function,
+        target: cgroup.display().to_string(),
+        source,
+        blocked: None,
+    }
+}
+
+/// The hooks of `object`'s node programs attached at `cgroup`.
+pub fn attached_hooks(
+    object: &ObjectPins,
+    cgroup: &Path,
+) -> Result<Vec<&'static str>, EngineError> {
+    let file = open_cgroup(cgroup)?;
+    let mut hooks = Vec::new();
+    for program in programs(object)? {
+        if attached_at(&file, cgroup, &program)? {
+            hooks.push(program.spec.hook);
+        }
+    }
+    Ok(hooks)
+}
+
+/// Attach every node program of `object` at the pod's `cgroup`, each where it is not
+/// attached already; the hooks attached now. On failure those are detached again, so a
+/// pod is never left with part of the programs (half its connections captured).
+pub fn attach(object: &ObjectPins, cgroup: &Path) -> Result<Vec<&'static str>, EngineError> {
+    let file = open_cgroup(cgroup)?;
+    let programs = programs(object)?;
+    let mut done: Vec<&Program> = Vec::new();
+    let result = (|| {
+        for program in &programs {
+            if attached_at(&file, cgroup, program)? {
+                continue;
+            }
+            bpf_sys::prog_attach(
+                program.fd.as_fd(),
+                file.as_fd(),
+                program.spec.attach_type,
+                None,
+            )
+            .map_err(|source| EngineError::Attach {
+                program: program.spec.function,
+                target: cgroup.display().to_string(),
+                blocked: crate::engine::apply::refused_by(
+                    &source,
+                    Some(cgroup),
+                    program.spec.attach_type,
+                ),
+                source,
+            })?;
+            done.push(program);
+        }
+        Ok(())
+    })();
+    if let Err(err) = result {
+        for program in done {
+            if let Err(undo) =
+                bpf_sys::prog_detach(program.fd.as_fd(), file.as_fd(), program.spec.attach_type)
+            {
+                tracing::warn!(
+                    "detaching {} from {} again: {undo}",
+                    program.spec.function,
+                    cgroup.display()
+                );
+            }
+        }
+        return Err(err);
+    }
+    Ok(done.iter().map(|p| p.spec.hook).collect())
+}
+
+/// Detach `object`'s node programs from the pod's `cgroup`; how many were attached. A
+/// cgroup that is gone took its attachments with it: nothing to do.
+pub fn detach(object: &ObjectPins, cgroup: &Path) -> Result<usize, EngineError> {
+    let file = match fs::File::open(cgroup) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        opened => opened.map_err(|source| EngineError::Cgroup {
+            path: cgroup.display().to_string(),
+            source,
+        })?,
+    };
+    let mut detached = 0;
+    for program in programs(object)? {
+        if !attached_at(&file, cgroup, &program)? {
+            continue;
+        }
+        bpf_sys::prog_detach(program.fd.as_fd(), file.as_fd(), program.spec.attach_type)
+            .map_err(|source| attach_err(&program, cgroup, source))?;
+        detached += 1;
+    }
+    Ok(detached)
+}
+
+/// Put `new`'s programs in the place of `old`'s at the pod's `cgroup`, each in one step
+/// (`BPF_F_REPLACE`: the hook never runs without one of them); how many were switched. On
+/// failure the ones switched are switched back.
+pub fn switch(old: &ObjectPins, new: &ObjectPins, cgroup: &Path) -> Result<usize, EngineError> {
+    let file = open_cgroup(cgroup)?;
+    let (from, to) = (programs(old)?, programs(new)?);
+    let mut done: Vec<(&Program, &Program)> = Vec::new();
+    let result = (|| {
+        for (old, new) in from.iter().zip(&to) {
+            if !attached_at(&file, cgroup, old)? {
+                continue;
+            }
+            bpf_sys::prog_attach(
+                new.fd.as_fd(),
+                file.as_fd(),
+                new.spec.attach_type,
+                Some(old.fd.as_fd()),
+            )
+            .map_err(|source| attach_err(new, cgroup, source))?;
+            done.push((old, new));
+        }
+        Ok(())
+    })();
+    if let Err(err) = result {
+        for (old, new) in done {
+            let back = bpf_sys::prog_attach(
+                old.fd.as_fd(),
+                file.as_fd(),
+                old.spec.attach_type,
+                Some(new.fd.as_fd()),
+            );
+            if let Err(undo) = back {
+                tracing::warn!(
+                    "switching {} back at {}: {undo}",
+                    old.spec.function,
+                    cgroup.display()
+                );
+            }
+        }
+        return Err(err);
+    }
+    Ok(done.len())
+}
