@@ -27,7 +27,8 @@ impl ProxiedPod {
         Self::with(Topology::under(node, hint))
     }
 
-    fn with(topo: Topology) -> Self {
+    /// The service and the proxy started in `topo`, set up before them.
+    pub fn with(topo: Topology) -> Self {
         let service = ProbeServer::serve(&topo.service, "svc")
             .listen(topo.service_addr(false, SERVICE_PORT))
             .listen(topo.service_addr(true, SERVICE_PORT))

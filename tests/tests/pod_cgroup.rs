@@ -1,7 +1,9 @@
 //! Node mode's programs attached at one pod's own cgroup (BPF_PROG_ATTACH with
 //! `BPF_F_ALLOW_MULTI`, no link, no pin) rather than at the node cgroup: the pod is
 //! captured, a pod beside it runs none of the programs, and detaching or removing the
-//! cgroup leaves nothing behind.
+//! cgroup leaves nothing behind. The daemon attaches them so for every pod whose cgroup it
+//! finds, and at the node cgroup only while a pod whose cgroup it cannot find relies on
+//! them.
 
 use std::path::PathBuf;
 
@@ -125,4 +127,166 @@ fn attachments_go_with_the_pods_cgroup() {
     assert!(!path.exists());
     // Detaching from a cgroup that is gone has nothing to do, and says so.
     assert_eq!(detach(&object, &path).unwrap(), 0);
+}
+
+/// The node cgroup's links of the node's object, as `status` reports them.
+fn node_links(root: &PinRoot) -> usize {
+    let status = redirector_tests::redirector::status(root);
+    status["objects"][0]["node_links"]
+        .as_array()
+        .map_or(0, Vec::len)
+}
+
+/// Each managed pod's `cgroup`, by name, as `pod list --json` reports it.
+fn pod_cgroups(daemon: &Daemon) -> Vec<(String, Option<String>)> {
+    daemon
+        .pods()
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap_or("-").to_owned(),
+                p["cgroup"].as_str().map(str::to_owned),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_daemon_node_runs_no_program_for_a_pod_it_does_not_capture() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let root = PinRoot::new("pcgnode");
+    let node = Cgroup::new("pcgnode");
+    let state = StateDir::new("pcgnodestate");
+    let daemon = Daemon::start_with(&root, &node, &state, &["--gc-interval", "1"]);
+    assert_eq!(node_links(&root), 0, "no pod relies on the node cgroup");
+    // Both pods run below the node cgroup; one is captured.
+    let pod = ProxiedPod::under(&node, "pcgnpod");
+    let bystander = ProxiedPod::under(&node, "pcgnby");
+    daemon.add(&pod.topo.pod, "default/app", &STANDARD_INJECTION);
+    let cgroup = pod.topo.pod_cgroup.path().display().to_string();
+    assert_eq!(
+        pod_cgroups(&daemon),
+        [("default/app".to_owned(), Some(cgroup))],
+        "its programs are at its own cgroup, found from its processes"
+    );
+    assert_eq!(node_links(&root), 0);
+    let object = node_object(&root);
+    let pins = program_pins(&object);
+    let stats = BpfStats::on();
+    let before = total_runs(&pins);
+    for v6 in [false, true] {
+        let dst = bystander.service(v6);
+        assert_direct(&bystander.connect(APP_UID, APP_UID, dst), dst);
+    }
+    let after_bystander = total_runs(&pins);
+    for v6 in [false, true] {
+        let dst = pod.service(v6);
+        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+    }
+    let after_pod = total_runs(&pins);
+    drop(stats);
+    assert_eq!(after_bystander, before, "the bystander ran the programs");
+    assert!(after_pod > after_bystander);
+
+    // A pod whose cgroup is not found (a bare namespace, no process in it) relies on the
+    // node cgroup: the programs are attached there, the list says so.
+    let bare = redirector_tests::NetNs::new("pcgnbare");
+    daemon.add(&bare, "default/bare", &STANDARD_INJECTION);
+    assert_eq!(node_links(&root), NODE_PROGRAMS.len());
+    assert!(pod_cgroups(&daemon).contains(&("default/bare".to_owned(), None)));
+    let out = daemon.pod(&["list"]);
+    let list = String::from_utf8_lossy(&out.stdout);
+    assert!(list.contains("programs at the node cgroup"), "{list}");
+    // The captured pod runs both its own and the node's programs, and is captured once.
+    let dst = pod.service(false);
+    assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+    let other = std::net::SocketAddr::new(dst.ip(), 8080);
+    assert_proxied(&pod.connect(APP_UID, APP_UID, other), other);
+
+    // An init container's pod below the node cgroup: covered by the node's programs, it
+    // adds only its entries and relies on them too.
+    let init = ProxiedPod::under(&node, "pcgninit");
+    let log = init.install(&root, &STANDARD_INJECTION);
+    assert!(log.contains("cover cgroup"), "{log}");
+    // The bare pod gone: the init container's pod still relies on the node's programs,
+    // which stay through collections (one a second).
+    assert!(daemon
+        .pod(&["del", "--name", "default/bare"])
+        .status
+        .success());
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert_eq!(node_links(&root), NODE_PROGRAMS.len());
+    let init_dst = init.service(false);
+    assert_proxied(&init.connect(APP_UID, APP_UID, init_dst), init_dst);
+    // It cleaned up too: the next collection removes the node's links.
+    init.install(&root, &["--cleanup-only"]);
+    let gone = redirector_tests::process::within(std::time::Duration::from_secs(30), || {
+        node_links(&root) == 0
+    });
+    assert!(
+        gone.is_some(),
+        "the node's links stayed with no pod relying on them"
+    );
+    assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+
+    // Killed and restarted: still captured; removed: its cgroup has nothing attached.
+    let daemon = daemon.kill().restart();
+    assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+    assert!(daemon
+        .pod(&["del", "--name", "default/app"])
+        .status
+        .success());
+    assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
+    assert!(cgroup_attachments(pod.topo.pod_cgroup.path()).is_empty());
+}
+
+#[test]
+fn pods_on_the_node_cgroup_move_to_their_own_with_no_connection_escaping() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let root = PinRoot::new("pcgmove");
+    let node = Cgroup::new("pcgmove");
+    let state = StateDir::new("pcgmovestate");
+    let daemon = Daemon::start(&root, &node, &state);
+    // Set up while its namespace had no process (as a release before this one set up every
+    // pod): it relies on the node cgroup's programs.
+    let topo = redirector_tests::Topology::under(&node, "pcgmovetopo");
+    daemon.add(&topo.pod, "default/app", &STANDARD_INJECTION);
+    assert_eq!(pod_cgroups(&daemon), [("default/app".to_owned(), None)]);
+    assert_eq!(node_links(&root), NODE_PROGRAMS.len());
+    // Its processes start: the service, and the proxy in the pod's cgroup.
+    let pod = ProxiedPod::with(topo);
+    let dst = pod.topo.service_addr(false, 80);
+    assert_proxied(&pod.topo.connect(APP_UID, APP_UID, dst), dst);
+
+    // A client connects all the while the daemon restarts and moves the pod.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let topo = &pod.topo;
+    let (outcomes, daemon) = std::thread::scope(|scope| {
+        let client = scope.spawn(|| {
+            let mut outcomes = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) || outcomes.len() < 5 {
+                outcomes.push(topo.connect(APP_UID, APP_UID, dst));
+            }
+            outcomes
+        });
+        let daemon = daemon.kill().restart();
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        (client.join().unwrap(), daemon)
+    });
+    for outcome in &outcomes {
+        assert_proxied(outcome, dst);
+    }
+    let cgroup = pod.topo.pod_cgroup.path().display().to_string();
+    assert_eq!(
+        pod_cgroups(&daemon),
+        [("default/app".to_owned(), Some(cgroup))]
+    );
+    assert_eq!(node_links(&root), 0, "no pod relies on the node cgroup now");
+    assert_proxied(&pod.topo.connect(APP_UID, APP_UID, dst), dst);
 }

@@ -46,6 +46,11 @@ enum PodCommand {
         /// traffic.sidecar.istio.io/excludeOutboundPorts=3306.
         #[arg(long = "annotation", value_name = "KEY=VALUE", value_parser = annotation)]
         annotations: Vec<(String, String)>,
+        /// The pod's own cgroup (a cgroup2 directory), where its programs are attached.
+        /// Without it: the cgroup of a process in the namespace below the daemon's
+        /// `--cgroup`, else the programs at the node cgroup.
+        #[arg(long, value_name = "PATH")]
+        cgroup: Option<PathBuf>,
         /// istio-iptables flags (after `--`).
         #[arg(last = true)]
         args: Vec<String>,
@@ -106,6 +111,10 @@ fn summary(pod: &PodInfo) -> String {
         pod.config.as_deref().unwrap_or("(not installed)"),
         counters.join(" ")
     );
+    match &pod.cgroup {
+        Some(cgroup) => line.push_str(&format!("\tprograms at {}", cgroup.display())),
+        None => line.push_str("\tprograms at the node cgroup"),
+    }
     if let Some(cgroup) = &pod.outside_node_cgroup {
         line.push_str(&format!(
             "\tNOT CAPTURED: runs in {}, outside the node cgroup",
@@ -121,6 +130,7 @@ pub fn run(args: &PodArgs) -> anyhow::Result<()> {
             netns,
             name,
             annotations,
+            cgroup,
             args,
         } => {
             let annotations: BTreeMap<String, String> = annotations.iter().cloned().collect();
@@ -128,11 +138,15 @@ pub fn run(args: &PodArgs) -> anyhow::Result<()> {
             // round trip, and an invalid value never reaches the node.
             parse_flags(&crate::istio::annotations::flags(args, &annotations))
                 .map_err(anyhow::Error::msg)?;
+            if let Some(cgroup) = cgroup.as_ref().filter(|c| !c.is_dir()) {
+                anyhow::bail!("--cgroup {}: not a cgroup directory", cgroup.display());
+            }
             let request = Request::Add {
                 netns: netns.clone(),
                 name: name.clone(),
                 args: args.clone(),
                 annotations,
+                cgroup: cgroup.clone(),
             };
             (request, false)
         }

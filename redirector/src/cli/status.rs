@@ -145,7 +145,34 @@ fn read_status(root: &PinRoot, only: Option<NetnsCookie>) -> anyhow::Result<Stat
     })
 }
 
-/// Other programs on the cgroup paths `object`'s links are attached on, each listed once.
+/// The cgroups of processes in the namespaces of `object`'s pods (found by their netns
+/// links), from one pass over /proc.
+fn pod_process_cgroups(object: &ObjectPins) -> Vec<PathBuf> {
+    use crate::store::bpf_sys::{pinned_link_target, LinkTarget};
+    use crate::sys::pod_cgroup::{cgroups_of, ns_id};
+    let Some((nsfs, _)) = ns_id(std::path::Path::new("/proc/self/ns/net")) else {
+        return Vec::new();
+    };
+    let pods = object.pods().unwrap_or_default();
+    let wanted: HashSet<_> = pods
+        .into_iter()
+        .flat_map(|cookie| {
+            let pins = object.pod(cookie);
+            let hooks = pins.hooks().unwrap_or_default();
+            hooks
+                .into_iter()
+                .filter_map(move |hook| match pinned_link_target(&pins.link(&hook)) {
+                    Ok(LinkTarget::Netns(ino)) if ino != 0 => Some((nsfs, u64::from(ino))),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    cgroups_of(&wanted).into_values().collect()
+}
+
+/// Other programs on the cgroup paths `object`'s programs are attached on, each listed
+/// once.
 fn neighbours_of(object: &ObjectPins) -> Vec<String> {
     use crate::engine::neighbours::{cgroup_paths, foreign_on_path, object_program_ids};
     use crate::engine::node::linked_cgroup;
@@ -156,7 +183,12 @@ fn neighbours_of(object: &ObjectPins) -> Vec<String> {
         .collect();
     let ours = object_program_ids(object);
     let mut listed = Vec::new();
-    for path in cgroup_paths(&cgroups).into_values() {
+    // A daemon pod's programs at its own cgroup have no link: its cgroup is the one its
+    // processes run in.
+    let paths = cgroup_paths(&cgroups)
+        .into_values()
+        .chain(pod_process_cgroups(object));
+    for path in paths {
         for program in foreign_on_path(&path, &ours) {
             let line = program.to_string();
             if !listed.contains(&line) {

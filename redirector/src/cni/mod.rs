@@ -175,7 +175,11 @@ impl Plugin {
                 ),
             )
         })?;
-        Ok(Pods::new(self.root.clone(), object, self.records.clone()))
+        let pods = Pods::new(self.root.clone(), object, self.records.clone());
+        Ok(match self.records.node_cgroup() {
+            Some(node) => pods.with_node_cgroup(node),
+            None => pods,
+        })
     }
 
     fn add(&self, conf: &NetConf) -> Result<Option<Value>, CniError> {
@@ -195,7 +199,13 @@ impl Plugin {
             container_id: container,
             network: conf.name.clone(),
         };
-        pods.add(&PathBuf::from(netns), pod_name(), flags, Some(cni))
+        // The pod's cgroup, which kubelet made before asking for the sandbox: its programs
+        // go there, and no other pod runs them.
+        let cgroup = cni_arg("K8S_POD_UID").and_then(|uid| {
+            let node = self.records.node_cgroup()?;
+            crate::sys::pod_cgroup::by_pod_uid(&node, &uid)
+        });
+        pods.add(&PathBuf::from(netns), pod_name(), flags, Some(cni), cgroup)
             .map_err(|err| match err {
                 // A node a newer release upgraded: the runtime retries until this node's
                 // plugin is the newer release's too.
@@ -221,9 +231,7 @@ impl Plugin {
             .map_err(|e| CniError::new(code::SETUP_FAILED, e.to_string()))?;
         if !self.may_hold_kernel_state() {
             if let Some(record) = record {
-                self.records
-                    .remove(record.cookie())
-                    .map_err(|e| CniError::new(code::SETUP_FAILED, e.to_string()))?;
+                self.forget(&record)?;
             }
             return Ok(());
         }
@@ -290,6 +298,19 @@ impl Plugin {
 
     /// Remove the pods of containers the runtime no longer has, and pods that are gone;
     /// with nothing pinned or a refused kernel, only their records.
+    /// With nothing pinned, the pod of `record` has only its record and, at its own
+    /// cgroup, programs that outlive the pins (they go by their names).
+    fn forget(&self, record: &PodRecord) -> Result<(), CniError> {
+        if let Some(cgroup) = &record.cgroup {
+            if let Err(err) = crate::engine::pod_cgroup::detach_ours(cgroup) {
+                tracing::warn!("pod {}: {err}", record.name.as_deref().unwrap_or("-"));
+            }
+        }
+        self.records
+            .remove(record.cookie())
+            .map_err(|e| CniError::new(code::SETUP_FAILED, e.to_string()))
+    }
+
     fn gc(&self, conf: &NetConf) -> Result<(), CniError> {
         let failed = |e: String| CniError::new(code::SETUP_FAILED, e);
         let pods = if self.may_hold_kernel_state() {
@@ -311,10 +332,7 @@ impl Plugin {
                         .remove(Some(record), Some(cookie))
                         .map(drop)
                         .map_err(|e| failed(e.to_string()))?,
-                    None => self
-                        .records
-                        .remove(cookie)
-                        .map_err(|e| failed(e.to_string()))?,
+                    None => self.forget(&record)?,
                 }
             }
         }

@@ -42,6 +42,10 @@ pub enum Request {
         args: Vec<String>,
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
         annotations: BTreeMap<String, String>,
+        /// The pod's own cgroup, where its programs are attached; without it, the cgroup
+        /// of a process in the namespace, else the node cgroup.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cgroup: Option<PathBuf>,
     },
     /// Remove a pod; an unknown one is not an error (removal is idempotent).
     Del(PodRef),
@@ -83,6 +87,10 @@ pub struct PodInfo {
     /// attached at: then none of them runs on its sockets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outside_node_cgroup: Option<PathBuf>,
+    /// The pod's own cgroup, where its programs are attached; `None`: they are the ones
+    /// attached at the node cgroup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -131,6 +139,7 @@ mod tests {
                 name: None,
                 args: vec!["-p".into(), "15001".into()],
                 annotations: BTreeMap::new(),
+                cgroup: None,
             }
         );
         let del: Request = serde_json::from_str(r#"{"op":"del","name":"default/app"}"#).unwrap();

@@ -174,6 +174,13 @@ fn register_pods(
         "Pods whose processes run outside the node cgroup the programs are attached at: not captured",
         outside,
     );
+    let on_node = Gauge::<i64>::default();
+    on_node.set(records.iter().filter(|r| r.cgroup.is_none()).count() as i64);
+    registry.register(
+        "pods_on_node_cgroup_programs",
+        "Pods whose own cgroup is not known: they rely on the programs attached at the node cgroup, which every pod below it then runs",
+        on_node,
+    );
     let objects = pods.root.objects().map_err(|e| e.to_string())?;
     walk.maps.retain_loaded(&objects);
     let counted = pod_counters(&records, &objects, &mut walk.maps);

@@ -40,7 +40,7 @@ use self::{
 };
 use crate::pods::{records::Records, Pods};
 use crate::{
-    engine::node::{attach_node, detach_node, node_object, upgrade},
+    engine::node::{claim_node, detach_node, node_object, upgrade},
     store::{EbpfObject, OpenMaps, PinRoot},
 };
 
@@ -71,13 +71,22 @@ pub struct DaemonConfig {
 /// the reconcile of what is installed with the records — all before serving.
 fn start(config: &DaemonConfig) -> anyhow::Result<Pods> {
     let root = PinRoot::new(&config.pin_root);
+    let records = Records::new(&config.state_dir);
+    // For the plugin: where pods' cgroups are, and where to attach for a pod whose own
+    // cgroup it cannot find.
+    records.save_node_cgroup(&config.cgroup)?;
     let configured = EbpfObject::configured_for(config.max_pods)?;
     let object = match node_object(&root)? {
         // This binary's kernel side is newer, or sized for another number of pods: the
         // node moves to it, with no gap.
         Some(pinned) if pinned.id() != configured.id() && !configured.bytes().is_empty() => {
             refuse_fewer_pods_than_installed(&pinned, config.max_pods)?;
-            if let Some(moved) = upgrade(&root, &configured)? {
+            let pod_cgroups: Vec<_> = records
+                .all()?
+                .into_iter()
+                .filter_map(|r| r.cgroup)
+                .collect();
+            if let Some(moved) = upgrade(&root, &configured, &pod_cgroups)? {
                 info!(
                     "upgraded the node from object {} to {}: {} pod(s), {} link(s) switched in place, maps {}",
                     moved.from,
@@ -92,15 +101,13 @@ fn start(config: &DaemonConfig) -> anyhow::Result<Pods> {
         Some(pinned) => EbpfObject::pinned(pinned.id().clone()),
         None => configured,
     };
-    let attachment = attach_node(&root, &object, &config.cgroup)?;
+    let claimed = claim_node(&root, &object)?;
     info!(
-        "object {} attached at {} ({} link(s) new, the rest kept)",
-        attachment.object,
-        attachment.cgroup.display(),
-        attachment.attached.len()
+        "object {}: programs attached at each pod's cgroup, and at {} while a pod relies on it",
+        claimed.id(),
+        config.cgroup.display()
     );
-    let pods = Pods::new(root, object, Records::new(&config.state_dir))
-        .with_node_cgroup(config.cgroup.clone());
+    let pods = Pods::new(root, object, records).with_node_cgroup(config.cgroup.clone());
     let (removed, kept) = pods.reconcile().map_err(anyhow::Error::msg)?;
     info!(
         "reconciled: {kept} pod(s) kept as they are, {} gone pod(s) removed {removed:?}",
@@ -435,7 +442,11 @@ pub fn uninstall(config: &DaemonConfig) -> anyhow::Result<()> {
     if root.path().exists() {
         for object in root.objects().context("listing pinned objects")? {
             for cookie in object.pods().context("listing pods")? {
-                let known = records.get(cookie)?.and_then(|r| r.keys);
+                let record = records.get(cookie)?;
+                if let Some(cgroup) = record.as_ref().and_then(|r| r.cgroup.as_ref()) {
+                    crate::engine::pod_cgroup::detach_ours(cgroup)?;
+                }
+                let known = record.and_then(|r| r.keys);
                 crate::engine::gc::teardown(&root, cookie, &mut maps, known.as_ref())?;
                 records.remove(cookie)?;
                 pods += 1;

@@ -105,6 +105,7 @@ impl Pods {
                 record.name.clone(),
                 args,
                 record.cni_attachment(),
+                record.cgroup.clone(),
             ) {
                 Ok(_) => tracing::info!("pod {name} has new address(es) {found:?}: set up again"),
                 Err(err) => tracing::warn!("adding address(es) {found:?} to pod {name}: {err}"),

@@ -106,6 +106,8 @@ impl Pods {
                     container_id: sandbox.id.clone(),
                     network: conf.name.clone(),
                 }),
+                // The sandbox runs: its cgroup is found from its processes.
+                None,
             ) {
                 Ok(_) => {
                     tracing::info!(

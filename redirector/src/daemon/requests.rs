@@ -35,6 +35,7 @@ impl Pods {
                 name,
                 args,
                 annotations,
+                cgroup,
             } => {
                 // The API is asked for this pod by name: only an explicit opt-out holds.
                 let rules = crate::istio::annotations::Rules {
@@ -46,7 +47,7 @@ impl Pods {
                     return Response::done(format!("not captured: {why}"), Vec::new());
                 }
                 let args = crate::istio::annotations::flags(&args, &annotations);
-                self.add(&netns, name, args, None)
+                self.add(&netns, name, args, None, cgroup)
                     .map(|added| self.added(added))
                     .map_err(RequestError::from)
             }
@@ -164,5 +165,6 @@ fn pod_info(
             .map(|r| (r.name().to_owned(), counters[*r as usize]))
             .collect(),
         outside_node_cgroup: None,
+        cgroup: record.cgroup.clone(),
     }
 }

@@ -13,6 +13,7 @@ use redirector_common::names;
 use crate::{
     engine::error::EngineError,
     engine::observe::{observe_links, observe_pods, Pods},
+    engine::pod_cgroup,
     engine::remove::collect_if_unused,
     store::{
         bpf_sys::{self, LinkTarget},
@@ -33,25 +34,70 @@ pub struct NodeAttachment {
     pub attached: Vec<&'static str>,
 }
 
-/// The object whose programs are attached at node level, if any.
+/// The node's object: the one a daemon set up (its `node/` directory), whether its
+/// programs are attached at the node cgroup or only at pods' own cgroups.
 pub fn node_object(root: &PinRoot) -> Result<Option<ObjectPins>, EngineError> {
     if !root.path().exists() {
         return Ok(None);
     }
-    for object in root
+    Ok(root
         .objects()
         .map_err(fs_err("listing", &root.objects_dir()))?
+        .into_iter()
+        .find(|object| object.node().dir().exists()))
+}
+
+/// Make `object` the node's (its `node/` directory), loading it if the node lacks it, with
+/// no program attached at the node cgroup.
+pub fn claim_node(root: &PinRoot, object: &EbpfObject) -> Result<ObjectPins, EngineError> {
+    let _lock = NodeLock::acquire(root)?;
+    let (obj, _) = ensure_loaded(root, object)?;
+    let node = obj.node();
+    fs::create_dir_all(node.dir()).map_err(fs_err("creating", node.dir()))?;
+    Ok(obj)
+}
+
+/// The pods of `object` that no record in `recorded` names (init containers' pods) and
+/// that have no cgroup link of their own: they set up only their entries, relying on the
+/// programs at the node cgroup.
+pub fn pods_covered_without_links(
+    object: &ObjectPins,
+    recorded: &std::collections::HashSet<u64>,
+) -> Result<usize, EngineError> {
+    let mut covered = 0;
+    for cookie in object
+        .pods()
+        .map_err(fs_err("listing", &object.links_dir()))?
     {
-        let node = object.node();
-        if !node
-            .hooks()
-            .map_err(fs_err("listing", node.dir()))?
-            .is_empty()
+        if recorded.contains(&cookie.get()) {
+            continue;
+        }
+        let pod = object.pod(cookie);
+        let hooks = pod.hooks().map_err(fs_err("listing", pod.dir()))?;
+        if !hooks
+            .iter()
+            .any(|h| NODE_PROGRAMS.iter().any(|p| p.hook == h))
         {
-            return Ok(Some(object));
+            covered += 1;
         }
     }
-    Ok(None)
+    Ok(covered)
+}
+
+/// Remove the node-level links and keep the node's object, when no pod relies on them
+/// (every pod has the programs at its own cgroup); the hooks unpinned.
+pub fn detach_node_links(root: &PinRoot) -> Result<usize, EngineError> {
+    let _lock = NodeLock::acquire(root)?;
+    let Some(object) = node_object(root)? else {
+        return Ok(0);
+    };
+    let node = object.node();
+    let hooks = node.hooks().map_err(fs_err("listing", node.dir()))?;
+    for hook in &hooks {
+        let pin = node.link(hook);
+        crate::store::pins::unpin_link(&pin).map_err(fs_err("unpinning link", &pin))?;
+    }
+    Ok(hooks.len())
 }
 
 /// The cgroup (its inode) the node's programs are attached at, read from a node link.
@@ -209,7 +255,11 @@ struct Move {
 /// the connections in flight are copied into the new maps first. Then every link — the node's and each pod's own — is switched to the new
 /// program in place with `BPF_LINK_UPDATE` and its pin moved, and only then is the old
 /// object removed. A failure before the switch leaves everything on the old object.
-pub fn upgrade(root: &PinRoot, object: &EbpfObject) -> Result<Option<Upgrade>, EngineError> {
+pub fn upgrade(
+    root: &PinRoot,
+    object: &EbpfObject,
+    pod_cgroups: &[PathBuf],
+) -> Result<Option<Upgrade>, EngineError> {
     let _lock = NodeLock::acquire(root)?;
     let Some(old) = node_object(root)? else {
         return Ok(None);
@@ -227,8 +277,12 @@ pub fn upgrade(root: &PinRoot, object: &EbpfObject) -> Result<Option<Upgrade>, E
     };
     let moved = entries.and_then(|pods| {
         let moves = link_moves(&old, &new, &pods)?;
-        switch_links(&new, &moves)?;
-        Ok((pods, moves.len()))
+        let switched = switch_cgroups(&old, &new, pod_cgroups)?;
+        if let Err(err) = switch_links(&new, &moves) {
+            switch_cgroups(&new, &old, &switched)?;
+            return Err(err);
+        }
+        Ok((pods, moves.len() + switched.len()))
     });
     let (pods, links) = match moved {
         Ok(moved) => moved,
@@ -371,6 +425,31 @@ fn link_moves(
         }
     }
     Ok(moves)
+}
+
+/// Put `new`'s programs in the place of `old`'s at each pod's own cgroup (a cgroup that is
+/// gone took them with it); the cgroups switched. Undone if one fails.
+fn switch_cgroups(
+    old: &ObjectPins,
+    new: &ObjectPins,
+    cgroups: &[PathBuf],
+) -> Result<Vec<PathBuf>, EngineError> {
+    let mut done = Vec::new();
+    for cgroup in cgroups.iter().filter(|c| c.exists()) {
+        match pod_cgroup::switch(old, new, cgroup) {
+            Ok(0) => {}
+            Ok(_) => done.push(cgroup.clone()),
+            Err(err) => {
+                for back in &done {
+                    if let Err(undo) = pod_cgroup::switch(new, old, back) {
+                        tracing::warn!("switching {} back: {undo}", back.display());
+                    }
+                }
+                return Err(err);
+            }
+        }
+    }
+    Ok(done)
 }
 
 /// Switch every link to the new object's program and move its pin; undone link by link if

@@ -160,6 +160,44 @@ pub fn detach(object: &ObjectPins, cgroup: &Path) -> Result<usize, EngineError> 
     Ok(detached)
 }
 
+/// Detach redirector's node programs from the pod's `cgroup`, whichever object they are
+/// of, known by their names on their hooks: with no pins to name them (an uninstall done
+/// half-way, an upgrade interrupted between two objects) they still go. How many.
+pub fn detach_ours(cgroup: &Path) -> Result<usize, EngineError> {
+    let file = match fs::File::open(cgroup) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        opened => opened.map_err(|source| EngineError::Cgroup {
+            path: cgroup.display().to_string(),
+            source,
+        })?,
+    };
+    let failed = |spec: &ProgramSpec, source| EngineError::Attach {
+        program: spec.function,
+        target: cgroup.display().to_string(),
+        source,
+        blocked: None,
+    };
+    let mut detached = 0;
+    for spec in &NODE_PROGRAMS {
+        let (_, ids) = bpf_sys::cgroup_programs(file.as_fd(), spec.attach_type)
+            .map_err(|source| failed(spec, source))?;
+        for id in ids {
+            let Ok(prog) = bpf_sys::program_by_id(id) else {
+                continue; // gone meanwhile
+            };
+            let name = bpf_sys::program_name(prog.as_fd()).unwrap_or_default();
+            // The kernel keeps 15 bytes of a name.
+            if name.is_empty() || !spec.function.starts_with(&name) {
+                continue;
+            }
+            bpf_sys::prog_detach(prog.as_fd(), file.as_fd(), spec.attach_type)
+                .map_err(|source| failed(spec, source))?;
+            detached += 1;
+        }
+    }
+    Ok(detached)
+}
+
 /// Put `new`'s programs in the place of `old`'s at the pod's `cgroup`, each in one step
 /// (`BPF_F_REPLACE`: the hook never runs without one of them); how many were switched. On
 /// failure the ones switched are switched back.

@@ -114,14 +114,10 @@ pub(crate) fn retire(ops: &ObjectOps, cookie: NetnsCookie, maps: &mut OpenMaps) 
 
 /// Remove an object (programs, maps, empty dirs) once no pod and no node link uses it.
 pub(crate) fn collect_if_unused(obj: &ObjectPins) -> Result<(), FsError> {
-    // The node's few links first: a daemon's object has them, and then the pods, which
-    // can be thousands, need not be listed.
-    let node = obj.node();
-    if !node
-        .hooks()
-        .map_err(fs_err("listing", node.dir()))?
-        .is_empty()
-    {
+    // The node's object first (its `node/` directory, with or without links: daemon pods
+    // may all have their programs at their own cgroups), and then the pods, which can be
+    // thousands, need not be listed. Only `--uninstall` removes that directory.
+    if obj.node().dir().exists() {
         return Ok(());
     }
     let pods = obj

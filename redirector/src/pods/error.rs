@@ -39,6 +39,13 @@ pub enum PodError {
     OutsideNodeCgroup { cgroup: PathBuf, node: String },
     #[error("the installed state differs from the pod's plan")]
     Differs,
+    /// The pod's own cgroup is not known and there is no node cgroup to attach at.
+    #[error("{0}")]
+    NoCgroup(String),
+    #[error("{attached} of the node's programs are attached at the pod's cgroup {cgroup}")]
+    NotAttached { cgroup: PathBuf, attached: usize },
+    #[error("the pod relies on the programs at the node cgroup, and none is attached there")]
+    NoNodeLinks,
 }
 
 // Boxed: the engine's error is large, and every result of this module carries it.

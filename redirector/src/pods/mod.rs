@@ -127,10 +127,54 @@ impl Pods {
         }
     }
 
-    /// Name the node cgroup in what is reported of pods outside it.
+    /// The node cgroup: where pods' cgroups are found, and where the programs are attached
+    /// for pods whose own cgroup is not found.
     pub fn with_node_cgroup(mut self, cgroup: PathBuf) -> Self {
         self.node_cgroup = Some(cgroup);
         self
+    }
+
+    /// The pod's own cgroup: `given` (the caller knows it), else the one it had, else the
+    /// cgroup of a process in its namespace below the node cgroup. `None`: the pod relies
+    /// on the programs at the node cgroup.
+    fn pod_cgroup(
+        &self,
+        given: Option<PathBuf>,
+        previous: Option<&PodRecord>,
+        netns: &Path,
+    ) -> Option<PathBuf> {
+        given
+            .or_else(|| previous.and_then(|r| r.cgroup.clone()))
+            .filter(|c| c.is_dir())
+            .or_else(|| {
+                let node = self.node_cgroup.as_deref()?;
+                let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(node).ok()?);
+                crate::sys::pod_cgroup::of_netns(netns, ino)
+            })
+    }
+
+    /// The programs for the pod of `record`: at its own cgroup, or at the node cgroup.
+    fn attach_programs(&self, record: &PodRecord) -> Result<(), PodError> {
+        let failed = |source| PodError::Apply {
+            cookie: record.cookie(),
+            source: Box::new(source),
+        };
+        match &record.cgroup {
+            Some(cgroup) => crate::engine::pod_cgroup::attach(&self.pins(), cgroup)
+                .map(drop)
+                .map_err(failed),
+            None => {
+                let node = self.node_cgroup.as_deref().ok_or_else(|| {
+                    PodError::NoCgroup(
+                        "no cgroup of the pod's is known (no pod UID, no process in its namespace) and no node cgroup is noted to attach its programs at: start the daemon"
+                            .into(),
+                    )
+                })?;
+                crate::engine::node::attach_node(&self.root, &self.object, node)
+                    .map(drop)
+                    .map_err(failed)
+            }
+        }
     }
 
     /// The pins of the node's object.
@@ -172,7 +216,12 @@ impl Pods {
         let Some(node) = self.node_cgroup_id() else {
             return Ok(0);
         };
-        let records = self.records.all()?;
+        let records: Vec<_> = self
+            .records
+            .all()?
+            .into_iter()
+            .filter(|r| r.cgroup.is_none())
+            .collect();
         let ids: Vec<_> = records
             .iter()
             .map(|r| crate::sys::pod_cgroup::ns_id(&r.netns))
@@ -227,16 +276,24 @@ impl Pods {
         Ok(plan_pod(&cfg.capture, &facts))
     }
 
-    /// Capture the pod in `netns_path` with istio-iptables flags `args`.
+    /// Capture the pod in `netns_path` with istio-iptables flags `args`; `cgroup`: the
+    /// pod's own cgroup, where the caller knows it.
     pub fn add(
         &self,
         netns_path: &Path,
         name: Option<String>,
         args: Vec<String>,
         cni: Option<CniAttachment>,
+        cgroup: Option<PathBuf>,
     ) -> Result<Added, PodError> {
         let started = std::time::Instant::now();
         let cfg = parse_flags(&args).map_err(PodError::Flags)?;
+        if let Some(given) = cgroup.as_ref().filter(|c| !c.is_dir()) {
+            return Err(PodError::NoCgroup(format!(
+                "cgroup {}: not a cgroup directory",
+                given.display()
+            )));
+        }
         let (netns, facts) = PodFacts::open_and_gather(
             netns_path,
             cfg.run.allow_host_netns,
@@ -250,8 +307,10 @@ impl Pods {
         let plan = plan_pod(&cfg.capture, &facts);
         let cookie = netns.cookie();
         let keys = PodKeys::of(&plan);
+        let previous = self.records.get(cookie)?;
+        let cgroup = self.pod_cgroup(cgroup, previous.as_ref(), netns_path);
         let mut maps = self.maps();
-        let known = self.note_keys(cookie, &keys)?;
+        let known = self.note_keys(previous, &keys)?;
         let outcome = capture(
             &self.root,
             &self.object,
@@ -275,8 +334,11 @@ impl Pods {
             network: cni.and_then(|c| c.network),
             format: redirector_common::FORMAT,
             keys: Some(keys),
+            cgroup,
         };
+        // Saved first: a pod whose programs are attached is always one the record names.
         self.records.save(&record)?;
+        self.attach_programs(&record)?;
         let took = started.elapsed();
         let (change, config) = match outcome {
             // Just written: the plan's config.
@@ -304,10 +366,10 @@ impl Pods {
     /// one of an earlier release: what is installed is then read through.
     fn note_keys(
         &self,
-        cookie: NetnsCookie,
+        previous: Option<PodRecord>,
         planned: &PodKeys,
     ) -> Result<Option<PodKeys>, PodError> {
-        let Some(record) = self.records.get(cookie)? else {
+        let Some(record) = previous else {
             return Ok(None);
         };
         let Some(known) = record.keys.clone() else {
@@ -352,13 +414,27 @@ impl Pods {
             &mut self.maps(),
             record.keys.as_ref(),
         )?;
-        if let Some(node) = self.node_cgroup_id() {
-            if let Some(cgroup) = crate::sys::pod_cgroup::outside(&record.netns, node) {
-                return Err(PodError::OutsideNodeCgroup {
-                    cgroup,
-                    node: self.describe_node_cgroup(node),
-                });
+        match &record.cgroup {
+            Some(cgroup) => {
+                let hooks = crate::engine::pod_cgroup::attached_hooks(&self.pins(), cgroup)?;
+                if hooks.len() != crate::store::programs::NODE_PROGRAMS.len() {
+                    return Err(PodError::NotAttached {
+                        cgroup: cgroup.clone(),
+                        attached: hooks.len(),
+                    });
+                }
             }
+            None => match self.node_cgroup_id() {
+                Some(node) => {
+                    if let Some(cgroup) = crate::sys::pod_cgroup::outside(&record.netns, node) {
+                        return Err(PodError::OutsideNodeCgroup {
+                            cgroup,
+                            node: self.describe_node_cgroup(node),
+                        });
+                    }
+                }
+                None => return Err(PodError::NoNodeLinks),
+            },
         }
         if same {
             Ok(())
@@ -380,17 +456,63 @@ impl Pods {
     /// records of pods that are no longer installed. Live pods are left exactly as they are.
     pub fn reconcile(&self) -> Result<(Vec<NetnsCookie>, usize), PodError> {
         let removed = crate::engine::gc::collect_stale(&self.root)?;
-        let mut kept = 0;
+        let mut kept = Vec::new();
         for record in self.records.all()? {
             let installed = LivePod::open(&self.root, record.cookie()).is_ok();
             if installed {
-                kept += 1;
+                kept.push(record);
             } else {
                 self.records.remove(record.cookie())?;
             }
         }
+        let count = kept.len();
+        self.settle_attachments(kept)?;
         self.find_outside()?;
-        Ok((removed, kept))
+        Ok((removed, count))
+    }
+
+    /// Pods that rely on the programs at the node cgroup get them at their own cgroup where
+    /// one is found now (a process runs in their namespace: pods a release before set up, or
+    /// a bare namespace the API was given); then the programs stay at the node cgroup only
+    /// while a pod still relies on them, and are attached there if one does.
+    fn settle_attachments(&self, records: Vec<PodRecord>) -> Result<(), PodError> {
+        let recorded: HashSet<u64> = records.iter().map(|r| r.netns_cookie).collect();
+        let mut relying = Vec::new();
+        for record in records {
+            if record.cgroup.is_some() {
+                continue;
+            }
+            match self.pod_cgroup(None, None, &record.netns) {
+                Some(cgroup) => {
+                    let moved = PodRecord {
+                        cgroup: Some(cgroup),
+                        ..record
+                    };
+                    // Attached at its cgroup before the node's programs may go.
+                    self.records.save(&moved)?;
+                    self.attach_programs(&moved)?;
+                    tracing::info!(
+                        "pod {} (netns cookie {}): programs attached at its cgroup {}",
+                        moved.name.as_deref().unwrap_or("-"),
+                        moved.netns_cookie,
+                        moved.cgroup.as_deref().unwrap_or(Path::new("?")).display()
+                    );
+                }
+                None => relying.push(record.netns_cookie),
+            }
+        }
+        let init_pods = crate::engine::node::pods_covered_without_links(&self.pins(), &recorded)?;
+        if relying.is_empty() && init_pods == 0 {
+            let detached = crate::engine::node::detach_node_links(&self.root)?;
+            if detached > 0 {
+                tracing::info!(
+                    "no pod relies on the programs at the node cgroup: {detached} link(s) removed there"
+                );
+            }
+        } else if let Some(node) = &self.node_cgroup {
+            crate::engine::node::attach_node(&self.root, &self.object, node)?;
+        }
+        Ok(())
     }
 }
 
@@ -406,6 +528,9 @@ pub fn remove_pod(
     let Some(cookie) = cookie else {
         return Ok(Removed::NoSuchPod);
     };
+    if let Some(cgroup) = record.as_ref().and_then(|r| r.cgroup.as_ref()) {
+        crate::engine::pod_cgroup::detach_ours(cgroup)?;
+    }
     let known = record.as_ref().and_then(|r| r.keys.as_ref());
     let removed = teardown(root, cookie, maps, known)?;
     records.remove(cookie)?;

@@ -358,6 +358,32 @@ fn link_info(link: BorrowedFd<'_>) -> io::Result<[u64; 8]> {
     Ok(info)
 }
 
+/// The program with kernel id `id`, as a new file descriptor (BPF_PROG_GET_FD_BY_ID).
+pub fn program_by_id(id: u32) -> io::Result<OwnedFd> {
+    const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+    let mut attr = BpfAttr([0; 32]);
+    attr.0[0] = id;
+    let fd = bpf(BPF_PROG_GET_FD_BY_ID, &mut attr)?;
+    // SAFETY: the kernel returned a new file descriptor that we now own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// The name a program was loaded with (`struct bpf_prog_info`'s `name`: at most 15 bytes).
+pub fn program_name(prog: BorrowedFd<'_>) -> io::Result<String> {
+    // type, id, tag[8], two lengths, two pointers, load time, uid, map count, map ids:
+    // the name follows, at byte 64.
+    let mut info = [0u8; 80];
+    let mut attr = BpfAttr([0; 32]);
+    let ptr = info.as_mut_ptr() as u64;
+    attr.0[0] = prog.as_raw_fd() as u32;
+    attr.0[1] = info.len() as u32;
+    set_ptr(&mut attr, 2, ptr);
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    let name = &info[64..];
+    let end = name.iter().position(|b| *b == 0).unwrap_or(name.len());
+    Ok(String::from_utf8_lossy(&name[..end]).into_owned())
+}
+
 /// The program a link runs, as a new file descriptor (BPF_OBJ_GET_INFO_BY_FD for its
 /// program id, then BPF_PROG_GET_FD_BY_ID).
 pub fn link_program_fd(link: BorrowedFd<'_>) -> io::Result<OwnedFd> {

@@ -72,9 +72,100 @@ pub fn outside(netns: &Path, node: u64) -> Option<PathBuf> {
     (!is_below(&cgroup, node)).then_some(cgroup)
 }
 
+/// The pod's cgroup from its UID (`K8S_POD_UID`), as kubelet names it below the node
+/// cgroup `node` (kubepods, kubepods.slice) before it asks for the pod's sandbox:
+/// `pod<uid>` with the cgroupfs driver, `kubepods[-<qos>]-pod<uid with underscores>.slice`
+/// with systemd's, directly below `node` (Guaranteed pods) or below its QoS class's cgroup
+/// (Burstable, BestEffort). `None` for a UID that is not one, or no such cgroup.
+pub fn by_pod_uid(node: &Path, uid: &str) -> Option<PathBuf> {
+    let is_uid = !uid.is_empty() && uid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-');
+    if !is_uid {
+        return None;
+    }
+    let systemd = uid.replace('-', "_");
+    let mut candidates = vec![
+        node.join(format!("pod{uid}")),
+        node.join(format!("kubepods-pod{systemd}.slice")),
+    ];
+    for qos in ["burstable", "besteffort"] {
+        candidates.push(node.join(qos).join(format!("pod{uid}")));
+        candidates.push(
+            node.join(format!("kubepods-{qos}.slice"))
+                .join(format!("kubepods-{qos}-pod{systemd}.slice")),
+        );
+    }
+    candidates.into_iter().find(|c| c.is_dir())
+}
+
+/// Whether a cgroup's directory name is a pod's as kubelet names them (`pod<uid>`,
+/// `…-pod<uid>.slice`), rather than a container's inside it.
+fn is_pod_cgroup_name(dir: &Path) -> bool {
+    let Some(name) = dir.file_name().and_then(|n| n.to_str()) else {
+        return false;
+    };
+    let uid = match name.strip_suffix(".slice") {
+        Some(slice) => slice.rsplit_once("-pod").map(|(_, uid)| uid),
+        None => name.strip_prefix("pod"),
+    };
+    uid.is_some_and(|u| {
+        u.len() >= 32
+            && u.bytes()
+                .all(|b| b.is_ascii_hexdigit() || b == b'-' || b == b'_')
+    })
+}
+
+/// The cgroup of the pod in `netns`, from a process in it, when that is strictly below the
+/// node cgroup with inode `node`: the nearest cgroup named as kubelet names a pod's (a
+/// container runs in one of its own below it), else the process's own.
+pub fn of_netns(netns: &Path, node: u64) -> Option<PathBuf> {
+    let id = ns_id(netns)?;
+    let cgroup = cgroups_of(&HashSet::from([id])).remove(&id)?;
+    let node_dev = fs::metadata(&cgroup).ok()?.dev();
+    let is_node =
+        |dir: &Path| fs::metadata(dir).is_ok_and(|m| m.dev() == node_dev && m.ino() == node);
+    if is_node(&cgroup) || !is_below(&cgroup, node) {
+        return None;
+    }
+    let pod = cgroup
+        .ancestors()
+        .take_while(|dir| !is_node(dir))
+        .find(|dir| is_pod_cgroup_name(dir))
+        .unwrap_or(&cgroup);
+    Some(pod.to_path_buf())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pods_cgroup_is_found_by_its_uid_in_either_drivers_layout() {
+        let uid = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+        let underscored = uid.replace('-', "_");
+        for layout in [
+            format!("pod{uid}"),
+            format!("burstable/pod{uid}"),
+            format!("besteffort/pod{uid}"),
+            format!("kubepods-pod{underscored}.slice"),
+            format!("kubepods-burstable.slice/kubepods-burstable-pod{underscored}.slice"),
+            format!("kubepods-besteffort.slice/kubepods-besteffort-pod{underscored}.slice"),
+        ] {
+            let node = tempfile::tempdir().unwrap();
+            let pod = node.path().join(&layout);
+            fs::create_dir_all(&pod).unwrap();
+            assert_eq!(by_pod_uid(node.path(), uid), Some(pod), "{layout}");
+            assert!(is_pod_cgroup_name(&node.path().join(&layout)), "{layout}");
+            assert_eq!(by_pod_uid(node.path(), "0f1e2d3c-0000"), None);
+        }
+        let node = tempfile::tempdir().unwrap();
+        fs::create_dir_all(node.path().join("pod..")).unwrap();
+        assert_eq!(by_pod_uid(node.path(), ".."), None, "not a UID");
+        assert_eq!(by_pod_uid(node.path(), "../x"), None, "not a UID");
+        assert!(!is_pod_cgroup_name(Path::new("/kubepods/burstable")));
+        assert!(!is_pod_cgroup_name(Path::new(
+            "/x/cri-containerd-0f1e2d3c.scope"
+        )));
+    }
 
     #[test]
     fn a_directory_is_below_itself_and_its_ancestors_only() {

@@ -58,6 +58,11 @@ pub struct PodRecord {
     /// through ([`crate::engine::pod_keys`]). Earlier releases wrote none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keys: Option<PodKeys>,
+    /// The pod's own cgroup, where the node's cgroup programs are attached for this pod
+    /// alone ([`crate::engine::pod_cgroup`]); `None`: it relies on the programs attached at
+    /// the node cgroup. Earlier releases wrote none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<PathBuf>,
 }
 
 fn format_one() -> u32 {
@@ -158,6 +163,30 @@ impl Records {
             dir: state_dir.join("pods"),
             aliases: Arc::default(),
         }
+    }
+
+    /// Where the daemon notes its node cgroup (`--cgroup`), for the plugin: beside the
+    /// records, on the same tmpfs, so it goes with them at a reboot.
+    fn node_cgroup_file(&self) -> PathBuf {
+        self.dir.with_file_name("node-cgroup")
+    }
+
+    /// The node cgroup the daemon last started with, if it noted one.
+    pub fn node_cgroup(&self) -> Option<PathBuf> {
+        let text = fs::read_to_string(self.node_cgroup_file()).ok()?;
+        Some(PathBuf::from(text.trim_end_matches('\n'))).filter(|p| p.is_absolute())
+    }
+
+    /// Note the node cgroup (written, then renamed into place).
+    pub fn save_node_cgroup(&self, cgroup: &Path) -> Result<(), FsError> {
+        let path = self.node_cgroup_file();
+        let staging = path.with_extension("new");
+        if let Some(dir) = path.parent() {
+            fs::create_dir_all(dir).map_err(fs_err("creating", dir))?;
+        }
+        fs::write(&staging, format!("{}\n", cgroup.display()))
+            .map_err(fs_err("writing", &staging))?;
+        fs::rename(&staging, &path).map_err(fs_err("renaming", &path))
     }
 
     fn path_of(&self, shard: ShardId) -> PathBuf {
@@ -459,6 +488,7 @@ mod tests {
             network: None,
             format: FORMAT,
             keys: None,
+            cgroup: None,
         }
     }
 
