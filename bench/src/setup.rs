@@ -240,6 +240,15 @@ fn daemon_sequence(pods: usize, client: Client, kept: &mut Kept) -> Sequence {
     let daemon = Daemon::start(&root, &node, &state);
     let socket = state.path().join("redirector.sock");
     let made: Vec<NetNs> = (0..pods).map(|_| NetNs::new("bdseq")).collect();
+    // Each pod's cgroup, made by kubelet before the sandbox (and before the memory marks):
+    // the programs are attached there, named by the pod's UID to the plugin.
+    let uids: Vec<String> = (0..pods)
+        .map(|i| format!("00000000-0000-4000-8000-{i:012x}"))
+        .collect();
+    let cgroups: Vec<Cgroup> = uids
+        .iter()
+        .map(|uid| Cgroup::named_under(&node, &format!("pod{uid}")))
+        .collect();
     let cni_dir = StateDir::new("bdcni");
     let plugin = cni_dir.path().join("redirector-cni");
     let binary = std::fs::canonicalize(redirector_bin()).expect("the redirector binary");
@@ -262,6 +271,8 @@ fn daemon_sequence(pods: usize, client: Client, kept: &mut Kept) -> Sequence {
                     .arg(&socket)
                     .args(["add", "--netns"])
                     .arg(ns.path())
+                    .arg("--cgroup")
+                    .arg(cgroups[i].path())
                     .args(["--name", &name, "--"])
                     .args(STANDARD_INJECTION);
                 timed(&mut cmd, None)
@@ -293,13 +304,17 @@ fn daemon_sequence(pods: usize, client: Client, kept: &mut Kept) -> Sequence {
                     .env("CNI_PATH", "/opt/cni/bin")
                     .env(
                         "CNI_ARGS",
-                        format!("K8S_POD_NAMESPACE=bench;K8S_POD_NAME=p{i}"),
+                        format!(
+                            "K8S_POD_NAMESPACE=bench;K8S_POD_NAME=p{i};K8S_POD_UID={}",
+                            uids[i]
+                        ),
                     );
                 timed(&mut cmd, Some(&conf.to_string()))
             }
             (Client::Api, Some(api)) => {
                 let req = serde_json::json!({
                     "op": "add", "netns": ns.path(), "name": name, "args": STANDARD_INJECTION,
+                    "cgroup": cgroups[i].path(),
                 });
                 let t = Instant::now();
                 api.ask(&req, "\"ok\":true");
@@ -320,7 +335,9 @@ fn daemon_sequence(pods: usize, client: Client, kept: &mut Kept) -> Sequence {
         seq.removal_s = Some(start.elapsed().as_secs_f64());
     }
     drop(api);
-    kept.push(Box::new((daemon, made, root, node, state, cni_dir)));
+    kept.push(Box::new((
+        daemon, made, cgroups, root, node, state, cni_dir,
+    )));
     seq
 }
 

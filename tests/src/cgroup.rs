@@ -96,6 +96,23 @@ impl Cgroup {
         Cgroup { path }
     }
 
+    /// A pod's cgroup below the node cgroup `parent`, named as kubelet names one with the
+    /// cgroupfs driver (`pod<uid>`, a UID unique to this process and call), removed on drop.
+    pub fn pod_under(parent: &Cgroup) -> Self {
+        let n = crate::next_id();
+        let uid = format!("{:08x}-0000-4000-8000-{n:012x}", std::process::id());
+        Self::named_under(parent, &format!("pod{uid}"))
+    }
+
+    /// The cgroup `name` below `parent`, named exactly so (as kubelet names a pod's,
+    /// `pod<uid>`), removed on drop.
+    pub fn named_under(parent: &Cgroup, name: &str) -> Self {
+        let path = parent.path.join(name);
+        std::fs::create_dir(&path)
+            .unwrap_or_else(|e| panic!("cannot create cgroup {}: {e}", path.display()));
+        Cgroup { path }
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }

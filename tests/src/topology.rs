@@ -38,9 +38,10 @@ impl Topology {
         Self::with_cgroup(hint, Cgroup::new(&format!("{hint}pod")))
     }
 
-    /// A pod whose cgroup is below `node` (daemon mode attaches there).
+    /// A pod whose cgroup is below `node`, named as kubelet names a pod's (`pod<uid>`): a
+    /// daemon finds it from the pod's processes and attaches the programs there.
     pub fn under(node: &Cgroup, hint: &str) -> Self {
-        Self::with_cgroup(hint, Cgroup::under(node, &format!("{hint}pod")))
+        Self::with_cgroup(hint, Cgroup::pod_under(node))
     }
 
     fn with_cgroup(hint: &str, pod_cgroup: Cgroup) -> Self {

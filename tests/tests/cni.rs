@@ -7,12 +7,14 @@ use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
 
+use redirector_tests::bpftool::cgroup_attachments;
 use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::redirector::{
     object_ids, pins_under, pod_links, redirector_bin, PinRoot, STANDARD_INJECTION,
 };
 use redirector_tests::{
-    assert_direct, assert_proxied, require_root, use_probe_bin, Cgroup, ProxiedPod, APP_UID,
+    assert_direct, assert_proxied, connect_from, require_root, use_probe_bin, Cgroup, ProxiedPod,
+    APP_UID,
 };
 
 /// The binary under the name a runtime calls it by.
@@ -45,13 +47,25 @@ impl Plugin {
         conf: &Value,
     ) -> (bool, Value) {
         let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME=web");
+        self.call_with_args(&args, command, container, netns, conf)
+    }
+
+    /// [`Plugin::call`] with `CNI_ARGS` set to `args`.
+    fn call_with_args(
+        &self,
+        args: &str,
+        command: &str,
+        container: &str,
+        netns: &str,
+        conf: &Value,
+    ) -> (bool, Value) {
         let env = [
             ("CNI_COMMAND", command),
             ("CNI_CONTAINERID", container),
             ("CNI_NETNS", netns),
             ("CNI_IFNAME", "eth0"),
             ("CNI_PATH", "/opt/cni/bin"),
-            ("CNI_ARGS", args.as_str()),
+            ("CNI_ARGS", args),
         ];
         let out = self.run(&env, &conf.to_string());
         let stdout = String::from_utf8_lossy(&out.stdout);
@@ -676,4 +690,50 @@ fn an_older_plugin_never_writes_for_a_newer_format() {
         records.contains(&format!("\"format\":{}", redirector_common::FORMAT)),
         "{records}"
     );
+}
+
+/// kubelet makes a pod's cgroup before it asks for the sandbox and passes the pod's UID:
+/// ADD attaches the programs there, at no other pod's cgroup and not at the node's.
+#[test]
+fn add_attaches_the_programs_at_the_cgroup_of_the_pods_uid() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let node = PinnedNode::new("cniuid");
+    let uid = "8c1f2a6e-93d4-4b7a-a0c2-5e6f7a8b9c0d";
+    // The cgroupfs driver's layout for a Burstable pod.
+    let qos = Cgroup::named_under(&node.node, "burstable");
+    let pod_cgroup = Cgroup::named_under(&qos, &format!("pod{uid}"));
+    // Its containers (the proxy, the app) run below it.
+    let pod = ProxiedPod::under(&pod_cgroup, "cniuidpod");
+    let netns = pod.topo.pod.path().display().to_string();
+    let conf = conf(node.root.path(), node.state.path(), json!({}));
+    let args = format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME=web;K8S_POD_UID={uid}");
+    let (ok, result) = node
+        .plugin
+        .call_with_args(&args, "ADD", "uid-pod", &netns, &conf);
+    assert!(ok, "{result}");
+    let attached = cgroup_attachments(pod_cgroup.path());
+    assert_eq!(attached.len(), 10, "{attached:?}");
+    assert!(
+        cgroup_attachments(node.node.path()).is_empty(),
+        "nothing at the node cgroup"
+    );
+    assert!(
+        recorded(node.state.path()).contains(&pod_cgroup.path().display().to_string()),
+        "the record names the cgroup"
+    );
+    let dst = pod.service(false);
+    assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+    // A process of the pod's namespace in another cgroup (another pod's) is not captured.
+    let elsewhere = Cgroup::under(&node.node, "cniuidother");
+    let from_elsewhere = connect_from(&pod.topo, Some(&elsewhere), APP_UID, APP_UID, dst, None);
+    assert_direct(&from_elsewhere, dst);
+    let (ok, err) = node
+        .plugin
+        .call_with_args(&args, "DEL", "uid-pod", &netns, &conf);
+    assert!(ok, "{err}");
+    assert!(cgroup_attachments(pod_cgroup.path()).is_empty());
+    assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
 }

@@ -454,8 +454,12 @@ pub fn uninstall(config: &DaemonConfig) -> anyhow::Result<()> {
         }
     }
     for record in records.all()? {
+        if let Some(cgroup) = &record.cgroup {
+            crate::engine::pod_cgroup::detach_ours(cgroup)?;
+        }
         records.remove(record.cookie())?;
     }
+    records.forget_node_cgroup()?;
     let detached = detach_node(&root)?;
     remove_stale_socket(&config.socket)?;
     for dir in [root.objects_dir(), root.path().to_path_buf()] {

@@ -114,9 +114,11 @@ fn is_pod_cgroup_name(dir: &Path) -> bool {
     })
 }
 
-/// The cgroup of the pod in `netns`, from a process in it, when that is strictly below the
-/// node cgroup with inode `node`: the nearest cgroup named as kubelet names a pod's (a
-/// container runs in one of its own below it), else the process's own.
+/// The cgroup of the pod in `netns`, from a process in it below the node cgroup with inode
+/// `node`: the nearest cgroup named as kubelet names a pod's, the process's own or an
+/// ancestor. Only such a name says where the pod's cgroup is: a process's own cgroup is
+/// often its container's (the sandbox's pause), whose siblings — the pod's other
+/// containers — programs attached there would miss.
 pub fn of_netns(netns: &Path, node: u64) -> Option<PathBuf> {
     let id = ns_id(netns)?;
     let cgroup = cgroups_of(&HashSet::from([id])).remove(&id)?;
@@ -126,12 +128,11 @@ pub fn of_netns(netns: &Path, node: u64) -> Option<PathBuf> {
     if is_node(&cgroup) || !is_below(&cgroup, node) {
         return None;
     }
-    let pod = cgroup
+    cgroup
         .ancestors()
         .take_while(|dir| !is_node(dir))
         .find(|dir| is_pod_cgroup_name(dir))
-        .unwrap_or(&cgroup);
-    Some(pod.to_path_buf())
+        .map(Path::to_path_buf)
 }
 
 #[cfg(test)]

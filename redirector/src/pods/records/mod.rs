@@ -177,6 +177,12 @@ impl Records {
         Some(PathBuf::from(text.trim_end_matches('\n'))).filter(|p| p.is_absolute())
     }
 
+    /// Forget the node cgroup (`--uninstall`).
+    pub fn forget_node_cgroup(&self) -> Result<(), FsError> {
+        let path = self.node_cgroup_file();
+        gone_ok(fs::remove_file(&path)).map_err(fs_err("removing", &path))
+    }
+
     /// Note the node cgroup (written, then renamed into place).
     pub fn save_node_cgroup(&self, cgroup: &Path) -> Result<(), FsError> {
         let path = self.node_cgroup_file();
