@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use redirector::engine::pod_cgroup::{attach, attached_hooks, detach};
+use redirector::engine::pod_cgroup::{attach, attached_hooks, detach, NodePrograms};
 use redirector::store::programs::NODE_PROGRAMS;
 use redirector::store::{ObjectId, ObjectPins};
 use redirector_tests::bpftool::{cgroup_attachments, program_runs, BpfStats};
@@ -52,19 +52,20 @@ fn programs_at_a_pods_cgroup_capture_it_and_no_other_pod() {
     let bystander = ProxiedPod::new("pcgby");
     daemon.add(&pod.topo.pod, "default/app", &STANDARD_INJECTION);
     let object = node_object(&root);
+    let programs = NodePrograms::open(&object).expect("opening the node programs");
     let cgroup = pod.topo.pod_cgroup.path();
     let dst = pod.service(false);
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
-    assert!(attached_hooks(&object, cgroup).unwrap().is_empty());
+    assert!(attached_hooks(&programs, cgroup).unwrap().is_empty());
 
     // Attached at the pod's cgroup: captured, both families.
-    let hooks = attach(&object, cgroup).expect("attaching at the pod's cgroup");
+    let hooks = attach(&programs, cgroup).expect("attaching at the pod's cgroup");
     assert_eq!(hooks.len(), NODE_PROGRAMS.len(), "{hooks:?}");
     for v6 in [false, true] {
         let dst = pod.service(v6);
         assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
     }
-    assert_eq!(attached_hooks(&object, cgroup).unwrap(), hooks);
+    assert_eq!(attached_hooks(&programs, cgroup).unwrap(), hooks);
     assert_eq!(
         cgroup_attachments(cgroup).len(),
         NODE_PROGRAMS.len(),
@@ -72,7 +73,7 @@ fn programs_at_a_pods_cgroup_capture_it_and_no_other_pod() {
         cgroup_attachments(cgroup)
     );
     // Again: nothing more is attached.
-    assert!(attach(&object, cgroup).unwrap().is_empty());
+    assert!(attach(&programs, cgroup).unwrap().is_empty());
     assert_eq!(cgroup_attachments(cgroup).len(), NODE_PROGRAMS.len());
 
     // The pod beside it runs none of the programs, while the captured pod runs them.
@@ -102,10 +103,10 @@ fn programs_at_a_pods_cgroup_capture_it_and_no_other_pod() {
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
 
     // Detached: the pod's connections go where they were sent, nothing is left there.
-    assert_eq!(detach(&object, cgroup).unwrap(), NODE_PROGRAMS.len());
+    assert_eq!(detach(&programs, cgroup).unwrap(), NODE_PROGRAMS.len());
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     assert!(cgroup_attachments(cgroup).is_empty());
-    assert_eq!(detach(&object, cgroup).unwrap(), 0, "detaching again");
+    assert_eq!(detach(&programs, cgroup).unwrap(), 0, "detaching again");
     drop(daemon);
 }
 
@@ -118,15 +119,15 @@ fn attachments_go_with_the_pods_cgroup() {
     let node = Cgroup::new("pcggonenode");
     let state = StateDir::new("pcggonestate");
     let _daemon = Daemon::start(&root, &node, &state);
-    let object = node_object(&root);
+    let programs = NodePrograms::open(&node_object(&root)).expect("opening the node programs");
     let pod = Cgroup::new("pcggonepod");
     let path = pod.path().to_path_buf();
-    attach(&object, &path).expect("attaching at the pod's cgroup");
+    attach(&programs, &path).expect("attaching at the pod's cgroup");
     assert_eq!(cgroup_attachments(&path).len(), NODE_PROGRAMS.len());
     drop(pod);
     assert!(!path.exists());
     // Detaching from a cgroup that is gone has nothing to do, and says so.
-    assert_eq!(detach(&object, &path).unwrap(), 0);
+    assert_eq!(detach(&programs, &path).unwrap(), 0);
 }
 
 /// The node cgroup's links of the node's object, as `status` reports them.

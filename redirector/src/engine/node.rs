@@ -434,6 +434,14 @@ fn switch_cgroups(
     new: &ObjectPins,
     cgroups: &[PathBuf],
 ) -> Result<Vec<PathBuf>, EngineError> {
+    if cgroups.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (old, new) = (
+        pod_cgroup::NodePrograms::open(old)?,
+        pod_cgroup::NodePrograms::open(new)?,
+    );
+    let (old, new) = (&old, &new);
     let mut done = Vec::new();
     for cgroup in cgroups.iter().filter(|c| c.exists()) {
         match pod_cgroup::switch(old, new, cgroup) {

@@ -35,27 +35,28 @@ struct Program {
     id: u32,
 }
 
-fn programs(object: &ObjectPins) -> Result<Vec<Program>, EngineError> {
-    NODE_PROGRAMS
-        .iter()
-        .map(|spec| {
-            let path = object.program(spec.function);
-            let id = aya::programs::ProgramInfo::from_pin(&path)
-                .map_err(|e| {
+/// An object's node programs, open: opened once for many pods (the daemon keeps them; an
+/// upgrade opens each object's once for all its pods).
+pub struct NodePrograms(Vec<Program>);
+
+impl NodePrograms {
+    pub fn open(object: &ObjectPins) -> Result<Self, EngineError> {
+        NODE_PROGRAMS
+            .iter()
+            .map(|spec| {
+                let fd = open_program(object, spec.function)?;
+                let (id, _) = bpf_sys::program_id_and_name(fd.as_fd()).map_err(|e| {
                     crate::sys::fs_error::FsError::new(
                         "reading the program",
-                        path.display(),
-                        std::io::Error::other(e.to_string()),
+                        object.program(spec.function).display(),
+                        e,
                     )
-                })?
-                .id();
-            Ok(Program {
-                spec,
-                fd: open_program(object, spec.function)?,
-                id,
+                })?;
+                Ok(Program { spec, fd, id })
             })
-        })
-        .collect()
+            .collect::<Result<_, EngineError>>()
+            .map(NodePrograms)
+    }
 }
 
 /// Whether `program` is attached directly at the cgroup `file` (at `path`).
@@ -76,13 +77,13 @@ fn attach_err(program: &Program, cgroup: &Path, source: std::io::Error) -> Engin
 
 /// The hooks of `object`'s node programs attached at `cgroup`.
 pub fn attached_hooks(
-    object: &ObjectPins,
+    programs: &NodePrograms,
     cgroup: &Path,
 ) -> Result<Vec<&'static str>, EngineError> {
     let file = open_cgroup(cgroup)?;
     let mut hooks = Vec::new();
-    for program in programs(object)? {
-        if attached_at(&file, cgroup, &program)? {
+    for program in &programs.0 {
+        if attached_at(&file, cgroup, program)? {
             hooks.push(program.spec.hook);
         }
     }
@@ -92,12 +93,11 @@ pub fn attached_hooks(
 /// Attach every node program of `object` at the pod's `cgroup`, each where it is not
 /// attached already; the hooks attached now. On failure those are detached again, so a
 /// pod is never left with part of the programs (half its connections captured).
-pub fn attach(object: &ObjectPins, cgroup: &Path) -> Result<Vec<&'static str>, EngineError> {
+pub fn attach(programs: &NodePrograms, cgroup: &Path) -> Result<Vec<&'static str>, EngineError> {
     let file = open_cgroup(cgroup)?;
-    let programs = programs(object)?;
     let mut done: Vec<&Program> = Vec::new();
     let result = (|| {
-        for program in &programs {
+        for program in &programs.0 {
             if attached_at(&file, cgroup, program)? {
                 continue;
             }
@@ -140,7 +140,7 @@ pub fn attach(object: &ObjectPins, cgroup: &Path) -> Result<Vec<&'static str>, E
 
 /// Detach `object`'s node programs from the pod's `cgroup`; how many were attached. A
 /// cgroup that is gone took its attachments with it: nothing to do.
-pub fn detach(object: &ObjectPins, cgroup: &Path) -> Result<usize, EngineError> {
+pub fn detach(programs: &NodePrograms, cgroup: &Path) -> Result<usize, EngineError> {
     let file = match fs::File::open(cgroup) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
         opened => opened.map_err(|source| EngineError::Cgroup {
@@ -149,12 +149,12 @@ pub fn detach(object: &ObjectPins, cgroup: &Path) -> Result<usize, EngineError> 
         })?,
     };
     let mut detached = 0;
-    for program in programs(object)? {
-        if !attached_at(&file, cgroup, &program)? {
+    for program in &programs.0 {
+        if !attached_at(&file, cgroup, program)? {
             continue;
         }
         bpf_sys::prog_detach(program.fd.as_fd(), file.as_fd(), program.spec.attach_type)
-            .map_err(|source| attach_err(&program, cgroup, source))?;
+            .map_err(|source| attach_err(program, cgroup, source))?;
         detached += 1;
     }
     Ok(detached)
@@ -185,7 +185,7 @@ pub fn detach_ours(cgroup: &Path) -> Result<usize, EngineError> {
             let Ok(prog) = bpf_sys::program_by_id(id) else {
                 continue; // gone meanwhile
             };
-            let name = bpf_sys::program_name(prog.as_fd()).unwrap_or_default();
+            let (_, name) = bpf_sys::program_id_and_name(prog.as_fd()).unwrap_or_default();
             // The kernel keeps 15 bytes of a name.
             if name.is_empty() || !spec.function.starts_with(&name) {
                 continue;
@@ -201,12 +201,11 @@ pub fn detach_ours(cgroup: &Path) -> Result<usize, EngineError> {
 /// Put `new`'s programs in the place of `old`'s at the pod's `cgroup`, each in one step
 /// (`BPF_F_REPLACE`: the hook never runs without one of them); how many were switched. On
 /// failure the ones switched are switched back.
-pub fn switch(old: &ObjectPins, new: &ObjectPins, cgroup: &Path) -> Result<usize, EngineError> {
+pub fn switch(old: &NodePrograms, new: &NodePrograms, cgroup: &Path) -> Result<usize, EngineError> {
     let file = open_cgroup(cgroup)?;
-    let (from, to) = (programs(old)?, programs(new)?);
     let mut done: Vec<(&Program, &Program)> = Vec::new();
     let result = (|| {
-        for (old, new) in from.iter().zip(&to) {
+        for (old, new) in old.0.iter().zip(&new.0) {
             if !attached_at(&file, cgroup, old)? {
                 continue;
             }

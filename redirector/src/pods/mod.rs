@@ -8,7 +8,7 @@ pub mod records;
 use std::{
     collections::{BTreeMap, HashSet},
     path::{Path, PathBuf},
-    sync::{Mutex, MutexGuard, PoisonError},
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
 };
 
 use redirector_common::{NetnsCookie, PodConfig};
@@ -17,10 +17,12 @@ use crate::{
     engine::apply::{is_installed, Outcome},
     engine::capture::capture,
     engine::diff::Mode,
+    engine::error::EngineError,
     engine::facts::PodFacts,
     engine::gc::teardown,
     engine::live_pod::LivePod,
     engine::plan::{plan_pod, PodPlan},
+    engine::pod_cgroup::NodePrograms,
     engine::pod_keys::PodKeys,
     istio::{parse_istio_iptables, IstioConfig},
     store::{EbpfObject, ObjectPins, OpenMaps, PinRoot},
@@ -40,6 +42,8 @@ pub struct Pods {
     node_cgroup: Option<PathBuf>,
     /// Pods whose processes run outside the node cgroup, by netns cookie: their cgroup.
     outside: Mutex<BTreeMap<u64, PathBuf>>,
+    /// The object's node programs, opened for the first pod attached at its own cgroup.
+    programs: Mutex<Option<Arc<NodePrograms>>>,
 }
 
 /// Whether a flag was given.
@@ -124,6 +128,7 @@ impl Pods {
             maps: Mutex::default(),
             node_cgroup: None,
             outside: Mutex::default(),
+            programs: Mutex::default(),
         }
     }
 
@@ -153,6 +158,17 @@ impl Pods {
             })
     }
 
+    /// The object's node programs, open.
+    fn node_programs(&self) -> Result<Arc<NodePrograms>, EngineError> {
+        let mut programs = self.programs.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(open) = programs.as_ref() {
+            return Ok(Arc::clone(open));
+        }
+        let open = Arc::new(NodePrograms::open(&self.pins())?);
+        *programs = Some(Arc::clone(&open));
+        Ok(open)
+    }
+
     /// The programs for the pod of `record`: at its own cgroup, or at the node cgroup.
     fn attach_programs(&self, record: &PodRecord) -> Result<(), PodError> {
         let failed = |source| PodError::Apply {
@@ -160,7 +176,9 @@ impl Pods {
             source: Box::new(source),
         };
         match &record.cgroup {
-            Some(cgroup) => crate::engine::pod_cgroup::attach(&self.pins(), cgroup)
+            Some(cgroup) => self
+                .node_programs()
+                .and_then(|programs| crate::engine::pod_cgroup::attach(&programs, cgroup))
                 .map(drop)
                 .map_err(failed),
             None => {
@@ -416,7 +434,8 @@ impl Pods {
         )?;
         match &record.cgroup {
             Some(cgroup) => {
-                let hooks = crate::engine::pod_cgroup::attached_hooks(&self.pins(), cgroup)?;
+                let hooks =
+                    crate::engine::pod_cgroup::attached_hooks(&*self.node_programs()?, cgroup)?;
                 if hooks.len() != crate::store::programs::NODE_PROGRAMS.len() {
                     return Err(PodError::NotAttached {
                         cgroup: cgroup.clone(),

@@ -368,20 +368,21 @@ pub fn program_by_id(id: u32) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
-/// The name a program was loaded with (`struct bpf_prog_info`'s `name`: at most 15 bytes).
-pub fn program_name(prog: BorrowedFd<'_>) -> io::Result<String> {
+/// A program's kernel id and the name it was loaded with (`struct bpf_prog_info`'s `id`
+/// and `name`: at most 15 bytes).
+pub fn program_id_and_name(prog: BorrowedFd<'_>) -> io::Result<(u32, String)> {
     // type, id, tag[8], two lengths, two pointers, load time, uid, map count, map ids:
     // the name follows, at byte 64.
     let mut info = [0u8; 80];
     let mut attr = BpfAttr([0; 32]);
-    let ptr = info.as_mut_ptr() as u64;
     attr.0[0] = prog.as_raw_fd() as u32;
     attr.0[1] = info.len() as u32;
-    set_ptr(&mut attr, 2, ptr);
+    set_ptr(&mut attr, 2, info.as_mut_ptr() as u64);
     bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    let id = u32::from_ne_bytes([info[4], info[5], info[6], info[7]]);
     let name = &info[64..];
     let end = name.iter().position(|b| *b == 0).unwrap_or(name.len());
-    Ok(String::from_utf8_lossy(&name[..end]).into_owned())
+    Ok((id, String::from_utf8_lossy(&name[..end]).into_owned()))
 }
 
 /// The program a link runs, as a new file descriptor (BPF_OBJ_GET_INFO_BY_FD for its
