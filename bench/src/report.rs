@@ -432,6 +432,16 @@ pub fn markdown(dp: &DataPath, setup: &Setup, machine: &str) -> String {
 }
 
 /// The targets redirector is held to, each with what this run measured.
+/// "6.00 runs, 284 ns" per request of `programs`; "0 runs" with none.
+fn runs_and_time(programs: &[&ProgramCost]) -> String {
+    if programs.is_empty() {
+        return "0 runs".into();
+    }
+    let runs: f64 = programs.iter().map(|p| p.runs_per_req).sum();
+    let ns: f64 = programs.iter().map(|p| p.ns_per_req).sum();
+    format!("{runs:.2} runs, {ns:.0} ns")
+}
+
 pub fn targets(dp: &DataPath, setup: &Setup) -> String {
     let mut rows: Vec<(String, String, Option<bool>)> = Vec::new();
     let mut row = |target: &str, measured: String, met: Option<bool>| {
@@ -511,21 +521,18 @@ pub fn targets(dp: &DataPath, setup: &Setup) -> String {
     }
     if dp.profiled.contains(&Mode::Bystander) {
         let programs = programs_of(dp, Mode::Bystander, false);
-        let runs: f64 = programs.iter().map(|p| p.runs_per_req).sum();
-        let ns: f64 = programs.iter().map(|p| p.ns_per_req).sum();
         row(
             "a pod on a daemon node not captured: 0 eBPF runs per new connection",
-            format!("{runs:.2} runs, {ns:.0} ns"),
+            runs_and_time(&programs),
             Some(programs.is_empty()),
         );
     }
     if dp.profiled.contains(&Mode::Bystander) {
-        let runs: f64 = dp.udp_programs.iter().map(|p| p.runs_per_req).sum();
-        let ns: f64 = dp.udp_programs.iter().map(|p| p.ns_per_req).sum();
+        let programs: Vec<&ProgramCost> = dp.udp_programs.iter().collect();
         row(
             "a pod on a daemon node not captured: 0 eBPF runs per UDP request/response",
-            format!("{runs:.2} runs, {ns:.0} ns"),
-            Some(dp.udp_programs.is_empty()),
+            runs_and_time(&programs),
+            Some(programs.is_empty()),
         );
     }
     let one = &setup.one_pod;

@@ -33,8 +33,27 @@ fn program_pins(object: &ObjectPins) -> Vec<PathBuf> {
         .collect()
 }
 
-fn total_runs(pins: &[PathBuf]) -> u64 {
-    pins.iter().map(|p| program_runs(p).0).sum()
+/// How many times the programs pinned at `pins` ran during `work` (bpf_stats on for it).
+fn runs_during(pins: &[PathBuf], work: impl FnOnce()) -> u64 {
+    let total = || pins.iter().map(|p| program_runs(p).0).sum::<u64>();
+    let _stats = BpfStats::on();
+    let before = total();
+    work();
+    total() - before
+}
+
+/// The app of `pod` connects to its service over both families: to the proxy when
+/// `captured`, else directly.
+fn connect_both(pod: &ProxiedPod, captured: bool) {
+    for v6 in [false, true] {
+        let dst = pod.service(v6);
+        let outcome = pod.connect(APP_UID, APP_UID, dst);
+        if captured {
+            assert_proxied(&outcome, dst);
+        } else {
+            assert_direct(&outcome, dst);
+        }
+    }
 }
 
 #[test]
@@ -59,12 +78,9 @@ fn programs_at_a_pods_cgroup_capture_it_and_no_other_pod() {
     assert!(attached_hooks(&programs, cgroup).unwrap().is_empty());
 
     // Attached at the pod's cgroup: captured, both families.
-    let hooks = attach(&programs, cgroup).expect("attaching at the pod's cgroup");
+    let hooks = attach(&programs, cgroup, true).expect("attaching at the pod's cgroup");
     assert_eq!(hooks.len(), NODE_PROGRAMS.len(), "{hooks:?}");
-    for v6 in [false, true] {
-        let dst = pod.service(v6);
-        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
-    }
+    connect_both(&pod, true);
     assert_eq!(attached_hooks(&programs, cgroup).unwrap(), hooks);
     assert_eq!(
         cgroup_attachments(cgroup).len(),
@@ -73,30 +89,18 @@ fn programs_at_a_pods_cgroup_capture_it_and_no_other_pod() {
         cgroup_attachments(cgroup)
     );
     // Again: nothing more is attached.
-    assert!(attach(&programs, cgroup).unwrap().is_empty());
+    assert!(attach(&programs, cgroup, true).unwrap().is_empty());
     assert_eq!(cgroup_attachments(cgroup).len(), NODE_PROGRAMS.len());
 
     // The pod beside it runs none of the programs, while the captured pod runs them.
     let pins = program_pins(&object);
-    let stats = BpfStats::on();
-    let before = total_runs(&pins);
-    for v6 in [false, true] {
-        let dst = bystander.service(v6);
-        assert_direct(&bystander.connect(APP_UID, APP_UID, dst), dst);
-    }
-    let after_bystander = total_runs(&pins);
-    let dst = pod.service(false);
-    assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
-    let after_pod = total_runs(&pins);
-    drop(stats);
     assert_eq!(
-        after_bystander, before,
+        runs_during(&pins, || connect_both(&bystander, false)),
+        0,
         "the bystander's connections ran the programs"
     );
-    assert!(
-        after_pod > after_bystander,
-        "the captured pod's connection ran them"
-    );
+    assert!(runs_during(&pins, || connect_both(&pod, true)) > 0);
+    let dst = pod.service(false);
 
     // The daemon killed: the attachment is the cgroup's, not the daemon's.
     let daemon = daemon.kill().restart();
@@ -122,7 +126,7 @@ fn attachments_go_with_the_pods_cgroup() {
     let programs = NodePrograms::open(&node_object(&root)).expect("opening the node programs");
     let pod = Cgroup::new("pcggonepod");
     let path = pod.path().to_path_buf();
-    attach(&programs, &path).expect("attaching at the pod's cgroup");
+    attach(&programs, &path, true).expect("attaching at the pod's cgroup");
     assert_eq!(cgroup_attachments(&path).len(), NODE_PROGRAMS.len());
     drop(pod);
     assert!(!path.exists());
@@ -174,23 +178,26 @@ fn a_daemon_node_runs_no_program_for_a_pod_it_does_not_capture() {
         "its programs are at its own cgroup, found from its processes"
     );
     assert_eq!(node_links(&root), 0);
-    let object = node_object(&root);
-    let pins = program_pins(&object);
-    let stats = BpfStats::on();
-    let before = total_runs(&pins);
-    for v6 in [false, true] {
-        let dst = bystander.service(v6);
-        assert_direct(&bystander.connect(APP_UID, APP_UID, dst), dst);
-    }
-    let after_bystander = total_runs(&pins);
-    for v6 in [false, true] {
-        let dst = pod.service(v6);
-        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
-    }
-    let after_pod = total_runs(&pins);
-    drop(stats);
-    assert_eq!(after_bystander, before, "the bystander ran the programs");
-    assert!(after_pod > after_bystander);
+    // Its DNS is not captured: the six TCP programs. Captured, the four UDP ones too; and
+    // off again, they go.
+    let attached = || cgroup_attachments(pod.topo.pod_cgroup.path()).len();
+    assert_eq!(attached(), 6);
+    let with_dns: Vec<&str> = STANDARD_INJECTION
+        .iter()
+        .copied()
+        .chain(["--redirect-dns", "--capture-all-dns"])
+        .collect();
+    daemon.add(&pod.topo.pod, "default/app", &with_dns);
+    assert_eq!(attached(), NODE_PROGRAMS.len());
+    daemon.add(&pod.topo.pod, "default/app", &STANDARD_INJECTION);
+    assert_eq!(attached(), 6);
+    let pins = program_pins(&node_object(&root));
+    assert_eq!(
+        runs_during(&pins, || connect_both(&bystander, false)),
+        0,
+        "the bystander ran the programs"
+    );
+    assert!(runs_during(&pins, || connect_both(&pod, true)) > 0);
 
     // A pod whose cgroup is not found (a bare namespace, no process in it) relies on the
     // node cgroup: the programs are attached there, the list says so.

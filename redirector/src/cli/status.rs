@@ -221,7 +221,10 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
             println!("  other program on a linked cgroup path: {program}");
         }
         if !object.node_links.is_empty() {
-            println!("  node links: {}", object.node_links.join(" "));
+            println!(
+                "  node links (while a pod relies on them: a daemon pod whose own cgroup was not found, as `pod list` shows, or an init container's pod they cover): {}",
+                object.node_links.join(" ")
+            );
         }
         for map in &object.maps {
             println!("  map {}: {}/{}", map.name, map.entries, map.capacity);

@@ -15,7 +15,7 @@ use crate::{
     engine::error::EngineError,
     store::{
         bpf_sys, open_program,
-        programs::{ProgramSpec, NODE_PROGRAMS},
+        programs::{is_dns, ProgramSpec, NODE_PROGRAMS},
         ObjectPins,
     },
 };
@@ -26,6 +26,18 @@ fn open_cgroup(cgroup: &Path) -> Result<fs::File, EngineError> {
         path: cgroup.display().to_string(),
         source,
     })
+}
+
+/// The cgroup's directory, open, or `None` when it is gone (and its attachments with it).
+fn open_cgroup_if_there(cgroup: &Path) -> Result<Option<fs::File>, EngineError> {
+    match open_cgroup(cgroup) {
+        Err(EngineError::Cgroup { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            Ok(None)
+        }
+        opened => opened.map(Some),
+    }
 }
 
 /// A program of the object: its pinned program, open, and its id.
@@ -90,15 +102,27 @@ pub fn attached_hooks(
     Ok(hooks)
 }
 
-/// Attach every node program of `object` at the pod's `cgroup`, each where it is not
+/// Attach the node programs at the pod's `cgroup` — the UDP DNS ones only when the pod's
+/// DNS is captured (`dns`), as an init container's pod gets them — each where it is not
 /// attached already; the hooks attached now. On failure those are detached again, so a
 /// pod is never left with part of the programs (half its connections captured).
-pub fn attach(programs: &NodePrograms, cgroup: &Path) -> Result<Vec<&'static str>, EngineError> {
+pub fn attach(
+    programs: &NodePrograms,
+    cgroup: &Path,
+    dns: bool,
+) -> Result<Vec<&'static str>, EngineError> {
     let file = open_cgroup(cgroup)?;
     let mut done: Vec<&Program> = Vec::new();
     let result = (|| {
         for program in &programs.0 {
-            if attached_at(&file, cgroup, program)? {
+            let wanted = dns || !is_dns(program.spec);
+            let attached = attached_at(&file, cgroup, program)?;
+            if !wanted && attached {
+                // DNS capture switched off since: that program goes.
+                bpf_sys::prog_detach(program.fd.as_fd(), file.as_fd(), program.spec.attach_type)
+                    .map_err(|source| attach_err(program, cgroup, source))?;
+            }
+            if !wanted || attached {
                 continue;
             }
             bpf_sys::prog_attach(
@@ -141,12 +165,8 @@ pub fn attach(programs: &NodePrograms, cgroup: &Path) -> Result<Vec<&'static str
 /// Detach `object`'s node programs from the pod's `cgroup`; how many were attached. A
 /// cgroup that is gone took its attachments with it: nothing to do.
 pub fn detach(programs: &NodePrograms, cgroup: &Path) -> Result<usize, EngineError> {
-    let file = match fs::File::open(cgroup) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-        opened => opened.map_err(|source| EngineError::Cgroup {
-            path: cgroup.display().to_string(),
-            source,
-        })?,
+    let Some(file) = open_cgroup_if_there(cgroup)? else {
+        return Ok(0);
     };
     let mut detached = 0;
     for program in &programs.0 {
@@ -164,12 +184,8 @@ pub fn detach(programs: &NodePrograms, cgroup: &Path) -> Result<usize, EngineErr
 /// of, known by their names on their hooks: with no pins to name them (an uninstall done
 /// half-way, an upgrade interrupted between two objects) they still go. How many.
 pub fn detach_ours(cgroup: &Path) -> Result<usize, EngineError> {
-    let file = match fs::File::open(cgroup) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-        opened => opened.map_err(|source| EngineError::Cgroup {
-            path: cgroup.display().to_string(),
-            source,
-        })?,
+    let Some(file) = open_cgroup_if_there(cgroup)? else {
+        return Ok(0);
     };
     let failed = |spec: &ProgramSpec, source| EngineError::Attach {
         program: spec.function,

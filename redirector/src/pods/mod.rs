@@ -169,8 +169,9 @@ impl Pods {
         Ok(open)
     }
 
-    /// The programs for the pod of `record`: at its own cgroup, or at the node cgroup.
-    fn attach_programs(&self, record: &PodRecord) -> Result<(), PodError> {
+    /// The programs for the pod of `record`: at its own cgroup (the UDP DNS ones when it
+    /// captures DNS), or at the node cgroup.
+    fn attach_programs(&self, record: &PodRecord, dns: bool) -> Result<(), PodError> {
         let failed = |source| PodError::Apply {
             cookie: record.cookie(),
             source: Box::new(source),
@@ -178,7 +179,7 @@ impl Pods {
         match &record.cgroup {
             Some(cgroup) => self
                 .node_programs()
-                .and_then(|programs| crate::engine::pod_cgroup::attach(&programs, cgroup))
+                .and_then(|programs| crate::engine::pod_cgroup::attach(&programs, cgroup, dns))
                 .map(drop)
                 .map_err(failed),
             None => {
@@ -356,7 +357,7 @@ impl Pods {
         };
         // Saved first: a pod whose programs are attached is always one the record names.
         self.records.save(&record)?;
-        self.attach_programs(&record)?;
+        self.attach_programs(&record, captures_dns(&plan.config))?;
         let took = started.elapsed();
         let (change, config) = match outcome {
             // Just written: the plan's config.
@@ -436,7 +437,11 @@ impl Pods {
             Some(cgroup) => {
                 let hooks =
                     crate::engine::pod_cgroup::attached_hooks(&*self.node_programs()?, cgroup)?;
-                if hooks.len() != crate::store::programs::NODE_PROGRAMS.len() {
+                let wanted = crate::store::programs::NODE_PROGRAMS
+                    .iter()
+                    .filter(|p| captures_dns(&plan.config) || !crate::store::programs::is_dns(p))
+                    .count();
+                if hooks.len() != wanted {
                     return Err(PodError::NotAttached {
                         cgroup: cgroup.clone(),
                         attached: hooks.len(),
@@ -509,7 +514,10 @@ impl Pods {
                     };
                     // Attached at its cgroup before the node's programs may go.
                     self.records.save(&moved)?;
-                    self.attach_programs(&moved)?;
+                    // Its DNS programs as its live configuration says (all when unread).
+                    let dns = LivePod::open(&self.root, moved.cookie())
+                        .map_or(true, |live| captures_dns(&live.config));
+                    self.attach_programs(&moved, dns)?;
                     tracing::info!(
                         "pod {} (netns cookie {}): programs attached at its cgroup {}",
                         moved.name.as_deref().unwrap_or("-"),
@@ -533,6 +541,11 @@ impl Pods {
         }
         Ok(())
     }
+}
+
+/// Whether a pod's configuration captures DNS (its UDP DNS programs are attached).
+fn captures_dns(config: &PodConfig) -> bool {
+    config.flags & redirector_common::pod_flags::DNS_CAPTURE != 0
 }
 
 /// Remove the pod of a record or with a cookie, and its record; nothing to remove is not

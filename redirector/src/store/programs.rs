@@ -129,6 +129,12 @@ pub const POD_PROGRAMS: [ProgramSpec; 11] = [
 /// How many of [`POD_PROGRAMS`] every pod gets.
 pub const BASE_PROGRAMS: usize = 7;
 
+/// Whether `spec` is one of the UDP DNS programs a pod gets only when its DNS is captured
+/// ([`POD_PROGRAMS`] past [`BASE_PROGRAMS`]).
+pub fn is_dns(spec: &ProgramSpec) -> bool {
+    POD_PROGRAMS[BASE_PROGRAMS..].contains(spec)
+}
+
 /// The programs a pod gets when the node's cgroup links (daemon mode) already cover its
 /// cgroup: only its network namespace's.
 pub const NETNS_PROGRAMS: [ProgramSpec; 1] = [POD_PROGRAMS[2]];
