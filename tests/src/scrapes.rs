@@ -42,11 +42,6 @@ impl Round {
     pub fn snapshot_bound(&self) -> usize {
         1 + (self.window.as_nanos() / SNAPSHOT_AGE.as_nanos()) as usize
     }
-
-    /// The median scraped add over the median add alone.
-    pub fn median_ratio(&self) -> f64 {
-        median(&self.scraped).as_secs_f64() / median(&self.alone).as_secs_f64()
-    }
 }
 
 /// Every round of one run, and what the scrapes and the daemon's memory did over it.

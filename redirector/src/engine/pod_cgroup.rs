@@ -102,6 +102,12 @@ pub fn attached_hooks(
     Ok(hooks)
 }
 
+/// Whether a pod gets `spec` at its cgroup: the UDP DNS programs only when its DNS is
+/// captured (`dns`), as an init container's pod gets them.
+pub fn wanted(spec: &ProgramSpec, dns: bool) -> bool {
+    dns || !is_dns(spec)
+}
+
 /// Attach the node programs at the pod's `cgroup` — the UDP DNS ones only when the pod's
 /// DNS is captured (`dns`), as an init container's pod gets them — each where it is not
 /// attached already; the hooks attached now. On failure those are detached again, so a
@@ -115,7 +121,7 @@ pub fn attach(
     let mut done: Vec<&Program> = Vec::new();
     let result = (|| {
         for program in &programs.0 {
-            let wanted = dns || !is_dns(program.spec);
+            let wanted = wanted(program.spec, dns);
             let attached = attached_at(&file, cgroup, program)?;
             if !wanted && attached {
                 // DNS capture switched off since: that program goes.

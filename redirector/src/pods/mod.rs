@@ -437,9 +437,10 @@ impl Pods {
             Some(cgroup) => {
                 let hooks =
                     crate::engine::pod_cgroup::attached_hooks(&*self.node_programs()?, cgroup)?;
+                let dns = captures_dns(&plan.config);
                 let wanted = crate::store::programs::NODE_PROGRAMS
                     .iter()
-                    .filter(|p| captures_dns(&plan.config) || !crate::store::programs::is_dns(p))
+                    .filter(|p| crate::engine::pod_cgroup::wanted(p, dns))
                     .count();
                 if hooks.len() != wanted {
                     return Err(PodError::NotAttached {

@@ -130,11 +130,10 @@ impl Layout {
 
     /// Replaces the layout file (write, then rename): the commit of a split.
     pub fn write(self, dir: &Path) -> Result<(), FsError> {
-        let (path, staging) = (dir.join(LAYOUT_FILE), dir.join(format!(".{LAYOUT_FILE}")));
-        let json = serde_json::to_vec(&self).map_err(io::Error::other);
-        json.and_then(|json| fs::write(&staging, json))
-            .map_err(fs_err("writing", &staging))?;
-        fs::rename(&staging, &path).map_err(fs_err("replacing", &path))
+        let path = dir.join(LAYOUT_FILE);
+        let json =
+            serde_json::to_vec(&self).map_err(|e| fs_err("writing", &path)(io::Error::other(e)))?;
+        super::replace_file(&path, &json)
     }
 }
 

@@ -65,6 +65,15 @@ pub struct PodRecord {
     pub cgroup: Option<PathBuf>,
 }
 
+/// Replace the file at `path` with `bytes`: written to `.<name>` beside it, then renamed
+/// over it, so a reader sees the old file or the new one, whole.
+fn replace_file(path: &Path, bytes: &[u8]) -> Result<(), FsError> {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let staging = path.with_file_name(format!(".{name}"));
+    fs::write(&staging, bytes).map_err(fs_err("writing", &staging))?;
+    fs::rename(&staging, path).map_err(fs_err("replacing", path))
+}
+
 fn format_one() -> u32 {
     1
 }
@@ -183,16 +192,13 @@ impl Records {
         gone_ok(fs::remove_file(&path)).map_err(fs_err("removing", &path))
     }
 
-    /// Note the node cgroup (written, then renamed into place).
+    /// Note the node cgroup.
     pub fn save_node_cgroup(&self, cgroup: &Path) -> Result<(), FsError> {
         let path = self.node_cgroup_file();
-        let staging = path.with_extension("new");
         if let Some(dir) = path.parent() {
             fs::create_dir_all(dir).map_err(fs_err("creating", dir))?;
         }
-        fs::write(&staging, format!("{}\n", cgroup.display()))
-            .map_err(fs_err("writing", &staging))?;
-        fs::rename(&staging, &path).map_err(fs_err("renaming", &path))
+        replace_file(&path, format!("{}\n", cgroup.display()).as_bytes())
     }
 
     fn path_of(&self, shard: ShardId) -> PathBuf {
@@ -323,7 +329,7 @@ impl Records {
             None => shard.take(cookie.get()),
         };
         if changed {
-            shard.write(&self.dir, &path)?;
+            shard.write(&path)?;
         }
         let legacy = self.legacy_path(cookie);
         gone_ok(fs::remove_file(&legacy)).map_err(fs_err("removing", &legacy))?;
@@ -343,7 +349,7 @@ impl Records {
         let first = split.into[0];
         // An empty part's file is removed: one a killed split left must not come back.
         for (id, part) in split.into.iter().zip(shard.split(|c| first.has(c))) {
-            part.write(&self.dir, &self.path_of(*id))?;
+            part.write(&self.path_of(*id))?;
         }
         split.then.write(&self.dir)?;
         gone_ok(fs::remove_file(&from)).map_err(fs_err("removing", &from))?;
@@ -669,7 +675,7 @@ mod tests {
         let mut stale = Shard::read(&path(split.from)).unwrap().unwrap_or_default();
         stale.put(&gone).unwrap();
         let [a, _] = stale.split(|c| split.into[0].has(c));
-        a.write(&records.dir, &path(split.into[0])).unwrap();
+        a.write(&path(split.into[0])).unwrap();
         assert_eq!(Records::new(&scratch.0).all().unwrap(), pods);
         assert_eq!(records.get(gone.cookie()).unwrap(), None);
         // The next split of that shard rewrites what it left.

@@ -116,9 +116,9 @@ impl Shard {
         [Shard { entries: a }, Shard { entries: b }]
     }
 
-    /// Replaces the file at `path` (write to a staging file in `dir`, then rename); an
-    /// empty shard's file is removed.
-    pub fn write(&self, dir: &Path, path: &Path) -> Result<(), FsError> {
+    /// Replaces the file at `path` (a staging file beside it, then a rename); an empty
+    /// shard's file is removed.
+    pub fn write(&self, path: &Path) -> Result<(), FsError> {
         if self.entries.is_empty() {
             return gone_ok(fs::remove_file(path)).map_err(fs_err("removing", path));
         }
@@ -129,9 +129,6 @@ impl Shard {
             text.extend_from_slice(entry.json.get().as_bytes());
         }
         text.push(b']');
-        let name = path.file_name().unwrap_or_default().to_string_lossy();
-        let staging = dir.join(format!(".{name}"));
-        fs::write(&staging, text).map_err(fs_err("writing", &staging))?;
-        fs::rename(&staging, path).map_err(fs_err("replacing", path))
+        super::replace_file(path, &text)
     }
 }
