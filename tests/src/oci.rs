@@ -105,30 +105,23 @@ pub fn archive(work: &Path, rootfs: &Path, reference: &str, config: serde_json::
 }
 
 /// An image archive's reference, run config and root filesystem (its layers unpacked
-/// into `rootfs`, in order).
+/// into `rootfs`, in order); of its amd64 image when it holds several platforms.
 pub fn unpack(archive: &Path, work: &Path, rootfs: &Path) -> (String, serde_json::Value) {
-    let layout = work.join("unpacked");
-    std::fs::create_dir_all(&layout).unwrap();
+    unpack_platform(archive, "amd64", work, rootfs)
+}
+
+/// As [`unpack`], for the image of architecture `arch` (`amd64`, `arm64`) when the archive
+/// names an image index.
+pub fn unpack_platform(
+    archive: &Path,
+    arch: &str,
+    work: &Path,
+    rootfs: &Path,
+) -> (String, serde_json::Value) {
+    let layout = extract(archive, work);
     std::fs::create_dir_all(rootfs).unwrap();
-    run_ok(
-        Command::new("tar")
-            .arg("-C")
-            .arg(&layout)
-            .arg("-xf")
-            .arg(archive),
-    );
-    let read = |path: PathBuf| -> serde_json::Value {
-        serde_json::from_slice(&std::fs::read(&path).unwrap())
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-    };
-    let index = read(layout.join("index.json"));
-    let entry = &index["manifests"][0];
-    let reference = entry["annotations"]["io.containerd.image.name"]
-        .as_str()
-        .expect("the archive names its image")
-        .to_owned();
-    let manifest = read(blob_path(&layout, entry["digest"].as_str().unwrap()));
-    let config = read(blob_path(
+    let (reference, _, manifest) = platform_manifest(&layout, arch);
+    let config = read_json(&blob_path(
         &layout,
         manifest["config"]["digest"].as_str().unwrap(),
     ));
@@ -143,6 +136,66 @@ pub fn unpack(archive: &Path, work: &Path, rootfs: &Path) -> (String, serde_json
     }
     std::fs::remove_dir_all(&layout).unwrap();
     (reference, config["config"].clone())
+}
+
+/// The digests of the blobs that make up the archive's `arch` image: its manifest, config
+/// and layers.
+pub fn platform_blobs(archive: &Path, arch: &str, work: &Path) -> Vec<String> {
+    let layout = extract(archive, work);
+    let (_, digest, manifest) = platform_manifest(&layout, arch);
+    let mut blobs = vec![
+        digest,
+        manifest["config"]["digest"].as_str().unwrap().to_owned(),
+    ];
+    for layer in manifest["layers"].as_array().unwrap() {
+        blobs.push(layer["digest"].as_str().unwrap().to_owned());
+    }
+    std::fs::remove_dir_all(&layout).unwrap();
+    blobs
+}
+
+/// The archive unpacked into `work/unpacked`.
+fn extract(archive: &Path, work: &Path) -> PathBuf {
+    let layout = work.join("unpacked");
+    std::fs::create_dir_all(&layout).unwrap();
+    run_ok(
+        Command::new("tar")
+            .arg("-C")
+            .arg(&layout)
+            .arg("-xf")
+            .arg(archive),
+    );
+    layout
+}
+
+fn read_json(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap())
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The image reference of the unpacked `layout`, and the digest and body of its `arch`
+/// manifest: the one index.json names, or the one for `arch` in the image index it names.
+fn platform_manifest(layout: &Path, arch: &str) -> (String, String, serde_json::Value) {
+    let index = read_json(&layout.join("index.json"));
+    let entry = &index["manifests"][0];
+    let reference = entry["annotations"]["io.containerd.image.name"]
+        .as_str()
+        .expect("the archive names its image")
+        .to_owned();
+    let mut digest = entry["digest"].as_str().unwrap().to_owned();
+    let mut manifest = read_json(&blob_path(layout, &digest));
+    if manifest["mediaType"] == "application/vnd.oci.image.index.v1+json" {
+        let chosen = manifest["manifests"]
+            .as_array()
+            .expect("an index lists manifests")
+            .iter()
+            .find(|m| m["platform"]["architecture"] == arch && m["platform"]["os"] == "linux")
+            .unwrap_or_else(|| panic!("no linux/{arch} image in {}", layout.display()))
+            .clone();
+        digest = chosen["digest"].as_str().unwrap().to_owned();
+        manifest = read_json(&blob_path(layout, &digest));
+    }
+    (reference, digest, manifest)
 }
 
 /// The reference an image archive names its image by.

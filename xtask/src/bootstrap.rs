@@ -11,7 +11,7 @@ use anyhow::{bail, Context as _, Result};
 
 /// Debian packages the tests and demo use, with what proves each is installed: a binary on
 /// PATH, or an absolute path for files installed elsewhere.
-const PACKAGES: [(&str, &str); 14] = [
+const PACKAGES: [(&str, &str); 17] = [
     ("bpftool", "bpftool"),
     ("iptables", "iptables-restore"),
     ("iproute2", "ip"),
@@ -33,6 +33,11 @@ const PACKAGES: [(&str, &str); 14] = [
     // `cargo xtask image` links the release binary statically against glibc (libc.a); the
     // node test (tests/tests/node.rs) runs that image.
     ("libc6-dev", "/usr/lib/x86_64-linux-gnu/libc.a"),
+    // The image's arm64 binary (and `cargo xtask vm --arch arm64`'s tests): Debian's cross
+    // gcc as the linker with its static glibc, and qemu-user to run what it built.
+    ("gcc-aarch64-linux-gnu", "aarch64-linux-gnu-gcc"),
+    ("libc6-dev-arm64-cross", "/usr/aarch64-linux-gnu/lib/libc.a"),
+    ("qemu-user-static", "qemu-aarch64-static"),
     // c-ares (node's dns.Resolver) checks that a DNS reply comes from the server it asked:
     // the strict client of the DNS tests.
     ("nodejs", "node"),

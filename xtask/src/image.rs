@@ -1,5 +1,6 @@
 //! `cargo xtask image`: the node image as an OCI archive, built from the workspace alone —
-//! nothing is pulled. One layer holds the release binary, linked statically (glibc's
+//! nothing is pulled — for linux/amd64 and linux/arm64 (cross-built here). Each
+//! architecture's one layer holds its release binary, linked statically (glibc's
 //! `crt-static`) so that the copy install-cni puts on the node runs whatever the host's
 //! libc, with its two other names as links. It is not position-independent, as istio's
 //! own Go binaries are not: a static PIE relocates itself at every start, and an init
@@ -11,41 +12,69 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{bail, ensure, Context as _, Result};
 use serde_json::json;
 use sha2::{Digest as _, Sha256};
 
+use crate::arch::Arch;
 use crate::workspace::{cargo, output, status, target_dir};
 
-const HOST_TARGET: &str = "x86_64-unknown-linux-gnu";
 pub const REPOSITORY: &str = "localhost/redirector";
 const BINARY: &str = "usr/local/bin/redirector";
 /// The names the binary serves under besides its own (it picks its role by argv[0]).
 const ALIASES: [&str; 2] = ["istio-iptables", "redirector-cni"];
 
-/// Builds the static release binary and writes its image archive; returns the archive.
+/// Builds the static release binary for every architecture and writes the image archive:
+/// one index naming a linux/amd64 and a linux/arm64 image. Returns the archive.
 pub fn build() -> Result<PathBuf> {
-    let binary = static_release_binary()?;
-    let version = binary_version(&binary)?;
+    let mut images = Vec::new();
+    let mut version = None;
+    for arch in Arch::ALL {
+        let binary = static_release_binary(arch)?;
+        // The foreign binary runs under qemu-user: it is proven to start, not only to link.
+        let reported = binary_version(arch, &binary)?;
+        if let Some(first) = &version {
+            ensure!(
+                *first == reported,
+                "the {} binary reports version {reported}, the {} one {first}",
+                arch.name(),
+                Arch::ALL[0].name()
+            );
+        }
+        version = Some(reported);
+        images.push((arch, layer(&binary)?));
+    }
+    let version = version.context("no architectures")?;
     let reference = format!("{REPOSITORY}:{version}");
     let dir = target_dir().join("image");
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    // Each binary also where deploy/Containerfile takes it from (`<arch>/redirector`).
+    for arch in Arch::ALL {
+        let to = dir.join(arch.name()).join("redirector");
+        std::fs::create_dir_all(to.parent().expect("a directory"))?;
+        std::fs::copy(shipped_binary(arch), &to)
+            .with_context(|| format!("copying to {}", to.display()))?;
+    }
     let archive = dir.join(format!("redirector-{version}.oci.tar"));
-    let bytes = archive_bytes(&layer(&binary)?, &reference, &version)?;
+    let bytes = archive_bytes(&images, &reference, &version)?;
     std::fs::write(&archive, bytes).with_context(|| format!("writing {}", archive.display()))?;
+    let platforms: Vec<String> = images
+        .iter()
+        .map(|(arch, _)| format!("linux/{}", arch.name()))
+        .collect();
     eprintln!(
-        "xtask image: {reference} in {} ({} MiB)\n  podman load -i {0}\n  ctr -n k8s.io images import {0}",
+        "xtask image: {reference} ({}) in {} ({} MiB)\n  podman load -i {1}\n  ctr -n k8s.io images import --all-platforms {1}",
+        platforms.join(", "),
         archive.display(),
         std::fs::metadata(&archive)?.len() >> 20,
     );
     Ok(archive)
 }
 
-/// `cargo build --release` for the host target with glibc linked in: the binary the image
-/// ships, and the one `cargo xtask bench` measures. The flags go through the target's own
-/// variable, not RUSTFLAGS, so the eBPF build inside build.rs (another target) does not get
-/// them.
-pub fn static_release_binary() -> Result<PathBuf> {
+/// `cargo build --release` for `arch` with glibc linked in and no relocation: the binary the
+/// image ships, and (for the host) the one `cargo xtask bench` measures. Checked to be a
+/// static, non-PIE executable for that machine.
+pub fn static_release_binary(arch: Arch) -> Result<PathBuf> {
+    arch.ensure_toolchain()?;
     let mut cmd = cargo();
     cmd.args([
         "build",
@@ -53,32 +82,75 @@ pub fn static_release_binary() -> Result<PathBuf> {
         "--package",
         "redirector",
         "--target",
-        HOST_TARGET,
-    ])
-    .env(
-        "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS",
+        arch.triple(),
+    ]);
+    arch.configure_cargo(
+        &mut cmd,
         "-C target-feature=+crt-static -C relocation-model=static",
     );
     status(cmd)?;
-    let binary = shipped_binary();
-    let ldd = std::process::Command::new("ldd").arg(&binary).output();
-    if let Ok(out) = ldd {
-        let text = String::from_utf8_lossy(&out.stdout);
-        if out.status.success() && text.contains("=>") {
-            bail!("{} is not static:\n{text}", binary.display());
-        }
-    }
+    let binary = shipped_binary(arch);
+    let bytes = std::fs::read(&binary).with_context(|| format!("reading {}", binary.display()))?;
+    check_static_executable(&bytes, arch).with_context(|| binary.display().to_string())?;
     Ok(binary)
 }
 
-/// Where [`static_release_binary`] puts the binary the image ships.
-pub fn shipped_binary() -> PathBuf {
-    target_dir().join(HOST_TARGET).join("release/redirector")
+/// Where [`static_release_binary`] puts the binary the image ships for `arch`.
+pub fn shipped_binary(arch: Arch) -> PathBuf {
+    target_dir().join(arch.triple()).join("release/redirector")
+}
+
+/// That `elf` is a 64-bit little-endian executable for `arch`, not position-independent
+/// (`ET_EXEC`) and with no program interpreter (statically linked).
+fn check_static_executable(elf: &[u8], arch: Arch) -> Result<()> {
+    const ET_EXEC: u16 = 2;
+    const PT_INTERP: u32 = 3;
+    let u16_at = |at: usize| {
+        elf.get(at..at + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+    };
+    let u32_at = |at: usize| {
+        elf.get(at..at + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let u64_at = |at: usize| {
+        elf.get(at..at + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+    };
+    ensure!(
+        elf.starts_with(b"\x7fELF\x02\x01"),
+        "not a 64-bit little-endian ELF file"
+    );
+    let machine = u16_at(18).context("truncated ELF header")?;
+    let wanted = match arch {
+        Arch::Amd64 => 62,  // EM_X86_64
+        Arch::Arm64 => 183, // EM_AARCH64
+    };
+    ensure!(
+        machine == wanted,
+        "built for ELF machine {machine}, not {} ({wanted})",
+        arch.name()
+    );
+    ensure!(
+        u16_at(16) == Some(ET_EXEC),
+        "position-independent (ELF type {:?}, not ET_EXEC)",
+        u16_at(16)
+    );
+    let phoff = u64_at(32).context("truncated ELF header")? as usize;
+    let phentsize = usize::from(u16_at(54).context("truncated ELF header")?);
+    let phnum = usize::from(u16_at(56).context("truncated ELF header")?);
+    for i in 0..phnum {
+        let kind = u32_at(phoff + i * phentsize).context("truncated program headers")?;
+        if kind == PT_INTERP {
+            bail!("dynamically linked (it has a program interpreter)");
+        }
+    }
+    Ok(())
 }
 
 /// The version the binary reports (`redirector 0.1.0` → `0.1.0`).
-fn binary_version(binary: &Path) -> Result<String> {
-    let mut cmd = std::process::Command::new(binary);
+fn binary_version(arch: Arch, binary: &Path) -> Result<String> {
+    let mut cmd = arch.run(binary)?;
     cmd.arg("--version");
     let out = output(cmd)?;
     out.split_whitespace()
@@ -145,46 +217,66 @@ fn digest(bytes: &[u8]) -> String {
     format!("sha256:{:x}", Sha256::digest(bytes))
 }
 
-/// The OCI image layout (oci-layout, index.json, blobs) as one tar archive.
-fn archive_bytes(layer: &[u8], reference: &str, version: &str) -> Result<Vec<u8>> {
-    let config = serde_json::to_vec(&json!({
-        "architecture": "amd64",
-        "os": "linux",
-        "config": {
-            "Entrypoint": [format!("/{BINARY}")],
-            "Env": ["PATH=/usr/local/bin"],
-            "Labels": {"org.opencontainers.image.version": version},
-        },
-        "rootfs": {"type": "layers", "diff_ids": [digest(layer)]},
-    }))?;
-    let manifest = serde_json::to_vec(&json!({
+/// The OCI image layout (oci-layout, index.json, blobs) as one tar archive. index.json
+/// names one image index (by `reference`) that holds a manifest per architecture, as a
+/// registry's multi-platform image does: runtimes pick the node's own, and
+/// `ctr images import --all-platforms` keeps them all.
+fn archive_bytes(images: &[(Arch, Vec<u8>)], reference: &str, version: &str) -> Result<Vec<u8>> {
+    let mut blobs: Vec<Vec<u8>> = Vec::new();
+    let mut manifests = Vec::new();
+    for (arch, layer) in images {
+        let config = serde_json::to_vec(&json!({
+            "architecture": arch.name(),
+            "os": "linux",
+            "config": {
+                "Entrypoint": [format!("/{BINARY}")],
+                "Env": ["PATH=/usr/local/bin"],
+                "Labels": {"org.opencontainers.image.version": version},
+            },
+            "rootfs": {"type": "layers", "diff_ids": [digest(layer)]},
+        }))?;
+        let manifest = serde_json::to_vec(&json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": digest(&config),
+                "size": config.len(),
+            },
+            "layers": [{
+                "mediaType": "application/vnd.oci.image.layer.v1.tar",
+                "digest": digest(layer),
+                "size": layer.len(),
+            }],
+        }))?;
+        manifests.push(json!({
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": digest(&manifest),
+            "size": manifest.len(),
+            "platform": {"architecture": arch.name(), "os": "linux"},
+        }));
+        blobs.extend([layer.clone(), config, manifest]);
+    }
+    let image_index = serde_json::to_vec(&json!({
         "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {
-            "mediaType": "application/vnd.oci.image.config.v1+json",
-            "digest": digest(&config),
-            "size": config.len(),
-        },
-        "layers": [{
-            "mediaType": "application/vnd.oci.image.layer.v1.tar",
-            "digest": digest(layer),
-            "size": layer.len(),
-        }],
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": manifests,
     }))?;
     // containerd names the image by its own annotation, podman by the OCI one; both get
     // the full reference so that neither prefixes a registry.
     let index = serde_json::to_vec(&json!({
         "schemaVersion": 2,
         "manifests": [{
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "digest": digest(&manifest),
-            "size": manifest.len(),
+            "mediaType": "application/vnd.oci.image.index.v1+json",
+            "digest": digest(&image_index),
+            "size": image_index.len(),
             "annotations": {
                 "io.containerd.image.name": reference,
                 "org.opencontainers.image.ref.name": reference,
             },
         }],
     }))?;
+    blobs.push(image_index);
     let mut tar = tar::Builder::new(Vec::new());
     let mut add = |name: &str, bytes: &[u8]| -> Result<()> {
         let mut header = header(tar::EntryType::Regular, 0o644);
@@ -194,9 +286,16 @@ fn archive_bytes(layer: &[u8], reference: &str, version: &str) -> Result<Vec<u8>
     };
     add("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#)?;
     add("index.json", &index)?;
-    for blob in [layer, &config, &manifest] {
-        let name = format!("blobs/sha256/{}", &digest(blob)["sha256:".len()..]);
-        add(&name, blob)?;
+    let mut written = std::collections::BTreeSet::new();
+    for blob in &blobs {
+        let digest = digest(blob);
+        // Two architectures may share a blob (the same bytes): it is stored once.
+        if written.insert(digest.clone()) {
+            add(
+                &format!("blobs/sha256/{}", &digest["sha256:".len()..]),
+                blob,
+            )?;
+        }
     }
     Ok(tar.into_inner()?)
 }
@@ -220,33 +319,71 @@ mod tests {
     }
 
     #[test]
-    fn the_archive_is_an_oci_layout_whose_digests_match_its_blobs() {
-        let archive = archive_bytes(b"layer bytes", "localhost/redirector:9.9.9", "9.9.9").unwrap();
+    fn the_archive_is_an_oci_layout_of_one_index_with_a_manifest_per_architecture() {
+        let images = vec![
+            (Arch::Amd64, b"amd64 layer".to_vec()),
+            (Arch::Arm64, b"arm64 layer".to_vec()),
+        ];
+        let archive = archive_bytes(&images, "localhost/redirector:9.9.9", "9.9.9").unwrap();
         let entries = entries(&archive);
         let blob = |digest: &str| {
             let name = format!("blobs/sha256/{}", &digest["sha256:".len()..]);
             let (_, bytes) = entries.iter().find(|(n, _)| *n == name).expect(&name);
             assert_eq!(super::digest(bytes), digest);
-            bytes.clone()
+            serde_json::from_slice::<serde_json::Value>(bytes).unwrap_or_else(|_| {
+                serde_json::Value::String(String::from_utf8_lossy(bytes).into_owned())
+            })
         };
         let index: serde_json::Value =
             serde_json::from_slice(&entries.iter().find(|(n, _)| n == "index.json").unwrap().1)
                 .unwrap();
         let entry = &index["manifests"][0];
+        assert_eq!(index["manifests"].as_array().unwrap().len(), 1);
         assert_eq!(
             entry["annotations"]["io.containerd.image.name"],
             "localhost/redirector:9.9.9"
         );
-        let manifest: serde_json::Value =
-            serde_json::from_slice(&blob(entry["digest"].as_str().unwrap())).unwrap();
-        let layer = blob(manifest["layers"][0]["digest"].as_str().unwrap());
-        assert_eq!(layer, b"layer bytes");
-        let config: serde_json::Value =
-            serde_json::from_slice(&blob(manifest["config"]["digest"].as_str().unwrap())).unwrap();
         assert_eq!(
-            config["rootfs"]["diff_ids"][0],
-            manifest["layers"][0]["digest"]
+            entry["mediaType"],
+            "application/vnd.oci.image.index.v1+json"
         );
+        let image_index = blob(entry["digest"].as_str().unwrap());
+        let manifests = image_index["manifests"].as_array().unwrap();
+        assert_eq!(manifests.len(), 2);
+        for (m, (arch, layer)) in manifests.iter().zip(&images) {
+            assert_eq!(m["platform"]["architecture"], arch.name());
+            assert_eq!(m["platform"]["os"], "linux");
+            let manifest = blob(m["digest"].as_str().unwrap());
+            let layer_digest = manifest["layers"][0]["digest"].as_str().unwrap();
+            assert_eq!(blob(layer_digest), String::from_utf8_lossy(layer).as_ref());
+            let config = blob(manifest["config"]["digest"].as_str().unwrap());
+            assert_eq!(config["architecture"], arch.name());
+            assert_eq!(config["rootfs"]["diff_ids"][0], layer_digest);
+        }
+    }
+
+    #[test]
+    fn an_executable_is_checked_for_its_machine_and_static_linking() {
+        // A minimal ELF header: 64-bit, little-endian, ET_EXEC, no program headers.
+        let mut elf = vec![0u8; 64];
+        elf[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        elf[16] = 2;
+        elf[18] = 183;
+        check_static_executable(&elf, Arch::Arm64).unwrap();
+        let err = check_static_executable(&elf, Arch::Amd64).unwrap_err();
+        assert!(err.to_string().contains("not amd64"), "{err}");
+        elf[16] = 3;
+        let err = check_static_executable(&elf, Arch::Arm64).unwrap_err();
+        assert!(err.to_string().contains("position-independent"), "{err}");
+        // One program header, PT_INTERP.
+        elf[16] = 2;
+        elf[32] = 64;
+        elf[54] = 56;
+        elf[56] = 1;
+        elf.extend_from_slice(&[3, 0, 0, 0]);
+        elf.resize(64 + 56, 0);
+        let err = check_static_executable(&elf, Arch::Arm64).unwrap_err();
+        assert!(err.to_string().contains("dynamically linked"), "{err}");
     }
 
     #[test]
@@ -258,8 +395,8 @@ mod tests {
         let layer_one = layer(&binary).unwrap();
         let layer_two = layer(&binary).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
-        let one = archive_bytes(&layer_one, "r:1", "1").unwrap();
-        let two = archive_bytes(&layer_two, "r:1", "1").unwrap();
+        let one = archive_bytes(&[(Arch::Arm64, layer_one.clone())], "r:1", "1").unwrap();
+        let two = archive_bytes(&[(Arch::Arm64, layer_two)], "r:1", "1").unwrap();
         assert_eq!(digest(&one), digest(&two));
         let names: Vec<_> = entries(&layer_one).into_iter().map(|(n, _)| n).collect();
         for name in [

@@ -1,6 +1,7 @@
 //! `cargo xtask`: everything that is not plain cargo — toolchain bootstrap, the eBPF
 //! build, the privileged test run and the demo.
 
+mod arch;
 mod bootstrap;
 mod image;
 mod results;
@@ -61,8 +62,13 @@ enum Command {
     /// nothing pulled: load it with `podman load -i` or `ctr -n k8s.io images import`.
     Image,
     /// Build the integration tests, then run them in QEMU on other kernels (Debian's packaged
-    /// 6.1/6.12 kernels or a bzImage/vmlinux path) and print a verdict table.
+    /// 6.1/6.12 kernels or a kernel image path) and print a verdict table. With `--arch
+    /// arm64`, an arm64 machine under emulation: Debian's arm64 kernel and tools, the tests
+    /// cross-built.
     Vm {
+        /// The guest's architecture.
+        #[arg(long, value_enum, default_value = "amd64")]
+        arch: arch::Arch,
         /// Kernel to boot: 6.1, 6.1-cloud, 6.12, 6.12-cloud, 6.12-rt, all (those four), 5.10
         /// (older than the minimum: shows redirector refusing it), or a path to a
         /// bzImage/vmlinux. Repeatable; default 6.1.
@@ -122,12 +128,13 @@ fn main() -> Result<()> {
             image::build().map(drop)
         }
         Command::Vm {
+            arch,
             kernels,
             suites,
             filter,
         } => {
             bootstrap::all()?;
-            vm::run(&kernels, &suites, &filter)
+            vm::run(arch, &kernels, &suites, &filter)
         }
     }
 }

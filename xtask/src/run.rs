@@ -65,7 +65,10 @@ pub fn test(filter: &[String]) -> Result<()> {
             // Bootstrap installed podman and containerd: no test may skip for a missing tool.
             .env("REDIRECTOR_TESTS_REQUIRE_TOOLS", "1")
             .env("REDIRECTOR_IMAGE", image)
-            .env("REDIRECTOR_SHIPPED_BIN", crate::image::shipped_binary());
+            .env(
+                "REDIRECTOR_SHIPPED_BIN",
+                crate::image::shipped_binary(crate::arch::Arch::Amd64),
+            );
         bin_env(&mut integ);
         counts.add(run_tests(integ)?);
     } else {
@@ -124,7 +127,7 @@ pub fn bench(args: &[String]) -> Result<()> {
     // with the tests' crates, cargo would unify their dependencies' features into it
     // (hyper's client, for one); linked dynamically, it spends about a fifth of an init
     // container's run in the dynamic loader (perf, 2026-11-25).
-    let redirector = crate::image::static_release_binary()?;
+    let redirector = crate::image::static_release_binary(crate::arch::Arch::Amd64)?;
     for package in ["redirector-tests", "redirector-bench"] {
         let mut build = cargo();
         build.args(["build", "--release", "--package", package, "--bins"]);

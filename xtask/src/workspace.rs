@@ -56,12 +56,18 @@ pub(crate) fn which(name: &str) -> Option<PathBuf> {
     (out.status.success() && path.starts_with('/')).then(|| PathBuf::from(path))
 }
 
-/// Installs a Debian package when `tool` is not on PATH.
+/// Installs a Debian package when `tool` is not there: a command on PATH, or the absolute
+/// path of a file the package installs.
 pub(crate) fn ensure_tool(tool: &str, package: &str) -> Result<()> {
-    if which(tool).is_some() {
+    let there = if tool.starts_with('/') {
+        Path::new(tool).exists()
+    } else {
+        which(tool).is_some()
+    };
+    if there {
         return Ok(());
     }
-    eprintln!("xtask vm: installing {package} (for {tool})");
+    eprintln!("xtask: installing {package} (for {tool})");
     let mut cmd = Command::new("apt-get");
     cmd.args(["install", "-y", "-qq", "--no-install-recommends", package])
         .env("DEBIAN_FRONTEND", "noninteractive");

@@ -247,6 +247,18 @@ state = "{state}"
         import(&self.dir.path().join("containerd.sock"), archive);
     }
 
+    /// `ctr -n k8s.io <args>` against this containerd: its stdout (it must succeed).
+    pub fn ctr(&self, args: &[&str]) -> String {
+        let out = run_ok(
+            Command::new("ctr")
+                .arg("--address")
+                .arg(self.dir.path().join("containerd.sock"))
+                .args(["-n", "k8s.io"])
+                .args(args),
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// The CNI configuration directory the runtime reads.
     pub fn conf_dir(&self) -> PathBuf {
         self.dir.path().join("cni-conf")

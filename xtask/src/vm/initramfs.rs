@@ -12,8 +12,8 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use super::{kernels::Kernel, vm_dir};
-use crate::workspace::{output, status, target_dir, which, workspace_root};
+use super::{debug_dir, kernels::Kernel, userland::foreign_userland, vm_dir};
+use crate::workspace::{output, status, which, workspace_root};
 
 /// Host tools the tests (and /init) call; copied with their shared libraries.
 pub(crate) const TOOLS: &[&str] = &[
@@ -237,7 +237,12 @@ pub(crate) fn shell_quote(s: &str) -> String {
 }
 
 /// The guest's `/init`: set up the system, run every test binary, print a verdict, power off.
-pub(crate) fn init_script(modules: &[String], tests: &[String], filter: &[String]) -> String {
+pub(crate) fn init_script(
+    modules: &[String],
+    tests: &[String],
+    filter: &[String],
+    debug: &Path,
+) -> String {
     let filter: Vec<String> = filter.iter().map(|f| shell_quote(f)).collect();
     let filter = filter.join(" ");
     let mut s = String::from(
@@ -268,7 +273,7 @@ fi
         );
     }
     // The binaries at their host paths: the kit finds the eBPF object beside them.
-    let bin = target_dir().join("debug").display().to_string();
+    let bin = debug.display().to_string();
     s.push_str(
         &r#"ip link set lo up
 export REDIRECTOR_BIN=@BIN@/redirector PROBE_BIN=@BIN@/probe DNSPROBE_BIN=@BIN@/dnsprobe
@@ -297,6 +302,34 @@ poweroff -f
     s
 }
 
+/// The host's own busybox and tools, with their shared libraries (collected in `libs`),
+/// for a guest of the host's architecture.
+fn host_userland(root: &Path, libs: &mut BTreeSet<PathBuf>) -> Result<()> {
+    let busybox = which("busybox").context("busybox not found (apt-get install busybox-static)")?;
+    copy_file(&busybox, &root.join("bin/busybox"))?;
+    libs.extend(shared_libs(&busybox));
+    // Host tools before busybox's applets, so they win over applets of the same name.
+    let mut missing = Vec::new();
+    for tool in TOOLS {
+        match which(tool) {
+            Some(path) => add_host_binary(root, &path, libs)?,
+            None => missing.push(*tool),
+        }
+    }
+    if !missing.is_empty() {
+        eprintln!("xtask vm: not on this host, so not in the guest: {missing:?}");
+    }
+    // iptables' extensions are dlopen()ed: ldd does not see them.
+    for dir in ["/usr/lib/x86_64-linux-gnu/xtables", "/usr/lib/xtables"] {
+        if let Ok(entries) = fs::read_dir(dir) {
+            for e in entries.flatten() {
+                add_host_binary(root, &e.path(), libs)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Stages the initramfs tree for one kernel and packs it; returns the `.cpio.gz` path.
 pub(crate) fn build_initramfs(
     name: &str,
@@ -314,35 +347,24 @@ pub(crate) fn build_initramfs(
     ] {
         fs::create_dir_all(root.join(d))?;
     }
+    let arch = kernel.arch;
     let mut libs = BTreeSet::new();
-    // busybox and its applets (only where nothing else lives).
-    let busybox = which("busybox").context("busybox not found (apt-get install busybox-static)")?;
-    copy_file(&busybox, &root.join("bin/busybox"))?;
-    libs.extend(shared_libs(&busybox));
+    if arch.is_host() {
+        host_userland(&root, &mut libs)?;
+    } else {
+        let userland = foreign_userland(arch)?;
+        status({
+            let mut c = Command::new("cp");
+            c.arg("-a").arg(userland.join(".")).arg(&root);
+            c
+        })?;
+    }
+    // busybox's applets, only where nothing else lives.
     let applets = output({
-        let mut c = Command::new(&busybox);
+        let mut c = arch.run(&root.join("bin/busybox"))?;
         c.arg("--list");
         c
     })?;
-    // Host tools first, so they win over busybox applets of the same name.
-    let mut missing = Vec::new();
-    for tool in TOOLS {
-        match which(tool) {
-            Some(path) => add_host_binary(&root, &path, &mut libs)?,
-            None => missing.push(*tool),
-        }
-    }
-    if !missing.is_empty() {
-        eprintln!("xtask vm: not on this host, so not in the guest: {missing:?}");
-    }
-    // iptables' extensions are dlopen()ed: ldd does not see them.
-    for dir in ["/usr/lib/x86_64-linux-gnu/xtables", "/usr/lib/xtables"] {
-        if let Ok(entries) = fs::read_dir(dir) {
-            for e in entries.flatten() {
-                add_host_binary(&root, &e.path(), &mut libs)?;
-            }
-        }
-    }
     for applet in applets.lines().map(str::trim).filter(|a| !a.is_empty()) {
         let in_bin = root.join("bin").join(applet);
         let exists = ["bin", "sbin", "usr/bin", "usr/sbin"]
@@ -353,10 +375,13 @@ pub(crate) fn build_initramfs(
         }
     }
     // Workspace binaries (stripped of debug info: the debug builds are ~100 MB each).
-    let debug = target_dir().join("debug");
+    let debug = debug_dir(arch);
     let mut add_stripped = |from: &Path, to: &Path| -> Result<()> {
         copy_file(from, to)?;
-        let _ = Command::new("strip").arg("--strip-debug").arg(to).status();
+        let _ = Command::new(arch.binutil("strip"))
+            .arg("--strip-debug")
+            .arg(to)
+            .status();
         libs.extend(shared_libs(from));
         Ok(())
     };
@@ -414,8 +439,14 @@ pub(crate) fn build_initramfs(
         .filter(|r| r.lines().any(|l| l.trim_start().starts_with("nameserver")))
         .unwrap_or_else(|| "nameserver 10.0.2.3\n".into());
     fs::write(root.join("etc/resolv.conf"), resolv)?;
-    // glibc dlopen()s its NSS modules: ldd does not see them.
-    for dir in ["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu"] {
+    // glibc dlopen()s its NSS modules: ldd does not see them (a foreign userland has
+    // its own, from its libc6).
+    let nss_dirs: &[&str] = if arch.is_host() {
+        &["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu"]
+    } else {
+        &[]
+    };
+    for dir in nss_dirs {
         for e in fs::read_dir(dir).into_iter().flatten().flatten() {
             let n = e.file_name().to_string_lossy().into_owned();
             if n.starts_with("libnss_files")
@@ -454,7 +485,7 @@ pub(crate) fn build_initramfs(
         }
     }
     let init = root.join("init");
-    fs::write(&init, init_script(&modules, &test_names, filter))?;
+    fs::write(&init, init_script(&modules, &test_names, filter, &debug))?;
     status({
         let mut c = Command::new("chmod");
         c.arg("755").arg(&init);

@@ -9,6 +9,7 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 
 use super::vm_dir;
+use crate::arch::Arch;
 use crate::workspace::{output, status};
 
 /// Kernel specs `--kernel all` expands to.
@@ -20,42 +21,94 @@ pub(crate) struct Kernel {
     pub(crate) image: PathBuf,
     /// `lib/modules/<version>` of the package, when there is one.
     pub(crate) modules: Option<PathBuf>,
+    pub(crate) arch: Arch,
 }
 
-/// Where a kernel package comes from: the machine's own apt sources, or another Debian
-/// suite read through a private apt configuration under `target/vm/apt/<suite>` (for a
-/// kernel older than the supported minimum, to see it refused).
+/// Where Debian packages come from: the machine's own apt sources (for its own
+/// architecture), or a private apt configuration under `target/vm/apt/<suite>-<arch>` —
+/// another Debian suite (a kernel older than the supported minimum, to see it refused), or
+/// another architecture's packages (the guest's kernel and userland).
 #[derive(Clone, Copy)]
-pub(crate) enum Source {
-    System,
-    Suite(&'static str),
+pub(crate) struct Source {
+    /// A suite other than the machine's (bookworm, with its updates and security suites).
+    pub(crate) suite: Option<&'static str>,
+    pub(crate) arch: Arch,
 }
 
 impl Source {
+    pub(crate) fn system(arch: Arch) -> Self {
+        Source { suite: None, arch }
+    }
+
     /// `apt-get`/`apt-cache` with this source's options.
-    fn command(self, program: &str) -> Result<Command> {
+    pub(crate) fn command(self, program: &str) -> Result<Command> {
         let mut cmd = Command::new(program);
-        if let Source::Suite(suite) = self {
-            let dir = vm_dir().join("apt").join(suite);
-            let list = dir.join("sources.list");
-            if !list.exists() {
-                for sub in ["lists/partial", "cache/archives/partial"] {
-                    fs::create_dir_all(dir.join(sub))?;
-                }
-                fs::write(
-                    &list,
-                    format!("deb http://deb.debian.org/debian {suite} main\n"),
-                )?;
-            }
-            cmd.arg("-o")
-                .arg(format!("Dir::Etc::SourceList={}", list.display()))
-                .args(["-o", "Dir::Etc::SourceParts=/nonexistent"])
-                .arg("-o")
-                .arg(format!("Dir::State::Lists={}", dir.join("lists").display()))
-                .arg("-o")
-                .arg(format!("Dir::Cache={}", dir.join("cache").display()));
+        if self.suite.is_none() && self.arch.is_host() {
+            return Ok(cmd);
         }
+        let arch = self.arch.name();
+        let dir = vm_dir()
+            .join("apt")
+            .join(format!("{}-{arch}", self.suite.unwrap_or("bookworm")));
+        let list = dir.join("sources.list");
+        if !list.exists() {
+            for sub in ["lists/partial", "cache/archives/partial"] {
+                fs::create_dir_all(dir.join(sub))?;
+            }
+            let lines = match self.suite {
+                Some(suite) => format!("deb [arch={arch}] http://deb.debian.org/debian {suite} main\n"),
+                None => format!(
+                    "deb [arch={arch}] http://deb.debian.org/debian bookworm main\n\
+                     deb [arch={arch}] http://deb.debian.org/debian bookworm-updates main\n\
+                     deb [arch={arch}] http://deb.debian.org/debian-security bookworm-security main\n"
+                ),
+            };
+            fs::write(&list, lines)?;
+        }
+        cmd.arg("-o")
+            .arg(format!("Dir::Etc::SourceList={}", list.display()))
+            .args(["-o", "Dir::Etc::SourceParts=/nonexistent"])
+            .arg("-o")
+            .arg(format!("Dir::State::Lists={}", dir.join("lists").display()))
+            .arg("-o")
+            .arg(format!("Dir::Cache={}", dir.join("cache").display()))
+            // Downloads land in our directories, which apt's own `_apt` user cannot write.
+            .args(["-o", "APT::Sandbox::User=root"])
+            .arg("-o")
+            .arg(format!("APT::Architecture={arch}"))
+            .arg("-o")
+            .arg(format!("APT::Architectures={arch}"));
         Ok(cmd)
+    }
+
+    /// Runs `apt-cache`/`apt-get` with `args`, updating this source's lists first when
+    /// `empty` says the answer is empty (a private source starts with none).
+    pub(crate) fn query(
+        self,
+        program: &str,
+        args: &[&str],
+        empty: impl Fn(&str) -> bool,
+    ) -> Result<String> {
+        let run = || -> Result<String> {
+            let mut cmd = self.command(program)?;
+            cmd.args(args);
+            output(cmd)
+        };
+        let first = run();
+        if first.as_ref().is_ok_and(|out| !empty(out)) {
+            return first;
+        }
+        let mut cmd = self.command("apt-get")?;
+        cmd.args(["update", "-qq"]);
+        status(cmd)?;
+        run()
+    }
+
+    /// `apt-get download` of `packages` into `dir`.
+    pub(crate) fn download(self, packages: &[String], dir: &Path) -> Result<()> {
+        let mut dl = self.command("apt-get")?;
+        dl.args(["download", "-qq"]).args(packages).current_dir(dir);
+        status(dl)
     }
 }
 
@@ -69,63 +122,55 @@ pub(crate) fn version_key(name: &str) -> Vec<u64> {
 
 /// The newest package whose name matches the anchored `regex` (apt-cache's ERE).
 pub(crate) fn newest_package(regex: &str, source: Source) -> Result<String> {
-    let search = || -> Result<Vec<String>> {
-        let mut cmd = source.command("apt-cache")?;
-        cmd.args(["search", "--names-only", regex]);
-        Ok(output(cmd)?
-            .lines()
-            .filter_map(|l| l.split(" - ").next())
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-            .collect())
-    };
-    let mut names = search()?;
-    if names.is_empty() {
-        let mut cmd = source.command("apt-get")?;
-        cmd.args(["update", "-qq"]);
-        status(cmd)?;
-        names = search()?;
-    }
-    names
-        .into_iter()
+    let found = source.query("apt-cache", &["search", "--names-only", regex], |out| {
+        out.trim().is_empty()
+    })?;
+    found
+        .lines()
+        .filter_map(|l| l.split(" - ").next())
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
         .max_by_key(|n| version_key(n))
         .with_context(|| format!("no Debian package matches {regex}"))
 }
 
-pub(crate) fn resolve(spec: &str) -> Result<Vec<Kernel>> {
-    let mut source = Source::System;
+/// The kernels `spec` names, for `arch`.
+pub(crate) fn resolve(spec: &str, arch: Arch) -> Result<Vec<Kernel>> {
+    let mut source = Source::system(arch);
+    let a = arch.name();
     let regex = match spec {
         "all" => {
             let mut out = Vec::new();
             for s in ALL {
-                out.extend(resolve(s)?);
+                out.extend(resolve(s, arch)?);
             }
             return Ok(out);
         }
         "5.10" => {
-            source = Source::Suite("bullseye");
-            r"^linux-image-5\.10\.0-[0-9]+-amd64$"
+            source.suite = Some("bullseye");
+            format!(r"^linux-image-5\.10\.0-[0-9]+-{a}$")
         }
-        "6.1" => r"^linux-image-6\.1\.0-[0-9]+-amd64$",
-        "6.1-cloud" => r"^linux-image-6\.1\.0-[0-9]+-cloud-amd64$",
-        "6.12" => r"^linux-image-6\.12\.[0-9]+\+deb12-amd64$",
-        "6.12-cloud" => r"^linux-image-6\.12\.[0-9]+\+deb12-cloud-amd64$",
-        "6.12-rt" => r"^linux-image-6\.12\.[0-9]+\+deb12-rt-amd64$",
+        "6.1" => format!(r"^linux-image-6\.1\.0-[0-9]+-{a}$"),
+        "6.1-cloud" => format!(r"^linux-image-6\.1\.0-[0-9]+-cloud-{a}$"),
+        "6.12" => format!(r"^linux-image-6\.12\.[0-9]+\+deb12-{a}$"),
+        "6.12-cloud" => format!(r"^linux-image-6\.12\.[0-9]+\+deb12-cloud-{a}$"),
+        "6.12-rt" => format!(r"^linux-image-6\.12\.[0-9]+\+deb12-rt-{a}$"),
         path if Path::new(path).is_file() => {
             let image = fs::canonicalize(path)?;
             return Ok(vec![Kernel {
                 label: image.display().to_string(),
                 image,
                 modules: None,
+                arch,
             }]);
         }
         other => bail!(
             "unknown kernel `{other}`: use 6.1, 6.1-cloud, 6.12, 6.12-cloud, 6.12-rt, all, 5.10 \
              (Debian 11's, older than the minimum: redirector must refuse it), or the path of a \
-             bzImage/vmlinux"
+             kernel image (bzImage/vmlinux, or an arm64 Image with --arch arm64)"
         ),
     };
-    let pkg = newest_package(regex, source)?;
+    let pkg = newest_package(&regex, source)?;
     let root = fetch_kernel(&pkg, source)?;
     let boot = root.join("boot");
     let image = fs::read_dir(&boot)
@@ -145,6 +190,7 @@ pub(crate) fn resolve(spec: &str) -> Result<Vec<Kernel>> {
         label: format!("{spec} ({pkg})"),
         image,
         modules,
+        arch,
     }])
 }
 
@@ -158,9 +204,7 @@ pub(crate) fn fetch_kernel(pkg: &str, source: Source) -> Result<PathBuf> {
     }
     fs::create_dir_all(&dir)?;
     eprintln!("xtask vm: fetching {pkg}");
-    let mut dl = source.command("apt-get")?;
-    dl.args(["download", "-qq", pkg]).current_dir(&dir);
-    status(dl)?;
+    source.download(&[pkg.to_string()], &dir)?;
     let deb = fs::read_dir(&dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|e| e == "deb"))

@@ -9,12 +9,14 @@
 mod initramfs;
 mod kernels;
 mod qemu;
+mod userland;
 
 use std::{fs, path::PathBuf, process::Stdio, time::Duration};
 
 use anyhow::{bail, Result};
 
 use self::{initramfs::*, kernels::*, qemu::*};
+use crate::arch::Arch;
 use crate::results::{parse_results, Counts};
 use crate::workspace::{cargo, ensure_tool, output, status, target_dir};
 
@@ -22,27 +24,45 @@ pub(crate) fn vm_dir() -> PathBuf {
     target_dir().join("vm")
 }
 
-/// Builds redirector, probe and the integration test binaries; returns the test executables.
-pub(crate) fn build_tests() -> Result<Vec<(String, PathBuf)>> {
-    let mut bins = cargo();
-    bins.args([
+/// Where the debug build for `arch` lives: the host's where plain cargo puts it, a foreign
+/// architecture's under its target triple.
+pub(crate) fn debug_dir(arch: Arch) -> PathBuf {
+    if arch.is_host() {
+        target_dir().join("debug")
+    } else {
+        target_dir().join(arch.triple()).join("debug")
+    }
+}
+
+/// Builds redirector, probe and the integration test binaries for `arch`; returns the
+/// test executables.
+pub(crate) fn build_tests(arch: Arch) -> Result<Vec<(String, PathBuf)>> {
+    arch.ensure_toolchain()?;
+    let cargo_for = |args: &[&str]| {
+        let mut cmd = cargo();
+        cmd.args(args);
+        if !arch.is_host() {
+            cmd.args(["--target", arch.triple()]);
+            arch.configure_cargo(&mut cmd, "");
+        }
+        cmd
+    };
+    status(cargo_for(&[
         "build",
         "-p",
         "redirector",
         "-p",
         "redirector-tests",
         "--bins",
-    ]);
-    status(bins)?;
-    let mut cmd = cargo();
-    cmd.args([
+    ]))?;
+    let mut cmd = cargo_for(&[
         "test",
         "-p",
         "redirector-tests",
         "--no-run",
         "--message-format=json",
-    ])
-    .stderr(Stdio::inherit());
+    ]);
+    cmd.stderr(Stdio::inherit());
     let mut tests = Vec::new();
     for line in output(cmd)?.lines() {
         let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
@@ -70,6 +90,7 @@ pub(crate) fn build_tests() -> Result<Vec<(String, PathBuf)>> {
 
 struct Row {
     kernel: String,
+    arch: Arch,
     boot: String,
     accel: &'static str,
     counts: Counts,
@@ -77,8 +98,12 @@ struct Row {
     verdict: String,
 }
 
-pub fn run(specs: &[String], suites: &[String], filter: &[String]) -> Result<()> {
-    ensure_tool("qemu-system-x86_64", "qemu-system-x86")?;
+pub fn run(arch: Arch, specs: &[String], suites: &[String], filter: &[String]) -> Result<()> {
+    let qemu_package = match arch {
+        Arch::Amd64 => "qemu-system-x86",
+        Arch::Arm64 => "qemu-system-arm",
+    };
+    ensure_tool(qemu_system(arch), qemu_package)?;
     ensure_tool("cpio", "cpio")?;
     ensure_tool("busybox", "busybox-static")?;
     let specs: Vec<String> = if specs.is_empty() {
@@ -88,9 +113,9 @@ pub fn run(specs: &[String], suites: &[String], filter: &[String]) -> Result<()>
     };
     let mut kernels = Vec::new();
     for s in &specs {
-        kernels.extend(resolve(s)?);
+        kernels.extend(resolve(s, arch)?);
     }
-    let mut tests = build_tests()?;
+    let mut tests = build_tests(arch)?;
     if !suites.is_empty() {
         if let Some(unknown) = suites.iter().find(|s| !tests.iter().any(|(t, _)| t == *s)) {
             let names: Vec<&str> = tests.iter().map(|(t, _)| t.as_str()).collect();
@@ -155,6 +180,7 @@ pub fn run(specs: &[String], suites: &[String], filter: &[String]) -> Result<()>
         };
         rows.push(Row {
             kernel: kernel.label.clone(),
+            arch,
             boot: b
                 .boot_time
                 .map_or("-".into(), |d| format!("{:.1}s", d.as_secs_f64())),
@@ -165,12 +191,15 @@ pub fn run(specs: &[String], suites: &[String], filter: &[String]) -> Result<()>
         });
     }
     println!();
-    println!("| kernel | boot time | accel | passed | failed | skipped | wall time | verdict |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!(
+        "| kernel | arch | boot time | accel | passed | failed | skipped | wall time | verdict |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| {} | {} | {} | {} | {} | {} | {:.0}s | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {:.0}s | {} |",
             r.kernel,
+            r.arch.name(),
             r.boot,
             r.accel,
             r.counts.passed,

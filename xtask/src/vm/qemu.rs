@@ -11,6 +11,7 @@ use std::{
 use anyhow::{Context as _, Result};
 
 use super::kernels::Kernel;
+use crate::arch::Arch;
 
 /// Overall time limit of one kernel's test run: the whole list takes about 13 minutes
 /// under TCG on an idle 2-core machine, and twice that when the host is busy.
@@ -51,14 +52,23 @@ pub(crate) fn boot(
     timeout: Duration,
     echo: bool,
 ) -> Result<Boot> {
-    let mut cmd = Command::new("qemu-system-x86_64");
+    let mut cmd = Command::new(qemu_system(kernel.arch));
     match accel {
         Accel::Kvm => cmd.args(["-enable-kvm", "-cpu", "host"]),
+        // pauth-impdef: pointer authentication by QEMU's own cheap hash rather than the
+        // architected one, which costs TCG a large share of its time.
+        Accel::Tcg if kernel.arch == Arch::Arm64 => {
+            cmd.args(["-accel", "tcg", "-cpu", "max,pauth-impdef=on"])
+        }
         Accel::Tcg => cmd.args(["-accel", "tcg", "-cpu", "max"]),
+    };
+    let (machine, console) = match kernel.arch {
+        Arch::Amd64 => ("q35", "ttyS0"),
+        Arch::Arm64 => ("virt", "ttyAMA0"),
     };
     cmd.args([
         "-machine",
-        "q35",
+        machine,
         "-m",
         "2048",
         "-smp",
@@ -78,12 +88,14 @@ pub(crate) fn boot(
     .arg("-initrd")
     .arg(initrd)
     .arg("-append")
-    .arg(format!("console=ttyS0 panic=-1 quiet {append_extra}"))
+    .arg(format!("console={console} panic=-1 quiet {append_extra}"))
     .stdin(Stdio::null())
     .stdout(Stdio::piped())
     .stderr(Stdio::piped());
     let start = Instant::now();
-    let mut child = cmd.spawn().context("starting qemu-system-x86_64")?;
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("starting {}", qemu_system(kernel.arch)))?;
     let stdout = child.stdout.take().expect("piped");
     let stderr = child.stderr.take().expect("piped");
     let mut file = fs::File::create(log)?;
@@ -151,8 +163,19 @@ pub(crate) fn boot(
     })
 }
 
+/// The QEMU that emulates a machine of `arch`.
+pub(crate) fn qemu_system(arch: Arch) -> &'static str {
+    match arch {
+        Arch::Amd64 => "qemu-system-x86_64",
+        Arch::Arm64 => "qemu-system-aarch64",
+    }
+}
+
 /// Whether this kernel boots to /init under KVM within [`KVM_PROBE_TIMEOUT`]; else why not.
 pub(crate) fn kvm_probe(kernel: &Kernel, initrd: &Path, log: &Path) -> Result<(), String> {
+    if !kernel.arch.is_host() {
+        return Err(format!("an {} guest on this machine", kernel.arch.name()));
+    }
     fs::OpenOptions::new()
         .read(true)
         .write(true)
