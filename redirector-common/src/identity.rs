@@ -10,6 +10,9 @@ use core::fmt;
 #[cfg_attr(feature = "user", derive(bytemuck::Pod, bytemuck::Zeroable))]
 pub struct NetnsCookie(pub u64);
 
+// A map key and value shared with the eBPF programs (bpfel), where it is a plain u64.
+const _: () = assert!(size_of::<NetnsCookie>() == 8 && align_of::<NetnsCookie>() == 8);
+
 impl NetnsCookie {
     pub const fn get(self) -> u64 {
         self.0

@@ -3,6 +3,7 @@
 //! Per-pod entries are keyed by the pod's network-namespace cookie, so one loaded object
 //! serves any number of pods without them sharing configuration or connection state.
 
+use core::mem::offset_of;
 use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// Names of the maps in the eBPF object; user space opens them by these names.
@@ -104,6 +105,9 @@ pub const AF_INET6: u16 = 10;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct RawIp(pub [u32; 4]);
 
+// Shared with the eBPF programs (bpfel): any target laying it out otherwise fails to build.
+const _: () = assert!(size_of::<RawIp>() == 16 && align_of::<RawIp>() == 4);
+
 impl RawIp {
     pub const fn from_v4_be(addr: u32) -> Self {
         RawIp([addr, 0, 0, 0])
@@ -178,6 +182,18 @@ pub struct PodConfig {
     /// `-k`: ifindexes whose inbound traffic is treated as outbound.
     pub virt_ifaces: [u32; MAX_IFACES],
 }
+
+// Shared with the eBPF programs (bpfel): any target laying it out otherwise fails to build.
+const _: () = {
+    assert!(size_of::<PodConfig>() == 192 && align_of::<PodConfig>() == 4);
+    assert!(offset_of!(PodConfig, flags) == 8);
+    assert!(offset_of!(PodConfig, loopback_v4_addr) == 12);
+    assert!(offset_of!(PodConfig, owner_group_mode) == 20);
+    assert!(offset_of!(PodConfig, proxy_uid_count) == 24);
+    assert!(offset_of!(PodConfig, reserved) == 29);
+    assert!(offset_of!(PodConfig, proxy_uids) == 32);
+    assert!(offset_of!(PodConfig, virt_ifaces) == 160);
+};
 
 pub mod pod_flags {
     /// `-i '*'`: every destination not otherwise excluded is captured.
@@ -284,6 +300,13 @@ pub struct PortKey {
     pub _pad: u32,
 }
 
+// Shared with the eBPF programs (bpfel): any target laying it out otherwise fails to build.
+const _: () = {
+    assert!(size_of::<PortKey>() == 16 && align_of::<PortKey>() == 8);
+    assert!(offset_of!(PortKey, port) == 8 && offset_of!(PortKey, set) == 10);
+    assert!(offset_of!(PortKey, _pad) == 12);
+};
+
 impl PortKey {
     pub const fn new(netns_cookie: u64, set: PortSet, port: u16) -> Self {
         PortKey {
@@ -358,6 +381,13 @@ pub struct Cidr4Key {
     pub addr: [u8; 4],
 }
 
+// Shared with the eBPF programs; the address follows the key's fixed bits.
+const _: () = {
+    assert!(size_of::<Cidr4Key>() == 16 && align_of::<Cidr4Key>() == 8);
+    assert!(offset_of!(Cidr4Key, list) == 8);
+    assert!(offset_of!(Cidr4Key, addr) == CIDR_KEY_FIXED_BITS as usize / 8);
+};
+
 impl Cidr4Key {
     pub const fn new(netns_cookie: u64, list: CidrList, addr: [u8; 4]) -> Self {
         Cidr4Key {
@@ -380,6 +410,14 @@ pub struct Cidr6Key {
     pub _pad: u32,
 }
 
+// Shared with the eBPF programs; the address follows the key's fixed bits.
+const _: () = {
+    assert!(size_of::<Cidr6Key>() == 32 && align_of::<Cidr6Key>() == 8);
+    assert!(offset_of!(Cidr6Key, list) == 8);
+    assert!(offset_of!(Cidr6Key, addr) == CIDR_KEY_FIXED_BITS as usize / 8);
+    assert!(offset_of!(Cidr6Key, _pad) == 28);
+};
+
 /// A pod address, for finding the pod of an inbound connection (sk_lookup programs have no
 /// netns cookie helper; pod addresses are unique on a node).
 #[repr(C)]
@@ -389,6 +427,12 @@ pub struct PodAddrKey {
     pub addr: RawIp,
     pub family: u32,
 }
+
+// Shared with the eBPF programs (bpfel): any target laying it out otherwise fails to build.
+const _: () = {
+    assert!(size_of::<PodAddrKey>() == 20 && align_of::<PodAddrKey>() == 4);
+    assert!(offset_of!(PodAddrKey, family) == 16);
+};
 
 /// A pod's capture listener in [`names::LISTENERS`]: the proxy's socket on `-z` or `-p`.
 #[repr(C)]
@@ -400,6 +444,13 @@ pub struct ListenerKey {
     pub family: u16,
     pub _pad: u32,
 }
+
+// Shared with the eBPF programs (bpfel): any target laying it out otherwise fails to build.
+const _: () = {
+    assert!(size_of::<ListenerKey>() == 16 && align_of::<ListenerKey>() == 8);
+    assert!(offset_of!(ListenerKey, port) == 8 && offset_of!(ListenerKey, family) == 10);
+    assert!(offset_of!(ListenerKey, _pad) == 12);
+};
 
 impl Cidr6Key {
     pub const fn new(netns_cookie: u64, list: CidrList, addr: [u8; 16]) -> Self {
@@ -422,6 +473,12 @@ pub struct OrigDst {
     pub port: u16,
     pub family: u16,
 }
+
+// Shared with the eBPF programs (bpfel): any target laying it out otherwise fails to build.
+const _: () = {
+    assert!(size_of::<OrigDst>() == 20 && align_of::<OrigDst>() == 4);
+    assert!(offset_of!(OrigDst, port) == 16 && offset_of!(OrigDst, family) == 18);
+};
 
 /// One end of a TCP connection: its address as the kernel stores it, and its port in host
 /// byte order.
@@ -456,6 +513,14 @@ pub struct ConnKey {
     pub family: u32,
 }
 
+// Shared with the eBPF programs (bpfel): any target laying it out otherwise fails to build.
+const _: () = {
+    assert!(size_of::<ConnKey>() == 48 && align_of::<ConnKey>() == 8);
+    assert!(offset_of!(ConnKey, client) == 8 && offset_of!(ConnKey, proxy) == 24);
+    assert!(offset_of!(ConnKey, client_port) == 40 && offset_of!(ConnKey, proxy_port) == 42);
+    assert!(offset_of!(ConnKey, family) == 44);
+};
+
 impl ConnKey {
     pub const fn new(netns_cookie: u64, family: u16, client: ClientEnd, proxy: ProxyEnd) -> Self {
         ConnKey {
@@ -482,6 +547,9 @@ const _: () = assert!(crate::Reason::ALL.len() <= COUNTER_SLOTS);
 pub struct Counters {
     pub by_reason: [u64; COUNTER_SLOTS],
 }
+
+// Shared with the eBPF programs (bpfel): any target laying it out otherwise fails to build.
+const _: () = assert!(size_of::<Counters>() == 8 * COUNTER_SLOTS && align_of::<Counters>() == 8);
 
 impl Default for Counters {
     fn default() -> Self {
@@ -528,20 +596,6 @@ aya_pod_from_bytemuck!(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use core::mem::size_of;
-
-    #[test]
-    fn layouts_have_no_implicit_padding() {
-        assert_eq!(size_of::<PodConfig>(), 8 + 4 * 3 + 4 + 8 + 5 * 32);
-        assert_eq!(size_of::<PodConfig>(), 192);
-        assert_eq!(size_of::<PortKey>(), 16);
-        assert_eq!(size_of::<Cidr4Key>(), 16);
-        assert_eq!(size_of::<Cidr6Key>(), 32);
-        assert_eq!(size_of::<OrigDst>(), 20);
-        assert_eq!(size_of::<ConnKey>(), 48);
-        assert_eq!(size_of::<PodAddrKey>(), 20);
-        assert_eq!(size_of::<ListenerKey>(), 16);
-    }
 
     #[test]
     fn discriminants_round_trip_and_unknown_ones_are_errors() {

@@ -43,17 +43,15 @@ pub struct TraceRecord {
     pub families: u8,
 }
 
+// Logged by the eBPF programs (bpfel), decoded by user space: another layout fails to build.
+const _: () = {
+    use core::mem::offset_of;
+    assert!(size_of::<TraceRecord>() == 56 && align_of::<TraceRecord>() == 8);
+    assert!(offset_of!(TraceRecord, uid) == 8 && offset_of!(TraceRecord, src) == 16);
+    assert!(offset_of!(TraceRecord, dst) == 32 && offset_of!(TraceRecord, dst_port) == 48);
+    assert!(offset_of!(TraceRecord, to) == 50 && offset_of!(TraceRecord, reason) == 52);
+    assert!(offset_of!(TraceRecord, families) == 55);
+};
+
 /// The log line's format: one argument, the record's bytes in lower-case hex.
 pub const TRACE_PREFIX: &str = "decision ";
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn record_layout_is_what_both_sides_read() {
-        assert_eq!(size_of::<TraceRecord>(), 8 + 4 + 4 + 16 + 16 + 2 + 2 + 4);
-        assert_eq!(core::mem::offset_of!(TraceRecord, src), 16);
-        assert_eq!(core::mem::offset_of!(TraceRecord, reason), 52);
-    }
-}

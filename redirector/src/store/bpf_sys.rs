@@ -50,9 +50,12 @@ fn bpf(cmd: libc::c_long, attr: &mut BpfAttr) -> io::Result<libc::c_long> {
     }
 }
 
+/// A `__aligned_u64` field (pointer, flags) at 32-bit word `word`, as the kernel reads it:
+/// in native byte order (its low half first only on a little-endian host).
 fn set_ptr(attr: &mut BpfAttr, word: usize, ptr: u64) {
-    attr.0[word] = ptr as u32;
-    attr.0[word + 1] = (ptr >> 32) as u32;
+    let b = ptr.to_ne_bytes();
+    attr.0[word] = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
+    attr.0[word + 1] = u32::from_ne_bytes([b[4], b[5], b[6], b[7]]);
 }
 
 /// Every key and value of a hash map (not per-CPU) as raw bytes, `key_size` and
@@ -245,9 +248,7 @@ fn c_path(path: &Path) -> io::Result<CString> {
 pub fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
     let path = c_path(path)?;
     let mut attr = BpfAttr([0; 32]);
-    let ptr = path.as_ptr() as u64;
-    attr.0[0] = ptr as u32;
-    attr.0[1] = (ptr >> 32) as u32;
+    set_ptr(&mut attr, 0, path.as_ptr() as u64);
     attr.0[2] = fd.as_raw_fd() as u32;
     bpf(BPF_OBJ_PIN, &mut attr).map(drop)
 }
@@ -256,9 +257,7 @@ pub fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
 pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
     let path = c_path(path)?;
     let mut attr = BpfAttr([0; 32]);
-    let ptr = path.as_ptr() as u64;
-    attr.0[0] = ptr as u32;
-    attr.0[1] = (ptr >> 32) as u32;
+    set_ptr(&mut attr, 0, path.as_ptr() as u64);
     let fd = bpf(BPF_OBJ_GET, &mut attr)?;
     // SAFETY: the kernel returned a new file descriptor that we now own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
@@ -349,13 +348,18 @@ pub fn link_update(link: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Result<()>
 fn link_info(link: BorrowedFd<'_>) -> io::Result<[u64; 8]> {
     let mut info = [0u64; 8];
     let mut attr = BpfAttr([0; 32]);
-    let ptr = info.as_mut_ptr() as u64;
     attr.0[0] = link.as_raw_fd() as u32;
     attr.0[1] = size_of_val(&info) as u32;
-    attr.0[2] = ptr as u32;
-    attr.0[3] = (ptr >> 32) as u32;
+    set_ptr(&mut attr, 2, info.as_mut_ptr() as u64);
     bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
     Ok(info)
+}
+
+/// The `__u32` field at byte `offset` of a [`link_info`]: by its bytes, not by truncating
+/// a word, which would read the field's neighbour on a big-endian host.
+fn link_info_u32(info: &[u64; 8], offset: usize) -> u32 {
+    let bytes = bytemuck::bytes_of(info);
+    u32::from_ne_bytes(bytes[offset..offset + 4].try_into().expect("4 bytes"))
 }
 
 /// The program with kernel id `id`, as a new file descriptor (BPF_PROG_GET_FD_BY_ID).
@@ -391,8 +395,7 @@ pub fn link_program_fd(link: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
     let info = link_info(link)?;
     let mut attr = BpfAttr([0; 32]);
-    // The second word: prog_id, then padding.
-    attr.0[0] = info[1] as u32;
+    attr.0[0] = link_info_u32(&info, 8); // prog_id
     let fd = bpf(BPF_PROG_GET_FD_BY_ID, &mut attr)?;
     // SAFETY: the kernel returned a new file descriptor that we now own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
@@ -418,9 +421,10 @@ impl LinkTarget {
 /// The target of a link, from the kernel (BPF_OBJ_GET_INFO_BY_FD).
 pub fn link_target(link: BorrowedFd<'_>) -> io::Result<LinkTarget> {
     let info = link_info(link)?;
-    Ok(match info[0] as u32 {
+    // type at 0; the union at 16: cgroup.cgroup_id (u64) or netns.netns_ino (u32).
+    Ok(match link_info_u32(&info, 0) {
         BPF_LINK_TYPE_CGROUP => LinkTarget::Cgroup(info[2]),
-        BPF_LINK_TYPE_NETNS => LinkTarget::Netns(info[2] as u32),
+        BPF_LINK_TYPE_NETNS => LinkTarget::Netns(link_info_u32(&info, 16)),
         _ => LinkTarget::Other,
     })
 }
@@ -428,4 +432,22 @@ pub fn link_target(link: BorrowedFd<'_>) -> io::Result<LinkTarget> {
 /// The target of the link pinned at `path`.
 pub fn pinned_link_target(path: &Path) -> io::Result<LinkTarget> {
     link_target(obj_get(path)?.as_fd())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn u64_fields_are_written_and_u32_fields_read_in_native_byte_order() {
+        let mut attr = BpfAttr([0; 32]);
+        set_ptr(&mut attr, 2, 0x0102_0304_0506_0708);
+        let bytes = bytemuck::bytes_of(&attr.0);
+        assert_eq!(bytes[8..16], 0x0102_0304_0506_0708_u64.to_ne_bytes());
+
+        let mut info = [0u64; 8];
+        bytemuck::bytes_of_mut(&mut info)[16..20].copy_from_slice(&0xabcd_u32.to_ne_bytes());
+        assert_eq!(link_info_u32(&info, 16), 0xabcd);
+        assert_eq!(link_info_u32(&info, 20), 0);
+    }
 }

@@ -19,9 +19,6 @@ use std::{
 
 use crate::sys::pod_cgroup::ns_id;
 
-/// `NS_GET_USERNS` (`_IO(0xb7, 0x1)`): the user namespace owning a namespace.
-const NS_GET_USERNS: libc::c_ulong = 0xb701;
-
 /// The ids of a user namespace as `/proc/<pid>/uid_map` (or `gid_map`) lists them to a
 /// reader outside it: (first id inside, first id outside, count).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -81,8 +78,10 @@ pub enum UserNsError {
 /// `None` when that is the caller's own user namespace (every pod but a user-namespaced
 /// one). The maps are read from the first process found in that user namespace.
 pub fn of_netns(netns: BorrowedFd<'_>) -> Result<Option<PodIds>, UserNsError> {
+    // NS_GET_USERNS (the user namespace owning a namespace) from libc: the request's
+    // encoding and type (`libc::Ioctl`) follow the target.
     // SAFETY: an ioctl on a descriptor we own; it returns a new descriptor or -1.
-    let fd = unsafe { libc::ioctl(netns.as_raw_fd(), NS_GET_USERNS) };
+    let fd = unsafe { libc::ioctl(netns.as_raw_fd(), libc::NS_GET_USERNS) };
     if fd < 0 {
         return Err(UserNsError::Owner(io::Error::last_os_error()));
     }

@@ -18,7 +18,7 @@ use anyhow::{bail, Result};
 use self::{initramfs::*, kernels::*, qemu::*};
 use crate::arch::Arch;
 use crate::results::{parse_results, Counts};
-use crate::workspace::{cargo, ensure_tool, output, status, target_dir};
+use crate::workspace::{cargo, ensure_tool, output, status, target_dir, workspace_root};
 
 pub(crate) fn vm_dir() -> PathBuf {
     target_dir().join("vm")
@@ -34,9 +34,10 @@ pub(crate) fn debug_dir(arch: Arch) -> PathBuf {
     }
 }
 
-/// Builds redirector, probe and the integration test binaries for `arch`; returns the
+/// Builds redirector, probe and the integration test binaries for `arch` — only the
+/// `suites` named, when they are all integration tests in tests/tests — and returns the
 /// test executables.
-pub(crate) fn build_tests(arch: Arch) -> Result<Vec<(String, PathBuf)>> {
+pub(crate) fn build_tests(arch: Arch, suites: &[String]) -> Result<Vec<(String, PathBuf)>> {
     arch.ensure_toolchain()?;
     let cargo_for = |args: &[&str]| {
         let mut cmd = cargo();
@@ -62,6 +63,16 @@ pub(crate) fn build_tests(arch: Arch) -> Result<Vec<(String, PathBuf)>> {
         "--no-run",
         "--message-format=json",
     ]);
+    let tests_dir = workspace_root().join("tests/tests");
+    if !suites.is_empty()
+        && suites
+            .iter()
+            .all(|s| tests_dir.join(format!("{s}.rs")).is_file())
+    {
+        for suite in suites {
+            cmd.args(["--test", suite]);
+        }
+    }
     cmd.stderr(Stdio::inherit());
     let mut tests = Vec::new();
     for line in output(cmd)?.lines() {
@@ -115,7 +126,7 @@ pub fn run(arch: Arch, specs: &[String], suites: &[String], filter: &[String]) -
     for s in &specs {
         kernels.extend(resolve(s, arch)?);
     }
-    let mut tests = build_tests(arch)?;
+    let mut tests = build_tests(arch, suites)?;
     if !suites.is_empty() {
         if let Some(unknown) = suites.iter().find(|s| !tests.iter().any(|(t, _)| t == *s)) {
             let names: Vec<&str> = tests.iter().map(|(t, _)| t.as_str()).collect();
