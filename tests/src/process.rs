@@ -7,6 +7,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -382,6 +383,17 @@ pub fn wait_tcp_listening(netns: &NetNs, port: u16, timeout: Duration) {
             netns.name()
         );
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sets its flag when dropped — also when a panic unwinds past it — so that threads looping
+/// until the flag end: a `thread::scope` whose body fails then ends with the failure
+/// instead of waiting for its clients forever.
+pub struct StopOnDrop<'a>(pub &'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
     }
 }
 

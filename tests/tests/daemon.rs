@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use redirector_tests::bpftool::{pinned_map, wait_link_detached};
 use redirector_tests::daemon::{Daemon, StateDir};
-use redirector_tests::process::within;
+use redirector_tests::process::{within, StopOnDrop};
 use redirector_tests::redirector::{
     install, object_ids, pins_under, pod_links, MapChange, NextObject, PinRoot, STANDARD_INJECTION,
 };
@@ -35,15 +35,11 @@ fn keep_connecting(
 }
 
 /// Waits until `made` counts `count` connections: a number of them, where waiting a fixed
-/// time could give a loaded machine none. Each takes milliseconds here. On failure it sets
-/// `stop` first, so that the clients end and the test's thread scope with them.
-fn wait_connections(made: &AtomicUsize, count: usize, stop: &AtomicBool) {
+/// time could give a loaded machine none. Each takes milliseconds here.
+fn wait_connections(made: &AtomicUsize, count: usize) {
     let reached = within(Duration::from_secs(30), || {
         made.load(Ordering::SeqCst) >= count
     });
-    if reached.is_none() {
-        stop.store(true, Ordering::SeqCst);
-    }
     assert!(
         reached.is_some(),
         "{} of {count} connections made",
@@ -199,6 +195,7 @@ fn killed_daemon_leaves_pods_captured_and_a_new_one_rebuilds_its_view() {
     let dst = pod.service(false);
     let topo = &pod.topo;
     let outcomes = std::thread::scope(|scope| {
+        let _stop = StopOnDrop(&stop);
         let client = scope.spawn(|| keep_connecting(topo, dst, &stop, &made));
         for cycle in 0..10 {
             let killed = daemon.kill();
@@ -218,7 +215,7 @@ fn killed_daemon_leaves_pods_captured_and_a_new_one_rebuilds_its_view() {
             };
             assert_eq!(daemon.pod_names(), expected, "after restart {cycle}");
         }
-        wait_connections(&made, 10, &stop);
+        wait_connections(&made, 10);
         stop.store(true, Ordering::SeqCst);
         client.join().unwrap()
     });
@@ -327,13 +324,14 @@ fn a_new_object_replaces_the_node_programs_with_no_gap() {
     let dst = pod.service(false);
     let topo = &pod.topo;
     let (outcomes, daemon) = std::thread::scope(|scope| {
+        let _stop = StopOnDrop(&stop);
         let client = scope.spawn(|| keep_connecting(topo, dst, &stop, &made));
-        wait_connections(&made, 5, &stop);
+        wait_connections(&made, 5);
         // A daemon with a rebuilt kernel side takes the node over.
         let daemon = daemon
             .kill()
             .restart_with_env("REDIRECTOR_EBPF_OBJECT", &next.path.display().to_string());
-        wait_connections(&made, made.load(Ordering::SeqCst) + 5, &stop);
+        wait_connections(&made, made.load(Ordering::SeqCst) + 5);
         stop.store(true, Ordering::SeqCst);
         (client.join().unwrap(), daemon)
     });
@@ -599,10 +597,11 @@ fn an_upgrade_that_copies_maps_and_its_rollback_lose_no_connection() {
     // `n` more connections of each client.
     let more = |n: usize| {
         for made in &made {
-            wait_connections(made, made.load(Ordering::SeqCst) + n, &stop);
+            wait_connections(made, made.load(Ordering::SeqCst) + n);
         }
     };
     let (outcomes, daemon, after_upgrade) = std::thread::scope(|scope| {
+        let _stop = StopOnDrop(&stop);
         let clients: Vec<_> = targets
             .iter()
             .zip(&made)

@@ -12,6 +12,7 @@ use redirector::store::programs::NODE_PROGRAMS;
 use redirector::store::{ObjectId, ObjectPins};
 use redirector_tests::bpftool::{cgroup_attachments, program_runs, BpfStats};
 use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::process::StopOnDrop;
 use redirector_tests::redirector::{object_ids, PinRoot, STANDARD_INJECTION};
 use redirector_tests::{
     assert_direct, assert_proxied, require_root, use_probe_bin, Cgroup, ProxiedPod, APP_UID,
@@ -276,6 +277,7 @@ fn pods_on_the_node_cgroup_move_to_their_own_with_no_connection_escaping() {
     let stop = std::sync::atomic::AtomicBool::new(false);
     let topo = &pod.topo;
     let (outcomes, daemon) = std::thread::scope(|scope| {
+        let _stop = StopOnDrop(&stop);
         let client = scope.spawn(|| {
             let mut outcomes = Vec::new();
             while !stop.load(std::sync::atomic::Ordering::SeqCst) || outcomes.len() < 5 {
