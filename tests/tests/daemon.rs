@@ -619,7 +619,7 @@ fn an_upgrade_that_copies_maps_and_its_rollback_lose_no_connection() {
             .user(APP_UID, APP_UID)
             .spawn();
         let replied = |what: &str| {
-            let line = held.wait_line(what, Duration::from_secs(5), |l| {
+            let line = held.wait_line(what, Duration::from_secs(30), |l| {
                 l.starts_with("reply") || l.starts_with("error")
             });
             ConnOutcome::parse(&line)
@@ -654,7 +654,7 @@ fn an_upgrade_that_copies_maps_and_its_rollback_lose_no_connection() {
             clients.into_iter().map(|c| c.join().unwrap()).collect();
         // SO_ORIGINAL_DST and getpeername of the held connection, after both switches.
         assert_proxied(&replied("the reply after the switches"), dst);
-        let peer = held.wait_line("the peer", Duration::from_secs(5), |l| {
+        let peer = held.wait_line("the peer", Duration::from_secs(30), |l| {
             l.starts_with("peer")
         });
         assert_eq!(peer, format!("peer {} {}", dst.ip(), dst.port()));
