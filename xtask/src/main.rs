@@ -70,7 +70,7 @@ enum Command {
         #[arg(long, value_enum, default_value = "amd64")]
         arch: arch::Arch,
         /// Kernel to boot: 6.1, 6.1-cloud, 6.12, 6.12-cloud, 6.12-rt, all (those four), 5.10
-        /// (older than the minimum: shows redirector refusing it), or a path to a
+        /// (Debian 11's: shows redirector refusing it by its probes), or a path to a
         /// bzImage/vmlinux. Repeatable; default 6.1.
         #[arg(long = "kernel", value_name = "SPEC")]
         kernels: Vec<String>,

@@ -50,7 +50,7 @@ const LOGGED_ENV: [&str; 21] = [
 
 pub fn run(cfg: &IstioConfig) -> anyhow::Result<()> {
     // First: on an old kernel even reading the pod's netns cookie fails, less clearly.
-    crate::sys::kernel::check_running()?;
+    crate::sys::kernel::check_unless_loaded(&PinRoot::new(&cfg.run.pin_root))?;
     {
         let _section = Section::start();
         for flag in &cfg.run.ignored_flags {

@@ -27,8 +27,16 @@ pub struct StatusArgs {
 /// What `status` shows, also its `--json` form.
 #[derive(Debug, serde::Serialize)]
 struct Status {
+    kernel: KernelStatus,
     pin_root: PathBuf,
     objects: Vec<ObjectStatus>,
+}
+
+/// The running kernel and what its probes found, feature by feature.
+#[derive(Debug, serde::Serialize)]
+struct KernelStatus {
+    release: String,
+    features: Vec<crate::sys::kernel::Probed>,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -139,7 +147,14 @@ fn read_status(root: &PinRoot, only: Option<NetnsCookie>) -> anyhow::Result<Stat
             pods,
         });
     }
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|r| r.trim().to_owned())
+        .unwrap_or_default();
     Ok(Status {
+        kernel: KernelStatus {
+            release,
+            features: crate::sys::kernel::probe_running(),
+        },
         pin_root: root.path().to_path_buf(),
         objects,
     })
@@ -208,6 +223,16 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&status)?);
         return Ok(());
+    }
+    println!("kernel {}: features as probed", status.kernel.release);
+    for probed in &status.kernel.features {
+        let found = match (probed.present, probed.fallback, &probed.error) {
+            (Some(true), _, _) => "yes".to_owned(),
+            (Some(false), Some(fallback), _) => format!("no; instead: {fallback}"),
+            (Some(false), None, _) => "no".to_owned(),
+            (None, _, error) => format!("unknown ({})", error.as_deref().unwrap_or("")),
+        };
+        println!("  {} (Linux {}): {found}", probed.feature, probed.since);
     }
     println!(
         "pin root {}: {} object(s)",

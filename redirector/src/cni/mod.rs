@@ -128,9 +128,9 @@ pub fn pod_flags(
 }
 
 /// The kernel check, for the commands that need the programs: a kernel redirector refuses
-/// cannot serve a meshed pod.
-fn kernel_ready(failure: u32) -> Result<(), CniError> {
-    crate::sys::kernel::check_running().map_err(|e| CniError::new(failure, e.to_string()))
+/// cannot serve a meshed pod. Probed only while `root` holds no loaded object.
+fn kernel_ready(root: &PinRoot, failure: u32) -> Result<(), CniError> {
+    crate::sys::kernel::check_unless_loaded(root).map_err(|e| CniError::new(failure, e.to_string()))
 }
 
 struct Plugin {
@@ -154,7 +154,7 @@ impl Plugin {
     /// Whether anything of a pod can be in the kernel: not with no pin root (a node just
     /// rebooted, an uninstall done) nor on a kernel redirector refuses.
     fn may_hold_kernel_state(&self) -> bool {
-        self.root.path().exists() && kernel_ready(code::SETUP_FAILED).is_ok()
+        self.root.path().exists() && kernel_ready(&self.root, code::SETUP_FAILED).is_ok()
     }
 
     /// The node's pinned object, if any.
@@ -193,7 +193,7 @@ impl Plugin {
         let Some(flags) = pod_flags(conf, pod_namespace().as_deref(), &conf.annotations())? else {
             return Ok(Some(result));
         };
-        kernel_ready(code::SETUP_FAILED)?;
+        kernel_ready(&self.root, code::SETUP_FAILED)?;
         let pods = self.pods(code::TRY_AGAIN_LATER)?;
         let cni = CniAttachment {
             container_id: container,
@@ -273,7 +273,7 @@ impl Plugin {
         if pod_flags(conf, pod_namespace().as_deref(), &conf.annotations())?.is_none() {
             return Ok(());
         }
-        kernel_ready(code::SETUP_FAILED)?;
+        kernel_ready(&self.root, code::SETUP_FAILED)?;
         let pods = self.pods(code::NOT_AVAILABLE)?;
         let record = self
             .records
@@ -292,7 +292,7 @@ impl Plugin {
 
     /// Ready when the kernel is one redirector runs on and the node's programs are pinned.
     fn status(&self) -> Result<(), CniError> {
-        kernel_ready(code::NOT_AVAILABLE)?;
+        kernel_ready(&self.root, code::NOT_AVAILABLE)?;
         self.pods(code::NOT_AVAILABLE).map(drop)
     }
 

@@ -16,6 +16,7 @@ const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_OBJ_PIN: libc::c_long = 6;
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_PROG_ATTACH: libc::c_long = 8;
@@ -56,6 +57,51 @@ fn set_ptr(attr: &mut BpfAttr, word: usize, ptr: u64) {
     let b = ptr.to_ne_bytes();
     attr.0[word] = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
     attr.0[word + 1] = u32::from_ne_bytes([b[4], b[5], b[6], b[7]]);
+}
+
+/// Loads a program of `prog_type` for `expected_attach_type` from raw instructions (`struct
+/// bpf_insn` each, as the kernel reads them), licensed GPL: a feature probe. When the
+/// verifier refuses it, its log is in `log` (level 1).
+pub fn prog_load(
+    prog_type: u32,
+    expected_attach_type: u32,
+    insns: &[u64],
+    log: &mut [u8],
+) -> io::Result<OwnedFd> {
+    let license = c"GPL";
+    let mut attr = BpfAttr([0; 32]);
+    attr.0[0] = prog_type;
+    attr.0[1] = insns.len() as u32;
+    set_ptr(&mut attr, 2, insns.as_ptr() as u64);
+    set_ptr(&mut attr, 4, license.as_ptr() as u64);
+    if !log.is_empty() {
+        attr.0[6] = 1; // log_level
+        attr.0[7] = log.len() as u32;
+        set_ptr(&mut attr, 8, log.as_mut_ptr() as u64);
+    }
+    attr.0[17] = expected_attach_type;
+    let fd = bpf(BPF_PROG_LOAD, &mut attr)?;
+    // SAFETY: the kernel returned a new file descriptor that we now own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Whether the kernel has BPF_LINK_CREATE: asked with no program, it answers EBADF when it
+/// knows the command and EINVAL when it does not.
+pub fn link_create_known() -> io::Result<bool> {
+    let mut attr = BpfAttr([0; 32]);
+    attr.0[0] = u32::MAX; // prog_fd -1
+    attr.0[1] = u32::MAX; // target_fd -1
+    match bpf(BPF_LINK_CREATE, &mut attr) {
+        Ok(fd) => {
+            // Not expected with no program; close whatever came back.
+            // SAFETY: the kernel returned a new file descriptor that we now own.
+            drop(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+            Ok(true)
+        }
+        Err(e) if e.raw_os_error() == Some(libc::EBADF) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// Every key and value of a hash map (not per-CPU) as raw bytes, `key_size` and

@@ -324,6 +324,7 @@ fn load_and_pin(
     ] {
         fs::create_dir_all(&dir).map_err(fs_err("creating", &dir))?;
     }
+    crate::sys::kernel::raise_memlock_where_needed();
     let mut loader = EbpfLoader::new();
     if capacity != PodCapacity::SHIPPED {
         for (name, entries) in capacity.map_capacities() {

@@ -138,6 +138,11 @@ impl PinRoot {
         objects.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(objects)
     }
+
+    /// Whether any fully loaded object is pinned under the root.
+    pub fn has_objects(&self) -> bool {
+        self.objects().is_ok_and(|objects| !objects.is_empty())
+    }
 }
 
 /// The names in a directory as they are read, unsorted; a missing directory has none.

@@ -1,63 +1,191 @@
 //! The kernels redirector runs on: the features it needs, the release that brought each, and
-//! the check made before the object is loaded, so that an old kernel gets a message naming
-//! what it lacks instead of a verifier log.
+//! the check made before the object is loaded — each feature probed on the running kernel
+//! (a version number is wrong both ways on distribution kernels) — so that a kernel lacking
+//! one gets a message naming it instead of a verifier log.
 
 use std::fmt;
 
-/// The oldest kernel the privileged suites pass on (`cargo xtask vm`, Debian's 6.1). Older
-/// kernels are refused: by the features they lack, or as untested when they lack none.
-pub const MINIMUM: Release = Release(6, 1, 0);
+use crate::store::PinRoot;
+use crate::sys::kernel_probe::{attach, helper, prog_type, Probe, SK_LOOKUP_INGRESS_IFINDEX};
 
-/// Skips the check, for kernels that carry the features under an older version number
-/// (distribution backports) or to try an untested one. Loading still fails if a feature is
-/// really missing, with the verifier's message.
+/// Goes on although a probe found a required feature missing: for a kernel where a probe
+/// is wrong. Loading then fails with the verifier's message if the feature really is.
 pub const ALLOW_ENV: &str = "REDIRECTOR_ALLOW_UNTESTED_KERNEL";
 
-/// A kernel feature the object uses and the mainline release that brought it.
+/// A kernel feature redirector uses, the mainline release that brought it, and how the
+/// running kernel is asked whether it has it.
 pub struct Feature {
     pub name: &'static str,
     pub since: Release,
+    pub probe: Probe,
+    /// What is done instead where the kernel lacks it; `None`: it is required.
+    pub fallback: Option<&'static str>,
 }
 
-/// Every feature the object needs, oldest first.
+/// Every feature redirector uses, oldest first.
 pub const FEATURES: &[Feature] = &[
     Feature {
         name: "cgroup connect4/connect6 programs",
         since: Release(4, 17, 0),
+        probe: Probe::Program {
+            prog_type: prog_type::CGROUP_SOCK_ADDR,
+            attach: attach::CGROUP_INET4_CONNECT,
+        },
+        fallback: None,
     },
     Feature {
         name: "cgroup sendmsg4/sendmsg6 programs",
         since: Release(4, 18, 0),
+        probe: Probe::Program {
+            prog_type: prog_type::CGROUP_SOCK_ADDR,
+            attach: attach::CGROUP_UDP4_SENDMSG,
+        },
+        fallback: None,
     },
     Feature {
         name: "cgroup recvmsg4/recvmsg6 programs",
         since: Release(5, 2, 0),
+        probe: Probe::Program {
+            prog_type: prog_type::CGROUP_SOCK_ADDR,
+            attach: attach::CGROUP_UDP4_RECVMSG,
+        },
+        fallback: None,
     },
     Feature {
         name: "cgroup getsockopt programs",
         since: Release(5, 3, 0),
+        probe: Probe::Program {
+            prog_type: prog_type::CGROUP_SOCKOPT,
+            attach: attach::CGROUP_GETSOCKOPT,
+        },
+        fallback: None,
     },
     Feature {
         name: "BPF links for cgroup programs, replaced with BPF_LINK_UPDATE",
         since: Release(5, 7, 0),
+        probe: Probe::LinkCreate,
+        fallback: None,
     },
     Feature {
         name: "cgroup getpeername4/getpeername6 programs",
         since: Release(5, 8, 0),
+        probe: Probe::Program {
+            prog_type: prog_type::CGROUP_SOCK_ADDR,
+            attach: attach::CGROUP_INET4_GETPEERNAME,
+        },
+        fallback: None,
     },
     Feature {
         name: "sk_lookup programs",
         since: Release(5, 9, 0),
+        probe: Probe::Program {
+            prog_type: prog_type::SK_LOOKUP,
+            attach: attach::SK_LOOKUP,
+        },
+        fallback: None,
     },
     Feature {
-        name: "bpf_get_netns_cookie in sock_ops and cgroup sockopt programs",
+        name: "BPF memory charged to the cgroup (memcg)",
+        since: Release(5, 11, 0),
+        probe: MEMCG_ACCOUNTING,
+        fallback: Some("RLIMIT_MEMLOCK raised for the loader"),
+    },
+    Feature {
+        name: "the SO_NETNS_COOKIE socket option",
+        since: Release(5, 14, 0),
+        probe: Probe::SocketOption(libc::SO_NETNS_COOKIE),
+        fallback: None,
+    },
+    Feature {
+        name: "bpf_get_netns_cookie in sock_ops programs",
         since: Release(5, 15, 0),
+        probe: Probe::Helper {
+            prog_type: prog_type::SOCK_OPS,
+            attach: attach::CGROUP_SOCK_OPS,
+            helper: helper::GET_NETNS_COOKIE,
+        },
+        fallback: None,
+    },
+    Feature {
+        name: "bpf_get_netns_cookie in cgroup getsockopt programs",
+        since: Release(5, 15, 0),
+        probe: Probe::Helper {
+            prog_type: prog_type::CGROUP_SOCKOPT,
+            attach: attach::CGROUP_GETSOCKOPT,
+            helper: helper::GET_NETNS_COOKIE,
+        },
+        fallback: None,
     },
     Feature {
         name: "ingress_ifindex in sk_lookup programs",
         since: Release(5, 17, 0),
+        probe: Probe::ContextField {
+            prog_type: prog_type::SK_LOOKUP,
+            attach: attach::SK_LOOKUP,
+            offset: SK_LOOKUP_INGRESS_IFINDEX,
+        },
+        fallback: None,
     },
 ];
+
+/// BPF memory charged to memcg (5.11): libbpf's sign of it is a helper of the same release.
+const MEMCG_ACCOUNTING: Probe = Probe::Helper {
+    prog_type: prog_type::SOCKET_FILTER,
+    attach: attach::NONE,
+    helper: helper::KTIME_GET_COARSE_NS,
+};
+
+/// Before BPF memory was charged to the cgroup (5.11) maps and programs counted against
+/// RLIMIT_MEMLOCK, whose default (8 MiB, or 64 KiB on older systems) a node's object
+/// exceeds: raised to unlimited for this process there, and left alone where the kernel
+/// charges memcg. Best effort: a failure shows up as the load's own error.
+pub fn raise_memlock_where_needed() {
+    if crate::sys::kernel_probe::run(MEMCG_ACCOUNTING).unwrap_or(true) {
+        return;
+    }
+    let unlimited = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: setrlimit with a valid rlimit value.
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } != 0 {
+        tracing::warn!(
+            "raising RLIMIT_MEMLOCK for a kernel without memcg accounting of BPF memory: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+/// What a probe found for one feature.
+#[derive(Debug, serde::Serialize)]
+pub struct Probed {
+    pub feature: &'static str,
+    /// The mainline release that brought it.
+    pub since: String,
+    /// `None` when the probe could not tell (see `error`).
+    pub present: Option<bool>,
+    /// In use on this kernel: it lacks the feature and this stands in.
+    pub fallback: Option<&'static str>,
+    pub error: Option<String>,
+}
+
+/// Every feature of [`FEATURES`], probed on the running kernel.
+pub fn probe_running() -> Vec<Probed> {
+    FEATURES
+        .iter()
+        .map(|f| {
+            let found = crate::sys::kernel_probe::run(f.probe);
+            let present = found.as_ref().ok().copied();
+            Probed {
+                feature: f.name,
+                since: f.since.to_string(),
+                present,
+                fallback: f.fallback.filter(|_| present == Some(false)),
+                error: found.err().map(|e| e.to_string()),
+            }
+        })
+        .collect()
+}
 
 /// A kernel release as `major.minor.patch`; what follows the numbers (`-28-amd64`,
 /// `+deb12-rt-amd64`) is ignored.
@@ -91,51 +219,51 @@ impl fmt::Display for Release {
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
     #[error(
-        "Linux {release} is too old for redirector (Linux {MINIMUM} or newer is required): it lacks {missing}"
+        "Linux {release} lacks kernel features redirector needs, as probed: {missing} (set \
+         {ALLOW_ENV}=1 to go on if a probe is wrong about this kernel)"
     )]
     MissingFeatures { release: String, missing: String },
-    #[error(
-        "Linux {release} is older than {MINIMUM}, the oldest kernel redirector is tested on; it has \
-         the features redirector uses by version, so set {ALLOW_ENV}=1 to run on it anyway"
-    )]
-    Untested { release: String },
 }
 
-/// Checks a kernel release (`uname -r`) against [`MINIMUM`] and [`FEATURES`]. A release
-/// that is not a version (a custom kernel) passes: there is nothing to judge it by.
-pub fn check(release: &str) -> Result<(), KernelError> {
-    let Some(found) = Release::parse(release) else {
-        return Ok(());
-    };
-    if found >= MINIMUM {
-        return Ok(());
-    }
-    let missing: Vec<String> = FEATURES
+/// The required features (those with no fallback) that `probed` found missing, each with
+/// the mainline release that brought it; a probe that could not tell is not counted.
+pub fn missing_required(probed: &[Probed]) -> Vec<String> {
+    FEATURES
         .iter()
-        .filter(|f| f.since > found)
-        .map(|f| format!("{} (Linux {})", f.name, f.since))
-        .collect();
-    if missing.is_empty() {
-        Err(KernelError::Untested {
-            release: release.to_owned(),
-        })
-    } else {
-        Err(KernelError::MissingFeatures {
-            release: release.to_owned(),
-            missing: missing.join(", "),
-        })
-    }
+        .zip(probed)
+        .filter(|(f, p)| f.fallback.is_none() && p.present == Some(false))
+        .map(|(f, _)| format!("{} (Linux {})", f.name, f.since))
+        .collect()
 }
 
-/// [`check`] for the running kernel, unless [`ALLOW_ENV`] is set.
+/// Probes the running kernel and refuses it if it lacks a required feature, unless
+/// [`ALLOW_ENV`] is set. About 12 tiny program loads: for a load of the object or a daemon's
+/// start, not for every pod (see [`check_unless_loaded`]).
 pub fn check_running() -> Result<(), KernelError> {
     if std::env::var_os(ALLOW_ENV).is_some() {
         return Ok(());
     }
-    let Ok(release) = std::fs::read_to_string("/proc/sys/kernel/osrelease") else {
-        return Ok(()); // No procfs: loading will tell.
-    };
-    check(release.trim())
+    let missing = missing_required(&probe_running());
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|r| r.trim().to_owned())
+        .unwrap_or_else(|_| "(unknown release)".into());
+    Err(KernelError::MissingFeatures {
+        release,
+        missing: missing.join(", "),
+    })
+}
+
+/// [`check_running`], unless `root` holds a loaded object already: bpffs lasts one boot,
+/// so that object was loaded on this kernel, after the same check. Keeps the probes off a
+/// pod's setup but for the node's first.
+pub fn check_unless_loaded(root: &PinRoot) -> Result<(), KernelError> {
+    if root.has_objects() {
+        return Ok(());
+    }
+    check_running()
 }
 
 #[cfg(test)]
@@ -157,54 +285,40 @@ mod tests {
         assert_eq!(Release::parse("custom"), None);
     }
 
-    #[test]
-    fn the_minimum_and_newer_pass() {
-        for r in [
-            "6.1.0-28-amd64",
-            "6.1.0",
-            "6.12.48+deb12-amd64",
-            "6.18.3",
-            "7.0",
-        ] {
-            check(r).unwrap_or_else(|e| panic!("{r}: {e}"));
-        }
-        check("not-a-version").unwrap();
+    fn probed(absent: &[&str]) -> Vec<Probed> {
+        FEATURES
+            .iter()
+            .map(|f| Probed {
+                feature: f.name,
+                since: f.since.to_string(),
+                present: Some(!absent.contains(&f.name)),
+                fallback: None,
+                error: None,
+            })
+            .collect()
     }
 
     #[test]
-    fn an_old_kernel_is_told_what_it_lacks() {
-        let err = check("5.10.0-33-amd64").unwrap_err().to_string();
-        assert!(err.contains("Linux 5.10.0-33-amd64 is too old"), "{err}");
-        assert!(err.contains("Linux 6.1 or newer is required"), "{err}");
-        assert!(
-            err.contains(
-                "bpf_get_netns_cookie in sock_ops and cgroup sockopt programs (Linux 5.15)"
-            ),
-            "{err}"
+    fn only_required_features_found_missing_are_named() {
+        assert!(missing_required(&probed(&[])).is_empty());
+        let missing = missing_required(&probed(&[
+            "ingress_ifindex in sk_lookup programs",
+            "BPF memory charged to the cgroup (memcg)",
+        ]));
+        assert_eq!(
+            missing,
+            ["ingress_ifindex in sk_lookup programs (Linux 5.17)"]
         );
+        let mut unknown = probed(&[]);
+        unknown[0].present = None;
         assert!(
-            err.contains("ingress_ifindex in sk_lookup programs (Linux 5.17)"),
-            "{err}"
-        );
-        assert!(!err.contains("sk_lookup programs (Linux 5.9)"), "{err}");
-
-        let err = check("4.19.0").unwrap_err().to_string();
-        assert!(
-            err.contains("cgroup getsockopt programs (Linux 5.3)"),
-            "{err}"
+            missing_required(&unknown).is_empty(),
+            "a probe that could not tell"
         );
     }
 
     #[test]
-    fn a_kernel_with_every_feature_but_untested_is_refused_with_the_override() {
-        let err = check("5.19.0-50-generic").unwrap_err().to_string();
-        assert!(err.contains("older than 6.1"), "{err}");
-        assert!(err.contains(ALLOW_ENV), "{err}");
-    }
-
-    #[test]
-    fn features_are_listed_oldest_first_and_all_predate_the_minimum() {
+    fn features_are_listed_oldest_first() {
         assert!(FEATURES.windows(2).all(|w| w[0].since <= w[1].since));
-        assert!(FEATURES.iter().all(|f| f.since <= MINIMUM));
     }
 }

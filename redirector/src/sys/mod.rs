@@ -7,6 +7,7 @@ pub mod fault;
 pub mod fs_error;
 pub mod fs_kind;
 pub mod kernel;
+pub mod kernel_probe;
 pub(crate) mod netlink;
 pub mod netns;
 pub mod pod_cgroup;
