@@ -7,6 +7,18 @@ use std::process::Command;
 
 use crate::redirector::run_ok;
 
+/// The archive `cargo xtask image` wrote (REDIRECTOR_IMAGE), or `None` (noted, for
+/// `test`) to skip: `cargo xtask test` builds the image and sets the variable.
+pub fn release_image(test: &str) -> Option<PathBuf> {
+    let image = std::env::var_os("REDIRECTOR_IMAGE").map(PathBuf::from);
+    if image.is_none() {
+        crate::skip(&format!(
+            "{test}: REDIRECTOR_IMAGE not set (`cargo xtask test` builds the image and sets it)"
+        ));
+    }
+    image
+}
+
 /// `cmd`'s stdout; panics with its stderr unless it exits 0.
 fn stdout(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&run_ok(cmd).stdout).into_owned()

@@ -3,23 +3,14 @@
 //! platform, and the arm64 image's binary is a static aarch64 executable that starts (under
 //! qemu-user, as binfmt would run it).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use redirector_tests::cri::pods::primary_network;
 use redirector_tests::cri::Containerd;
 use redirector_tests::daemon::StateDir;
 use redirector_tests::redirector::run_ok;
-use redirector_tests::{oci, require_root, require_tools, skip};
-
-/// The archive `cargo xtask image` wrote (REDIRECTOR_IMAGE), `None` to skip.
-fn release_image() -> Option<PathBuf> {
-    let image = std::env::var_os("REDIRECTOR_IMAGE").map(PathBuf::from);
-    if image.is_none() {
-        skip("image: REDIRECTOR_IMAGE not set (`cargo xtask test` builds the image and sets it)");
-    }
-    image
-}
+use redirector_tests::{oci, require_root, require_tools};
 
 fn stdout(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&run_ok(cmd).stdout).into_owned()
@@ -39,7 +30,7 @@ fn elf_machine_and_interp(path: &Path) -> (u16, bool) {
 
 #[test]
 fn the_arm64_image_holds_a_static_aarch64_binary_that_starts_under_qemu_user() {
-    let Some(image) = release_image() else {
+    let Some(image) = oci::release_image("image") else {
         return;
     };
     if !require_tools("image", &["qemu-aarch64-static"]) {
@@ -88,7 +79,7 @@ fn podman_loads_the_hosts_platform_from_the_index() {
     if !require_root() {
         return;
     }
-    let Some(image) = release_image() else {
+    let Some(image) = oci::release_image("image") else {
         return;
     };
     if !require_tools("image", &["podman"]) {
@@ -124,7 +115,7 @@ fn containerd_imports_every_platform_of_the_index() {
     if !require_root() {
         return;
     }
-    let Some(image) = release_image() else {
+    let Some(image) = oci::release_image("image") else {
         return;
     };
     if !require_tools("image", &["containerd", "ctr"]) {

@@ -28,7 +28,7 @@ use redirector_tests::oci;
 use redirector_tests::podman::host::ForwardingGuard;
 use redirector_tests::process::within;
 use redirector_tests::redirector::{built_object, pins_under};
-use redirector_tests::{require_root, require_tools, skip, use_probe_bin, Cgroup, APP_UID};
+use redirector_tests::{require_root, require_tools, use_probe_bin, Cgroup, APP_UID};
 
 /// Where the DaemonSet's daemon pins and keeps its records: the defaults.
 const PIN_ROOT: &str = redirector::store::pins::DEFAULT_ROOT;
@@ -102,15 +102,6 @@ impl Drop for SharedMount {
     }
 }
 
-/// The archive `cargo xtask image` wrote (REDIRECTOR_IMAGE), `None` to skip.
-fn release_image() -> Option<PathBuf> {
-    let image = std::env::var_os("REDIRECTOR_IMAGE").map(PathBuf::from);
-    if image.is_none() {
-        skip("node: REDIRECTOR_IMAGE not set (`cargo xtask test` builds the image and sets it)");
-    }
-    image
-}
-
 /// The release image with a different kernel side: the built object with one more byte,
 /// named by REDIRECTOR_EBPF_OBJECT in the image's environment. Its reference.
 fn next_image(base: &Path, work: &Path) -> (PathBuf, String) {
@@ -150,7 +141,7 @@ fn node_lifecycle(cni_version: &str, third_octet: u8) {
     if !require_root() || !require_tools("containerd node", &["containerd", "runc", "ctr"]) {
         return;
     }
-    let Some(image) = release_image() else {
+    let Some(image) = oci::release_image("node") else {
         return;
     };
     use_probe_bin(env!("CARGO_BIN_EXE_probe"));
