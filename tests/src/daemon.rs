@@ -79,6 +79,17 @@ impl Daemon {
     /// [`Daemon::start`] with more flags, e.g. `--metrics-addr 127.0.0.1:0`. Repair is off
     /// unless `extra` sets `--repair`: a test's daemon never asks the host's runtime.
     pub fn start_with(root: &PinRoot, node: &Cgroup, state: &StateDir, extra: &[&str]) -> Self {
+        Self::start_with_env(root, node, state, extra, &[])
+    }
+
+    /// [`Daemon::start_with`] with environment variables set for it (and its restarts).
+    pub fn start_with_env(
+        root: &PinRoot,
+        node: &Cgroup,
+        state: &StateDir,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let socket = state.path().join("redirector.sock");
         let args: Vec<String> = vec![
             "daemon".into(),
@@ -101,7 +112,11 @@ impl Daemon {
             .into_iter()
             .chain(extra.iter().chain(repair_off).map(|a| a.to_string()))
             .collect();
-        Self::spawn(socket, args, Vec::new())
+        let env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Self::spawn(socket, args, env)
     }
 
     fn spawn(socket: PathBuf, args: Vec<String>, env: Vec<(String, String)>) -> Self {

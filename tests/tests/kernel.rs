@@ -3,12 +3,13 @@
 //! naming the features as probed and leaves nothing behind; on one with them all the same run
 //! sets the pod up. `redirector status` shows each feature as the kernel's own probe found it.
 
-use redirector::sys::kernel::Release;
+use redirector::sys::kernel::{Release, FORCE_FALLBACKS_ENV};
 use redirector_tests::bpftool::cgroup_attachments;
+use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::redirector::{
     istio_iptables, pins_under, status, PinRoot, STANDARD_INJECTION,
 };
-use redirector_tests::{require_root, Topology};
+use redirector_tests::{require_root, Cgroup, Topology};
 
 /// The required features (no fallback) `status` found missing: `name (Linux x.y)` each.
 fn missing_required(status: &serde_json::Value) -> Vec<String> {
@@ -109,4 +110,94 @@ fn a_probe_answers_no_for_what_no_kernel_has() {
     assert!(!run(past_the_context).unwrap());
     let no_such_option = Probe::SocketOption(10_000);
     assert!(!run(no_such_option).unwrap());
+}
+
+/// The soft RLIMIT_MEMLOCK of process `pid`, from /proc (`None`: unlimited).
+fn memlock_soft_limit(pid: u32) -> Option<u64> {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max locked memory"))
+        .expect("a memlock line");
+    let soft = line["Max locked memory".len()..]
+        .split_whitespace()
+        .next()
+        .unwrap();
+    soft.parse().ok()
+}
+
+/// A fallback forced by REDIRECTOR_FORCE_FALLBACKS is shown by `status` and used: with the
+/// memcg one forced, a daemon that loads the object raises its memlock limit from the
+/// 64 KiB it started with, as it would on a kernel without memcg accounting; without it
+/// the limit is left as it was.
+#[test]
+fn a_forced_fallback_is_shown_and_used() {
+    if !require_root() {
+        return;
+    }
+    let root = PinRoot::new("forced");
+    let out = redirector_tests::redirector::run_ok(
+        std::process::Command::new(redirector_tests::redirector::redirector_bin())
+            .args(["status", "--json", "--pin-root"])
+            .arg(root.path())
+            .env(FORCE_FALLBACKS_ENV, "memcg"),
+    );
+    let forced: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let unforced = status(&root);
+    for (f, u) in forced["kernel"]["features"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(unforced["kernel"]["features"].as_array().unwrap())
+    {
+        if f["feature"] == "BPF memory charged to the cgroup (memcg)" {
+            assert_eq!(f["present"], false, "{f}");
+            assert_eq!(f["fallback"], "RLIMIT_MEMLOCK raised for the loader");
+        } else {
+            assert_eq!(f, u, "only the forced feature changes");
+        }
+    }
+
+    if !missing_required(&unforced).is_empty() {
+        return; // A kernel redirector refuses runs no daemon.
+    }
+    // Children inherit the test's soft limit; the hard one is left as it is.
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid rlimit value.
+    assert_eq!(
+        unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) },
+        0
+    );
+    let saved = limit;
+    let low = 64 * 1024;
+    limit.rlim_cur = low.min(saved.rlim_max);
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) }, 0);
+    let started = |env: &[(&str, &str)]| {
+        let (root, node, state) = (
+            PinRoot::new("memlock"),
+            Cgroup::new("node"),
+            StateDir::new("state"),
+        );
+        let daemon = Daemon::start_with_env(&root, &node, &state, &[], env);
+        let soft = memlock_soft_limit(daemon.pid());
+        (soft, daemon, root, node, state)
+    };
+    let (plain, ..) = started(&[]);
+    let (raised, ..) = started(&[(FORCE_FALLBACKS_ENV, "memcg")]);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &saved) }, 0);
+    assert_eq!(
+        plain,
+        Some(limit.rlim_cur),
+        "no fallback: the limit as inherited"
+    );
+    let hard = (saved.rlim_max != libc::RLIM_INFINITY).then_some(saved.rlim_max);
+    assert!(
+        raised.is_none() || raised == hard,
+        "the fallback raises the soft limit to unlimited or the hard limit ({hard:?}): {raised:?}"
+    );
+    assert_ne!(raised, plain);
 }

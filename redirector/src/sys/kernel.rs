@@ -15,6 +15,8 @@ pub const ALLOW_ENV: &str = "REDIRECTOR_ALLOW_UNTESTED_KERNEL";
 /// A kernel feature redirector uses, the mainline release that brought it, and how the
 /// running kernel is asked whether it has it.
 pub struct Feature {
+    /// A short name, for [`FORCE_FALLBACKS_ENV`].
+    pub key: &'static str,
     pub name: &'static str,
     pub since: Release,
     pub probe: Probe,
@@ -22,9 +24,23 @@ pub struct Feature {
     pub fallback: Option<&'static str>,
 }
 
+/// BPF memory charged to memcg (5.11): libbpf's sign of it is a helper of the same release.
+const MEMCG: Feature = Feature {
+    key: "memcg",
+    name: "BPF memory charged to the cgroup (memcg)",
+    since: Release(5, 11, 0),
+    probe: Probe::Helper {
+        prog_type: prog_type::SOCKET_FILTER,
+        attach: attach::NONE,
+        helper: helper::KTIME_GET_COARSE_NS,
+    },
+    fallback: Some("RLIMIT_MEMLOCK raised for the loader"),
+};
+
 /// Every feature redirector uses, oldest first.
 pub const FEATURES: &[Feature] = &[
     Feature {
+        key: "connect",
         name: "cgroup connect4/connect6 programs",
         since: Release(4, 17, 0),
         probe: Probe::Program {
@@ -34,6 +50,7 @@ pub const FEATURES: &[Feature] = &[
         fallback: None,
     },
     Feature {
+        key: "sendmsg",
         name: "cgroup sendmsg4/sendmsg6 programs",
         since: Release(4, 18, 0),
         probe: Probe::Program {
@@ -43,6 +60,7 @@ pub const FEATURES: &[Feature] = &[
         fallback: None,
     },
     Feature {
+        key: "recvmsg",
         name: "cgroup recvmsg4/recvmsg6 programs",
         since: Release(5, 2, 0),
         probe: Probe::Program {
@@ -52,6 +70,7 @@ pub const FEATURES: &[Feature] = &[
         fallback: None,
     },
     Feature {
+        key: "getsockopt",
         name: "cgroup getsockopt programs",
         since: Release(5, 3, 0),
         probe: Probe::Program {
@@ -61,12 +80,14 @@ pub const FEATURES: &[Feature] = &[
         fallback: None,
     },
     Feature {
+        key: "cgroup-links",
         name: "BPF links for cgroup programs, replaced with BPF_LINK_UPDATE",
         since: Release(5, 7, 0),
         probe: Probe::LinkCreate,
         fallback: None,
     },
     Feature {
+        key: "getpeername",
         name: "cgroup getpeername4/getpeername6 programs",
         since: Release(5, 8, 0),
         probe: Probe::Program {
@@ -76,6 +97,7 @@ pub const FEATURES: &[Feature] = &[
         fallback: None,
     },
     Feature {
+        key: "sk-lookup",
         name: "sk_lookup programs",
         since: Release(5, 9, 0),
         probe: Probe::Program {
@@ -84,19 +106,16 @@ pub const FEATURES: &[Feature] = &[
         },
         fallback: None,
     },
+    MEMCG,
     Feature {
-        name: "BPF memory charged to the cgroup (memcg)",
-        since: Release(5, 11, 0),
-        probe: MEMCG_ACCOUNTING,
-        fallback: Some("RLIMIT_MEMLOCK raised for the loader"),
-    },
-    Feature {
+        key: "so-netns-cookie",
         name: "the SO_NETNS_COOKIE socket option",
         since: Release(5, 14, 0),
         probe: Probe::SocketOption(libc::SO_NETNS_COOKIE),
         fallback: None,
     },
     Feature {
+        key: "netns-cookie-sock-ops",
         name: "bpf_get_netns_cookie in sock_ops programs",
         since: Release(5, 15, 0),
         probe: Probe::Helper {
@@ -107,6 +126,7 @@ pub const FEATURES: &[Feature] = &[
         fallback: None,
     },
     Feature {
+        key: "netns-cookie-getsockopt",
         name: "bpf_get_netns_cookie in cgroup getsockopt programs",
         since: Release(5, 15, 0),
         probe: Probe::Helper {
@@ -117,6 +137,7 @@ pub const FEATURES: &[Feature] = &[
         fallback: None,
     },
     Feature {
+        key: "ingress-ifindex",
         name: "ingress_ifindex in sk_lookup programs",
         since: Release(5, 17, 0),
         probe: Probe::ContextField {
@@ -128,32 +149,59 @@ pub const FEATURES: &[Feature] = &[
     },
 ];
 
-/// BPF memory charged to memcg (5.11): libbpf's sign of it is a helper of the same release.
-const MEMCG_ACCOUNTING: Probe = Probe::Helper {
-    prog_type: prog_type::SOCKET_FILTER,
-    attach: attach::NONE,
-    helper: helper::KTIME_GET_COARSE_NS,
-};
+/// Names the features (their [`Feature::key`], comma-separated, or `all`) whose fallback
+/// is used although the kernel has them: so that the suites exercise every fallback on the
+/// kernels CI runs, not only on an old one. Features with no fallback are not affected.
+pub const FORCE_FALLBACKS_ENV: &str = "REDIRECTOR_FORCE_FALLBACKS";
+
+/// Whether `feature`'s fallback is forced by [`FORCE_FALLBACKS_ENV`].
+fn fallback_forced(feature: &Feature) -> bool {
+    feature.fallback.is_some()
+        && std::env::var(FORCE_FALLBACKS_ENV).is_ok_and(|v| {
+            v.split(',')
+                .map(str::trim)
+                .any(|k| k == "all" || k == feature.key)
+        })
+}
+
+/// Whether the running kernel has `feature`, as its probe says, or not when its fallback
+/// is forced.
+fn present(feature: &Feature) -> std::io::Result<bool> {
+    if fallback_forced(feature) {
+        return Ok(false);
+    }
+    crate::sys::kernel_probe::run(feature.probe)
+}
 
 /// Before BPF memory was charged to the cgroup (5.11) maps and programs counted against
 /// RLIMIT_MEMLOCK, whose default (8 MiB, or 64 KiB on older systems) a node's object
-/// exceeds: raised to unlimited for this process there, and left alone where the kernel
-/// charges memcg. Best effort: a failure shows up as the load's own error.
+/// exceeds: raised for this process there — to unlimited, or to the hard limit where the
+/// process may not raise that — and left alone where the kernel charges memcg. Best
+/// effort: a limit still too low shows up as the load's own error.
 pub fn raise_memlock_where_needed() {
-    if crate::sys::kernel_probe::run(MEMCG_ACCOUNTING).unwrap_or(true) {
+    if present(&MEMCG).unwrap_or(true) {
         return;
     }
-    let unlimited = libc::rlimit {
+    let mut limit = libc::rlimit {
         rlim_cur: libc::RLIM_INFINITY,
         rlim_max: libc::RLIM_INFINITY,
     };
-    // SAFETY: setrlimit with a valid rlimit value.
-    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } != 0 {
-        tracing::warn!(
-            "raising RLIMIT_MEMLOCK for a kernel without memcg accounting of BPF memory: {}",
-            std::io::Error::last_os_error()
-        );
+    // SAFETY: setrlimit/getrlimit with a valid rlimit value.
+    unsafe {
+        if libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) == 0 {
+            return;
+        }
+        if libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) == 0 {
+            limit.rlim_cur = limit.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) == 0 {
+                return;
+            }
+        }
     }
+    tracing::warn!(
+        "raising RLIMIT_MEMLOCK for a kernel without memcg accounting of BPF memory: {}",
+        std::io::Error::last_os_error()
+    );
 }
 
 /// What a probe found for one feature.
@@ -174,7 +222,7 @@ pub fn probe_running() -> Vec<Probed> {
     FEATURES
         .iter()
         .map(|f| {
-            let found = crate::sys::kernel_probe::run(f.probe);
+            let found = present(f);
             let present = found.as_ref().ok().copied();
             Probed {
                 feature: f.name,
