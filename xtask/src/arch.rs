@@ -1,12 +1,12 @@
 //! The node architectures redirector ships for, and how this x86-64 machine builds for and
 //! runs each: the host's own toolchain for amd64; for arm64 Debian's cross gcc (the linker,
-//! with a static glibc) and qemu-user to run what it built.
+//! with a static glibc) and qemu-user to run what it built — all installed by the bootstrap.
 
 use std::{path::Path, process::Command};
 
 use anyhow::{Context as _, Result};
 
-use crate::workspace::{ensure_tool, status, which};
+use crate::workspace::which;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Arch {
@@ -45,34 +45,6 @@ impl Arch {
             Arch::Amd64 => "",
             Arch::Arm64 => "aarch64-linux-gnu-",
         }
-    }
-
-    /// Installs what building for this architecture needs: the Rust target, and for a
-    /// foreign one Debian's cross gcc, its static glibc, and qemu-user to run the result.
-    pub fn ensure_toolchain(self) -> Result<()> {
-        if self.is_host() {
-            return Ok(());
-        }
-        ensure_tool(
-            &format!("{}gcc", self.gnu_prefix()),
-            "gcc-aarch64-linux-gnu",
-        )?;
-        ensure_tool("/usr/aarch64-linux-gnu/lib/libc.a", "libc6-dev-arm64-cross")?;
-        ensure_tool("qemu-aarch64-static", "qemu-user-static")?;
-        let installed = crate::workspace::output({
-            let mut c = Command::new("rustup");
-            c.args(["target", "list", "--installed"]);
-            c
-        })
-        .unwrap_or_default();
-        if !installed.lines().any(|l| l.trim() == self.triple()) {
-            status({
-                let mut c = Command::new("rustup");
-                c.args(["target", "add", self.triple()]);
-                c
-            })?;
-        }
-        Ok(())
     }
 
     /// Points a cargo command building `--target <triple>` at the cross linker (and C

@@ -49,6 +49,7 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 pub fn all() -> Result<()> {
     packages()?;
     rust_src()?;
+    rust_targets()?;
     bpf_linker()?;
     bpffs()?;
     Ok(())
@@ -117,6 +118,22 @@ fn rust_src() -> Result<()> {
     }
     eprintln!("xtask: adding rust-src to the nightly toolchain");
     status(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+}
+
+/// The standard library of every architecture the image ships (the host's is there).
+fn rust_targets() -> Result<()> {
+    let out = Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output()
+        .context("running rustup target list")?;
+    let installed = String::from_utf8_lossy(&out.stdout);
+    for arch in crate::arch::Arch::ALL {
+        if !installed.lines().any(|l| l.trim() == arch.triple()) {
+            eprintln!("xtask: adding the {} target", arch.triple());
+            status(Command::new("rustup").args(["target", "add", arch.triple()]))?;
+        }
+    }
+    Ok(())
 }
 
 fn bpf_linker_works() -> bool {

@@ -74,7 +74,6 @@ pub fn build() -> Result<PathBuf> {
 /// image ships, and (for the host) the one `cargo xtask bench` measures. Checked to be a
 /// static, non-PIE executable for that machine.
 pub fn static_release_binary(arch: Arch) -> Result<PathBuf> {
-    arch.ensure_toolchain()?;
     let mut cmd = cargo();
     cmd.args([
         "build",

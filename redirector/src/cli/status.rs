@@ -147,12 +147,9 @@ fn read_status(root: &PinRoot, only: Option<NetnsCookie>) -> anyhow::Result<Stat
             pods,
         });
     }
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|r| r.trim().to_owned())
-        .unwrap_or_default();
     Ok(Status {
         kernel: KernelStatus {
-            release,
+            release: crate::sys::kernel::running_release(),
             features: crate::sys::kernel::probe_running(),
         },
         pin_root: root.path().to_path_buf(),

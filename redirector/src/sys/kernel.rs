@@ -295,13 +295,17 @@ pub fn check_running() -> Result<(), KernelError> {
     if missing.is_empty() {
         return Ok(());
     }
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|r| r.trim().to_owned())
-        .unwrap_or_else(|_| "(unknown release)".into());
     Err(KernelError::MissingFeatures {
-        release,
+        release: running_release(),
         missing: missing.join(", "),
     })
+}
+
+/// The running kernel's release (`uname -r`), or a placeholder where procfs is missing.
+pub fn running_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|r| r.trim().to_owned())
+        .unwrap_or_else(|_| "(unknown release)".into())
 }
 
 /// [`check_running`], unless `root` holds a loaded object already: bpffs lasts one boot,

@@ -38,7 +38,6 @@ pub(crate) fn debug_dir(arch: Arch) -> PathBuf {
 /// `suites` named, when they are all integration tests in tests/tests — and returns the
 /// test executables.
 pub(crate) fn build_tests(arch: Arch, suites: &[String]) -> Result<Vec<(String, PathBuf)>> {
-    arch.ensure_toolchain()?;
     let cargo_for = |args: &[&str]| {
         let mut cmd = cargo();
         cmd.args(args);
