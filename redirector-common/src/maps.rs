@@ -19,8 +19,9 @@ pub mod names {
     pub const DNS_ORIG_BY_COOKIE: &str = "DNS_ORIG_BY_COOKIE";
     pub const LISTENERS: &str = "LISTENERS";
     pub const ADDR_MISSES: &str = "ADDR_MISSES";
+    pub const POD_COOKIE: &str = "POD_COOKIE";
     /// Every map, for pinning and status.
-    pub const ALL: [&str; 11] = [
+    pub const ALL: [&str; 12] = [
         POD_CONFIG,
         PORT_SETS,
         CIDRS_V4,
@@ -32,6 +33,7 @@ pub mod names {
         LISTENERS,
         DNS_ORIG_BY_COOKIE,
         ADDR_MISSES,
+        POD_COOKIE,
     ];
     /// The maps the programs write as connections come and go. An upgrade has the new
     /// programs use the running object's maps whenever their entries keep their shape

@@ -1,6 +1,6 @@
 //! Inbound capture: sk_lookup steers connections arriving at the pod to the proxy's
 //! inbound listener without rewriting packets, so the accepted socket's local address is
-//! the original destination. Minimum kernel 5.17 (sk_lookup's ingress_ifindex).
+//! the original destination.
 
 use core::net::IpAddr;
 
@@ -25,8 +25,8 @@ use crate::{
 const LOOPBACK_IFINDEX: u32 = 1;
 
 /// sock_ops TCP_LISTEN: a socket of a managed pod starts listening on a capture port.
-pub fn register_listener(ctx: &SockOpsContext) {
-    let netns_cookie = maps::netns_cookie(ctx);
+pub fn register_listener<const ON_CGROUP: bool>(ctx: &SockOpsContext) {
+    let netns_cookie = maps::pod_cookie::<ON_CGROUP, _>(ctx);
     // SAFETY: the value stays valid (RCU) for this run of the program; it is only read.
     let Some(cfg) = (unsafe { POD_CONFIG.get(netns_cookie) }) else {
         return;
@@ -51,7 +51,11 @@ pub fn register_listener(ctx: &SockOpsContext) {
     let _ = LISTENERS.update(key, unsafe { &mut *ctx.ops }, 0);
 }
 
-pub fn sk_lookup(ctx: &SkLookupContext) -> u32 {
+/// `IFINDEX`: the context has `ingress_ifindex` (5.17). Without it the interface is
+/// unknown (0): "arrived on lo" is told by the destination address, which is what puts a
+/// connection on lo (to a pod's own address, the kernel reports the address's interface),
+/// and user space refuses a pod the interface lists (-c, -k) of.
+pub fn sk_lookup<const IFINDEX: bool>(ctx: &SkLookupContext) -> u32 {
     // SAFETY: `lookup` is the program's context; the verifier checks every field read.
     let lk = unsafe { &*ctx.lookup };
     if lk.protocol != u32::from(IPPROTO_TCP) {
@@ -76,7 +80,13 @@ pub fn sk_lookup(ctx: &SkLookupContext) -> u32 {
         IpAddr::V4(v4) => v4.is_loopback(),
         IpAddr::V6(v6) => v6.is_loopback() || v6 == INBOUND_PASSTHROUGH_V6,
     };
-    if from_pod || lk.ingress_ifindex == LOOPBACK_IFINDEX {
+    let ifindex = if IFINDEX { lk.ingress_ifindex } else { 0 };
+    let on_lo = if IFINDEX {
+        ifindex == LOOPBACK_IFINDEX
+    } else {
+        local.is_loopback()
+    };
+    if from_pod || on_lo {
         return SK_PASS;
     }
     let (family, raw) = addr::raw(local);
@@ -86,7 +96,7 @@ pub fn sk_lookup(ctx: &SkLookupContext) -> u32 {
     };
     // SAFETY: the value is copied out at once.
     let Some(&netns_cookie) = (unsafe { POD_BY_ADDR.get(addr_key) }) else {
-        return unknown_address(lk, addr_key, remote == local);
+        return unknown_address(ifindex, addr_key, remote == local);
     };
     // SAFETY: the value stays valid (RCU) for this run of the program; it is only read.
     let Some(cfg) = (unsafe { POD_CONFIG.get(netns_cookie) }) else {
@@ -100,7 +110,7 @@ pub fn sk_lookup(ctx: &SkLookupContext) -> u32 {
     let attempt = InboundAttempt {
         dst: local,
         dst_port: local_port,
-        ifindex: lk.ingress_ifindex,
+        ifindex,
     };
     let port = match decide_inbound(cfg, &attempt, &lookups) {
         Verdict::CaptureInbound => cfg.inbound_port,
@@ -151,12 +161,10 @@ pub fn sk_lookup(ctx: &SkLookupContext) -> u32 {
 /// user space, which adds it to its pod: the client's retransmitted SYN then lands on the
 /// proxy. `to_itself`: the connection comes from the address it goes to, so from the pod.
 #[inline(always)]
-fn unknown_address(lk: &bpf_sk_lookup, key: PodAddrKey, to_itself: bool) -> u32 {
+fn unknown_address(ifindex: u32, key: PodAddrKey, to_itself: bool) -> u32 {
     if to_itself {
         return SK_PASS;
     }
-    // Copied to the stack: a map value cannot come from the context.
-    let ifindex = lk.ingress_ifindex;
     let _ = ADDR_MISSES.insert(&key, &ifindex, 0);
     SK_DROP
 }

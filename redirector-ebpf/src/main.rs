@@ -1,5 +1,8 @@
-//! redirector's kernel side. Minimum kernel: 6.1 (by features alone 5.17: `bpf_get_netns_cookie` in sock_ops and
-//! cgroup sockopt programs since 5.15, `ingress_ifindex` in sk_lookup since 5.17).
+//! redirector's kernel side, for kernels from 5.10. Three programs come in two variants,
+//! the loader choosing by what the kernel has: `*_cgroup_cookie` read the pod's netns
+//! cookie from its cgroup where sock_ops and getsockopt programs cannot call
+//! `bpf_get_netns_cookie` (before 5.15); `steer_sk_lookup_by_address` does without
+//! `ingress_ifindex` (before 5.17).
 //!
 //! Entry points are thin: each calls into a module that returns the program's verdict.
 #![no_std]
@@ -66,15 +69,25 @@ pub fn restore_getpeername6(ctx: SockAddrContext) -> i32 {
 /// return at once.
 #[sock_ops]
 pub fn track_sock_ops(ctx: SockOpsContext) -> u32 {
+    sock_ops::<false>(&ctx)
+}
+
+#[sock_ops]
+pub fn track_sock_ops_cgroup_cookie(ctx: SockOpsContext) -> u32 {
+    sock_ops::<true>(&ctx)
+}
+
+#[inline(always)]
+fn sock_ops<const ON_CGROUP: bool>(ctx: &SockOpsContext) -> u32 {
     use aya_ebpf::bindings::{
         BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB,
         BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_TCP_LISTEN_CB,
     };
     match ctx.op() {
-        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => orig_dst::app_established(&ctx),
-        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => orig_dst::proxy_established(&ctx),
-        BPF_SOCK_OPS_STATE_CB => orig_dst::closed(&ctx),
-        BPF_SOCK_OPS_TCP_LISTEN_CB => inbound::register_listener(&ctx),
+        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => orig_dst::app_established::<ON_CGROUP>(ctx),
+        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => orig_dst::proxy_established::<ON_CGROUP>(ctx),
+        BPF_SOCK_OPS_STATE_CB => orig_dst::closed::<ON_CGROUP>(ctx),
+        BPF_SOCK_OPS_TCP_LISTEN_CB => inbound::register_listener::<ON_CGROUP>(ctx),
         _ => {}
     }
     1
@@ -82,12 +95,23 @@ pub fn track_sock_ops(ctx: SockOpsContext) -> u32 {
 
 #[sk_lookup]
 pub fn steer_sk_lookup(ctx: SkLookupContext) -> u32 {
-    inbound::sk_lookup(&ctx)
+    inbound::sk_lookup::<true>(&ctx)
+}
+
+#[sk_lookup]
+pub fn steer_sk_lookup_by_address(ctx: SkLookupContext) -> u32 {
+    inbound::sk_lookup::<false>(&ctx)
 }
 
 #[cgroup_sockopt(getsockopt)]
 pub fn answer_getsockopt(ctx: SockoptContext) -> i32 {
-    orig_dst::getsockopt(&ctx);
+    orig_dst::getsockopt::<false>(&ctx);
+    1
+}
+
+#[cgroup_sockopt(getsockopt)]
+pub fn answer_getsockopt_cgroup_cookie(ctx: SockoptContext) -> i32 {
+    orig_dst::getsockopt::<true>(&ctx);
     1
 }
 

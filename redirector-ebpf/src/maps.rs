@@ -6,7 +6,7 @@ use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     helpers::generated::bpf_get_netns_cookie,
     macros::map,
-    maps::{lpm_trie::Key, HashMap, LpmTrie, LruHashMap, PerCpuHashMap, SockHash},
+    maps::{lpm_trie::Key, CgroupStorage, HashMap, LpmTrie, LruHashMap, PerCpuHashMap, SockHash},
     EbpfContext,
 };
 use redirector_common::{
@@ -67,12 +67,36 @@ pub static LISTENERS: SockHash<ListenerKey> = SockHash::with_max_entries(capacit
 pub static DNS_ORIG_BY_COOKIE: LruHashMap<u64, OrigDst> =
     LruHashMap::with_max_entries(capacity::DNS_SOCKETS, 0);
 
+/// The pod's netns cookie, stamped by user space on each pod cgroup the `*_cgroup_cookie`
+/// programs are attached at: where sock_ops and getsockopt programs cannot call
+/// bpf_get_netns_cookie (before 5.15). The kernel makes an entry per cgroup and attach
+/// type at attach, so programs of the other variants never cost one.
+#[map]
+#[expect(deprecated, reason = "BPF_MAP_TYPE_CGRP_STORAGE, its successor, needs 6.2")]
+pub static POD_COOKIE: CgroupStorage<NetnsCookie> = CgroupStorage::new();
+
 /// The network namespace of the program's socket: the key of everything a pod has in
 /// these maps.
 #[inline(always)]
 pub fn netns_cookie<C: EbpfContext>(ctx: &C) -> NetnsCookie {
     // SAFETY: the helper reads only the context it is handed, the program's own.
     NetnsCookie(unsafe { bpf_get_netns_cookie(ctx.as_ptr()) })
+}
+
+/// The pod's netns cookie as a sock_ops or getsockopt program finds it: from the helper,
+/// or (`ON_CGROUP`) from the stamp on the cgroup it is attached at, so that the variant's
+/// bytecode has no call the older verifier refuses.
+#[inline(always)]
+pub fn pod_cookie<const ON_CGROUP: bool, C: EbpfContext>(ctx: &C) -> NetnsCookie {
+    if ON_CGROUP {
+        // SAFETY: the helper's pointer is to this attachment's entry, valid for the run.
+        #[expect(deprecated, reason = "see POD_COOKIE")]
+        unsafe {
+            *POD_COOKIE.get_ptr_mut()
+        }
+    } else {
+        netns_cookie(ctx)
+    }
 }
 
 /// One pod's sets, looked up in the shared maps under its netns cookie.

@@ -93,7 +93,7 @@ fn peer_is_loopback(family: u32, ip4: u32, ip6: [u32; 4]) -> bool {
 /// has an entry. The app's socket is then watched, so that its close removes the entry:
 /// watching it rather than the proxy's saves the proxy's side a lookup and, where the proxy
 /// closes first, a state callback (6.18, bpf_stats: sock_ops 18 → 17 runs a connection).
-pub fn app_established(ctx: &SockOpsContext) {
+pub fn app_established<const ON_CGROUP: bool>(ctx: &SockOpsContext) {
     // SAFETY: `ops` is the program's context; the verifier checks every field read.
     let ops = unsafe { &*ctx.ops };
     if !peer_is_loopback(ops.family, ops.remote_ip4, ops.remote_ip6) {
@@ -105,7 +105,7 @@ pub fn app_established(ctx: &SockOpsContext) {
     let Some(&orig) = (unsafe { ORIG_DST_BY_COOKIE.get(socket_cookie) }) else {
         return;
     };
-    let netns_cookie = maps::netns_cookie(ctx);
+    let netns_cookie = maps::pod_cookie::<ON_CGROUP, _>(ctx);
     let key = sock_ops_ends(ctx).seen_by_client(netns_cookie);
     if ORIG_DST_BY_CONN.insert(key, orig, 0).is_ok() {
         watch_state(ctx);
@@ -124,13 +124,13 @@ fn watch_state(ctx: &SockOpsContext) {
 /// would make the entry go with the socket, without these callbacks, but creating it
 /// measured dearer than they are (6.18, bpf_stats: +0.7 µs a connection in getsockopt,
 /// where the proxy's socket got it, against about 0.55 µs for the sock_ops work it saved).
-pub fn proxy_established(ctx: &SockOpsContext) {
+pub fn proxy_established<const ON_CGROUP: bool>(ctx: &SockOpsContext) {
     // SAFETY: `ops` is the program's context; the verifier checks every field read.
     let ops = unsafe { &*ctx.ops };
     if peer_is_loopback(ops.family, ops.remote_ip4, ops.remote_ip6) {
         return;
     }
-    let netns_cookie = maps::netns_cookie(ctx);
+    let netns_cookie = maps::pod_cookie::<ON_CGROUP, _>(ctx);
     let key = sock_ops_ends(ctx).seen_by_proxy(netns_cookie);
     // SAFETY: only tested for presence.
     if unsafe { ORIG_DST_BY_CONN.get(key) }.is_some() {
@@ -142,14 +142,14 @@ pub fn proxy_established(ctx: &SockOpsContext) {
 /// entry. One with its peer on loopback is the app's, any other the proxy's. A miss as the
 /// app's is a proxy's socket that an earlier release watched (it watched every proxy's
 /// socket), met across an upgrade: its entry is removed as the proxy's.
-pub fn closed(ctx: &SockOpsContext) {
+pub fn closed<const ON_CGROUP: bool>(ctx: &SockOpsContext) {
     if ctx.arg(1) != TCP_CLOSE {
         return;
     }
     // SAFETY: `ops` is the program's context; the verifier checks every field read.
     let ops = unsafe { &*ctx.ops };
     let ends = sock_ops_ends(ctx);
-    let netns_cookie = maps::netns_cookie(ctx);
+    let netns_cookie = maps::pod_cookie::<ON_CGROUP, _>(ctx);
     if peer_is_loopback(ops.family, ops.remote_ip4, ops.remote_ip6)
         && ORIG_DST_BY_CONN
             .remove(ends.seen_by_client(netns_cookie))
@@ -195,7 +195,7 @@ unsafe fn redirected_peer(
 
 /// Answer `SO_ORIGINAL_DST` for a redirected connection exactly as conntrack would:
 /// a `sockaddr_in` (SOL_IP) or `sockaddr_in6` (SOL_IPV6) with the original address and port.
-pub fn getsockopt(ctx: &SockoptContext) {
+pub fn getsockopt<const ON_CGROUP: bool>(ctx: &SockoptContext) {
     let so = ctx.sockopt;
     // SAFETY: `sockopt` is the program's context; the verifier checks every field read.
     let (level, optname) = unsafe { ((*so).level, (*so).optname) };
@@ -209,7 +209,10 @@ pub fn getsockopt(ctx: &SockoptContext) {
     }
     // The proxy asks on its accepted socket.
     // SAFETY: `sk` is the context's non-null socket.
-    let (ends, netns_cookie) = (unsafe { bpf_sock_ends(sk) }, maps::netns_cookie(ctx));
+    let (ends, netns_cookie) = (
+        unsafe { bpf_sock_ends(sk) },
+        maps::pod_cookie::<ON_CGROUP, _>(ctx),
+    );
     // SAFETY: the value is copied out at once.
     let Some(orig) = (unsafe { ORIG_DST_BY_CONN.get(ends.seen_by_proxy(netns_cookie)) }) else {
         return;

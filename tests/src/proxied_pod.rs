@@ -53,6 +53,17 @@ impl ProxiedPod {
         String::from_utf8_lossy(&out.stderr).into_owned()
     }
 
+    /// [`crate::redirector::install_with_interfaces`] for this pod.
+    pub fn install_with_interfaces(&self, root: &PinRoot, args: &[&str], flag: &str) -> bool {
+        crate::redirector::install_with_interfaces(
+            &self.topo.pod,
+            &self.topo.pod_cgroup,
+            root,
+            args,
+            flag,
+        )
+    }
+
     pub fn connect(&self, uid: u32, gid: u32, dst: SocketAddr) -> ConnOutcome {
         self.topo.connect(uid, gid, dst)
     }

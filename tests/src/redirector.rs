@@ -293,3 +293,63 @@ impl Drop for NextObject {
         }
     }
 }
+
+/// Whether redirector uses the fallback for `feature` (its name as `status` prints it) on
+/// this kernel: the kernel lacks it, or `REDIRECTOR_FORCE_FALLBACKS` (inherited by every
+/// redirector a test runs) forces it. Asked of `status --json` once per test binary.
+pub fn fallback_in_use(feature: &str) -> bool {
+    static STATUS: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
+    let status = STATUS.get_or_init(|| {
+        let out = run_ok(Command::new(redirector_bin()).args(["status", "--json"]));
+        serde_json::from_slice(&out.stdout).expect("status --json prints JSON")
+    });
+    let features = status["kernel"]["features"]
+        .as_array()
+        .unwrap_or_else(|| panic!("kernel features in {status}"));
+    let found = features
+        .iter()
+        .find(|f| f["feature"] == feature)
+        .unwrap_or_else(|| panic!("no feature {feature:?} in {status}"));
+    !found["fallback"].is_null()
+}
+
+/// The name `status` gives sk_lookup's `ingress_ifindex`, without which -c and -k are
+/// refused.
+pub const INGRESS_IFINDEX: &str = "ingress_ifindex in sk_lookup programs";
+
+/// [`install`] for `args` that give the interface list `flag` (`-c` or `-k`): `true` when
+/// installed; where the programs do without `ingress_ifindex`, `false` once the refusal is
+/// checked: exit 1, the message naming the flag and the feature, and no link of the pod's
+/// left under `root`.
+pub fn install_with_interfaces(
+    netns: &NetNs,
+    cgroup: &Cgroup,
+    root: &PinRoot,
+    args: &[&str],
+    flag: &str,
+) -> bool {
+    if !fallback_in_use(INGRESS_IFINDEX) {
+        install(netns, cgroup, root, args);
+        return true;
+    }
+    let before = pins_under(root.path());
+    let out = istio_iptables(netns, cgroup, root, args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "refused with exit 1:\n{stderr}");
+    assert!(
+        stderr.contains(&format!("{flag} (")) && stderr.contains("ingress_ifindex"),
+        "the refusal names {flag} and ingress_ifindex:\n{stderr}"
+    );
+    let links = |pins: &[PathBuf]| -> Vec<PathBuf> {
+        pins.iter()
+            .filter(|p| p.components().any(|c| c.as_os_str() == "links"))
+            .cloned()
+            .collect()
+    };
+    assert_eq!(
+        links(&pins_under(root.path())),
+        links(&before),
+        "the refused setup changed no link"
+    );
+    false
+}

@@ -12,7 +12,9 @@
 
 use std::collections::BTreeSet;
 
-use redirector_tests::conformance::cases::{case, cases, cases_md_names, SKIPPED_GOLDEN_CASES};
+use redirector_tests::conformance::cases::{
+    case, cases, cases_md_names, Case, SKIPPED_GOLDEN_CASES,
+};
 use redirector_tests::conformance::rules::{
     derive_v6, table, without_v6_only_rules, V6Origin, DEFAULT_LOOPBACK_V4,
 };
@@ -20,6 +22,10 @@ use redirector_tests::conformance::{run_case, run_scenarios, PassthroughV6, Scen
 use redirector_tests::dns::use_dnsprobe_bin;
 use redirector_tests::golden_dir;
 use redirector_tests::iptables::golden;
+use redirector_tests::redirector::{
+    fallback_in_use, install_with_interfaces, PinRoot, INGRESS_IFINDEX,
+};
+use redirector_tests::topology::Topology;
 use redirector_tests::scenario::{Family, Scenario};
 use redirector_tests::{require_root, use_probe_bin};
 
@@ -30,11 +36,42 @@ fn check(name: &str) {
     }
     use_probe_bin(env!("CARGO_BIN_EXE_probe"));
     use_dnsprobe_bin(env!("CARGO_BIN_EXE_dnsprobe"));
-    let report = run_case(&case(name));
+    let case = case(name);
+    if let Some(flag) = interface_list_of_the_pod(&case) {
+        if fallback_in_use(INGRESS_IFINDEX) {
+            // Without ingress_ifindex (a kernel before 5.17) the list is refused instead.
+            let topo = Topology::new("confiface");
+            let root = PinRoot::new("confiface");
+            let flags: Vec<&str> = case.flags.iter().map(String::as_str).collect();
+            assert!(!install_with_interfaces(
+                &topo.pod,
+                &topo.pod_cgroup,
+                &root,
+                &flags,
+                flag
+            ));
+            println!("{name}: refused, naming {flag} (the programs do without ingress_ifindex)");
+            return;
+        }
+    }
+    let report = run_case(&case);
     println!("{}", report.table());
     if let Some(failure) = report.failure() {
         panic!("{failure}");
     }
+}
+
+/// The interface list (`-c` or `-k`) of `case` that names an interface of the test pods
+/// (eth0), if any.
+fn interface_list_of_the_pod(case: &Case) -> Option<&'static str> {
+    case.flags.windows(2).find_map(|w| {
+        let flag = match w[0].as_str() {
+            "-c" => "-c",
+            "-k" => "-k",
+            _ => return None,
+        };
+        w[1].split(',').any(|i| i == "eth0").then_some(flag)
+    })
 }
 
 macro_rules! conformance_cases {

@@ -7,9 +7,9 @@ use redirector::sys::kernel::{Release, FORCE_FALLBACKS_ENV};
 use redirector_tests::bpftool::cgroup_attachments;
 use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::redirector::{
-    istio_iptables, pins_under, status, PinRoot, STANDARD_INJECTION,
+    istio_iptables, pins_under, redirector_bin, status, PinRoot, STANDARD_INJECTION,
 };
-use redirector_tests::{require_root, Cgroup, Topology};
+use redirector_tests::{require_root, Cgroup, NetNs, Spawn, Topology};
 
 /// The required features (no fallback) `status` found missing: `name (Linux x.y)` each.
 fn missing_required(status: &serde_json::Value) -> Vec<String> {
@@ -137,7 +137,7 @@ fn a_forced_fallback_is_shown_and_used() {
     }
     let root = PinRoot::new("forced");
     let out = redirector_tests::redirector::run_ok(
-        std::process::Command::new(redirector_tests::redirector::redirector_bin())
+        std::process::Command::new(redirector_bin())
             .args(["status", "--json", "--pin-root"])
             .arg(root.path())
             .env(FORCE_FALLBACKS_ENV, "memcg"),
@@ -161,6 +161,11 @@ fn a_forced_fallback_is_shown_and_used() {
     if !missing_required(&unforced).is_empty() {
         return; // A kernel redirector refuses runs no daemon.
     }
+    let memcg_fallback_needed = unforced["kernel"]["features"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|f| f["feature"] == "BPF memory charged to the cgroup (memcg)" && !f["fallback"].is_null());
     // Children inherit the test's soft limit; the hard one is left as it is.
     let mut limit = libc::rlimit {
         rlim_cur: 0,
@@ -189,15 +194,120 @@ fn a_forced_fallback_is_shown_and_used() {
     let (raised, ..) = started(&[(FORCE_FALLBACKS_ENV, "memcg")]);
     // SAFETY: as above.
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &saved) }, 0);
-    assert_eq!(
-        plain,
-        Some(limit.rlim_cur),
-        "no fallback: the limit as inherited"
-    );
     let hard = (saved.rlim_max != libc::RLIM_INFINITY).then_some(saved.rlim_max);
     assert!(
         raised.is_none() || raised == hard,
         "the fallback raises the soft limit to unlimited or the hard limit ({hard:?}): {raised:?}"
     );
-    assert_ne!(raised, plain);
+    if memcg_fallback_needed {
+        // The kernel lacks it (before 5.11): the daemon raises the limit either way.
+        assert_eq!(plain, raised);
+    } else {
+        assert_eq!(
+            plain,
+            Some(limit.rlim_cur),
+            "no fallback: the limit as inherited"
+        );
+    }
+}
+
+/// Without SO_NETNS_COOKIE (before Linux 5.14) a namespace's cookie is stamped on a socket
+/// made in it by a cgroup sock_create program, attached for that moment at the process's
+/// own cgroup. Forced, it finds the cookie the option gives (on a kernel without the
+/// option, the one the unforced run finds the same way), and leaves nothing attached.
+#[test]
+fn a_netns_cookie_stamped_by_the_fallback_is_the_kernels() {
+    if !require_root() {
+        return;
+    }
+    let netns = NetNs::new("cookie");
+    let cgroup = Cgroup::new("cookie");
+    let root = PinRoot::new("cookie");
+    // The cookie a dry-run cleanup of the namespace names, run in `cgroup`.
+    let cookie_read = |forced: Option<&str>| {
+        let mut run = Spawn::new(redirector_bin())
+            .args(["istio-iptables", "--cleanup-only", "--dry-run"])
+            .arg("--network-namespace")
+            .arg(netns.path())
+            .arg("--pin-root")
+            .arg(root.path())
+            .cgroup(&cgroup);
+        if let Some(keys) = forced {
+            run = run.env(FORCE_FALLBACKS_ENV, keys);
+        }
+        let out = run.output();
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{forced:?}: {log}");
+        log.split("of pod netns ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|cookie| cookie.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("{forced:?}: no netns cookie in: {log}"))
+    };
+    let plain = cookie_read(None);
+    assert_ne!(plain, 0);
+    use redirector::sys::kernel_probe::{run, Probe};
+    if run(Probe::SocketOption(libc::SO_NETNS_COOKIE)).unwrap() {
+        assert_eq!(plain, netns.cookie(), "SO_NETNS_COOKIE");
+    }
+    assert_eq!(cookie_read(Some("so-netns-cookie")), plain);
+    assert_eq!(cookie_read(Some("all")), plain);
+    assert_eq!(
+        cgroup_attachments(cgroup.path()),
+        Vec::new(),
+        "the stamp left attached"
+    );
+}
+
+/// With every fallback forced, as on a kernel before 5.14, the three programs are loaded
+/// as their variants and still do their work: an app's connection reaches the proxy, which
+/// reads the original destination through SO_ORIGINAL_DST (sock_ops and getsockopt finding
+/// the pod by the cookie stamped on its cgroup). The node cgroup cannot carry one pod's
+/// cookie, so a daemon refuses a pod with no cgroup of its own (exit 1, naming why) and
+/// nothing of it is attached.
+#[test]
+fn with_every_fallback_forced_the_variants_capture_and_a_pod_needs_its_own_cgroup() {
+    if !require_root() {
+        return;
+    }
+    use redirector_tests::redirector::{istio_iptables_command, run_ok};
+    use redirector_tests::{assert_proxied, use_probe_bin, ProxiedPod, APP_UID};
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let pod = ProxiedPod::new("allfb");
+    let root = PinRoot::new("allfb");
+    run_ok(
+        istio_iptables_command(&pod.topo.pod, &pod.topo.pod_cgroup, &root)
+            .args(STANDARD_INJECTION)
+            .env(FORCE_FALLBACKS_ENV, "all"),
+    );
+    assert_eq!(
+        status(&root)["objects"][0]["variants"],
+        serde_json::json!([
+            "track_sock_ops_cgroup_cookie",
+            "answer_getsockopt_cgroup_cookie",
+            "steer_sk_lookup_by_address"
+        ])
+    );
+    for v6 in [false, true] {
+        let dst = pod.service(v6);
+        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+    }
+
+    let (root, node, state) = (
+        PinRoot::new("allfbd"),
+        Cgroup::new("allfbnode"),
+        StateDir::new("allfbstate"),
+    );
+    let daemon = Daemon::start_with_env(&root, &node, &state, &[], &[(FORCE_FALLBACKS_ENV, "all")]);
+    let bare = NetNs::new("allfbbare");
+    let netns = bare.path().display().to_string();
+    let out = daemon.pod(&["add", "--netns", &netns, "--name", "default/bare", "--"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("cannot be attached at") && stderr.contains("each pod needs its own"),
+        "{stderr}"
+    );
+    assert!(cgroup_attachments(node.path()).is_empty());
+    assert!(daemon.pod_names().is_empty(), "{:?}", daemon.pod_names());
 }

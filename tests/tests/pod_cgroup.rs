@@ -74,12 +74,15 @@ fn programs_at_a_pods_cgroup_capture_it_and_no_other_pod() {
     let object = node_object(&root);
     let programs = NodePrograms::open(&object).expect("opening the node programs");
     let cgroup = pod.topo.pod_cgroup.path();
+    let cookie = redirector::sys::netns::Netns::open(&pod.topo.pod.path())
+        .expect("opening the pod's netns")
+        .cookie();
     let dst = pod.service(false);
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     assert!(attached_hooks(&programs, cgroup).unwrap().is_empty());
 
     // Attached at the pod's cgroup: captured, both families.
-    let hooks = attach(&programs, cgroup, true).expect("attaching at the pod's cgroup");
+    let hooks = attach(&programs, cgroup, true, cookie).expect("attaching at the pod's cgroup");
     assert_eq!(hooks.len(), NODE_PROGRAMS.len(), "{hooks:?}");
     connect_both(&pod, true);
     assert_eq!(attached_hooks(&programs, cgroup).unwrap(), hooks);
@@ -90,7 +93,7 @@ fn programs_at_a_pods_cgroup_capture_it_and_no_other_pod() {
         cgroup_attachments(cgroup)
     );
     // Again: nothing more is attached.
-    assert!(attach(&programs, cgroup, true).unwrap().is_empty());
+    assert!(attach(&programs, cgroup, true, cookie).unwrap().is_empty());
     assert_eq!(cgroup_attachments(cgroup).len(), NODE_PROGRAMS.len());
 
     // The pod beside it runs none of the programs, while the captured pod runs them.
@@ -127,7 +130,9 @@ fn attachments_go_with_the_pods_cgroup() {
     let programs = NodePrograms::open(&node_object(&root)).expect("opening the node programs");
     let pod = Cgroup::new("pcggonepod");
     let path = pod.path().to_path_buf();
-    attach(&programs, &path, true).expect("attaching at the pod's cgroup");
+    // No pod's namespace: any cookie does.
+    attach(&programs, &path, true, redirector_common::NetnsCookie(1))
+        .expect("attaching at the pod's cgroup");
     assert_eq!(cgroup_attachments(&path).len(), NODE_PROGRAMS.len());
     drop(pod);
     assert!(!path.exists());

@@ -8,7 +8,7 @@ use redirector_common::{NetnsCookie, Reason};
 
 use crate::{
     engine::live_pod::LivePod,
-    store::{pins::names_in, NodeMaps, ObjectPins, PinRoot},
+    store::{pins::names_in, programs::POD_PROGRAMS, NodeMaps, ObjectPins, PinRoot},
     sys::netns::Netns,
 };
 
@@ -43,6 +43,9 @@ struct KernelStatus {
 struct ObjectStatus {
     id: String,
     programs: Vec<String>,
+    /// The programs loaded as their variant for a kernel without a feature (the variant's
+    /// function), pinned under the program's name.
+    variants: Vec<&'static str>,
     /// Daemon mode: the hooks attached once at the node cgroup.
     node_links: Vec<String>,
     /// Other programs on the hooks of the cgroup paths this object's links are attached
@@ -93,6 +96,11 @@ fn read_status(root: &PinRoot, only: Option<NetnsCookie>) -> anyhow::Result<Stat
     let mut objects = Vec::new();
     for object in root.objects().context("listing pinned objects")? {
         let programs = names_in(&object.progs_dir()).context("listing programs")?;
+        let variants = POD_PROGRAMS
+            .iter()
+            .filter(|spec| object.uses_variant(spec))
+            .filter_map(|spec| spec.variant.map(|v| v.function))
+            .collect();
         let maps = NodeMaps::fill(&object)?
             .into_iter()
             .map(|(name, entries, capacity)| MapFill {
@@ -141,6 +149,7 @@ fn read_status(root: &PinRoot, only: Option<NetnsCookie>) -> anyhow::Result<Stat
         objects.push(ObjectStatus {
             id: object.id().to_string(),
             programs,
+            variants,
             node_links,
             neighbours,
             maps,
@@ -239,6 +248,12 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
     for object in &status.objects {
         println!("object {}", object.id);
         println!("  programs: {}", object.programs.join(" "));
+        if !object.variants.is_empty() {
+            println!(
+                "  loaded as variants for this kernel: {}",
+                object.variants.join(" ")
+            );
+        }
         for program in &object.neighbours {
             println!("  other program on a linked cgroup path: {program}");
         }

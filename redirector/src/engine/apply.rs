@@ -25,8 +25,11 @@ use crate::{
     engine::pod_keys::PodKeys,
     engine::remove::{collect_if_unused, key_of, remove, retire, unpinned},
     store::{
-        bpf_sys, ensure_loaded, open_program, programs::AttachTarget, EbpfObject, NodeLock,
-        NodeMaps, ObjectId, ObjectPins, OpenMaps, PinRoot, PodPins,
+        bpf_sys,
+        cgroup_cookie::CookieStamps,
+        ensure_loaded, open_program,
+        programs::{AttachTarget, ProgramKind, POD_PROGRAMS},
+        EbpfObject, NodeLock, NodeMaps, ObjectId, ObjectPins, OpenMaps, PinRoot, PodPins,
     },
     sys::fault,
     sys::fs_error::{fs_err, FsError},
@@ -128,6 +131,10 @@ fn apply_once(
     let load_started = Instant::now();
     let (obj, object_loaded) = ensure_loaded(root, object)?;
     let object_load_time = object_loaded.then(|| load_started.elapsed());
+    if let Err(err) = supported(&obj, plan) {
+        collect_if_unused(&obj)?;
+        return Err(err);
+    }
     let ops = pod_diff.target.as_ref().expect("a plan has a target");
     let mut undo = Vec::new();
     let target_maps = maps.get(&obj)?;
@@ -201,6 +208,26 @@ fn attach_targets(plan: &PodPlan, netns: &Netns) -> Result<AttachTargets, Engine
     })
 }
 
+/// Refuses a plan that needs what the node's programs were loaded without: the interface
+/// lists (-c, -k) where sk_lookup is the variant without `ingress_ifindex`. Only lists
+/// naming an interface of the pod count: the others change nothing.
+fn supported(obj: &ObjectPins, plan: &PodPlan) -> Result<(), EngineError> {
+    let without_ifindex = POD_PROGRAMS
+        .iter()
+        .any(|spec| spec.kind == ProgramKind::SkLookup && obj.uses_variant(spec));
+    if !without_ifindex {
+        return Ok(());
+    }
+    let flag = if plan.config.exclude_iface_count > 0 {
+        "-c (the interfaces whose inbound traffic is not captured)"
+    } else if plan.config.virt_iface_count > 0 {
+        "-k (the interfaces whose inbound traffic is treated as outbound)"
+    } else {
+        return Ok(());
+    };
+    Err(EngineError::NeedsIngressIfindex { flag })
+}
+
 /// One write to take back if a later step fails.
 enum Undo {
     Config(Option<PodConfig>),
@@ -247,6 +274,8 @@ fn stage(
         _ => None,
     };
     let mut staged = Vec::new();
+    // Opened at the first program that reads the pod's cookie from its cgroup.
+    let mut stamps: Option<CookieStamps> = None;
     // Made just before its first link, so that an apply stopped earlier leaves none.
     let mut pod_dir_made = false;
     for write in writes {
@@ -342,6 +371,27 @@ fn stage(
                 bpf_sys::obj_pin(link.as_fd(), &path).map_err(fs_err("pinning link", &path))?;
                 undo.push(Undo::StagedLink(path.clone()));
                 fault::step("a staged link");
+                if spec.target == AttachTarget::Cgroup
+                    && spec.variant.is_some_and(|v| v.reads_cgroup_cookie)
+                    && obj.uses_variant(spec)
+                {
+                    let (path, file) = cgroup.as_ref().ok_or(EngineError::NoCgroup {
+                        program: spec.function,
+                    })?;
+                    if stamps.is_none() {
+                        stamps = Some(CookieStamps::open(obj)?);
+                    }
+                    if let Some(stamps) = &stamps {
+                        stamps
+                            .write(file, spec.attach_type, cookie)
+                            .map_err(|source| EngineError::Attach {
+                                program: spec.function,
+                                target: path.display().to_string(),
+                                source,
+                                blocked: None,
+                            })?;
+                    }
+                }
                 staged.push(Staged {
                     hook: spec.hook,
                     path,

@@ -43,6 +43,18 @@ pub enum EngineError {
     },
     #[error("{program} attaches to the pod's cgroup, but the plan has none")]
     NoCgroup { program: &'static str },
+    #[error(
+        "the node's programs read each pod's netns cookie from the cgroup they are attached at \
+         (this kernel's sock_ops and getsockopt programs cannot call bpf_get_netns_cookie, \
+         Linux 5.15), so they cannot be attached at {cgroup}, a cgroup of many pods: each pod \
+         needs its own (give the pod's UID or cgroup)"
+    )]
+    SharedCgroup { cgroup: String },
+    #[error(
+        "{flag} needs ingress_ifindex in sk_lookup programs (Linux 5.17), which the node's \
+         programs were loaded without (the kernel lacks it): nothing was applied"
+    )]
+    NeedsIngressIfindex { flag: &'static str },
     #[error(transparent)]
     Fs(#[from] FsError),
     #[error("{} removal(s) failed: {}", .0.len(), .0.join("; "))]

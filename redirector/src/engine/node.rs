@@ -131,6 +131,11 @@ pub fn attach_node(
     let cgroup_file = fs::File::open(cgroup).map_err(cgroup_err)?;
     let cgroup_id = cgroup_file.metadata().map_err(cgroup_err)?.ino();
     let (obj, _) = ensure_loaded(root, object)?;
+    if obj.reads_cgroup_cookie() {
+        return Err(EngineError::SharedCgroup {
+            cgroup: cgroup.display().to_string(),
+        });
+    }
     let node = obj.node();
     fs::create_dir_all(node.dir()).map_err(fs_err("creating", node.dir()))?;
     let mut attached = Vec::new();

@@ -11,10 +11,14 @@ use std::{
     path::Path,
 };
 
+use redirector_common::NetnsCookie;
+
 use crate::{
     engine::error::EngineError,
     store::{
-        bpf_sys, open_program,
+        bpf_sys,
+        cgroup_cookie::CookieStamps,
+        open_program,
         programs::{is_dns, ProgramSpec, NODE_PROGRAMS},
         ObjectPins,
     },
@@ -45,15 +49,21 @@ struct Program {
     spec: &'static ProgramSpec,
     fd: OwnedFd,
     id: u32,
+    /// Loaded as the variant that reads the pod's cookie from its cgroup.
+    reads_cookie: bool,
 }
 
 /// An object's node programs, open: opened once for many pods (the daemon keeps them; an
 /// upgrade opens each object's once for all its pods).
-pub struct NodePrograms(Vec<Program>);
+pub struct NodePrograms {
+    programs: Vec<Program>,
+    /// The object's `POD_COOKIE`, when a program reads it.
+    stamps: Option<CookieStamps>,
+}
 
 impl NodePrograms {
     pub fn open(object: &ObjectPins) -> Result<Self, EngineError> {
-        NODE_PROGRAMS
+        let programs: Vec<Program> = NODE_PROGRAMS
             .iter()
             .map(|spec| {
                 let fd = open_program(object, spec.function)?;
@@ -64,10 +74,44 @@ impl NodePrograms {
                         e,
                     )
                 })?;
-                Ok(Program { spec, fd, id })
+                let reads_cookie = object.uses_variant(spec)
+                    && spec.variant.is_some_and(|v| v.reads_cgroup_cookie);
+                Ok(Program {
+                    spec,
+                    fd,
+                    id,
+                    reads_cookie,
+                })
             })
-            .collect::<Result<_, EngineError>>()
-            .map(NodePrograms)
+            .collect::<Result<_, EngineError>>()?;
+        let stamps = if programs.iter().any(|p| p.reads_cookie) {
+            Some(CookieStamps::open(object)?)
+        } else {
+            None
+        };
+        Ok(NodePrograms { programs, stamps })
+    }
+
+    /// Whether a program reads the pod's cookie from the cgroup it is attached at: then
+    /// it cannot be attached at a cgroup many pods share.
+    pub fn read_cgroup_cookie(&self) -> bool {
+        self.stamps.is_some()
+    }
+
+    /// Stamp `cookie` for `program`, just attached at `cgroup`, if it reads it.
+    fn stamp(
+        &self,
+        program: &Program,
+        file: &fs::File,
+        cgroup: &Path,
+        cookie: NetnsCookie,
+    ) -> Result<(), EngineError> {
+        match &self.stamps {
+            Some(stamps) if program.reads_cookie => stamps
+                .write(file, program.spec.attach_type, cookie)
+                .map_err(|source| attach_err(program, cgroup, source)),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -94,7 +138,7 @@ pub fn attached_hooks(
 ) -> Result<Vec<&'static str>, EngineError> {
     let file = open_cgroup(cgroup)?;
     let mut hooks = Vec::new();
-    for program in &programs.0 {
+    for program in &programs.programs {
         if attached_at(&file, cgroup, program)? {
             hooks.push(program.spec.hook);
         }
@@ -111,16 +155,18 @@ pub fn wanted(spec: &ProgramSpec, dns: bool) -> bool {
 /// Attach the node programs at the pod's `cgroup` — the UDP DNS ones only when the pod's
 /// DNS is captured (`dns`), as an init container's pod gets them — each where it is not
 /// attached already; the hooks attached now. On failure those are detached again, so a
-/// pod is never left with part of the programs (half its connections captured).
+/// pod is never left with part of the programs (half its connections captured). `cookie`
+/// is the pod's, stamped for the programs that read it from the cgroup.
 pub fn attach(
     programs: &NodePrograms,
     cgroup: &Path,
     dns: bool,
+    cookie: NetnsCookie,
 ) -> Result<Vec<&'static str>, EngineError> {
     let file = open_cgroup(cgroup)?;
     let mut done: Vec<&Program> = Vec::new();
     let result = (|| {
-        for program in &programs.0 {
+        for program in &programs.programs {
             let wanted = wanted(program.spec, dns);
             let attached = attached_at(&file, cgroup, program)?;
             if !wanted && attached {
@@ -148,6 +194,7 @@ pub fn attach(
                 source,
             })?;
             done.push(program);
+            programs.stamp(program, &file, cgroup, cookie)?;
         }
         Ok(())
     })();
@@ -175,7 +222,7 @@ pub fn detach(programs: &NodePrograms, cgroup: &Path) -> Result<usize, EngineErr
         return Ok(0);
     };
     let mut detached = 0;
-    for program in &programs.0 {
+    for program in &programs.programs {
         if !attached_at(&file, cgroup, program)? {
             continue;
         }
@@ -209,7 +256,7 @@ pub fn detach_ours(cgroup: &Path) -> Result<usize, EngineError> {
             };
             let (_, name) = bpf_sys::program_id_and_name(prog.as_fd()).unwrap_or_default();
             // The kernel keeps 15 bytes of a name.
-            if name.is_empty() || !spec.function.starts_with(&name) {
+            if name.is_empty() || !spec.functions().any(|f| f.starts_with(&name)) {
                 continue;
             }
             bpf_sys::prog_detach(prog.as_fd(), file.as_fd(), spec.attach_type)
@@ -223,14 +270,37 @@ pub fn detach_ours(cgroup: &Path) -> Result<usize, EngineError> {
 /// Put `new`'s programs in the place of `old`'s at the pod's `cgroup`, each in one step
 /// (`BPF_F_REPLACE`: the hook never runs without one of them); how many were switched. On
 /// failure the ones switched are switched back.
-pub fn switch(old: &NodePrograms, new: &NodePrograms, cgroup: &Path) -> Result<usize, EngineError> {
+pub fn switch(
+    old_set: &NodePrograms,
+    new_set: &NodePrograms,
+    cgroup: &Path,
+) -> Result<usize, EngineError> {
     let file = open_cgroup(cgroup)?;
     let mut done: Vec<(&Program, &Program)> = Vec::new();
     let result = (|| {
-        for (old, new) in old.0.iter().zip(&new.0) {
+        for (old, new) in old_set.programs.iter().zip(&new_set.programs) {
             if !attached_at(&file, cgroup, old)? {
                 continue;
             }
+            // The pod's cookie goes over to a program that reads it, read before the old
+            // program's entry goes with it.
+            let cookie = match &old_set.stamps {
+                _ if !new.reads_cookie => None,
+                Some(stamps) if old.reads_cookie => Some(
+                    stamps
+                        .read(&file, old.spec.attach_type)
+                        .map_err(|source| attach_err(old, cgroup, source))?,
+                ),
+                _ => {
+                    return Err(attach_err(
+                        new,
+                        cgroup,
+                        std::io::Error::other(
+                            "the program reads the pod's netns cookie from its cgroup, and the program it replaces did not keep it there",
+                        ),
+                    ))
+                }
+            };
             bpf_sys::prog_attach(
                 new.fd.as_fd(),
                 file.as_fd(),
@@ -239,6 +309,9 @@ pub fn switch(old: &NodePrograms, new: &NodePrograms, cgroup: &Path) -> Result<u
             )
             .map_err(|source| attach_err(new, cgroup, source))?;
             done.push((old, new));
+            if let Some(cookie) = cookie {
+                new_set.stamp(new, &file, cgroup, cookie)?;
+            }
         }
         Ok(())
     })();

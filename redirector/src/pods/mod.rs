@@ -179,7 +179,9 @@ impl Pods {
         match &record.cgroup {
             Some(cgroup) => self
                 .node_programs()
-                .and_then(|programs| crate::engine::pod_cgroup::attach(&programs, cgroup, dns))
+                .and_then(|programs| {
+                    crate::engine::pod_cgroup::attach(&programs, cgroup, dns, record.cookie())
+                })
                 .map(drop)
                 .map_err(failed),
             None => {
@@ -328,6 +330,19 @@ impl Pods {
         let keys = PodKeys::of(&plan);
         let previous = self.records.get(cookie)?;
         let cgroup = self.pod_cgroup(cgroup, previous.as_ref(), netns_path);
+        if cgroup.is_none() && self.pins().reads_cgroup_cookie() {
+            // Before anything is written: the node cgroup cannot carry this pod's cookie.
+            return Err(PodError::Apply {
+                cookie,
+                source: Box::new(EngineError::SharedCgroup {
+                    cgroup: self.node_cgroup.as_deref().map_or_else(
+                        || "the node cgroup".to_owned(),
+                        |node| node.display().to_string(),
+                    ),
+                }),
+            });
+        }
+        let new_pod = previous.is_none();
         let mut maps = self.maps();
         let known = self.note_keys(previous, &keys)?;
         let outcome = capture(
@@ -357,7 +372,23 @@ impl Pods {
         };
         // Saved first: a pod whose programs are attached is always one the record names.
         self.records.save(&record)?;
-        self.attach_programs(&record, captures_dns(&plan.config))?;
+        if let Err(err) = self.attach_programs(&record, captures_dns(&plan.config)) {
+            // A new pod goes again rather than stay half set up (its entries with no
+            // program); one set up before keeps what it had attached.
+            if new_pod {
+                let removed = remove_pod(
+                    &self.root,
+                    &self.records,
+                    Some(record),
+                    Some(cookie),
+                    &mut self.maps(),
+                );
+                if let Err(undo) = removed {
+                    tracing::warn!("removing the pod whose programs were not attached: {undo}");
+                }
+            }
+            return Err(err);
+        }
         let took = started.elapsed();
         let (change, config) = match outcome {
             // Just written: the plan's config.

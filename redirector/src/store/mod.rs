@@ -2,6 +2,7 @@
 //! pin layout on bpffs, the node lock, and the few raw bpf(2) calls aya lacks.
 
 pub mod bpf_sys;
+pub mod cgroup_cookie;
 pub mod growing;
 pub mod lock;
 pub mod node_maps;

@@ -338,11 +338,21 @@ fn load_and_pin(
     let mut by_name: std::collections::HashMap<&str, &mut Program> = ebpf.programs_mut().collect();
     let mut programs = Vec::with_capacity(POD_PROGRAMS.len());
     for spec in &POD_PROGRAMS {
+        // A variant is loaded in the program's place, under its name, where the kernel
+        // lacks what the program uses; the marker tells the attaching code.
+        let function = match spec.variant {
+            Some(variant) if crate::sys::kernel::needs_fallback(variant.feature) => {
+                let marker = staging.variant_marker(variant.function);
+                fs::create_dir_all(&marker).map_err(fs_err("creating", &marker))?;
+                variant.function
+            }
+            _ => spec.function,
+        };
         let program = by_name
-            .remove(spec.function)
+            .remove(function)
             .ok_or_else(|| ObjectError::Incomplete {
                 path: "embedded object".into(),
-                missing: spec.function.into(),
+                missing: function.into(),
             })?;
         programs.push((spec, program));
     }

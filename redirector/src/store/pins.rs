@@ -25,7 +25,10 @@ use std::{
 
 use redirector_common::NetnsCookie;
 
-use super::{bpf_sys, programs::POD_PROGRAMS};
+use super::{
+    bpf_sys,
+    programs::{ProgramSpec, POD_PROGRAMS},
+};
 use crate::sys::fs_error::gone_ok;
 
 /// Unpin the link at `path` and detach it at once. The kernel detaches an unpinned link
@@ -45,6 +48,8 @@ pub fn unpin_link(path: &Path) -> io::Result<()> {
 }
 
 const FORMAT_PREFIX: &str = "format-";
+/// Names the marker of a program loaded in its variant's form.
+const VARIANT_PREFIX: &str = "variant-";
 pub const DEFAULT_ROOT: &str = "/sys/fs/bpf/redirector";
 /// Marks a pin that is not in place yet. bpffs rejects names containing '.', so no
 /// dotfiles.
@@ -234,6 +239,26 @@ impl ObjectPins {
     /// The marker of format `format` in this object.
     pub fn format_marker(&self, format: u32) -> PathBuf {
         self.dir.join(format!("{FORMAT_PREFIX}{format}"))
+    }
+
+    /// The marker of a program loaded in its variant's form (`function` is the variant's):
+    /// an empty directory, made when the object was loaded.
+    pub fn variant_marker(&self, function: &str) -> PathBuf {
+        self.dir.join(format!("{VARIANT_PREFIX}{function}"))
+    }
+
+    /// Whether the program of `spec` was loaded in its variant's form.
+    pub fn uses_variant(&self, spec: &ProgramSpec) -> bool {
+        spec.variant
+            .is_some_and(|v| self.variant_marker(v.function).exists())
+    }
+
+    /// Whether a program was loaded as the variant that reads the pod's netns cookie from
+    /// the cgroup it is attached at.
+    pub fn reads_cgroup_cookie(&self) -> bool {
+        POD_PROGRAMS.iter().any(|spec| {
+            spec.variant.is_some_and(|v| v.reads_cgroup_cookie) && self.uses_variant(spec)
+        })
     }
 
     /// The node-level links of daemon mode: the cgroup programs attached once at the node

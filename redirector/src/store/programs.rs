@@ -1,5 +1,7 @@
 //! The programs of the eBPF object and where each one attaches.
 
+use crate::sys::kernel::keys;
+
 /// `enum bpf_attach_type` values (include/uapi/linux/bpf.h).
 pub mod attach_type {
     pub const CGROUP_SOCK_OPS: u32 = 3;
@@ -41,6 +43,26 @@ pub struct ProgramSpec {
     pub kind: ProgramKind,
     pub attach_type: u32,
     pub target: AttachTarget,
+    /// The program's form for kernels without a feature it uses.
+    pub variant: Option<Variant>,
+}
+
+/// A program's other form, loaded in its place (and pinned under its name) where the
+/// kernel lacks `feature` (a [`crate::sys::kernel::keys`] key) or its fallback is forced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Variant {
+    pub function: &'static str,
+    pub feature: &'static str,
+    /// It reads the pod's netns cookie from the cgroup it is attached at (the `POD_COOKIE`
+    /// cgroup storage), which user space writes after each attach.
+    pub reads_cgroup_cookie: bool,
+}
+
+impl ProgramSpec {
+    /// The function names the program may have been loaded from.
+    pub fn functions(&self) -> impl Iterator<Item = &'static str> {
+        std::iter::once(self.function).chain(self.variant.map(|v| v.function))
+    }
 }
 
 /// Every program of the object. A pod gets the first [`BASE_PROGRAMS`], in this order (the
@@ -53,6 +75,11 @@ pub const POD_PROGRAMS: [ProgramSpec; 11] = [
         kind: ProgramKind::SockOps,
         attach_type: attach_type::CGROUP_SOCK_OPS,
         target: AttachTarget::Cgroup,
+        variant: Some(Variant {
+            function: "track_sock_ops_cgroup_cookie",
+            feature: keys::NETNS_COOKIE_SOCK_OPS,
+            reads_cgroup_cookie: true,
+        }),
     },
     ProgramSpec {
         function: "answer_getsockopt",
@@ -60,6 +87,11 @@ pub const POD_PROGRAMS: [ProgramSpec; 11] = [
         kind: ProgramKind::CgroupSockopt,
         attach_type: attach_type::CGROUP_GETSOCKOPT,
         target: AttachTarget::Cgroup,
+        variant: Some(Variant {
+            function: "answer_getsockopt_cgroup_cookie",
+            feature: keys::NETNS_COOKIE_GETSOCKOPT,
+            reads_cgroup_cookie: true,
+        }),
     },
     ProgramSpec {
         function: "steer_sk_lookup",
@@ -67,6 +99,11 @@ pub const POD_PROGRAMS: [ProgramSpec; 11] = [
         kind: ProgramKind::SkLookup,
         attach_type: attach_type::SK_LOOKUP,
         target: AttachTarget::Netns,
+        variant: Some(Variant {
+            function: "steer_sk_lookup_by_address",
+            feature: keys::INGRESS_IFINDEX,
+            reads_cgroup_cookie: false,
+        }),
     },
     ProgramSpec {
         function: "capture_connect4",
@@ -74,6 +111,7 @@ pub const POD_PROGRAMS: [ProgramSpec; 11] = [
         kind: ProgramKind::CgroupSockAddr,
         attach_type: attach_type::CGROUP_INET4_CONNECT,
         target: AttachTarget::Cgroup,
+        variant: None,
     },
     ProgramSpec {
         function: "capture_connect6",
@@ -81,6 +119,7 @@ pub const POD_PROGRAMS: [ProgramSpec; 11] = [
         kind: ProgramKind::CgroupSockAddr,
         attach_type: attach_type::CGROUP_INET6_CONNECT,
         target: AttachTarget::Cgroup,
+        variant: None,
     },
     ProgramSpec {
         function: "restore_getpeername4",
@@ -88,6 +127,7 @@ pub const POD_PROGRAMS: [ProgramSpec; 11] = [
         kind: ProgramKind::CgroupSockAddr,
         attach_type: attach_type::CGROUP_INET4_GETPEERNAME,
         target: AttachTarget::Cgroup,
+        variant: None,
     },
     ProgramSpec {
         function: "restore_getpeername6",
@@ -95,6 +135,7 @@ pub const POD_PROGRAMS: [ProgramSpec; 11] = [
         kind: ProgramKind::CgroupSockAddr,
         attach_type: attach_type::CGROUP_INET6_GETPEERNAME,
         target: AttachTarget::Cgroup,
+        variant: None,
     },
     ProgramSpec {
         function: "restore_recvmsg4",
@@ -102,6 +143,7 @@ pub const POD_PROGRAMS: [ProgramSpec; 11] = [
         kind: ProgramKind::CgroupSockAddr,
         attach_type: attach_type::CGROUP_UDP4_RECVMSG,
         target: AttachTarget::Cgroup,
+        variant: None,
     },
     ProgramSpec {
         function: "restore_recvmsg6",
@@ -109,6 +151,7 @@ pub const POD_PROGRAMS: [ProgramSpec; 11] = [
         kind: ProgramKind::CgroupSockAddr,
         attach_type: attach_type::CGROUP_UDP6_RECVMSG,
         target: AttachTarget::Cgroup,
+        variant: None,
     },
     ProgramSpec {
         function: "capture_sendmsg4",
@@ -116,6 +159,7 @@ pub const POD_PROGRAMS: [ProgramSpec; 11] = [
         kind: ProgramKind::CgroupSockAddr,
         attach_type: attach_type::CGROUP_UDP4_SENDMSG,
         target: AttachTarget::Cgroup,
+        variant: None,
     },
     ProgramSpec {
         function: "capture_sendmsg6",
@@ -123,6 +167,7 @@ pub const POD_PROGRAMS: [ProgramSpec; 11] = [
         kind: ProgramKind::CgroupSockAddr,
         attach_type: attach_type::CGROUP_UDP6_SENDMSG,
         target: AttachTarget::Cgroup,
+        variant: None,
     },
 ];
 

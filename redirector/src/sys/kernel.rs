@@ -24,9 +24,22 @@ pub struct Feature {
     pub fallback: Option<&'static str>,
 }
 
+/// The [`Feature::key`]s code asks about.
+pub mod keys {
+    pub const MEMCG: &str = "memcg";
+    pub const SO_NETNS_COOKIE: &str = "so-netns-cookie";
+    pub const NETNS_COOKIE_SOCK_OPS: &str = "netns-cookie-sock-ops";
+    pub const NETNS_COOKIE_GETSOCKOPT: &str = "netns-cookie-getsockopt";
+    pub const INGRESS_IFINDEX: &str = "ingress-ifindex";
+}
+
+/// The fallback for the netns cookie in sock_ops and getsockopt programs.
+const POD_COOKIE_ON_CGROUP: &str =
+    "the pod's netns cookie stamped on its cgroup (cgroup storage), read by sock_ops and getsockopt";
+
 /// BPF memory charged to memcg (5.11): libbpf's sign of it is a helper of the same release.
 const MEMCG: Feature = Feature {
-    key: "memcg",
+    key: keys::MEMCG,
     name: "BPF memory charged to the cgroup (memcg)",
     since: Release(5, 11, 0),
     probe: Probe::Helper {
@@ -108,14 +121,14 @@ pub const FEATURES: &[Feature] = &[
     },
     MEMCG,
     Feature {
-        key: "so-netns-cookie",
+        key: keys::SO_NETNS_COOKIE,
         name: "the SO_NETNS_COOKIE socket option",
         since: Release(5, 14, 0),
         probe: Probe::SocketOption(libc::SO_NETNS_COOKIE),
-        fallback: None,
+        fallback: Some("a namespace's cookie stamped on a socket made in it by a cgroup sock_create program"),
     },
     Feature {
-        key: "netns-cookie-sock-ops",
+        key: keys::NETNS_COOKIE_SOCK_OPS,
         name: "bpf_get_netns_cookie in sock_ops programs",
         since: Release(5, 15, 0),
         probe: Probe::Helper {
@@ -123,10 +136,10 @@ pub const FEATURES: &[Feature] = &[
             attach: attach::CGROUP_SOCK_OPS,
             helper: helper::GET_NETNS_COOKIE,
         },
-        fallback: None,
+        fallback: Some(POD_COOKIE_ON_CGROUP),
     },
     Feature {
-        key: "netns-cookie-getsockopt",
+        key: keys::NETNS_COOKIE_GETSOCKOPT,
         name: "bpf_get_netns_cookie in cgroup getsockopt programs",
         since: Release(5, 15, 0),
         probe: Probe::Helper {
@@ -134,10 +147,10 @@ pub const FEATURES: &[Feature] = &[
             attach: attach::CGROUP_GETSOCKOPT,
             helper: helper::GET_NETNS_COOKIE,
         },
-        fallback: None,
+        fallback: Some(POD_COOKIE_ON_CGROUP),
     },
     Feature {
-        key: "ingress-ifindex",
+        key: keys::INGRESS_IFINDEX,
         name: "ingress_ifindex in sk_lookup programs",
         since: Release(5, 17, 0),
         probe: Probe::ContextField {
@@ -145,7 +158,9 @@ pub const FEATURES: &[Feature] = &[
             attach: attach::SK_LOOKUP,
             offset: SK_LOOKUP_INGRESS_IFINDEX,
         },
-        fallback: None,
+        fallback: Some(
+            "\"arrived on lo\" told by the destination address; -c and -k refused for a pod",
+        ),
     },
 ];
 
@@ -173,13 +188,28 @@ fn present(feature: &Feature) -> std::io::Result<bool> {
     crate::sys::kernel_probe::run(feature.probe)
 }
 
+/// The feature with `key` (one of [`keys`]).
+fn feature(key: &str) -> &'static Feature {
+    FEATURES
+        .iter()
+        .find(|f| f.key == key)
+        .unwrap_or_else(|| panic!("no kernel feature {key}"))
+}
+
+/// Whether the fallback of the feature with `key` is to be used: forced by
+/// [`FORCE_FALLBACKS_ENV`], or the running kernel lacks the feature (probed now: one tiny
+/// program load or socket option; a probe that cannot tell keeps the feature).
+pub fn needs_fallback(key: &str) -> bool {
+    !present(feature(key)).unwrap_or(true)
+}
+
 /// Before BPF memory was charged to the cgroup (5.11) maps and programs counted against
 /// RLIMIT_MEMLOCK, whose default (8 MiB, or 64 KiB on older systems) a node's object
 /// exceeds: raised for this process there — to unlimited, or to the hard limit where the
 /// process may not raise that — and left alone where the kernel charges memcg. Best
 /// effort: a limit still too low shows up as the load's own error.
 pub fn raise_memlock_where_needed() {
-    if present(&MEMCG).unwrap_or(true) {
+    if !needs_fallback(keys::MEMCG) {
         return;
     }
     let mut limit = libc::rlimit {
@@ -354,13 +384,11 @@ mod tests {
     fn only_required_features_found_missing_are_named() {
         assert!(missing_required(&probed(&[])).is_empty());
         let missing = missing_required(&probed(&[
+            "sk_lookup programs",
             "ingress_ifindex in sk_lookup programs",
             "BPF memory charged to the cgroup (memcg)",
         ]));
-        assert_eq!(
-            missing,
-            ["ingress_ifindex in sk_lookup programs (Linux 5.17)"]
-        );
+        assert_eq!(missing, ["sk_lookup programs (Linux 5.9)"]);
         let mut unknown = probed(&[]);
         unknown[0].present = None;
         assert!(

@@ -34,6 +34,7 @@ pub enum Probe {
 /// `enum bpf_prog_type` values the probes use.
 pub mod prog_type {
     pub const SOCKET_FILTER: u32 = 1;
+    pub const CGROUP_SOCK: u32 = 9;
     pub const SOCK_OPS: u32 = 13;
     pub const CGROUP_SOCK_ADDR: u32 = 18;
     pub const CGROUP_SOCKOPT: u32 = 25;
@@ -43,6 +44,7 @@ pub mod prog_type {
 /// `enum bpf_attach_type` values the probes use.
 pub mod attach {
     pub const NONE: u32 = 0;
+    pub const CGROUP_INET_SOCK_CREATE: u32 = 2;
     pub const CGROUP_SOCK_OPS: u32 = 3;
     pub const CGROUP_INET4_CONNECT: u32 = 10;
     pub const CGROUP_UDP4_SENDMSG: u32 = 14;
@@ -62,16 +64,21 @@ pub mod helper {
 /// `offsetof(struct bpf_sk_lookup, ingress_ifindex)`.
 pub const SK_LOOKUP_INGRESS_IFINDEX: i16 = 64;
 
-// Instruction codes: BPF_ALU64|BPF_MOV|BPF_K, BPF_JMP|BPF_EXIT, BPF_JMP|BPF_CALL,
-// BPF_LDX|BPF_MEM|BPF_W.
-const MOV64_IMM: u8 = 0xb7;
-const EXIT: u8 = 0x95;
-const CALL: u8 = 0x85;
-const LDX_W: u8 = 0x61;
+// Instruction codes: BPF_ALU64|BPF_MOV|BPF_K, BPF_ALU64|BPF_MOV|BPF_X,
+// BPF_ALU64|BPF_RSH|BPF_K, BPF_JMP|BPF_EXIT, BPF_JMP|BPF_CALL, BPF_JMP|BPF_JNE|BPF_K,
+// BPF_LDX|BPF_MEM|BPF_W, BPF_STX|BPF_MEM|BPF_W.
+pub(crate) const MOV64_IMM: u8 = 0xb7;
+pub(crate) const MOV64_REG: u8 = 0xbf;
+pub(crate) const RSH64_IMM: u8 = 0x77;
+pub(crate) const EXIT: u8 = 0x95;
+pub(crate) const CALL: u8 = 0x85;
+pub(crate) const JNE_IMM: u8 = 0x55;
+pub(crate) const LDX_W: u8 = 0x61;
+pub(crate) const STX_W: u8 = 0x63;
 
 /// One `struct bpf_insn` as the kernel reads it from memory: its register nibbles are a C
 /// bitfield, whose order follows the byte order.
-fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> u64 {
+pub(crate) fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> u64 {
     let regs = if cfg!(target_endian = "little") {
         dst | src << 4
     } else {
@@ -127,19 +134,17 @@ fn loads(prog_type: u32, attach: u32, insns: &[u64]) -> io::Result<bool> {
     match bpf_sys::prog_load(prog_type, attach, insns, &mut log) {
         Ok(_program) => Ok(true),
         Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EACCES)) => Ok(false),
-        Err(e) => {
-            let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
-            let log = String::from_utf8_lossy(&log[..end]);
-            Err(io::Error::new(
-                e.kind(),
-                format!("loading a probe program: {e}{}", verifier_note(&log)),
-            ))
-        }
+        Err(e) => Err(io::Error::new(
+            e.kind(),
+            format!("loading a probe program: {e}{}", verifier_note(&log)),
+        )),
     }
 }
 
-fn verifier_note(log: &str) -> String {
-    match log.trim() {
+/// The verifier's log (NUL-terminated in `log`) as a note for an error, if it said anything.
+pub(crate) fn verifier_note(log: &[u8]) -> String {
+    let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+    match String::from_utf8_lossy(&log[..end]).trim() {
         "" => String::new(),
         log => format!(" (verifier: {log})"),
     }

@@ -10,6 +10,7 @@ pub mod kernel;
 pub mod kernel_probe;
 pub(crate) mod netlink;
 pub mod netns;
+pub mod netns_cookie;
 pub mod pod_cgroup;
 pub(crate) mod sock_diag;
 pub mod user_ns;

@@ -20,7 +20,7 @@ pub enum NetnsError {
     Open { path: String, source: io::Error },
     #[error("entering network namespace {path}: {source}")]
     Enter { path: String, source: io::Error },
-    #[error("reading the cookie of network namespace {path} (needs Linux 5.14+): {source}")]
+    #[error("reading the cookie of network namespace {path}: {source}")]
     Cookie { path: String, source: io::Error },
     #[error("a thread working in network namespace {path} panicked")]
     Panicked { path: String },
@@ -239,23 +239,8 @@ impl AsFd for Netns {
 }
 
 /// A NETLINK_SOCK_DIAG socket of the calling thread's network namespace, and the
-/// namespace's cookie read from it.
+/// namespace's cookie.
 fn diag_socket_and_cookie() -> io::Result<(OwnedFd, NetnsCookie)> {
     let sock = crate::sys::netlink::socket(crate::sys::sock_diag::NETLINK_SOCK_DIAG)?;
-    let mut cookie = 0u64;
-    let mut len = size_of::<u64>() as libc::socklen_t;
-    // SAFETY: the buffer and its length describe `cookie`.
-    let ret = unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_NETNS_COOKIE,
-            (&raw mut cookie).cast(),
-            &mut len,
-        )
-    };
-    if ret != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok((sock, NetnsCookie(cookie)))
+    Ok((sock, crate::sys::netns_cookie::of_current_thread()?))
 }
