@@ -20,8 +20,10 @@ use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::dns::protocol::DnsOutcome;
 use redirector_tests::dns::{DnsClient, DnsMode, DnsServer};
 use redirector_tests::iptables::{apply_golden, standard_injection};
+use redirector::sys::kernel::FORCE_FALLBACKS_ENV;
 use redirector_tests::redirector::{
-    install, redirector_bin, wait_for_trace_switch, PinRoot, STANDARD_INJECTION,
+    install, istio_iptables_command, redirector_bin, run_ok, wait_for_trace_switch, PinRoot,
+    STANDARD_INJECTION,
 };
 use redirector_tests::{
     bin_path, wait_tcp_listening, ChildGuard, Spawn, Topology, APP_UID, PROXY_UID,
@@ -46,6 +48,10 @@ pub enum Mode {
     /// `redirector` with `redirector trace` following the pod (its output discarded): what
     /// tracing a pod costs.
     RedirectorTraced,
+    /// `redirector istio-iptables` with every kernel fallback forced
+    /// (`REDIRECTOR_FORCE_FALLBACKS=all`), as on a kernel before 5.14: what an old node's
+    /// kernel costs.
+    RedirectorFallbacks,
     /// A pod on a daemon node (inside the daemon's `--cgroup`) that the daemon does not
     /// capture, dialling the service directly: what a pod outside the mesh pays, against
     /// `direct` (the same pod on a node without redirector).
@@ -53,13 +59,14 @@ pub enum Mode {
 }
 
 impl Mode {
-    pub const ALL: [Mode; 7] = [
+    pub const ALL: [Mode; 8] = [
         Mode::Direct,
         Mode::Explicit,
         Mode::Iptables,
         Mode::Redirector,
         Mode::RedirectorDaemon,
         Mode::RedirectorTraced,
+        Mode::RedirectorFallbacks,
         Mode::Bystander,
     ];
 
@@ -71,6 +78,7 @@ impl Mode {
             Mode::Redirector => "redirector",
             Mode::RedirectorDaemon => "redirector-daemon",
             Mode::RedirectorTraced => "redirector-traced",
+            Mode::RedirectorFallbacks => "redirector-fallbacks",
             Mode::Bystander => "daemon-bystander",
         }
     }
@@ -185,7 +193,7 @@ impl Bed {
                     topo,
                 )
             }
-            Mode::Redirector | Mode::RedirectorTraced => {
+            Mode::Redirector | Mode::RedirectorTraced | Mode::RedirectorFallbacks => {
                 (None, None, Some(PinRoot::new(&hint)), Topology::new(&hint))
             }
             _ => (None, None, None, Topology::new(&hint)),
@@ -239,6 +247,13 @@ impl Bed {
                 let root = root.as_ref().unwrap();
                 install(&topo.pod, &topo.pod_cgroup, root, &STANDARD_INJECTION);
                 tracer = Some(trace(&topo, root));
+            }
+            Mode::RedirectorFallbacks => {
+                run_ok(
+                    istio_iptables_command(&topo.pod, &topo.pod_cgroup, root.as_ref().unwrap())
+                        .args(STANDARD_INJECTION)
+                        .env(FORCE_FALLBACKS_ENV, "all"),
+                );
             }
             Mode::RedirectorDaemon => {
                 let d = Daemon::start(

@@ -17,6 +17,7 @@ const COLORS: [RGBColor; Mode::ALL.len()] = [
     RGBColor(67, 147, 195),
     RGBColor(33, 102, 172),
     RGBColor(146, 197, 222),
+    RGBColor(140, 110, 190),
     RGBColor(120, 180, 120),
 ];
 

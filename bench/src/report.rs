@@ -105,6 +105,7 @@ pub fn markdown(dp: &DataPath, setup: &Setup, machine: &str) -> String {
             (Mode::RedirectorDaemon, Mode::Explicit),
             (Mode::Iptables, Mode::Explicit),
             (Mode::RedirectorTraced, Mode::Redirector),
+            (Mode::RedirectorFallbacks, Mode::Redirector),
             (Mode::Bystander, Mode::Direct),
         ];
         let pairs: Vec<_> = pairs
@@ -132,6 +133,7 @@ pub fn markdown(dp: &DataPath, setup: &Setup, machine: &str) -> String {
             Mode::Redirector,
             Mode::RedirectorDaemon,
             Mode::RedirectorTraced,
+            Mode::RedirectorFallbacks,
         ];
         let added: Vec<_> = added
             .into_iter()
@@ -172,6 +174,7 @@ pub fn markdown(dp: &DataPath, setup: &Setup, machine: &str) -> String {
                 Mode::Redirector,
                 Mode::RedirectorDaemon,
                 Mode::RedirectorTraced,
+                Mode::RedirectorFallbacks,
                 Mode::Bystander,
             ]
             .into_iter()
@@ -506,6 +509,22 @@ pub fn targets(dp: &DataPath, setup: &Setup) -> String {
                 Some(median(&ka) >= 0.97),
             );
         }
+    }
+    // What an old kernel costs: the same work with every fallback forced, beside the
+    // normal programs' time.
+    let ebpf_us = |mode| {
+        let programs = programs_of(dp, mode, false);
+        (!programs.is_empty()).then(|| programs.iter().map(|p| p.ns_per_req).sum::<f64>() / 1e3)
+    };
+    if let (Some(forced), Some(normal)) = (
+        ebpf_us(Mode::RedirectorFallbacks),
+        ebpf_us(Mode::Redirector),
+    ) {
+        row(
+            "redirector-fallbacks (every kernel fallback forced): eBPF time per new connection ≤ 2.5 µs",
+            format!("{forced:.2} µs (redirector: {normal:.2} µs)"),
+            Some(forced <= 2.5),
+        );
     }
     if ran(dp, Mode::Bystander) && ran(dp, Mode::Direct) {
         // A pod the daemon does not capture, against the same pod with nothing attached.

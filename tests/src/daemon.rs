@@ -255,8 +255,24 @@ impl Daemon {
     /// `redirector pod add --netns NETNS --name NAME -- FLAGS`; panics with the daemon's log
     /// unless it succeeds.
     pub fn add(&self, netns: &NetNs, name: &str, flags: &[&str]) {
+        self.add_with(netns, None, name, flags);
+    }
+
+    /// [`Daemon::add`] with the pod's own cgroup given (`--cgroup`): its programs are
+    /// attached there, which a kernel whose programs read the pod's cookie from its cgroup
+    /// needs (a pod with none is refused there).
+    pub fn add_in(&self, netns: &NetNs, cgroup: &Cgroup, name: &str, flags: &[&str]) {
+        self.add_with(netns, Some(cgroup), name, flags);
+    }
+
+    fn add_with(&self, netns: &NetNs, cgroup: Option<&Cgroup>, name: &str, flags: &[&str]) {
         let netns = netns.path().display().to_string();
-        let mut args = vec!["add", "--netns", netns.as_str(), "--name", name, "--"];
+        let cgroup = cgroup.map(|c| c.path().display().to_string());
+        let mut args = vec!["add", "--netns", netns.as_str(), "--name", name];
+        if let Some(cgroup) = &cgroup {
+            args.extend(["--cgroup", cgroup.as_str()]);
+        }
+        args.push("--");
         args.extend_from_slice(flags);
         let out = self.pod(&args);
         assert!(

@@ -397,15 +397,15 @@ fn the_daemons_next_add_removes_pods_that_went_without_a_cleanup() {
     let state = StateDir::new("state");
     // No periodic collection: only the adds remove what is gone.
     let daemon = Daemon::start_with(&root, &node, &state, &["--gc-interval", "0"]);
-    let kept = NetNs::new("kept");
-    daemon.add(&kept, "default/kept", &STANDARD_INJECTION);
+    let kept = (NetNs::new("kept"), Cgroup::under(&node, "kept"));
+    daemon.add_in(&kept.0, &kept.1, "default/kept", &STANDARD_INJECTION);
     // A daemon pod deleted without `pod del` (a missed CNI DEL), and an init-container pod
     // under the node cgroup (in the daemon's object) deleted without `--cleanup-only`.
-    let by_daemon = NetNs::new("gone");
-    daemon.add(&by_daemon, "default/gone", &STANDARD_INJECTION);
+    let by_daemon = (NetNs::new("gone"), Cgroup::under(&node, "gone"));
+    daemon.add_in(&by_daemon.0, &by_daemon.1, "default/gone", &STANDARD_INJECTION);
     let by_init = (NetNs::new("initgone"), Cgroup::under(&node, "initgone"));
     install(&by_init.0, &by_init.1, &root, &STANDARD_INJECTION);
-    let gone = [by_daemon.cookie(), by_init.0.cookie()];
+    let gone = [by_daemon.0.cookie(), by_init.0.cookie()];
     drop((by_daemon, by_init));
     for link in pins_under(root.path()) {
         let name = link.file_name().unwrap().to_string_lossy().into_owned();
@@ -415,8 +415,8 @@ fn the_daemons_next_add_removes_pods_that_went_without_a_cleanup() {
     }
     assert!(gone.iter().all(|c| pod_links(&root, *c).is_some()));
 
-    let new = NetNs::new("new");
-    daemon.add(&new, "default/new", &STANDARD_INJECTION);
+    let new = (NetNs::new("new"), Cgroup::under(&node, "new"));
+    daemon.add_in(&new.0, &new.1, "default/new", &STANDARD_INJECTION);
     for cookie in gone {
         assert_eq!(pod_links(&root, cookie), None, "{}", daemon.log());
     }
@@ -425,7 +425,7 @@ fn the_daemons_next_add_removes_pods_that_went_without_a_cleanup() {
         "{}",
         daemon.log()
     );
-    for netns in [&kept, &new] {
+    for (netns, _) in [&kept, &new] {
         assert_eq!(
             pod_links(&root, netns.cookie()),
             Some(vec!["sk_lookup".to_owned()])
@@ -472,8 +472,8 @@ fn a_runtime_that_cannot_be_reached_leaves_the_daemon_serving() {
         std::thread::sleep(Duration::from_millis(100));
     }
     // Pods are still set up through the API.
-    let pod = NetNs::new("pod");
-    daemon.add(&pod, "default/pod", &STANDARD_INJECTION);
+    let pod = (NetNs::new("pod"), Cgroup::under(&node, "pod"));
+    daemon.add_in(&pod.0, &pod.1, "default/pod", &STANDARD_INJECTION);
     assert_eq!(daemon.pod_names(), ["default/pod"]);
 }
 

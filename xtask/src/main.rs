@@ -53,7 +53,8 @@ enum Command {
         #[arg(long, value_name = "PART")]
         only: Option<String>,
         /// Only these data-path modes, comma-separated (direct, explicit, iptables,
-        /// redirector, redirector-daemon, redirector-traced, daemon-bystander).
+        /// redirector, redirector-daemon, redirector-traced, redirector-fallbacks,
+        /// daemon-bystander).
         #[arg(long, value_name = "NAME,...")]
         modes: Option<String>,
     },

@@ -29,6 +29,14 @@ impl Counts {
         self.unfinished.extend(other.unfinished);
     }
 
+    /// These counts with `tag` after each failed test's and unfinished binary's name.
+    pub(crate) fn tagged(mut self, tag: &str) -> Counts {
+        for name in self.failed_tests.iter_mut().chain(&mut self.unfinished) {
+            name.push_str(&format!(" ({tag})"));
+        }
+        self
+    }
+
     /// The closing lines: each failed test or unfinished binary, then
     /// `label: N passed, N failed, N skipped` (an unfinished binary counts as failed).
     pub(crate) fn summary(&self, label: &str) -> String {

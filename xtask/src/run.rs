@@ -71,6 +71,7 @@ pub fn test(filter: &[String]) -> Result<()> {
             );
         bin_env(&mut integ);
         counts.add(run_tests(integ)?);
+        counts.add(forced_fallback_pass(filter)?.tagged("fallbacks forced"));
     } else {
         eprintln!("xtask: not root: skipping the privileged integration tests");
     }
@@ -80,6 +81,47 @@ pub fn test(filter: &[String]) -> Result<()> {
         bail!("{failed} tests failed");
     }
     Ok(())
+}
+
+/// Forces redirector's kernel fallbacks (feature keys or `all`) in every redirector the
+/// tests run, as on a kernel that lacks the features (docs/kernels.md).
+pub const FORCE_FALLBACKS_ENV: &str = "REDIRECTOR_FORCE_FALLBACKS";
+
+/// The fallbacks this run forces, from its environment.
+pub fn forced_fallbacks() -> Option<String> {
+    std::env::var(FORCE_FALLBACKS_ENV)
+        .ok()
+        .filter(|v| !v.is_empty())
+}
+
+/// The suites run again with every fallback forced: the core ones, whose programs and
+/// paths the fallbacks change. (`kernel` forces fallbacks itself, test by test.)
+pub const FALLBACK_SUITES: [&str; 7] = [
+    "outbound",
+    "inbound",
+    "dns",
+    "daemon",
+    "cni",
+    "engine",
+    "conformance",
+];
+
+/// [`FALLBACK_SUITES`] with `REDIRECTOR_FORCE_FALLBACKS=all`: every fallback path runs on
+/// this kernel too, not only on an old one.
+fn forced_fallback_pass(filter: &[String]) -> Result<Counts> {
+    println!("xtask: the core suites again with {FORCE_FALLBACKS_ENV}=all");
+    let mut forced = cargo();
+    forced.args(["test", "--no-fail-fast", "--package", "redirector-tests"]);
+    for suite in FALLBACK_SUITES {
+        forced.args(["--test", suite]);
+    }
+    forced
+        .args(["--", "--test-threads=1"])
+        .args(filter)
+        .env("REDIRECTOR_TESTS_REQUIRE_TOOLS", "1")
+        .env(FORCE_FALLBACKS_ENV, "all");
+    bin_env(&mut forced);
+    run_tests(forced)
 }
 
 /// Runs `cmd` (a `cargo test`) with its output shown as it comes and read for libtest's

@@ -185,7 +185,16 @@ fn present(feature: &Feature) -> std::io::Result<bool> {
     if fallback_forced(feature) {
         return Ok(false);
     }
-    crate::sys::kernel_probe::run(feature.probe)
+    let found = crate::sys::kernel_probe::run(feature.probe);
+    match found {
+        // A probe's program load refused past RLIMIT_MEMLOCK (before 5.11): asked again
+        // with the limit raised.
+        Err(err) if err.raw_os_error() == Some(libc::EPERM) && feature.key != keys::MEMCG => {
+            raise_memlock_where_needed();
+            crate::sys::kernel_probe::run(feature.probe)
+        }
+        found => found,
+    }
 }
 
 /// The feature with `key` (one of [`keys`]).
@@ -206,10 +215,18 @@ pub fn needs_fallback(key: &str) -> bool {
 /// Before BPF memory was charged to the cgroup (5.11) maps and programs counted against
 /// RLIMIT_MEMLOCK, whose default (8 MiB, or 64 KiB on older systems) a node's object
 /// exceeds: raised for this process there — to unlimited, or to the hard limit where the
-/// process may not raise that — and left alone where the kernel charges memcg. Best
-/// effort: a limit still too low shows up as the load's own error.
+/// process may not raise that — and left alone where the kernel charges memcg. Raised too
+/// where the probe cannot tell: there the charge is per user and the limit per process, so
+/// once root's objects hold more than a process's limit every load of another root
+/// process is refused, the probe's included. Once per process. Best effort: a limit still
+/// too low shows up as the load's own error.
 pub fn raise_memlock_where_needed() {
-    if !needs_fallback(keys::MEMCG) {
+    static RAISED: std::sync::Once = std::sync::Once::new();
+    RAISED.call_once(raise_memlock_unless_memcg);
+}
+
+fn raise_memlock_unless_memcg() {
+    if present(&MEMCG).is_ok_and(|present| present) {
         return;
     }
     let mut limit = libc::rlimit {

@@ -89,6 +89,9 @@ fn stamp_program() -> io::Result<BorrowedFd<'static>> {
     if let Some(program) = PROGRAM.get() {
         return Ok(program.as_fd());
     }
+    // Kernels without SO_NETNS_COOKIE charge BPF memory to RLIMIT_MEMLOCK too (memcg
+    // accounting came in 5.11): a low limit refuses even this program, with EPERM.
+    crate::sys::kernel::raise_memlock_where_needed();
     let mut log = vec![0u8; 64 * 1024];
     let loaded = bpf_sys::prog_load(
         prog_type::CGROUP_SOCK,

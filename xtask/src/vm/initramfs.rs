@@ -283,6 +283,10 @@ failed=
 "#
         .replace("@BIN@", &bin),
     );
+    // The fallbacks forced on the host are forced in the guest.
+    if let Some(forced) = crate::run::forced_fallbacks() {
+        let _ = writeln!(s, "export {}={}", crate::run::FORCE_FALLBACKS_ENV, shell_quote(&forced));
+    }
     for t in tests {
         let _ = writeln!(
             s,

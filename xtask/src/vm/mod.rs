@@ -188,8 +188,11 @@ pub fn run(arch: Arch, specs: &[String], suites: &[String], filter: &[String]) -
         } else {
             "FAIL (no verdict; see log)".to_string()
         };
+        let forced = crate::run::forced_fallbacks()
+            .map(|f| format!(" (fallbacks forced: {f})"))
+            .unwrap_or_default();
         rows.push(Row {
-            kernel: kernel.label.clone(),
+            kernel: format!("{}{forced}", kernel.label),
             arch,
             boot: b
                 .boot_time
