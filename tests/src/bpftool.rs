@@ -39,6 +39,14 @@ fn ids(value: &Value) -> Vec<u64> {
 /// Programs attached to a cgroup (its own attachments, not inherited ones): (id, attach type, name).
 pub fn cgroup_attachments(cgroup: &Path) -> Vec<(u64, String, String)> {
     let path = cgroup.to_string_lossy();
+    let out = Command::new("bpftool")
+        .args(["-j", "cgroup", "show", &path])
+        .output()
+        .unwrap_or_else(|e| panic!("running bpftool: {e} (apt-get install bpftool)"));
+    if !out.status.success() {
+        // bpftool 7 asks newer kernels' query fields, which 5.10 refuses: asked directly.
+        return queried_attachments(cgroup);
+    }
     let v = bpftool_json(&["cgroup", "show", &path]);
     v.as_array()
         .into_iter()
@@ -57,6 +65,29 @@ pub fn cgroup_attachments(cgroup: &Path) -> Vec<(u64, String, String)> {
             )
         })
         .collect()
+}
+
+/// [`cgroup_attachments`] by BPF_PROG_QUERY for each cgroup hook redirector uses (attach
+/// types by number).
+fn queried_attachments(cgroup: &Path) -> Vec<(u64, String, String)> {
+    use redirector::store::bpf_sys;
+    use std::os::fd::AsFd;
+    let dir = std::fs::File::open(cgroup)
+        .unwrap_or_else(|e| panic!("opening cgroup {}: {e}", cgroup.display()));
+    let mut found = Vec::new();
+    // sock_create, sock_ops, connect4/6, sendmsg4/6, recvmsg4/6, getsockopt, getpeername4/6.
+    for attach_type in [2u32, 3, 10, 11, 14, 15, 19, 20, 21, 29, 30] {
+        let (_, ids) = bpf_sys::cgroup_programs(dir.as_fd(), attach_type)
+            .unwrap_or_else(|e| panic!("querying {} for type {attach_type}: {e}", cgroup.display()));
+        for id in ids {
+            let name = bpf_sys::program_by_id(id)
+                .and_then(|p| bpf_sys::program_id_and_name(p.as_fd()))
+                .map(|(_, name)| name)
+                .unwrap_or_default();
+            found.push((u64::from(id), attach_type.to_string(), name));
+        }
+    }
+    found
 }
 
 /// The definition of the map pinned at `path`: (id, value size, capacity).

@@ -182,8 +182,8 @@ pub fn in_netns_at<R: Send + 'static>(path: &Path, f: impl FnOnce() -> R + Send 
     .unwrap_or_else(|e| std::panic::resume_unwind(e))
 }
 
-/// The cookie (`SO_NETNS_COOKIE`) of the netns at `path`: the key redirector files a pod's
-/// state under.
+/// The cookie (`SO_NETNS_COOKIE`, or before 5.14 redirector's stamp) of the netns at
+/// `path`: the key redirector files a pod's state under.
 pub fn cookie_at(path: &Path) -> u64 {
     in_netns_at(path, || {
         let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp socket in netns");
@@ -199,12 +199,14 @@ pub fn cookie_at(path: &Path) -> u64 {
                 &mut len,
             )
         };
-        assert_eq!(
-            rc,
-            0,
-            "SO_NETNS_COOKIE: {}",
-            std::io::Error::last_os_error()
-        );
+        if rc != 0 {
+            let err = std::io::Error::last_os_error();
+            assert_eq!(err.raw_os_error(), Some(libc::ENOPROTOOPT), "SO_NETNS_COOKIE: {err}");
+            // Before 5.14: the cookie as redirector's fallback stamps it on a socket.
+            return redirector::sys::netns_cookie::of_current_thread()
+                .expect("the netns cookie, stamped")
+                .get();
+        }
         cookie
     })
 }

@@ -93,6 +93,7 @@ fn packages() -> Result<()> {
         Command::new("apt-get")
             .env("DEBIAN_FRONTEND", "noninteractive")
             .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(crate::workspace::APT_WAITS_FOR_LOCK)
             .args(&missing),
     )
 }

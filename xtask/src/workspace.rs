@@ -58,6 +58,10 @@ pub(crate) fn which(name: &str) -> Option<PathBuf> {
 
 /// Installs a Debian package when `tool` is not there: a command on PATH, or the absolute
 /// path of a file the package installs.
+/// apt-get waits for dpkg's lock instead of failing at once: xtask commands may run side by
+/// side (CI runs its VM jobs two at a time).
+pub(crate) const APT_WAITS_FOR_LOCK: [&str; 2] = ["-o", "DPkg::Lock::Timeout=600"];
+
 pub(crate) fn ensure_tool(tool: &str, package: &str) -> Result<()> {
     let there = if tool.starts_with('/') {
         Path::new(tool).exists()
@@ -70,6 +74,7 @@ pub(crate) fn ensure_tool(tool: &str, package: &str) -> Result<()> {
     eprintln!("xtask: installing {package} (for {tool})");
     let mut cmd = Command::new("apt-get");
     cmd.args(["install", "-y", "-qq", "--no-install-recommends", package])
+        .args(APT_WAITS_FOR_LOCK)
         .env("DEBIAN_FRONTEND", "noninteractive");
     if status(cmd).is_err() {
         status({
@@ -79,6 +84,7 @@ pub(crate) fn ensure_tool(tool: &str, package: &str) -> Result<()> {
         })?;
         let mut cmd = Command::new("apt-get");
         cmd.args(["install", "-y", "-qq", "--no-install-recommends", package])
+            .args(APT_WAITS_FOR_LOCK)
             .env("DEBIAN_FRONTEND", "noninteractive");
         status(cmd)?;
     }

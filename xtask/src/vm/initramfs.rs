@@ -44,6 +44,8 @@ pub(crate) const MODULES: &[&str] = &[
     "inet_diag",
     "tcp_diag",
     "nf_tables",
+    // iptables-nft puts a counter on every rule; a module before 6.0 (Debian 11's 5.10).
+    "nft_counter",
     "nft_chain_nat",
     "nft_compat",
     "nft_nat",
