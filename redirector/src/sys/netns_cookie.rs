@@ -35,22 +35,7 @@ pub fn of_current_thread() -> io::Result<NetnsCookie> {
 /// SO_NETNS_COOKIE of a socket made here (any socket: a unix one ties up nothing).
 fn from_socket_option() -> io::Result<NetnsCookie> {
     let sock = socket(libc::AF_UNIX, libc::SOCK_DGRAM, 0)?;
-    let mut cookie = 0u64;
-    let mut len = size_of::<u64>() as libc::socklen_t;
-    // SAFETY: the buffer and its length describe `cookie`.
-    let ret = unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_NETNS_COOKIE,
-            (&raw mut cookie).cast(),
-            &mut len,
-        )
-    };
-    if ret != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(NetnsCookie(cookie))
+    option::<u64>(&sock, libc::SO_NETNS_COOKIE).map(NetnsCookie)
 }
 
 /// The protocol of the stamped socket: 253, kept for experimentation (RFC 3692), so no
@@ -127,9 +112,9 @@ fn stamped() -> io::Result<NetnsCookie> {
     ))?;
     // The program runs when a socket is made, so it can go at once.
     drop(link);
-    let low = int_option(&sock, libc::SO_MARK).map_err(context("reading SO_MARK".into()))?;
-    let high =
-        int_option(&sock, libc::SO_PRIORITY).map_err(context("reading SO_PRIORITY".into()))?;
+    let low = option::<u32>(&sock, libc::SO_MARK).map_err(context("reading SO_MARK".into()))?;
+    let high = option::<u32>(&sock, libc::SO_PRIORITY)
+        .map_err(context("reading SO_PRIORITY".into()))?;
     match u64::from(high) << 32 | u64::from(low) {
         0 => Err(io::Error::other(format!(
             "the netns cookie stamp at cgroup {path} did not run on a socket made there"
@@ -170,11 +155,11 @@ fn socket(domain: i32, kind: i32, protocol: i32) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// An int-valued SOL_SOCKET option, as the 32 bits the stamp wrote.
-fn int_option(sock: &OwnedFd, option: i32) -> io::Result<u32> {
-    let mut value = 0u32;
-    let mut len = size_of::<u32>() as libc::socklen_t;
-    // SAFETY: the buffer and its length describe `value`.
+/// A SOL_SOCKET option of `T`'s size (a u32 for the stamp's halves, a u64 for the cookie).
+fn option<T: Copy + Default>(sock: &OwnedFd, option: i32) -> io::Result<T> {
+    let mut value = T::default();
+    let mut len = size_of::<T>() as libc::socklen_t;
+    // SAFETY: the buffer and its length describe `value`, a plain integer.
     let ret = unsafe {
         libc::getsockopt(
             sock.as_raw_fd(),
