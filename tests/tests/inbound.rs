@@ -310,6 +310,12 @@ fn the_daemon_adds_an_address_the_pod_gained_after_setup() {
         "connections to the new address: {refused} refused, then on the proxy after {:?}",
         started.elapsed()
     );
+    assert!(
+        !matches!(outcome, ConnOutcome::Refused),
+        "still refused after {:?}; daemon log:\n{}",
+        started.elapsed(),
+        daemon.log()
+    );
     assert_inbound_proxy_at(&outcome, later, APP_PORT);
     // The log line follows the pod's new entries, which the connection may have beaten.
     let logged = (0..100).any(|_| {

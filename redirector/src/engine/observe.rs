@@ -260,10 +260,18 @@ fn held_cidrs<K: aya::Pod + bytemuck::Pod + PartialEq>(
         if !lpm_contains(fd, first, prefix_len, data).map_err(io_err)? {
             continue;
         }
-        // Held exactly, so the longest match is the entry itself.
-        let value = trie
+        // Held exactly, so the longest match is the entry itself. Kernels before the fix of
+        // trie_get_next_key's exact match (6.13; Debian 11's 5.10 lacks it) walk on from a
+        // key of the same length met on the way to an absent one, so there the answer can
+        // be "held" for a key no entry covers: the lookup finds nothing, and it is not held.
+        let Some(value) = trie
             .get(&aya::maps::lpm_trie::Key::new(prefix_len, data), 0)
-            .map_err(read_err(map))?;
+            .map(Some)
+            .or_else(absent)
+            .map_err(read_err(map))?
+        else {
+            continue;
+        };
         held.push(CidrEntry {
             prefix_len,
             data,
