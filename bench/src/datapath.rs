@@ -14,13 +14,13 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use redirector::sys::kernel::FORCE_FALLBACKS_ENV;
 use redirector_tests::bpftool::{program_runs, BpfStats};
 use redirector_tests::cgroup::Cgroup;
 use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::dns::protocol::DnsOutcome;
 use redirector_tests::dns::{DnsClient, DnsMode, DnsServer};
 use redirector_tests::iptables::{apply_golden, standard_injection};
-use redirector::sys::kernel::FORCE_FALLBACKS_ENV;
 use redirector_tests::redirector::{
     install, istio_iptables_command, redirector_bin, run_ok, wait_for_trace_switch, PinRoot,
     STANDARD_INJECTION,

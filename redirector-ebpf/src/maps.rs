@@ -72,7 +72,10 @@ pub static DNS_ORIG_BY_COOKIE: LruHashMap<u64, OrigDst> =
 /// bpf_get_netns_cookie (before 5.15). The kernel makes an entry per cgroup and attach
 /// type at attach, so programs of the other variants never cost one.
 #[map]
-#[expect(deprecated, reason = "BPF_MAP_TYPE_CGRP_STORAGE, its successor, needs 6.2")]
+#[expect(
+    deprecated,
+    reason = "BPF_MAP_TYPE_CGRP_STORAGE, its successor, needs 6.2"
+)]
 pub static POD_COOKIE: CgroupStorage<NetnsCookie> = CgroupStorage::new();
 
 /// The network namespace of the program's socket: the key of everything a pod has in

@@ -77,8 +77,9 @@ fn queried_attachments(cgroup: &Path) -> Vec<(u64, String, String)> {
     let mut found = Vec::new();
     // sock_create, sock_ops, connect4/6, sendmsg4/6, recvmsg4/6, getsockopt, getpeername4/6.
     for attach_type in [2u32, 3, 10, 11, 14, 15, 19, 20, 21, 29, 30] {
-        let (_, ids) = bpf_sys::cgroup_programs(dir.as_fd(), attach_type)
-            .unwrap_or_else(|e| panic!("querying {} for type {attach_type}: {e}", cgroup.display()));
+        let (_, ids) = bpf_sys::cgroup_programs(dir.as_fd(), attach_type).unwrap_or_else(|e| {
+            panic!("querying {} for type {attach_type}: {e}", cgroup.display())
+        });
         for id in ids {
             let name = bpf_sys::program_by_id(id)
                 .and_then(|p| bpf_sys::program_id_and_name(p.as_fd()))

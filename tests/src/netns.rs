@@ -201,7 +201,11 @@ pub fn cookie_at(path: &Path) -> u64 {
         };
         if rc != 0 {
             let err = std::io::Error::last_os_error();
-            assert_eq!(err.raw_os_error(), Some(libc::ENOPROTOOPT), "SO_NETNS_COOKIE: {err}");
+            assert_eq!(
+                err.raw_os_error(),
+                Some(libc::ENOPROTOOPT),
+                "SO_NETNS_COOKIE: {err}"
+            );
             // Before 5.14: the cookie as redirector's fallback stamps it on a socket.
             return redirector::sys::netns_cookie::of_current_thread()
                 .expect("the netns cookie, stamped")

@@ -25,8 +25,8 @@ use redirector_tests::iptables::golden;
 use redirector_tests::redirector::{
     fallback_in_use, install_with_interfaces, PinRoot, INGRESS_IFINDEX,
 };
-use redirector_tests::topology::Topology;
 use redirector_tests::scenario::{Family, Scenario};
+use redirector_tests::topology::Topology;
 use redirector_tests::{require_root, use_probe_bin};
 
 /// Runs one case on both sides, prints its table, and fails listing every mismatch.

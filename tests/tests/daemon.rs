@@ -402,7 +402,12 @@ fn the_daemons_next_add_removes_pods_that_went_without_a_cleanup() {
     // A daemon pod deleted without `pod del` (a missed CNI DEL), and an init-container pod
     // under the node cgroup (in the daemon's object) deleted without `--cleanup-only`.
     let by_daemon = (NetNs::new("gone"), Cgroup::under(&node, "gone"));
-    daemon.add_in(&by_daemon.0, &by_daemon.1, "default/gone", &STANDARD_INJECTION);
+    daemon.add_in(
+        &by_daemon.0,
+        &by_daemon.1,
+        "default/gone",
+        &STANDARD_INJECTION,
+    );
     let by_init = (NetNs::new("initgone"), Cgroup::under(&node, "initgone"));
     install(&by_init.0, &by_init.1, &root, &STANDARD_INJECTION);
     let gone = [by_daemon.0.cookie(), by_init.0.cookie()];

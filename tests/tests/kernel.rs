@@ -165,7 +165,9 @@ fn a_forced_fallback_is_shown_and_used() {
         .as_array()
         .unwrap()
         .iter()
-        .any(|f| f["feature"] == "BPF memory charged to the cgroup (memcg)" && !f["fallback"].is_null());
+        .any(|f| {
+            f["feature"] == "BPF memory charged to the cgroup (memcg)" && !f["fallback"].is_null()
+        });
     // Children inherit the test's soft limit; the hard one is left as it is.
     let mut limit = libc::rlimit {
         rlim_cur: 0,

@@ -32,7 +32,12 @@ impl CookieStamps {
     }
 
     /// Stamp `cookie` on the entry of the program attached at `cgroup` with `attach_type`.
-    pub fn write(&self, cgroup: &fs::File, attach_type: u32, cookie: NetnsCookie) -> io::Result<()> {
+    pub fn write(
+        &self,
+        cgroup: &fs::File,
+        attach_type: u32,
+        cookie: NetnsCookie,
+    ) -> io::Result<()> {
         let key = key(cgroup, attach_type)?;
         bpf_sys::update_bytes(self.map(), &key, &cookie.get().to_ne_bytes(), 0)
     }

@@ -125,7 +125,9 @@ pub const FEATURES: &[Feature] = &[
         name: "the SO_NETNS_COOKIE socket option",
         since: Release(5, 14, 0),
         probe: Probe::SocketOption(libc::SO_NETNS_COOKIE),
-        fallback: Some("a namespace's cookie stamped on a socket made in it by a cgroup sock_create program"),
+        fallback: Some(
+            "a namespace's cookie stamped on a socket made in it by a cgroup sock_create program",
+        ),
     },
     Feature {
         key: keys::NETNS_COOKIE_SOCK_OPS,
@@ -177,6 +179,12 @@ fn fallback_forced(feature: &Feature) -> bool {
                 .map(str::trim)
                 .any(|k| k == "all" || k == feature.key)
         })
+}
+
+/// Whether the fallback of the feature with `key` is forced by [`FORCE_FALLBACKS_ENV`] (no
+/// probe: for a caller whose own attempt is the probe).
+pub fn fallback_forced_for(key: &str) -> bool {
+    fallback_forced(feature(key))
 }
 
 /// Whether the running kernel has `feature`, as its probe says, or not when its fallback

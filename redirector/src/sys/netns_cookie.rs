@@ -12,7 +12,7 @@ use std::{
 use redirector_common::NetnsCookie;
 
 use crate::store::bpf_sys;
-use crate::sys::kernel::{keys, needs_fallback};
+use crate::sys::kernel::{fallback_forced_for, keys};
 use crate::sys::kernel_probe::{
     attach, helper, insn, prog_type, verifier_note, CALL, EXIT, JNE_IMM, LDX_W, MOV64_IMM,
     MOV64_REG, RSH64_IMM, STX_W,
@@ -20,11 +20,11 @@ use crate::sys::kernel_probe::{
 
 /// The cookie of the calling thread's network namespace.
 pub fn of_current_thread() -> io::Result<NetnsCookie> {
-    // Probed once: one socket option asked, or the fallback forced.
-    static FALLBACK: OnceLock<bool> = OnceLock::new();
-    if !*FALLBACK.get_or_init(|| needs_fallback(keys::SO_NETNS_COOKIE)) {
+    // The option's own answer is the probe (no socket made for a probe first: this runs
+    // for every pod); the stamp where the kernel lacks it or the fallback is forced.
+    static FORCED: OnceLock<bool> = OnceLock::new();
+    if !*FORCED.get_or_init(|| fallback_forced_for(keys::SO_NETNS_COOKIE)) {
         match from_socket_option() {
-            // A probe that could not tell keeps the option: the kernel's answer decides.
             Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => {}
             read => return read,
         }
@@ -113,8 +113,8 @@ fn stamped() -> io::Result<NetnsCookie> {
     // The program runs when a socket is made, so it can go at once.
     drop(link);
     let low = option::<u32>(&sock, libc::SO_MARK).map_err(context("reading SO_MARK".into()))?;
-    let high = option::<u32>(&sock, libc::SO_PRIORITY)
-        .map_err(context("reading SO_PRIORITY".into()))?;
+    let high =
+        option::<u32>(&sock, libc::SO_PRIORITY).map_err(context("reading SO_PRIORITY".into()))?;
     match u64::from(high) << 32 | u64::from(low) {
         0 => Err(io::Error::other(format!(
             "the netns cookie stamp at cgroup {path} did not run on a socket made there"

@@ -287,7 +287,12 @@ failed=
     );
     // The fallbacks forced on the host are forced in the guest.
     if let Some(forced) = crate::run::forced_fallbacks() {
-        let _ = writeln!(s, "export {}={}", crate::run::FORCE_FALLBACKS_ENV, shell_quote(&forced));
+        let _ = writeln!(
+            s,
+            "export {}={}",
+            crate::run::FORCE_FALLBACKS_ENV,
+            shell_quote(&forced)
+        );
     }
     for t in tests {
         let _ = writeln!(
