@@ -131,7 +131,9 @@ impl Daemon {
             args,
             env,
         };
-        daemon.wait_ready(Duration::from_secs(20));
+        // Its start loads the object when the node lacks it: about 0.1 s here, but under
+        // emulation (TCG) beside another guest, 20 s was seen not to be enough.
+        daemon.wait_ready(Duration::from_secs(120));
         daemon
     }
 
