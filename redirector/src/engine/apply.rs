@@ -371,10 +371,7 @@ fn stage(
                 bpf_sys::obj_pin(link.as_fd(), &path).map_err(fs_err("pinning link", &path))?;
                 undo.push(Undo::StagedLink(path.clone()));
                 fault::step("a staged link");
-                if spec.target == AttachTarget::Cgroup
-                    && spec.variant.is_some_and(|v| v.reads_cgroup_cookie)
-                    && obj.uses_variant(spec)
-                {
+                if spec.target == AttachTarget::Cgroup && obj.reads_cookie_from_cgroup(spec) {
                     let (path, file) = cgroup.as_ref().ok_or(EngineError::NoCgroup {
                         program: spec.function,
                     })?;

@@ -74,8 +74,7 @@ impl NodePrograms {
                         e,
                     )
                 })?;
-                let reads_cookie = object.uses_variant(spec)
-                    && spec.variant.is_some_and(|v| v.reads_cgroup_cookie);
+                let reads_cookie = object.reads_cookie_from_cgroup(spec);
                 Ok(Program {
                     spec,
                     fd,
@@ -90,12 +89,6 @@ impl NodePrograms {
             None
         };
         Ok(NodePrograms { programs, stamps })
-    }
-
-    /// Whether a program reads the pod's cookie from the cgroup it is attached at: then
-    /// it cannot be attached at a cgroup many pods share.
-    pub fn read_cgroup_cookie(&self) -> bool {
-        self.stamps.is_some()
     }
 
     /// Stamp `cookie` for `program`, just attached at `cgroup`, if it reads it.

@@ -253,12 +253,17 @@ impl ObjectPins {
             .is_some_and(|v| self.variant_marker(v.function).exists())
     }
 
-    /// Whether a program was loaded as the variant that reads the pod's netns cookie from
-    /// the cgroup it is attached at.
+    /// Whether the program of `spec` was loaded as the variant that reads the pod's netns
+    /// cookie from the cgroup it is attached at (which user space stamps after attaching).
+    pub fn reads_cookie_from_cgroup(&self, spec: &ProgramSpec) -> bool {
+        spec.variant.is_some_and(|v| v.reads_cgroup_cookie) && self.uses_variant(spec)
+    }
+
+    /// Whether any program does ([`Self::reads_cookie_from_cgroup`]).
     pub fn reads_cgroup_cookie(&self) -> bool {
-        POD_PROGRAMS.iter().any(|spec| {
-            spec.variant.is_some_and(|v| v.reads_cgroup_cookie) && self.uses_variant(spec)
-        })
+        POD_PROGRAMS
+            .iter()
+            .any(|spec| self.reads_cookie_from_cgroup(spec))
     }
 
     /// The node-level links of daemon mode: the cgroup programs attached once at the node
