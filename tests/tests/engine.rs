@@ -29,15 +29,19 @@ use redirector_tests::{
     assert_direct, assert_proxied, require_root, use_probe_bin, NetNs, ProxiedPod, APP_UID,
 };
 
-/// The network namespace inode of every thread of this process.
+/// The network namespace inode of every thread of this process. A thread just joined may
+/// still be listed while it exits, with its namespaces already released (ENOENT): it has
+/// none to count.
 fn thread_namespaces() -> Vec<u64> {
     let mut inodes: Vec<u64> = std::fs::read_dir("/proc/self/task")
         .unwrap()
-        .map(|t| {
-            std::fs::metadata(t.unwrap().path().join("ns/net"))
-                .unwrap()
-                .ino()
-        })
+        .filter_map(
+            |t| match std::fs::metadata(t.unwrap().path().join("ns/net")) {
+                Ok(ns) => Some(ns.ino()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => panic!("a thread's network namespace: {e}"),
+            },
+        )
         .collect();
     inodes.sort();
     inodes.dedup();

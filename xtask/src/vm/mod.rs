@@ -179,6 +179,11 @@ pub fn run(arch: Arch, specs: &[String], suites: &[String], filter: &[String]) -
         );
         let b = boot(kernel, &initrd, accel, "", &log, RUN_TIMEOUT, true)?;
         let counts = parse_results(&b.log);
+        // The guest's log stays on this machine: a failure's own output is printed here,
+        // so that a CI log says why.
+        for block in failure_output(&b.log) {
+            eprintln!("xtask vm: [{}] {block}", kernel.label);
+        }
         let verdict = if b.timed_out {
             "FAIL (timeout)".to_string()
         } else if b.log.contains("vm: PASS") {
@@ -253,9 +258,44 @@ pub fn run(arch: Arch, specs: &[String], suites: &[String], filter: &[String]) -
     Ok(())
 }
 
+/// Each failed test's output as the test harness prints it (`---- name stdout ----` up to
+/// the next such block or the `failures:` list), at most 40 lines each.
+fn failure_output(log: &str) -> Vec<String> {
+    let mut blocks: Vec<Vec<&str>> = Vec::new();
+    let mut open = false;
+    for line in log.lines() {
+        let line = line.trim_end_matches('\r');
+        if line.starts_with("---- ") && line.ends_with(" ----") {
+            blocks.push(vec![line]);
+            open = true;
+        } else if line == "failures:" || line.starts_with("test result:") {
+            open = false;
+        } else if open {
+            if let Some(block) = blocks.last_mut() {
+                if block.len() < 40 {
+                    block.push(line);
+                }
+            }
+        }
+    }
+    blocks.into_iter().map(|b| b.join("\n")).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_tests_output_is_found_in_the_guests_log() {
+        let log = "running 2 tests\ntest a ... ok\ntest b ... FAILED\n\nfailures:\n\n\
+                   ---- b stdout ----\nthread 'b' panicked at x.rs:1:2:\nwhy\n\n\
+                   failures:\n    b\n\ntest result: FAILED. 1 passed; 1 failed\n";
+        assert_eq!(
+            failure_output(log),
+            vec!["---- b stdout ----\nthread 'b' panicked at x.rs:1:2:\nwhy\n".to_string()]
+        );
+        assert!(failure_output("test a ... ok\n").is_empty());
+    }
 
     #[test]
     fn module_names_and_versions() {
