@@ -6,8 +6,8 @@
 use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::maps::{
-    inbound_capture, owner_group_mode, pod_flags, CidrList, PodConfig, PortSet, MAX_IFACES,
-    MAX_OWNERS,
+    inbound_capture, owner_group_mode, pod_flags, port_as_address, CidrList, PodConfig, PortSet,
+    MAX_IFACES, MAX_OWNERS,
 };
 use crate::Reason;
 
@@ -58,6 +58,12 @@ pub trait PodLookups {
 
     fn cidr_in(&self, list: CidrList, addr: IpAddr) -> bool {
         self.cidr_value(list, addr).is_some()
+    }
+
+    /// Whether `port` is in a list of port ranges ([`CidrList::OutboundExcludePorts`] or
+    /// [`CidrList::InboundExcludePorts`]).
+    fn port_range_in(&self, list: CidrList, port: u16) -> bool {
+        self.cidr_in(list, IpAddr::V4(port_as_address(port)))
     }
 }
 
@@ -138,9 +144,14 @@ pub fn decide_outbound<L: PodLookups>(
         return Verdict::Pass(Reason::PassedInterface);
     }
     let listed_in = |empty: u32| cfg.flags & empty == 0;
-    // 1. -o
+    // 1. -o, and port ranges never captured.
     if listed_in(pod_flags::NO_OUTBOUND_EXCLUDE_PORTS)
         && lookups.port_in(PortSet::OutboundExclude, conn.dst_port)
+    {
+        return Verdict::Pass(Reason::PassedExcludedPort);
+    }
+    if cfg.flags & pod_flags::OUTBOUND_EXCLUDE_PORT_RANGES != 0
+        && lookups.port_range_in(CidrList::OutboundExcludePorts, conn.dst_port)
     {
         return Verdict::Pass(Reason::PassedExcludedPort);
     }
@@ -156,6 +167,11 @@ pub fn decide_outbound<L: PodLookups>(
     //    rules. With DNS capture, istio keeps TCP port 53 out of the uids' rules (both) and
     //    out of the gids' second rule only.
     let tcp = conn.protocol == Protocol::Tcp;
+    // A pod whose local destinations all pass (Linkerd): whoever calls, and before the
+    // owners' rules, so that the proxy calling its own pod is never sent inbound.
+    if cfg.flags & pod_flags::LOCAL_DESTINATIONS_PASS != 0 && tcp && is_local(conn.dst, lookups) {
+        return Verdict::Pass(Reason::PassedLoopback);
+    }
     let dns_port = cfg.flags & pod_flags::DNS_CAPTURE != 0 && conn.dst_port == DNS_PORT;
     // istio drops the lo RETURN rules when an -i CIDR is a loopback address.
     let lo_returns = cfg.flags & pod_flags::INCLUDE_HAS_LOOPBACK == 0;
@@ -237,6 +253,8 @@ pub fn decide_outbound<L: PodLookups>(
 #[derive(Clone, Copy, Debug)]
 pub struct InboundAttempt {
     pub dst: IpAddr,
+    /// Where the connection comes from.
+    pub src: IpAddr,
     pub dst_port: u16,
     /// Interface the connection came in on.
     pub ifindex: u32,
@@ -267,14 +285,24 @@ pub fn decide_inbound<L: PodLookups>(
     if conn.dst_port == cfg.tunnel_port {
         return Verdict::Pass(Reason::PassedInboundPort);
     }
+    // Port ranges never captured come first, whichever ports are captured.
+    if cfg.flags & pod_flags::INBOUND_EXCLUDE_PORT_RANGES != 0
+        && lookups.port_range_in(CidrList::InboundExcludePorts, conn.dst_port)
+    {
+        return Verdict::Pass(Reason::PassedInboundPort);
+    }
     let captured = match cfg.inbound_capture {
         inbound_capture::ALL => !lookups.port_in(PortSet::InboundExclude, conn.dst_port),
         inbound_capture::LIST => lookups.port_in(PortSet::InboundInclude, conn.dst_port),
         _ => false,
     };
-    if captured {
-        Verdict::CaptureInbound
-    } else {
-        Verdict::Pass(Reason::PassedInboundPort)
+    if !captured {
+        return Verdict::Pass(Reason::PassedInboundPort);
     }
+    if cfg.flags & pod_flags::INBOUND_EXCLUDE_SOURCES != 0
+        && lookups.cidr_in(CidrList::InboundExcludeSource, conn.src)
+    {
+        return Verdict::Pass(Reason::PassedExcludedCidr);
+    }
+    Verdict::CaptureInbound
 }

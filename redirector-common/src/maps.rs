@@ -224,6 +224,19 @@ pub mod pod_flags {
     pub const NO_EXCLUDE_CIDRS: u32 = 1 << 9;
     /// `-i` lists no CIDR (it is empty or `*`).
     pub const NO_INCLUDE_CIDRS: u32 = 1 << 10;
+    // Set where a list is used, unlike the bits above: istio's pods never have them.
+    /// Every connection to a local address (loopback, the pod's own) passes, whoever makes
+    /// it; none is sent to the inbound port (Linkerd's `-o lo -j RETURN`).
+    pub const LOCAL_DESTINATIONS_PASS: u32 = 1 << 11;
+    /// `SO_ORIGINAL_DST` answers a connection that was not redirected with its own
+    /// destination, as conntrack does.
+    pub const ORIG_DST_OF_UNREDIRECTED: u32 = 1 << 12;
+    /// Outbound ports never captured are held as prefixes ([`CidrList::OutboundExcludePorts`]).
+    pub const OUTBOUND_EXCLUDE_PORT_RANGES: u32 = 1 << 13;
+    /// Inbound ports never captured are held as prefixes ([`CidrList::InboundExcludePorts`]).
+    pub const INBOUND_EXCLUDE_PORT_RANGES: u32 = 1 << 14;
+    /// Inbound connections from [`CidrList::InboundExcludeSource`] are never captured.
+    pub const INBOUND_EXCLUDE_SOURCES: u32 = 1 << 15;
 }
 
 pub mod inbound_capture {
@@ -335,15 +348,32 @@ pub enum CidrList {
     /// The pod's routes, when `-c` names interfaces: the value says whether the route
     /// leaves through one of them.
     Route = 5,
+    /// Outbound port ranges never captured, as prefixes of [`port_as_address`] (IPv4 trie).
+    OutboundExcludePorts = 6,
+    /// Inbound port ranges never captured, likewise.
+    InboundExcludePorts = 7,
+    /// Sources whose inbound connections are never captured.
+    InboundExcludeSource = 8,
+}
+
+/// A port where a [`CidrList`] of ports holds it: the first 16 bits of an IPv4 address,
+/// so that a range is a few prefixes (0-65535 is one) looked up in one LPM lookup.
+#[inline(always)]
+pub const fn port_as_address(port: u16) -> Ipv4Addr {
+    let [high, low] = port.to_be_bytes();
+    Ipv4Addr::new(high, low, 0, 0)
 }
 
 impl CidrList {
-    pub const ALL: [CidrList; 5] = [
+    pub const ALL: [CidrList; 8] = [
         CidrList::Include,
         CidrList::Exclude,
         CidrList::Local,
         CidrList::DnsServer,
         CidrList::Route,
+        CidrList::OutboundExcludePorts,
+        CidrList::InboundExcludePorts,
+        CidrList::InboundExcludeSource,
     ];
 
     /// The list's name, with the istio-iptables flag that fills it.
@@ -354,6 +384,9 @@ impl CidrList {
             CidrList::Local => "pod-local",
             CidrList::DnsServer => "dns-server",
             CidrList::Route => "route",
+            CidrList::OutboundExcludePorts => "outbound-exclude-port-ranges",
+            CidrList::InboundExcludePorts => "inbound-exclude-port-ranges",
+            CidrList::InboundExcludeSource => "inbound-exclude-sources",
         }
     }
 }

@@ -19,9 +19,10 @@ pub enum Reason {
     PassedProxyOwner = 5,
     /// The caller's gid is filtered out by the owner-group include/exclude lists.
     PassedOwnerGroup = 6,
-    /// Destination inside the IPv4 loopback CIDR (or ::1).
+    /// Destination inside the IPv4 loopback CIDR (or ::1); for a pod whose local
+    /// destinations all pass, any local address.
     PassedLoopback = 7,
-    /// Destination inside a `-x` CIDR.
+    /// Destination inside a `-x` CIDR; inbound, a source never captured.
     PassedExcludedCidr = 8,
     /// Destination neither in `-i` nor on a `-q` port.
     PassedNotIncluded = 9,

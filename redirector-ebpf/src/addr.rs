@@ -99,6 +99,16 @@ impl SocketEnds {
         }
     }
 
+    /// The socket's own address and port, as an original destination.
+    #[inline(always)]
+    pub fn local_as_orig(&self) -> OrigDst {
+        OrigDst {
+            addr: self.local.addr,
+            port: self.local.port,
+            family: self.family,
+        }
+    }
+
     /// The connection's key, seen from the client's socket (the app's): it is the local end.
     #[inline(always)]
     pub fn seen_by_client(self, netns_cookie: NetnsCookie) -> ConnKey {

@@ -102,6 +102,10 @@ pub fn sk_lookup<const IFINDEX: bool>(ctx: &SkLookupContext) -> u32 {
     let Some(cfg) = (unsafe { POD_CONFIG.get(netns_cookie) }) else {
         return SK_PASS;
     };
+    // IPv6 is captured in both directions or in neither.
+    if local.is_ipv6() && cfg.flags & pod_flags::IPV6 == 0 {
+        return SK_PASS;
+    }
     let lookups = PodMaps { netns_cookie };
     if lookups.cidr_in(CidrList::Local, remote) {
         return SK_PASS;
@@ -109,6 +113,7 @@ pub fn sk_lookup<const IFINDEX: bool>(ctx: &SkLookupContext) -> u32 {
     let local_port = lk.local_port as u16;
     let attempt = InboundAttempt {
         dst: local,
+        src: remote,
         dst_port: local_port,
         ifindex,
     };

@@ -18,7 +18,7 @@ use aya_ebpf::{
 };
 use redirector_common::{
     kernel_abi::{IPPROTO_UDP, SOL_IP, SOL_IPV6, SO_ORIGINAL_DST},
-    OrigDst, Reason, AF_INET, AF_INET6, DNS_CAPTURE_PORT,
+    pod_flags, OrigDst, Reason, AF_INET, AF_INET6, DNS_CAPTURE_PORT,
 };
 
 use crate::{
@@ -214,10 +214,13 @@ pub fn getsockopt<const ON_CGROUP: bool>(ctx: &SockoptContext) {
         maps::pod_cookie::<ON_CGROUP, _>(ctx),
     );
     // SAFETY: the value is copied out at once.
-    let Some(orig) = (unsafe { ORIG_DST_BY_CONN.get(ends.seen_by_proxy(netns_cookie)) }) else {
-        return;
+    let orig = match unsafe { ORIG_DST_BY_CONN.get(ends.seen_by_proxy(netns_cookie)) } {
+        Some(orig) => *orig,
+        None => match unredirected(&ends, netns_cookie) {
+            Some(own) => own,
+            None => return,
+        },
     };
-    let orig = *orig;
     // conntrack answers SOL_IP for IPv4 connections and SOL_IPV6 for IPv6 ones.
     let written = match (level, orig.family) {
         (SOL_IP, AF_INET) => write_sockaddr_in(ctx, &orig),
@@ -227,6 +230,22 @@ pub fn getsockopt<const ON_CGROUP: bool>(ctx: &SockoptContext) {
     if written {
         count(netns_cookie, Reason::OrigDstAnswered);
     }
+}
+
+/// A connection no program redirected, asked about by a pod that wants conntrack's answer
+/// for it (its own destination): what the pod's Linkerd proxy expects of a client that
+/// reached a capture port directly, which it would otherwise drop.
+#[inline(always)]
+fn unredirected(
+    ends: &SocketEnds,
+    netns_cookie: redirector_common::NetnsCookie,
+) -> Option<OrigDst> {
+    // SAFETY: the value stays valid (RCU) for this run of the program; it is only read.
+    let cfg = unsafe { POD_CONFIG.get(netns_cookie) }?;
+    if cfg.flags & pod_flags::ORIG_DST_OF_UNREDIRECTED == 0 {
+        return None;
+    }
+    Some(ends.local_as_orig())
 }
 
 #[inline(always)]

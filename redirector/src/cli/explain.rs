@@ -118,8 +118,13 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<()> {
             .find(|(name, _)| *name == args.iface)
             .map(|(_, index)| index)
             .with_context(|| format!("--iface {}: no such interface in the pod", args.iface))?;
+        let unspecified = match dst {
+            SocketAddr::V4(_) => IpAddr::from([0, 0, 0, 0]),
+            SocketAddr::V6(_) => IpAddr::from([0u16; 8]),
+        };
         let attempt = InboundAttempt {
             dst: dst.ip(),
+            src: args.src.unwrap_or(unspecified),
             dst_port: dst.port(),
             ifindex,
         };

@@ -7,11 +7,11 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use ipnet::IpNet;
+use ipnet::{IpNet, Ipv4Net};
 use redirector_common::{
-    decision::ROUTE_VIA_EXCLUDED_INTERFACE, inbound_capture, owner_group_mode, pod_flags, Cidr4Key,
-    Cidr6Key, CidrList, NetnsCookie, PodAddrKey, PodConfig, PodLookups, PortKey, PortSet, RawIp,
-    AF_INET, AF_INET6, CIDR_KEY_FIXED_BITS,
+    decision::ROUTE_VIA_EXCLUDED_INTERFACE, inbound_capture, owner_group_mode, pod_flags,
+    port_as_address, Cidr4Key, Cidr6Key, CidrList, NetnsCookie, PodAddrKey, PodConfig, PodLookups,
+    PortKey, PortSet, RawIp, AF_INET, AF_INET6, CIDR_KEY_FIXED_BITS,
 };
 
 use crate::{
@@ -129,8 +129,34 @@ pub fn plan_pod(cfg: &CaptureConfig, facts: &PodFacts) -> PodPlan {
     if matches!(cfg.outbound_cidrs, CidrSelection::All) {
         flags |= pod_flags::CAPTURE_ALL_OUTBOUND;
     }
-    if facts.has_ipv6() || cfg.dual_stack {
+    if (facts.has_ipv6() || cfg.dual_stack) && !cfg.ipv6_off {
         flags |= pod_flags::IPV6;
+    }
+    for (wanted, flag) in [
+        (
+            cfg.local_destinations_pass,
+            pod_flags::LOCAL_DESTINATIONS_PASS,
+        ),
+        (
+            cfg.orig_dst_of_unredirected,
+            pod_flags::ORIG_DST_OF_UNREDIRECTED,
+        ),
+        (
+            !cfg.outbound_exclude_port_ranges.is_empty(),
+            pod_flags::OUTBOUND_EXCLUDE_PORT_RANGES,
+        ),
+        (
+            !cfg.inbound_exclude_port_ranges.is_empty(),
+            pod_flags::INBOUND_EXCLUDE_PORT_RANGES,
+        ),
+        (
+            !cfg.inbound_exclude_sources.is_empty(),
+            pod_flags::INBOUND_EXCLUDE_SOURCES,
+        ),
+    ] {
+        if wanted {
+            flags |= flag;
+        }
     }
     if redirect_dns {
         flags |= pod_flags::DNS_CAPTURE;
@@ -210,6 +236,24 @@ pub fn plan_pod(cfg: &CaptureConfig, facts: &PodFacts) -> PodPlan {
     }
     for &net in &cfg.exclude_cidrs {
         cidr_entry(cookie, CidrList::Exclude, net, &mut plan);
+    }
+    for (list, ranges) in [
+        (
+            CidrList::OutboundExcludePorts,
+            &cfg.outbound_exclude_port_ranges,
+        ),
+        (
+            CidrList::InboundExcludePorts,
+            &cfg.inbound_exclude_port_ranges,
+        ),
+    ] {
+        for (first, bits) in ranges.iter().flat_map(|range| range.prefixes()) {
+            let net = Ipv4Net::new_assert(port_as_address(first), bits);
+            cidr_entry(cookie, list, IpNet::V4(net), &mut plan);
+        }
+    }
+    for &net in &cfg.inbound_exclude_sources {
+        cidr_entry(cookie, CidrList::InboundExcludeSource, net, &mut plan);
     }
     // -c: the pod's routes, each marked with whether it leaves through an excluded interface.
     if exclude_iface_count > 0 {
@@ -320,6 +364,21 @@ fn list_name(list: u32) -> &'static str {
     CidrList::try_from(list).map_or("unknown", CidrList::name)
 }
 
+/// The ports an entry of a port-range list covers, `first-last`; `None` for an address.
+fn port_prefix(list: u32, addr: std::net::Ipv4Addr, bits: u32) -> Option<String> {
+    let ports = [
+        CidrList::OutboundExcludePorts,
+        CidrList::InboundExcludePorts,
+    ];
+    if !ports.iter().any(|l| *l as u32 == list) || bits > 16 {
+        return None;
+    }
+    let [high, low, ..] = addr.octets();
+    let first = u32::from(u16::from_be_bytes([high, low]));
+    let last = first + (1 << (16 - bits)) - 1;
+    Some(crate::engine::spec::PortRange::new(first as u16, last as u16)?.to_string())
+}
+
 /// The readable form printed by `--dry-run` and logged on apply.
 impl fmt::Display for PodPlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -380,6 +439,17 @@ impl fmt::Display for PodPlan {
         }
         for e in &self.cidrs_v4 {
             let ip = std::net::Ipv4Addr::from(e.data.addr);
+            let bits = e.prefix_len - CIDR_KEY_FIXED_BITS;
+            if let Some(ports) = port_prefix(e.data.list, ip, bits) {
+                writeln!(
+                    f,
+                    "CIDRS_V4[{} {} ports {ports}] = {}",
+                    e.data.netns_cookie,
+                    list_name(e.data.list),
+                    e.value
+                )?;
+                continue;
+            }
             writeln!(
                 f,
                 "CIDRS_V4[{} {} {ip}/{}] = {}",
@@ -731,6 +801,7 @@ mod tests {
     fn inbound(plan: &PodPlan, port: u16, ifindex: u32) -> Verdict {
         let attempt = redirector_common::InboundAttempt {
             dst: POD_IP.parse().unwrap(),
+            src: "10.0.0.9".parse().unwrap(),
             dst_port: port,
             ifindex,
         };
@@ -895,5 +966,111 @@ mod tests {
             .cidrs_v4
             .iter()
             .all(|e| e.data.list != CidrList::Route as u32));
+    }
+
+    /// The spec as a Linkerd pod has it: ranges, sources, local destinations passing.
+    fn linkerd_like(ipv6_off: bool) -> PodPlan {
+        use crate::engine::spec::PortRange;
+        let argv = [
+            "istio-iptables",
+            "-p",
+            "4140",
+            "-z",
+            "4143",
+            "-u",
+            "2102",
+            "-i",
+            "*",
+            "-b",
+            "*",
+        ];
+        let mut cfg = parse_istio_iptables(argv, &HashMap::<String, String>::new())
+            .unwrap()
+            .capture;
+        cfg.outbound_exclude_port_ranges = vec![PortRange::new(1000, 2000).unwrap()];
+        cfg.inbound_exclude_port_ranges =
+            vec![PortRange::new(4190, 4191).unwrap(), PortRange::single(22)];
+        cfg.inbound_exclude_sources = vec!["192.168.0.0/16".parse().unwrap()];
+        cfg.local_destinations_pass = true;
+        cfg.orig_dst_of_unredirected = true;
+        cfg.ipv6_off = ipv6_off;
+        let facts = PodFacts {
+            netns_cookie: NetnsCookie(7),
+            local_addrs: vec![POD_IP.parse().unwrap(), "fd00::5".parse().unwrap()],
+            cgroup: Some("/sys/fs/cgroup/pod".into()),
+            interfaces: vec![("lo".into(), 1), ("eth0".into(), 2)],
+            dns_servers: vec![],
+            routes: vec![],
+            ids: None,
+        };
+        plan_pod(&cfg, &facts)
+    }
+
+    fn inbound_from(plan: &PodPlan, src: &str, port: u16) -> Verdict {
+        let attempt = redirector_common::InboundAttempt {
+            dst: POD_IP.parse().unwrap(),
+            src: src.parse().unwrap(),
+            dst_port: port,
+            ifindex: 2,
+        };
+        redirector_common::decide_inbound(&plan.config, &attempt, plan)
+    }
+
+    #[test]
+    fn port_ranges_sources_and_local_destinations_decide_as_planned() {
+        let p = linkerd_like(false);
+        for flag in [
+            pod_flags::LOCAL_DESTINATIONS_PASS,
+            pod_flags::ORIG_DST_OF_UNREDIRECTED,
+            pod_flags::OUTBOUND_EXCLUDE_PORT_RANGES,
+            pod_flags::INBOUND_EXCLUDE_PORT_RANGES,
+            pod_flags::INBOUND_EXCLUDE_SOURCES,
+            pod_flags::IPV6,
+        ] {
+            assert_eq!(p.config.flags & flag, flag, "{flag:#x}");
+        }
+        // Outbound: 1000-2000 passes at both ends, not beside them.
+        let passed = Verdict::Pass(Reason::PassedExcludedPort);
+        assert_eq!(decide(&p, 1000, "10.0.0.1", 1000), passed);
+        assert_eq!(decide(&p, 1000, "10.0.0.1", 2000), passed);
+        assert_eq!(decide(&p, 1000, "10.0.0.1", 999), Verdict::Capture);
+        assert_eq!(decide(&p, 1000, "10.0.0.1", 2001), Verdict::Capture);
+        // Local destinations pass for everyone; the proxy calling its pod stays direct.
+        let local = Verdict::Pass(Reason::PassedLoopback);
+        assert_eq!(decide(&p, 1000, POD_IP, 8080), local);
+        assert_eq!(decide(&p, 2102, POD_IP, 8080), local);
+        assert_eq!(decide(&p, 1000, "127.0.0.5", 8080), local);
+        assert_eq!(decide(&p, 1000, "::1", 8080), local);
+        assert_eq!(decide(&p, 1000, "fd00::5", 8080), local);
+        assert_eq!(
+            decide(&p, 2102, "10.0.0.1", 80),
+            Verdict::Pass(Reason::PassedProxyOwner)
+        );
+        // Inbound: ranges and single ports, then sources.
+        let port = Verdict::Pass(Reason::PassedInboundPort);
+        assert_eq!(inbound_from(&p, "10.0.0.9", 4190), port);
+        assert_eq!(inbound_from(&p, "10.0.0.9", 4191), port);
+        assert_eq!(inbound_from(&p, "10.0.0.9", 22), port);
+        assert_eq!(inbound_from(&p, "10.0.0.9", 4192), Verdict::CaptureInbound);
+        assert_eq!(inbound_from(&p, "10.0.0.9", 23), Verdict::CaptureInbound);
+        assert_eq!(
+            inbound_from(&p, "192.168.3.4", 8080),
+            Verdict::Pass(Reason::PassedExcludedCidr)
+        );
+        let shown = p.to_string();
+        assert!(
+            shown.contains("outbound-exclude-port-ranges ports 1000-1007"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("inbound-exclude-port-ranges ports 4190-4191"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("inbound-exclude-sources 192.168.0.0/16"),
+            "{shown}"
+        );
+        // IPv6 off: not captured whatever the pod's addresses.
+        assert_eq!(linkerd_like(true).config.flags & pod_flags::IPV6, 0);
     }
 }

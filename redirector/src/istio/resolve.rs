@@ -143,6 +143,13 @@ impl IstioConfig {
             drop_invalid: r.flag(&DROP_INVALID, &args.drop_invalid)?,
             dual_stack: r.flag(&DUAL_STACK, &args.dual_stack)?,
             fail_open: r.flag(&FAIL_OPEN, &args.fail_open)?,
+            // Linkerd's semantics, none of them istio's.
+            outbound_exclude_port_ranges: vec![],
+            inbound_exclude_port_ranges: vec![],
+            inbound_exclude_sources: vec![],
+            local_destinations_pass: false,
+            orig_dst_of_unredirected: false,
+            ipv6_off: false,
         };
         let run = RunOptions {
             dry_run: r.flag(&DRY_RUN, &args.dry_run)?,

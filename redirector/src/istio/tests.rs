@@ -119,6 +119,12 @@ fn defaults() -> IstioConfig {
             drop_invalid: false,
             dual_stack: false,
             fail_open: false,
+            outbound_exclude_port_ranges: vec![],
+            inbound_exclude_port_ranges: vec![],
+            inbound_exclude_sources: vec![],
+            local_destinations_pass: false,
+            orig_dst_of_unredirected: false,
+            ipv6_off: false,
         },
         run: RunOptions {
             dry_run: false,
