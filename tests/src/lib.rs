@@ -24,6 +24,7 @@ pub mod daemon;
 pub mod dns;
 pub mod iptables;
 pub mod kubelet;
+pub mod linkerd;
 pub mod netns;
 pub mod oci;
 pub mod paths;

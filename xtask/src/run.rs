@@ -96,7 +96,7 @@ pub fn forced_fallbacks() -> Option<String> {
 
 /// The suites run again with every fallback forced: the core ones, whose programs and
 /// paths the fallbacks change. (`kernel` forces fallbacks itself, test by test.)
-pub const FALLBACK_SUITES: [&str; 7] = [
+pub const FALLBACK_SUITES: [&str; 8] = [
     "outbound",
     "inbound",
     "dns",
@@ -104,6 +104,7 @@ pub const FALLBACK_SUITES: [&str; 7] = [
     "cni",
     "engine",
     "conformance",
+    "linkerd_conformance",
 ];
 
 /// [`FALLBACK_SUITES`] with `REDIRECTOR_FORCE_FALLBACKS=all`: every fallback path runs on

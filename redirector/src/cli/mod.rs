@@ -1,26 +1,32 @@
-//! The command line: istio-iptables' flags and env turned into a pod spec and run options
-//! (`config`), and the commands over the engine.
+//! The command line: the drop-ins (istio-iptables' flags and env, Linkerd proxy-init's
+//! flags, each turned into a pod spec and run options by its dialect module), and the
+//! commands over the engine.
 
 mod daemon;
 mod explain;
 mod gc;
 mod install_cni;
 mod istio_iptables;
+mod linkerd_proxy_init;
 mod log_sections;
 mod pin_root;
 mod pod;
+mod pod_setup;
 mod status;
 mod trace;
 mod validate;
 
 use std::{ffi::OsString, path::Path, process::ExitCode};
 
+use log_sections::Stream;
+
 use crate::istio::{parse_istio_iptables, ProcessEnv};
 
 /// istio-iptables' exit code for a configuration or apply error.
 const EXIT_ERROR: u8 = 1;
 
-/// Commands other than `istio-iptables` (which parses istio's own flag syntax itself).
+/// Commands other than the drop-ins `istio-iptables` and `linkerd-proxy-init` (which parse
+/// their own flag syntax themselves).
 #[derive(clap::Parser, Debug)]
 #[command(
     name = "redirector",
@@ -28,7 +34,8 @@ const EXIT_ERROR: u8 = 1;
     about = "eBPF transparent traffic redirection for service-mesh sidecars"
 )]
 #[command(
-    after_help = "Also: `redirector istio-iptables [FLAGS]`, the drop-in for istio-iptables (or invoke the binary as `istio-iptables`); see `redirector istio-iptables --help`."
+    after_help = "Also: `redirector istio-iptables [FLAGS]`, the drop-in for istio-iptables (or invoke the binary as `istio-iptables`); see `redirector istio-iptables --help`.\n\
+                  And: `redirector linkerd-proxy-init [FLAGS]`, the drop-in for Linkerd's proxy-init (or invoke the binary as `linkerd2-proxy-init` or `proxy-init`); see `redirector linkerd-proxy-init --help`."
 )]
 enum Command {
     /// Show what is attached and pinned, map fill and per-pod counters.
@@ -48,29 +55,62 @@ enum Command {
     Trace(trace::TraceArgs),
 }
 
-/// Run the binary: `istio-iptables` (by argv[0] or first argument) or a command.
-pub fn main() -> ExitCode {
-    let argv: Vec<OsString> = std::env::args_os().collect();
+/// What the binary was asked to be, from `argv[0]`'s file name or the first argument.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WayIn {
+    /// Invoked as `redirector-cni`: the CNI plugin.
+    Cni,
+    /// istio-iptables' command line, starting at this index of argv (its `argv[0]`).
+    IstioIptables(usize),
+    /// proxy-init's command line, starting at this index of argv (its `argv[0]`).
+    ProxyInit(usize),
+    /// One of [`Command`]'s.
+    Command,
+}
+
+/// The binary's file name picks a drop-in (`istio-iptables`, `linkerd2-proxy-init`,
+/// `proxy-init`) or the plugin; otherwise the first argument may name a drop-in. The flags
+/// are never looked at: the dialects' short flags clash (`-p`, `-o`, `-r`).
+fn way_in(argv: &[OsString]) -> WayIn {
     let invoked_as = argv
         .first()
         .and_then(|a| Path::new(a).file_name())
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    if invoked_as == "redirector-cni" {
-        return crate::cni::main();
+    match invoked_as.as_str() {
+        "redirector-cni" => return WayIn::Cni,
+        "istio-iptables" => return WayIn::IstioIptables(0),
+        "linkerd2-proxy-init" | "proxy-init" => return WayIn::ProxyInit(0),
+        _ => {}
     }
-    let istio_argv = if invoked_as == "istio-iptables" {
-        argv
-    } else if argv.get(1).is_some_and(|a| a == "istio-iptables") {
-        argv[1..].to_vec()
-    } else {
-        return run_command(argv);
-    };
+    match argv.get(1).and_then(|a| a.to_str()) {
+        Some("istio-iptables") => WayIn::IstioIptables(1),
+        Some("linkerd-proxy-init") => WayIn::ProxyInit(1),
+        _ => WayIn::Command,
+    }
+}
+
+/// Run the binary: a drop-in (by `argv[0]` or first argument), the plugin, or a command.
+pub fn main() -> ExitCode {
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    match way_in(&argv) {
+        WayIn::Cni => crate::cni::main(),
+        WayIn::IstioIptables(start) => istio_iptables_main(argv[start..].to_vec()),
+        WayIn::ProxyInit(start) => linkerd_proxy_init::main(argv[start..].to_vec()),
+        WayIn::Command => run_command(argv),
+    }
+}
+
+fn istio_iptables_main(istio_argv: Vec<OsString>) -> ExitCode {
     let cfg = match parse_istio_iptables(istio_argv, &ProcessEnv) {
         Ok(cfg) => cfg,
         Err(err) => return err.report(),
     };
-    init_logging(cfg.run.log_as_json, &cfg.run.log_output_level);
+    init_logging(
+        Stream::Stderr,
+        cfg.run.log_as_json,
+        log_level(&cfg.run.log_output_level),
+    );
     match istio_iptables::run(&cfg) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -102,7 +142,7 @@ fn run_command(argv: Vec<OsString>) -> ExitCode {
     } else {
         "default:warn"
     };
-    init_logging(false, level);
+    init_logging(Stream::Stderr, false, log_level(level));
     let result = match &command {
         Command::Status(args) => status::run(args),
         Command::Explain(args) => explain::run(args),
@@ -121,12 +161,14 @@ fn run_command(argv: Vec<OsString>) -> ExitCode {
     }
 }
 
-fn init_logging(json: bool, istio_levels: &str) {
-    let filter = tracing_subscriber::EnvFilter::new(log_level(istio_levels));
+/// Log to `stream` at `level` (a `tracing` filter directive), as JSON or plain text.
+fn init_logging(stream: Stream, json: bool, level: &str) {
+    log_sections::set_stream(stream);
+    let filter = tracing_subscriber::EnvFilter::new(level);
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(|| log_sections::Stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+        .with_writer(|| log_sections::LogOutput)
+        .with_ansi(stream.is_terminal());
     if json {
         builder.json().init();
     } else {
@@ -163,7 +205,41 @@ fn log_level(istio_levels: &str) -> &'static str {
 
 #[cfg(test)]
 mod tests {
-    use super::log_level;
+    use std::ffi::OsString;
+
+    use super::{log_level, way_in, WayIn};
+
+    fn argv(words: &[&str]) -> Vec<OsString> {
+        words.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn the_way_in_is_chosen_by_name_never_by_flags() {
+        let cases = [
+            (
+                &["redirector", "linkerd-proxy-init", "-p", "4143"][..],
+                WayIn::ProxyInit(1),
+            ),
+            (
+                &["/usr/lib/linkerd/linkerd2-proxy-init", "-p", "4143"],
+                WayIn::ProxyInit(0),
+            ),
+            (&["proxy-init", "--ipv6=false"], WayIn::ProxyInit(0)),
+            (
+                &["redirector", "istio-iptables", "-p", "15001"],
+                WayIn::IstioIptables(1),
+            ),
+            (&["/usr/local/bin/istio-iptables"], WayIn::IstioIptables(0)),
+            (&["/opt/cni/bin/redirector-cni"], WayIn::Cni),
+            (&["redirector", "status"], WayIn::Command),
+            // Flags alone never pick a dialect.
+            (&["redirector", "-p", "4143"], WayIn::Command),
+            (&["redirector"], WayIn::Command),
+        ];
+        for (words, want) in cases {
+            assert_eq!(way_in(&argv(words)), want, "{words:?}");
+        }
+    }
 
     #[test]
     fn istio_log_levels_map_to_tracing_levels() {

@@ -1,0 +1,189 @@
+//! The linkerd2-proxy-init command line, with redirector's own flags.
+//!
+//! Values are kept as the raw text given: [`LinkerdConfig::from_args`](super::LinkerdConfig)
+//! validates them, so that an error names the flag and the value. As Go's pflag does, boolean
+//! flags take an optional `=VALUE` (`--ipv6=false`), other flags take the next word as their
+//! value even if it starts with `-` (`-p -1`), a single-valued flag given twice keeps the last
+//! value, and a list flag given twice appends.
+
+use std::path::PathBuf;
+
+use clap::{
+    builder::{OsStringValueParser, TypedValueParser},
+    ArgAction, Args, Command,
+};
+
+/// Every flag of proxy-init (short and long names as it spells them) plus redirector's
+/// `--cgroup`, `--pin-root`, `--cleanup-only`, `--allow-host-netns` and `--fail-open`.
+#[derive(Args, Debug, Clone, Default, PartialEq, Eq)]
+#[command(about = ABOUT, long_about = None)]
+pub struct ProxyInitArgs {
+    /// Port to redirect incoming traffic to (0-65535; required) [default: -1]
+    #[arg(
+        short = 'p',
+        long = "incoming-proxy-port",
+        value_name = "PORT",
+        allow_hyphen_values = true
+    )]
+    pub incoming_proxy_port: Option<String>,
+
+    /// Port to redirect outgoing traffic to (0-65535; required) [default: -1]
+    #[arg(
+        short = 'o',
+        long = "outgoing-proxy-port",
+        value_name = "PORT",
+        allow_hyphen_values = true
+    )]
+    pub outgoing_proxy_port: Option<String>,
+
+    /// User ID the proxy runs as: its traffic is never redirected (only if > 0) [default: -1]
+    #[arg(
+        short = 'u',
+        long = "proxy-uid",
+        value_name = "UID",
+        allow_hyphen_values = true
+    )]
+    pub proxy_uid: Option<String>,
+
+    /// Group ID the proxy runs as: its traffic is never redirected (only if > 0) [default: -1]
+    #[arg(
+        short = 'g',
+        long = "proxy-gid",
+        value_name = "GID",
+        allow_hyphen_values = true
+    )]
+    pub proxy_gid: Option<String>,
+
+    /// Inbound ports to redirect to the proxy (comma list); none given: every port
+    #[arg(
+        short = 'r',
+        long = "ports-to-redirect",
+        value_name = "PORTS",
+        action = ArgAction::Append,
+        allow_hyphen_values = true
+    )]
+    pub ports_to_redirect: Vec<String>,
+
+    /// Inbound ports and inclusive port ranges (`lo-hi`) never redirected (comma list)
+    #[arg(
+        long = "inbound-ports-to-ignore",
+        value_name = "PORTS",
+        action = ArgAction::Append,
+        allow_hyphen_values = true
+    )]
+    pub inbound_ports_to_ignore: Vec<String>,
+
+    /// Outbound ports and inclusive port ranges (`lo-hi`) never redirected (comma list)
+    #[arg(
+        long = "outbound-ports-to-ignore",
+        value_name = "PORTS",
+        action = ArgAction::Append,
+        allow_hyphen_values = true
+    )]
+    pub outbound_ports_to_ignore: Vec<String>,
+
+    /// Inbound connections from these source CIDRs are never redirected (comma list)
+    #[arg(
+        long = "subnets-to-ignore",
+        value_name = "CIDRS",
+        action = ArgAction::Append,
+        allow_hyphen_values = true
+    )]
+    pub subnets_to_ignore: Vec<String>,
+
+    /// Print what would be done, change nothing
+    #[arg(long = "simulate", visible_alias = "dry-run", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    pub simulate: Option<String>,
+
+    /// Network namespace to work in [default: the current one]
+    #[arg(long = "netns", value_name = "PATH", allow_hyphen_values = true, value_parser = path_parser())]
+    pub netns: Option<PathBuf>,
+
+    /// Capture IPv6 the same way as IPv4; false leaves IPv6 uncaptured both ways [default: true]
+    #[arg(long = "ipv6", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    pub ipv6: Option<String>,
+
+    /// Sets the pod's conntrack close-wait timeout (net.netfilter.nf_conntrack_tcp_timeout_close_wait) [default: 0, unchanged]
+    #[arg(
+        long = "timeout-close-wait-secs",
+        value_name = "SECS",
+        allow_hyphen_values = true
+    )]
+    pub timeout_close_wait_secs: Option<String>,
+
+    /// Log level: panic, fatal, error, warn, info, debug or trace [default: info]
+    #[arg(long = "log-level", value_name = "LEVEL", allow_hyphen_values = true)]
+    pub log_level: Option<String>,
+
+    /// Log format: plain or json [default: plain]
+    #[arg(long = "log-format", value_name = "FORMAT", allow_hyphen_values = true)]
+    pub log_format: Option<String>,
+
+    /// iptables only; accepted and ignored
+    #[arg(short = 'w', long = "use-wait-flag", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    pub use_wait_flag: Option<String>,
+
+    /// iptables only (legacy, nft or plain); accepted and ignored
+    #[arg(
+        long = "iptables-mode",
+        value_name = "MODE",
+        allow_hyphen_values = true
+    )]
+    pub iptables_mode: Option<String>,
+
+    /// iptables only (iptables-legacy, iptables-nft or iptables); accepted and ignored
+    #[arg(
+        long = "firewall-bin-path",
+        value_name = "BINARY",
+        allow_hyphen_values = true
+    )]
+    pub firewall_bin_path: Option<String>,
+
+    /// iptables only (iptables-legacy-save, iptables-nft-save or iptables-save); accepted and ignored
+    #[arg(
+        long = "firewall-save-bin-path",
+        value_name = "BINARY",
+        allow_hyphen_values = true
+    )]
+    pub firewall_save_bin_path: Option<String>,
+
+    /// The pod's cgroup v2 directory to attach to [default: parent of our own cgroup]
+    #[arg(long = "cgroup", value_name = "PATH", allow_hyphen_values = true, value_parser = path_parser())]
+    pub cgroup: Option<PathBuf>,
+
+    /// bpffs directory for redirector's pins [env: REDIRECTOR_PIN_ROOT] [default: /sys/fs/bpf/redirector]
+    #[arg(long = "pin-root", value_name = "PATH", allow_hyphen_values = true, value_parser = path_parser())]
+    pub pin_root: Option<PathBuf>,
+
+    /// Remove everything installed for the pod, install nothing
+    #[arg(long = "cleanup-only", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    pub cleanup_only: Option<String>,
+
+    /// Accept the host's own network namespace as --netns (refused otherwise)
+    #[arg(long = "allow-host-netns", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    pub allow_host_netns: Option<String>,
+
+    /// Let a connection through uncaptured if its state cannot be recorded
+    #[arg(long = "fail-open", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    pub fail_open: Option<String>,
+
+    /// Words that are no flag's value: proxy-init (cobra) accepts and ignores them, so
+    /// `--ipv6 false` means `--ipv6` and a stray `false`. Logged, never an error.
+    #[arg(value_name = "IGNORED", hide = true)]
+    pub stray_args: Vec<String>,
+}
+
+const ABOUT: &str =
+    "Capture a pod's traffic for its Linkerd proxy (linkerd2-proxy-init compatible)";
+
+/// The `linkerd-proxy-init` command: every flag of [`ProxyInitArgs`] and nothing else. A
+/// single-valued flag given twice keeps its last value, as pflag does.
+pub fn proxy_init_command() -> Command {
+    ProxyInitArgs::augment_args(Command::new("linkerd-proxy-init")).args_override_self(true)
+}
+
+/// Paths as given, empty ones included (`--netns ''` means none, as in proxy-init); clap's
+/// own path parser refuses empty values.
+fn path_parser() -> impl TypedValueParser<Value = PathBuf> {
+    OsStringValueParser::new().map(PathBuf::from)
+}

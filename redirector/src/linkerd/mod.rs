@@ -1,0 +1,70 @@
+//! linkerd2-proxy-init's command line, turned into a typed, validated configuration.
+//!
+//! The flag contract is proxy-init's own (`proxy-init/cmd/root.go` of
+//! linkerd/linkerd2-proxy-init; see LINKERD.md §1): pflag's syntax, proxy-init's defaults and
+//! checks, its messages where it has them. What the flags ask for is written as the engine's
+//! [`CaptureConfig`] with Linkerd's semantics (every local destination passes, ignore lists
+//! as port ranges, ignored subnets matched on the inbound source, IPv6 all or nothing), so
+//! the engine never learns this syntax.
+//!
+//! Where this dialect does better than proxy-init: a mixed IPv4/IPv6 `--subnets-to-ignore`
+//! works with `--ipv6` on (each family gets its own entries).
+
+mod args;
+mod effective;
+mod error;
+mod logging;
+mod parse;
+mod resolve;
+#[cfg(test)]
+mod tests;
+
+use std::{ffi::OsString, time::Duration};
+
+use clap::FromArgMatches;
+
+pub use crate::engine::spec::{CaptureConfig, PortRange};
+pub use crate::istio::{Env, ProcessEnv, RunOptions};
+pub use args::{proxy_init_command, ProxyInitArgs};
+pub use error::{LinkerdError, Problem, EXIT_ERROR};
+pub use logging::{LogFormat, LogLevel};
+pub use parse::{DroppedEntry, PortEntryProblem};
+
+/// The effective, validated configuration of one proxy-init run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkerdConfig {
+    pub capture: CaptureConfig,
+    /// How to run, as the istio dialect has it: `--simulate` is `dry_run`, `--netns` is
+    /// `network_namespace`; proxy-init never validates, never skips the apply.
+    pub run: RunOptions,
+    pub proxy_init: ProxyInitOptions,
+}
+
+/// The run settings only proxy-init has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyInitOptions {
+    /// `--timeout-close-wait-secs`: the conntrack close-wait timeout to set in the pod's
+    /// namespace; `None` (the flag's 0) leaves it alone.
+    pub close_wait_timeout: Option<Duration>,
+    pub log_level: LogLevel,
+    pub log_format: LogFormat,
+    /// Port-list entries that do not parse: left out, and logged by the command once logging
+    /// is set up (proxy-init logs them and goes on).
+    pub dropped_entries: Vec<DroppedEntry>,
+    /// Words that are no flag's value, accepted and ignored as cobra does (`--ipv6 false`
+    /// leaves `false` here and IPv6 on).
+    pub stray_args: Vec<String>,
+}
+
+/// Parses argv (`argv[0]` included); `env` is read for `REDIRECTOR_PIN_ROOT` only. `--help`
+/// comes back as a [`LinkerdError::CommandLine`]; [`LinkerdError::report`] prints it and
+/// exits 0.
+pub fn parse_proxy_init<I, T>(argv: I, env: &dyn Env) -> Result<LinkerdConfig, LinkerdError>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let matches = proxy_init_command().try_get_matches_from(argv)?;
+    let args = ProxyInitArgs::from_arg_matches(&matches)?;
+    LinkerdConfig::from_args(&args, env)
+}

@@ -1,0 +1,796 @@
+//! Linkerd's `proxy-init`: its command line and the nat rules it writes, as
+//! `iptables-restore` input — the reference side of the Linkerd conformance suite.
+//!
+//! Written from linkerd2-proxy-init at commit 183e791 (the rule generation of the
+//! `proxy-init/v2.4.9` tag linkerd2 ships): `proxy-init/cmd/root.go` (flags, validation, one
+//! IPv4 pass and, with `--ipv6`, one IPv6 pass with the same options) and
+//! `pkg/iptables/iptables.go` (chains, rule order, comments, multiport chunks of at most 15
+//! port references). proxy-init runs one `iptables -t nat -A …` per rule; the same rules in
+//! one `iptables-restore` input end in the same tables, and the lines here are written as
+//! `iptables-save` prints them, so a test can compare what was loaded with what was meant.
+//!
+//! ```text
+//! *nat
+//! :PROXY_INIT_OUTPUT - [0:0]                     outbound, first match wins:
+//! :PROXY_INIT_REDIRECT - [0:0]                   1. owner uid / gid (each only if > 0)
+//! -A PREROUTING … -j PROXY_INIT_REDIRECT          2. -o lo
+//! -A OUTPUT … -j PROXY_INIT_OUTPUT                3. --outbound-ports-to-ignore (multiport)
+//! -A PROXY_INIT_OUTPUT …                          4. REDIRECT --to-ports <outgoing>
+//! -A PROXY_INIT_REDIRECT …                       inbound: ignored ports, source subnets,
+//! COMMIT                                           REDIRECT all (or only the -r ports)
+//! ```
+//!
+//! One deliberate difference: proxy-init gives both passes the whole `--subnets-to-ignore`
+//! list, so with `--ipv6=true` any CIDR fails the pass of the other family (exit 1,
+//! LINKERD.md §1, a defect redirector improves on). Each family's rules here keep only the
+//! CIDRs of that family: what proxy-init writes when the list holds only that family's.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use crate::scenario::Family;
+
+pub const OUTPUT_CHAIN: &str = "PROXY_INIT_OUTPUT";
+pub const REDIRECT_CHAIN: &str = "PROXY_INIT_REDIRECT";
+/// Port references (a single port counts 1, a range 2) per `-m multiport` rule.
+pub const MULTIPORT_LIMIT: usize = 15;
+
+/// Why proxy-init would refuse a command line (exit 1), or why this model does not cover it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProxyInitError {
+    /// A flag proxy-init does not have, or one the suite does not model (`--simulate`).
+    UnknownFlag(String),
+    MissingValue(String),
+    InvalidValue {
+        flag: String,
+        value: String,
+    },
+    /// `--incoming-proxy-port` / `--outgoing-proxy-port` outside 0..=65535 (or unset).
+    InvalidProxyPort {
+        flag: &'static str,
+        value: i64,
+    },
+    /// proxy-init: `"<s> is not a valid CIDR address"`.
+    InvalidCidr(String),
+    /// A non-empty ignore list none of whose entries parses: proxy-init still writes a
+    /// multiport rule, with `--dports ""`, which iptables refuses.
+    NoValidPort {
+        flag: &'static str,
+    },
+}
+
+impl fmt::Display for ProxyInitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProxyInitError::UnknownFlag(flag) => write!(f, "unknown flag {flag}"),
+            ProxyInitError::MissingValue(flag) => write!(f, "flag {flag} needs a value"),
+            ProxyInitError::InvalidValue { flag, value } => {
+                write!(f, "invalid value {value:?} for {flag}")
+            }
+            ProxyInitError::InvalidProxyPort { flag, value } => {
+                write!(f, "{flag} must be a valid TCP port number (got {value})")
+            }
+            ProxyInitError::InvalidCidr(s) => write!(f, "{s} is not a valid CIDR address"),
+            ProxyInitError::NoValidPort { flag } => write!(
+                f,
+                "{flag}: no entry is a port or range; proxy-init writes `--dports \"\"`, which iptables refuses"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ProxyInitError {}
+
+/// An inclusive port range from an ignore list (`4190` or `1000-2000`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortRange {
+    pub lo: u16,
+    pub hi: u16,
+}
+
+impl PortRange {
+    /// proxy-init's parse (`util.ParsePortRange`): one bound or two joined by `-`, each a
+    /// decimal (Go's `Atoi`: an optional sign, digits, nothing else) in 0..=65535, lower
+    /// not above upper. An entry that fails is logged and dropped by proxy-init.
+    pub fn parse(entry: &str) -> Option<Self> {
+        let mut bounds = entry.split('-');
+        let lo = atoi_port(bounds.next()?)?;
+        let hi = match bounds.next() {
+            Some(hi) => atoi_port(hi)?,
+            None => lo,
+        };
+        (bounds.next().is_none() && lo <= hi).then_some(PortRange { lo, hi })
+    }
+
+    pub fn contains(self, port: u16) -> bool {
+        (self.lo..=self.hi).contains(&port)
+    }
+
+    /// As multiport writes it: `4190` or `1000:2000`.
+    fn multiport(self) -> String {
+        if self.lo == self.hi {
+            self.lo.to_string()
+        } else {
+            format!("{}:{}", self.lo, self.hi)
+        }
+    }
+
+    /// How many of multiport's 15 references it takes.
+    fn references(self) -> usize {
+        if self.lo == self.hi {
+            1
+        } else {
+            2
+        }
+    }
+}
+
+/// Go's `strconv.Atoi` restricted to a TCP port (0..=65535).
+fn atoi_port(s: &str) -> Option<u16> {
+    let digits = s.strip_prefix('+').unwrap_or(s);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    // Leading zeros are fine for Atoi; anything longer than 5 significant digits is out of
+    // range (and would overflow the parse below).
+    let significant = digits.trim_start_matches('0');
+    if significant.len() > 5 {
+        return None;
+    }
+    let value: u32 = if significant.is_empty() {
+        0
+    } else {
+        significant.parse().ok()?
+    };
+    u16::try_from(value).ok()
+}
+
+/// A `--subnets-to-ignore` entry, checked as Go's `net.ParseCIDR` checks it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IgnoredSubnet {
+    /// As given (trimmed): proxy-init's comment carries it like this.
+    pub text: String,
+    pub network: IpAddr,
+    pub prefix: u8,
+}
+
+impl IgnoredSubnet {
+    pub fn parse(entry: &str) -> Result<Self, ProxyInitError> {
+        let text = entry.trim();
+        let invalid = || ProxyInitError::InvalidCidr(text.to_owned());
+        let (addr, prefix) = text.split_once('/').ok_or_else(invalid)?;
+        let addr: IpAddr = addr.parse().map_err(|_| invalid())?;
+        if prefix.is_empty() || !prefix.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(invalid());
+        }
+        let prefix: u8 = prefix.parse().map_err(|_| invalid())?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        if prefix > max {
+            return Err(invalid());
+        }
+        Ok(IgnoredSubnet {
+            text: text.to_owned(),
+            network: mask(addr, prefix),
+            prefix,
+        })
+    }
+
+    pub fn family(&self) -> Family {
+        if self.network.is_ipv4() {
+            Family::V4
+        } else {
+            Family::V6
+        }
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        ip.is_ipv4() == self.network.is_ipv4() && mask(ip, self.prefix) == self.network
+    }
+}
+
+fn mask(ip: IpAddr, prefix: u8) -> IpAddr {
+    match ip {
+        IpAddr::V4(v4) => {
+            let bits = u32::from(v4);
+            let kept = if prefix == 0 {
+                0
+            } else {
+                bits & (u32::MAX << (32 - u32::from(prefix)))
+            };
+            IpAddr::V4(kept.into())
+        }
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6);
+            let kept = if prefix == 0 {
+                0
+            } else {
+                bits & (u128::MAX << (128 - u32::from(prefix)))
+            };
+            IpAddr::V6(kept.into())
+        }
+    }
+}
+
+/// Which inbound connections are redirected once the ignore rules have passed them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InboundMode {
+    /// No `-r`: every TCP port.
+    RedirectAll,
+    /// `-r p1,p2,…`: only these destination ports.
+    RedirectListed(Vec<u16>),
+}
+
+/// What proxy-init was asked to do, from its command line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProxyInitOptions {
+    pub incoming_proxy_port: u16,
+    pub outgoing_proxy_port: u16,
+    /// `-u`; exempts its sockets only when > 0.
+    pub proxy_uid: Option<i64>,
+    /// `-g`; exempts its sockets only when > 0.
+    pub proxy_gid: Option<i64>,
+    pub inbound: InboundMode,
+    /// The entries that parse; proxy-init logs and drops the others.
+    pub inbound_ports_to_ignore: Vec<PortRange>,
+    pub outbound_ports_to_ignore: Vec<PortRange>,
+    pub subnets_to_ignore: Vec<IgnoredSubnet>,
+    /// `--ipv6` (default true): also write the IPv6 rules.
+    pub ipv6: bool,
+}
+
+impl ProxyInitOptions {
+    /// Parses proxy-init's command line as its flag library (pflag) does: `--flag value`,
+    /// `--flag=value`, `-f value`, `-f=value`, `-fvalue`; bool flags only as `--flag` or
+    /// `--flag=bool`; list flags comma-separated, repeats appending. The iptables plumbing
+    /// flags are accepted and have no effect on the rules.
+    pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Self, ProxyInitError> {
+        let mut raw = RawFlags::default();
+        let mut it = args.iter().map(AsRef::as_ref);
+        while let Some(arg) = it.next() {
+            let (name, inline) = split_flag(arg)?;
+            let flag = Flag::named(&name).ok_or_else(|| ProxyInitError::UnknownFlag(arg.into()))?;
+            let value = if flag.is_bool() {
+                inline.unwrap_or_else(|| "true".to_owned())
+            } else {
+                match inline {
+                    Some(v) => v,
+                    None => it
+                        .next()
+                        .ok_or_else(|| ProxyInitError::MissingValue(arg.into()))?
+                        .to_owned(),
+                }
+            };
+            raw.set(flag, arg, &value)?;
+        }
+        raw.validate()
+    }
+
+    /// The nat table proxy-init leaves for `family` as `iptables-restore` input.
+    pub fn nat_rules(&self, family: Family) -> String {
+        let mut output = Vec::new();
+        let uid = self.proxy_uid.filter(|u| *u > 0);
+        let gid = self.proxy_gid.filter(|g| *g > 0);
+        if let Some(uid) = uid {
+            output.push(format!(
+                "-m owner --uid-owner {uid} {} -j RETURN",
+                comment("ignore-proxy-user-id")
+            ));
+        }
+        if let Some(gid) = gid {
+            output.push(format!(
+                "-m owner --gid-owner {gid} {} -j RETURN",
+                comment("ignore-proxy-group-id")
+            ));
+        }
+        output.push(format!("-o lo {} -j RETURN", comment("ignore-loopback")));
+        output.extend(ignore_ports(&self.outbound_ports_to_ignore));
+        output.push(format!(
+            "-p tcp {} -j REDIRECT --to-ports {}",
+            comment("redirect-all-outgoing-to-proxy-port"),
+            self.outgoing_proxy_port
+        ));
+
+        let mut redirect = ignore_ports(&self.inbound_ports_to_ignore);
+        for subnet in self
+            .subnets_to_ignore
+            .iter()
+            .filter(|s| s.family() == family)
+        {
+            redirect.push(format!(
+                "-s {}/{} {} -j RETURN",
+                subnet.network,
+                subnet.prefix,
+                comment(&format!("ignore-subnet-{}", subnet.text))
+            ));
+        }
+        match &self.inbound {
+            InboundMode::RedirectAll => redirect.push(format!(
+                "-p tcp {} -j REDIRECT --to-ports {}",
+                comment("redirect-all-incoming-to-proxy-port"),
+                self.incoming_proxy_port
+            )),
+            InboundMode::RedirectListed(ports) => redirect.extend(ports.iter().map(|port| {
+                format!(
+                    "-p tcp -m tcp --dport {port} {} -j REDIRECT --to-ports {}",
+                    comment(&format!("redirect-port-{port}-to-proxy-port")),
+                    self.incoming_proxy_port
+                )
+            })),
+        }
+
+        let mut text = String::from(
+            "*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n\
+             :POSTROUTING ACCEPT [0:0]\n",
+        );
+        text.push_str(&format!(
+            ":{OUTPUT_CHAIN} - [0:0]\n:{REDIRECT_CHAIN} - [0:0]\n"
+        ));
+        text.push_str(&format!(
+            "-A PREROUTING {} -j {REDIRECT_CHAIN}\n",
+            comment("install-proxy-init-prerouting")
+        ));
+        text.push_str(&format!(
+            "-A OUTPUT {} -j {OUTPUT_CHAIN}\n",
+            comment("install-proxy-init-output")
+        ));
+        for rule in output {
+            text.push_str(&format!("-A {OUTPUT_CHAIN} {rule}\n"));
+        }
+        for rule in redirect {
+            text.push_str(&format!("-A {REDIRECT_CHAIN} {rule}\n"));
+        }
+        text.push_str("COMMIT\n");
+        text
+    }
+
+    /// The socket owners whose connections are never redirected.
+    pub fn exempts(&self, uid: u32, gid: u32) -> bool {
+        self.proxy_uid.is_some_and(|u| u > 0 && u == i64::from(uid))
+            || self.proxy_gid.is_some_and(|g| g > 0 && g == i64::from(gid))
+    }
+}
+
+/// `-m comment --comment "proxy-init/<text>"`.
+fn comment(text: &str) -> String {
+    format!("-m comment --comment \"proxy-init/{text}\"")
+}
+
+/// The RETURN rules for an ignore list: multiport rules of at most [`MULTIPORT_LIMIT`]
+/// references, in list order, a new rule started when the next entry does not fit.
+fn ignore_ports(ranges: &[PortRange]) -> Vec<String> {
+    let mut chunks: Vec<Vec<PortRange>> = Vec::new();
+    let mut used = 0;
+    for range in ranges {
+        if chunks.is_empty() || used + range.references() > MULTIPORT_LIMIT {
+            chunks.push(Vec::new());
+            used = 0;
+        }
+        chunks.last_mut().expect("pushed above").push(*range);
+        used += range.references();
+    }
+    chunks
+        .iter()
+        .map(|chunk| {
+            let dports: Vec<String> = chunk.iter().map(|r| r.multiport()).collect();
+            let dports = dports.join(",");
+            format!(
+                "-p tcp -m multiport --dports {dports} {} -j RETURN",
+                comment(&format!("ignore-port-{dports}"))
+            )
+        })
+        .collect()
+}
+
+/// `--name[=value]` or `-n[=value|value]` → the flag's long name and an inline value.
+fn split_flag(arg: &str) -> Result<(String, Option<String>), ProxyInitError> {
+    if let Some(long) = arg.strip_prefix("--") {
+        return Ok(match long.split_once('=') {
+            Some((name, value)) => (name.to_owned(), Some(value.to_owned())),
+            None => (long.to_owned(), None),
+        });
+    }
+    let short = arg
+        .strip_prefix('-')
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| ProxyInitError::UnknownFlag(arg.into()))?;
+    let mut chars = short.chars();
+    let letter = chars.next().expect("non-empty");
+    let rest = chars.as_str();
+    let long = Flag::short(letter).ok_or_else(|| ProxyInitError::UnknownFlag(arg.into()))?;
+    let inline = match rest.strip_prefix('=') {
+        Some(value) => Some(value.to_owned()),
+        None if rest.is_empty() => None,
+        None => Some(rest.to_owned()),
+    };
+    Ok((long.to_owned(), inline))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Flag {
+    IncomingProxyPort,
+    OutgoingProxyPort,
+    ProxyUid,
+    ProxyGid,
+    PortsToRedirect,
+    InboundPortsToIgnore,
+    OutboundPortsToIgnore,
+    SubnetsToIgnore,
+    Ipv6,
+    /// Plumbing with a value: `--netns`, `--iptables-mode`, the bin paths, logging,
+    /// `--timeout-close-wait-secs`.
+    Plumbing,
+    IptablesMode,
+    FirewallBinPath,
+    /// `-w`, `--use-wait-flag`.
+    PlumbingBool,
+}
+
+impl Flag {
+    fn named(name: &str) -> Option<Flag> {
+        Some(match name {
+            "incoming-proxy-port" => Flag::IncomingProxyPort,
+            "outgoing-proxy-port" => Flag::OutgoingProxyPort,
+            "proxy-uid" => Flag::ProxyUid,
+            "proxy-gid" => Flag::ProxyGid,
+            "ports-to-redirect" => Flag::PortsToRedirect,
+            "inbound-ports-to-ignore" => Flag::InboundPortsToIgnore,
+            "outbound-ports-to-ignore" => Flag::OutboundPortsToIgnore,
+            "subnets-to-ignore" => Flag::SubnetsToIgnore,
+            "ipv6" => Flag::Ipv6,
+            "iptables-mode" => Flag::IptablesMode,
+            "firewall-bin-path" => Flag::FirewallBinPath,
+            "netns"
+            | "firewall-save-bin-path"
+            | "log-level"
+            | "log-format"
+            | "timeout-close-wait-secs" => Flag::Plumbing,
+            "use-wait-flag" => Flag::PlumbingBool,
+            _ => return None,
+        })
+    }
+
+    fn short(letter: char) -> Option<&'static str> {
+        Some(match letter {
+            'p' => "incoming-proxy-port",
+            'o' => "outgoing-proxy-port",
+            'u' => "proxy-uid",
+            'g' => "proxy-gid",
+            'r' => "ports-to-redirect",
+            'w' => "use-wait-flag",
+            _ => return None,
+        })
+    }
+
+    fn is_bool(self) -> bool {
+        matches!(self, Flag::Ipv6 | Flag::PlumbingBool)
+    }
+}
+
+/// Flag values as given, before proxy-init's checks.
+#[derive(Default)]
+struct RawFlags {
+    incoming: Option<i64>,
+    outgoing: Option<i64>,
+    uid: Option<i64>,
+    gid: Option<i64>,
+    redirect: Vec<i64>,
+    inbound_ignore: Vec<String>,
+    outbound_ignore: Vec<String>,
+    subnets: Vec<String>,
+    ipv6: Option<bool>,
+}
+
+impl RawFlags {
+    fn set(&mut self, flag: Flag, arg: &str, value: &str) -> Result<(), ProxyInitError> {
+        let invalid = || ProxyInitError::InvalidValue {
+            flag: arg.to_owned(),
+            value: value.to_owned(),
+        };
+        let int = |s: &str| -> Result<i64, ProxyInitError> { s.parse().map_err(|_| invalid()) };
+        let list = |s: &str| -> Vec<String> {
+            if s.is_empty() {
+                Vec::new()
+            } else {
+                s.split(',').map(str::to_owned).collect()
+            }
+        };
+        match flag {
+            Flag::IncomingProxyPort => self.incoming = Some(int(value)?),
+            Flag::OutgoingProxyPort => self.outgoing = Some(int(value)?),
+            Flag::ProxyUid => self.uid = Some(int(value)?),
+            Flag::ProxyGid => self.gid = Some(int(value)?),
+            Flag::PortsToRedirect => {
+                for entry in list(value) {
+                    self.redirect.push(int(&entry)?);
+                }
+            }
+            Flag::InboundPortsToIgnore => self.inbound_ignore.extend(list(value)),
+            Flag::OutboundPortsToIgnore => self.outbound_ignore.extend(list(value)),
+            Flag::SubnetsToIgnore => self.subnets.extend(list(value)),
+            Flag::Ipv6 => self.ipv6 = Some(parse_bool(value).ok_or_else(invalid)?),
+            Flag::PlumbingBool => {
+                parse_bool(value).ok_or_else(invalid)?;
+            }
+            Flag::IptablesMode => {
+                if !["", "legacy", "nft", "plain"].contains(&value) {
+                    return Err(invalid());
+                }
+            }
+            Flag::FirewallBinPath => {
+                if !["", "iptables-legacy", "iptables-nft", "iptables"].contains(&value) {
+                    return Err(invalid());
+                }
+            }
+            Flag::Plumbing => {}
+        }
+        Ok(())
+    }
+
+    fn validate(self) -> Result<ProxyInitOptions, ProxyInitError> {
+        let port = |flag: &'static str, value: Option<i64>| {
+            let value = value.unwrap_or(-1);
+            u16::try_from(value).map_err(|_| ProxyInitError::InvalidProxyPort { flag, value })
+        };
+        let incoming_proxy_port = port("--incoming-proxy-port", self.incoming)?;
+        let outgoing_proxy_port = port("--outgoing-proxy-port", self.outgoing)?;
+        let subnets_to_ignore = self
+            .subnets
+            .iter()
+            .map(|s| IgnoredSubnet::parse(s))
+            .collect::<Result<Vec<_>, _>>()?;
+        let ranges = |entries: &[String], flag: &'static str| {
+            let ranges: Vec<PortRange> =
+                entries.iter().filter_map(|e| PortRange::parse(e)).collect();
+            if ranges.is_empty() && !entries.is_empty() {
+                Err(ProxyInitError::NoValidPort { flag })
+            } else {
+                Ok(ranges)
+            }
+        };
+        let inbound = if self.redirect.is_empty() {
+            InboundMode::RedirectAll
+        } else {
+            let ports = self
+                .redirect
+                .iter()
+                .map(|p| {
+                    u16::try_from(*p).map_err(|_| ProxyInitError::InvalidValue {
+                        flag: "--ports-to-redirect".into(),
+                        value: p.to_string(),
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            InboundMode::RedirectListed(ports)
+        };
+        Ok(ProxyInitOptions {
+            incoming_proxy_port,
+            outgoing_proxy_port,
+            proxy_uid: self.uid,
+            proxy_gid: self.gid,
+            inbound,
+            inbound_ports_to_ignore: ranges(&self.inbound_ignore, "--inbound-ports-to-ignore")?,
+            outbound_ports_to_ignore: ranges(&self.outbound_ignore, "--outbound-ports-to-ignore")?,
+            subnets_to_ignore,
+            ipv6: self.ipv6.unwrap_or(true),
+        })
+    }
+}
+
+/// Go's `strconv.ParseBool`.
+fn parse_bool(s: &str) -> Option<bool> {
+    match s {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// The nat rules a pod is left with after proxy-init ran with each of `runs` in turn: a run
+/// flushes and refills the chains of the families it touches (IPv4 always, IPv6 with
+/// `--ipv6`) and leaves the other family's as they were.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CaptureState {
+    /// The options in force per family: IPv4 those of the last run, IPv6 those of the last
+    /// run with `--ipv6`, if any (none: IPv6 is not captured).
+    pub v4: ProxyInitOptions,
+    pub v6: Option<ProxyInitOptions>,
+}
+
+impl CaptureState {
+    pub fn after(runs: &[ProxyInitOptions]) -> Self {
+        let v4 = runs.last().expect("at least one run").clone();
+        let v6 = runs.iter().rev().find(|o| o.ipv6).cloned();
+        CaptureState { v4, v6 }
+    }
+
+    pub fn of(&self, family: Family) -> Option<&ProxyInitOptions> {
+        match family {
+            Family::V4 => Some(&self.v4),
+            Family::V6 => self.v6.as_ref(),
+        }
+    }
+}
+
+/// Every `-A` line of a restore input or of `iptables-save` output, grouped by chain in
+/// order: what two rule sets are compared by (chain declarations, counters and comments of
+/// the save format left out).
+pub fn rules_by_chain(text: &str) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut chains = std::collections::BTreeMap::<String, Vec<String>>::new();
+    for line in text.lines().map(str::trim) {
+        if let Some(rule) = line.strip_prefix("-A ") {
+            let chain = rule.split_whitespace().next().unwrap_or("").to_owned();
+            chains.entry(chain).or_default().push(line.to_owned());
+        }
+    }
+    chains
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The injector's command line (LINKERD.md §3), IPv6 off.
+    const INJECTOR: &[&str] = &[
+        "--firewall-bin-path",
+        "iptables-nft",
+        "--firewall-save-bin-path",
+        "iptables-nft-save",
+        "--ipv6=false",
+        "--incoming-proxy-port",
+        "4143",
+        "--outgoing-proxy-port",
+        "4140",
+        "--proxy-uid",
+        "2102",
+        "--inbound-ports-to-ignore",
+        "4190,4191,4567,4568",
+        "--outbound-ports-to-ignore",
+        "4567,4568",
+    ];
+
+    #[test]
+    fn injector_defaults_give_proxy_init_s_rules() {
+        let opts = ProxyInitOptions::parse(INJECTOR).unwrap();
+        assert!(!opts.ipv6);
+        assert_eq!(
+            opts.nat_rules(Family::V4),
+            "*nat
+:PREROUTING ACCEPT [0:0]
+:INPUT ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:POSTROUTING ACCEPT [0:0]
+:PROXY_INIT_OUTPUT - [0:0]
+:PROXY_INIT_REDIRECT - [0:0]
+-A PREROUTING -m comment --comment \"proxy-init/install-proxy-init-prerouting\" -j PROXY_INIT_REDIRECT
+-A OUTPUT -m comment --comment \"proxy-init/install-proxy-init-output\" -j PROXY_INIT_OUTPUT
+-A PROXY_INIT_OUTPUT -m owner --uid-owner 2102 -m comment --comment \"proxy-init/ignore-proxy-user-id\" -j RETURN
+-A PROXY_INIT_OUTPUT -o lo -m comment --comment \"proxy-init/ignore-loopback\" -j RETURN
+-A PROXY_INIT_OUTPUT -p tcp -m multiport --dports 4567,4568 -m comment --comment \"proxy-init/ignore-port-4567,4568\" -j RETURN
+-A PROXY_INIT_OUTPUT -p tcp -m comment --comment \"proxy-init/redirect-all-outgoing-to-proxy-port\" -j REDIRECT --to-ports 4140
+-A PROXY_INIT_REDIRECT -p tcp -m multiport --dports 4190,4191,4567,4568 -m comment --comment \"proxy-init/ignore-port-4190,4191,4567,4568\" -j RETURN
+-A PROXY_INIT_REDIRECT -p tcp -m comment --comment \"proxy-init/redirect-all-incoming-to-proxy-port\" -j REDIRECT --to-ports 4143
+COMMIT
+"
+        );
+        let state = CaptureState::after(&[opts]);
+        assert!(state.v6.is_none(), "--ipv6=false leaves IPv6 alone");
+    }
+
+    #[test]
+    fn ranges_split_into_multiport_rules_of_fifteen_references() {
+        // 7 ranges (14 references) and two single ports: the second single port opens a
+        // second rule.
+        let opts = ProxyInitOptions::parse(&[
+            "-p",
+            "4143",
+            "-o",
+            "4140",
+            "--outbound-ports-to-ignore",
+            "1-2,3-4,5-6,7-8,9-10,11-12,13-14,15,16",
+        ])
+        .unwrap();
+        let rules = opts.nat_rules(Family::V4);
+        let multiport: Vec<&str> = rules.lines().filter(|l| l.contains("multiport")).collect();
+        assert_eq!(multiport.len(), 2, "{rules}");
+        assert!(
+            multiport[0].contains("--dports 1:2,3:4,5:6,7:8,9:10,11:12,13:14,15 "),
+            "{rules}"
+        );
+        assert!(
+            multiport[1].contains("--dports 16 -m comment --comment \"proxy-init/ignore-port-16\"")
+        );
+        // No owner rule without -u/-g.
+        assert!(!rules.contains("owner"), "{rules}");
+    }
+
+    #[test]
+    fn bad_port_entries_are_dropped_and_bad_cidrs_refused() {
+        let opts = ProxyInitOptions::parse(&[
+            "-p=4143",
+            "-o4140",
+            "--inbound-ports-to-ignore",
+            "abc,70000,25-23, 22,0,4190",
+            "--inbound-ports-to-ignore=1000-2000",
+        ])
+        .unwrap();
+        assert_eq!(
+            opts.inbound_ports_to_ignore,
+            [
+                PortRange { lo: 0, hi: 0 },
+                PortRange { lo: 4190, hi: 4190 },
+                PortRange { lo: 1000, hi: 2000 }
+            ]
+        );
+        assert!(opts.ipv6, "--ipv6 defaults to true");
+        assert_eq!(
+            ProxyInitOptions::parse(&["-p", "1", "-o", "2", "--subnets-to-ignore", "10.0.0.1"]),
+            Err(ProxyInitError::InvalidCidr("10.0.0.1".into()))
+        );
+        assert!(matches!(
+            ProxyInitOptions::parse(&["-o", "4140"]),
+            Err(ProxyInitError::InvalidProxyPort { value: -1, .. })
+        ));
+        assert!(matches!(
+            ProxyInitOptions::parse(&["-p", "1", "-o", "2", "--outbound-ports-to-ignore", "x"]),
+            Err(ProxyInitError::NoValidPort { .. })
+        ));
+        assert!(matches!(
+            ProxyInitOptions::parse(&["-p", "1", "-o", "2", "--iptables-mode", "fancy"]),
+            Err(ProxyInitError::InvalidValue { .. })
+        ));
+    }
+
+    #[test]
+    fn listed_ports_subnets_and_owners() {
+        let opts = ProxyInitOptions::parse(&[
+            "-p",
+            "4143",
+            "-o",
+            "4140",
+            "-u",
+            "0",
+            "-g",
+            "2103",
+            "-r",
+            "8080,4190",
+            "--subnets-to-ignore",
+            "192.0.2.9/24,2001:db8::/32",
+        ])
+        .unwrap();
+        let v4 = opts.nat_rules(Family::V4);
+        assert!(!v4.contains("--uid-owner"), "uid 0 exempts nobody:\n{v4}");
+        assert!(v4.contains("-m owner --gid-owner 2103 "), "{v4}");
+        assert!(v4.contains(
+            "-A PROXY_INIT_REDIRECT -s 192.0.2.0/24 -m comment --comment \"proxy-init/ignore-subnet-192.0.2.9/24\" -j RETURN"
+        ));
+        assert!(!v4.contains("2001:db8"), "{v4}");
+        assert!(v4.contains(
+            "-A PROXY_INIT_REDIRECT -p tcp -m tcp --dport 4190 -m comment --comment \"proxy-init/redirect-port-4190-to-proxy-port\" -j REDIRECT --to-ports 4143"
+        ));
+        assert!(!v4.contains("redirect-all-incoming"), "{v4}");
+        let v6 = opts.nat_rules(Family::V6);
+        assert!(v6.contains("-s 2001:db8::/32 "), "{v6}");
+        assert!(!v6.contains("192.0.2"), "{v6}");
+        assert!(opts.exempts(1000, 2103) && !opts.exempts(0, 0) && !opts.exempts(2102, 2102));
+        let subnet = &opts.subnets_to_ignore[0];
+        assert!(subnet.contains("192.0.2.200".parse().unwrap()));
+        assert!(!subnet.contains("192.0.3.1".parse().unwrap()));
+    }
+
+    #[test]
+    fn a_rerun_keeps_the_ipv6_rules_of_the_last_run_that_wrote_them() {
+        let on = ProxyInitOptions::parse(&["-p", "4143", "-o", "4140", "-u", "2102"]).unwrap();
+        let off = ProxyInitOptions::parse(&["-p", "4143", "-o", "4141", "--ipv6=false"]).unwrap();
+        let state = CaptureState::after(&[on.clone(), off.clone()]);
+        assert_eq!(state.v4, off);
+        assert_eq!(state.v6, Some(on));
+    }
+
+    #[test]
+    fn rules_group_by_chain() {
+        let text = "*nat\n-A A x\n-A B y\n-A A z\nCOMMIT\n";
+        let chains = rules_by_chain(text);
+        assert_eq!(chains["A"], ["-A A x", "-A A z"]);
+        assert_eq!(chains["B"], ["-A B y"]);
+    }
+}
