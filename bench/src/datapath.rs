@@ -21,6 +21,7 @@ use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::dns::protocol::DnsOutcome;
 use redirector_tests::dns::{DnsClient, DnsMode, DnsServer};
 use redirector_tests::iptables::{apply_golden, standard_injection};
+use redirector_tests::linkerd::{cases::LINKERD_PROXY_UID, linkerd_proxy_init_command};
 use redirector_tests::redirector::{
     install, istio_iptables_command, redirector_bin, run_ok, wait_for_trace_switch, PinRoot,
     STANDARD_INJECTION,
@@ -52,6 +53,9 @@ pub enum Mode {
     /// (`REDIRECTOR_FORCE_FALLBACKS=all`), as on a kernel before 5.14: what an old node's
     /// kernel costs.
     RedirectorFallbacks,
+    /// `redirector linkerd-proxy-init` with Linkerd's injector defaults: the sidecar as
+    /// Linkerd's proxy (uid 2102, outbound on 4140).
+    RedirectorLinkerd,
     /// A pod on a daemon node (inside the daemon's `--cgroup`) that the daemon does not
     /// capture, dialling the service directly: what a pod outside the mesh pays, against
     /// `direct` (the same pod on a node without redirector).
@@ -59,7 +63,7 @@ pub enum Mode {
 }
 
 impl Mode {
-    pub const ALL: [Mode; 8] = [
+    pub const ALL: [Mode; 9] = [
         Mode::Direct,
         Mode::Explicit,
         Mode::Iptables,
@@ -67,6 +71,7 @@ impl Mode {
         Mode::RedirectorDaemon,
         Mode::RedirectorTraced,
         Mode::RedirectorFallbacks,
+        Mode::RedirectorLinkerd,
         Mode::Bystander,
     ];
 
@@ -79,6 +84,7 @@ impl Mode {
             Mode::RedirectorDaemon => "redirector-daemon",
             Mode::RedirectorTraced => "redirector-traced",
             Mode::RedirectorFallbacks => "redirector-fallbacks",
+            Mode::RedirectorLinkerd => "redirector-linkerd",
             Mode::Bystander => "daemon-bystander",
         }
     }
@@ -193,7 +199,10 @@ impl Bed {
                     topo,
                 )
             }
-            Mode::Redirector | Mode::RedirectorTraced | Mode::RedirectorFallbacks => {
+            Mode::Redirector
+            | Mode::RedirectorTraced
+            | Mode::RedirectorFallbacks
+            | Mode::RedirectorLinkerd => {
                 (None, None, Some(PinRoot::new(&hint)), Topology::new(&hint))
             }
             _ => (None, None, None, Topology::new(&hint)),
@@ -207,15 +216,20 @@ impl Bed {
             .spawn();
         wait_tcp_listening(&topo.service, 80, Duration::from_secs(10));
         let service = topo.service_addr(false, 80);
+        // Linkerd's proxy listens on 4140 as uid 2102; istio's on 15001 as 1337.
+        let (listen, proxy_uid) = match mode {
+            Mode::RedirectorLinkerd => ("127.0.0.1:4140", LINKERD_PROXY_UID),
+            _ => ("127.0.0.1:15001", PROXY_UID),
+        };
         let sidecar = Spawn::new("taskset")
             .args(["-c", "1"])
             .arg(bin_path("sidecar"))
-            .args(["--listen", "127.0.0.1:15001", "--upstream"])
+            .args(["--listen", listen, "--upstream"])
             .arg(service.to_string())
             .args(["--answer-port", &ANSWERED_PORT.to_string()])
             .netns(&topo.pod)
             .cgroup(&topo.pod_cgroup)
-            .user(PROXY_UID, PROXY_UID)
+            .user(proxy_uid, proxy_uid)
             .spawn();
         sidecar.wait_line("sidecar listening", Duration::from_secs(10), |l| {
             l.starts_with("listening")
@@ -254,6 +268,15 @@ impl Bed {
                         .args(STANDARD_INJECTION)
                         .env(FORCE_FALLBACKS_ENV, "all"),
                 );
+            }
+            Mode::RedirectorLinkerd => {
+                let defaults = redirector::linkerd::INJECTOR_DEFAULTS.map(String::from);
+                run_ok(&mut linkerd_proxy_init_command(
+                    &defaults,
+                    &topo.pod,
+                    &topo.pod_cgroup,
+                    root.as_ref().unwrap(),
+                ));
             }
             Mode::RedirectorDaemon => {
                 let d = Daemon::start(

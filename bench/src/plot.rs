@@ -18,6 +18,7 @@ const COLORS: [RGBColor; Mode::ALL.len()] = [
     RGBColor(33, 102, 172),
     RGBColor(146, 197, 222),
     RGBColor(140, 110, 190),
+    RGBColor(230, 160, 40),
     RGBColor(120, 180, 120),
 ];
 
@@ -26,9 +27,9 @@ pub fn draw(dp: &DataPath, path: &Path) -> Result<(), Box<dyn std::error::Error>
     root.fill(&WHITE)?;
     let (legend, charts) = root.split_vertically(40);
     for (i, mode) in Mode::ALL.iter().enumerate() {
-        let x = 20 + i as i32 * 195;
+        let x = 20 + i as i32 * 152;
         legend.draw(&Rectangle::new([(x, 12), (x + 16, 28)], COLORS[i].filled()))?;
-        legend.draw(&Text::new(mode.name(), (x + 22, 14), ("sans-serif", 16)))?;
+        legend.draw(&Text::new(mode.name(), (x + 22, 14), ("sans-serif", 13)))?;
     }
     let panels = charts.split_evenly((2, LOADS.len()));
     type Metric = fn(&crate::datapath::Sample) -> f64;

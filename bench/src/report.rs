@@ -106,6 +106,7 @@ pub fn markdown(dp: &DataPath, setup: &Setup, machine: &str) -> String {
             (Mode::Iptables, Mode::Explicit),
             (Mode::RedirectorTraced, Mode::Redirector),
             (Mode::RedirectorFallbacks, Mode::Redirector),
+            (Mode::RedirectorLinkerd, Mode::Explicit),
             (Mode::Bystander, Mode::Direct),
         ];
         let pairs: Vec<_> = pairs
@@ -134,6 +135,7 @@ pub fn markdown(dp: &DataPath, setup: &Setup, machine: &str) -> String {
             Mode::RedirectorDaemon,
             Mode::RedirectorTraced,
             Mode::RedirectorFallbacks,
+            Mode::RedirectorLinkerd,
         ];
         let added: Vec<_> = added
             .into_iter()
@@ -175,6 +177,7 @@ pub fn markdown(dp: &DataPath, setup: &Setup, machine: &str) -> String {
                 Mode::RedirectorDaemon,
                 Mode::RedirectorTraced,
                 Mode::RedirectorFallbacks,
+                Mode::RedirectorLinkerd,
                 Mode::Bystander,
             ]
             .into_iter()
@@ -453,9 +456,13 @@ pub fn targets(dp: &DataPath, setup: &Setup) -> String {
     let new_conn = ["new-conn-8", "new-conn-64"];
     let against = [Mode::Explicit, Mode::Iptables];
     if against.iter().all(|m| ran(dp, *m)) {
-        for mode in [Mode::Redirector, Mode::RedirectorDaemon]
-            .into_iter()
-            .filter(|m| ran(dp, *m))
+        for mode in [
+            Mode::Redirector,
+            Mode::RedirectorDaemon,
+            Mode::RedirectorLinkerd,
+        ]
+        .into_iter()
+        .filter(|m| ran(dp, *m))
         {
             let added: Vec<f64> = new_conn
                 .iter()

@@ -6,9 +6,9 @@ use anyhow::Context;
 
 use crate::{
     cni::DEFAULT_EXCLUDED_NAMESPACES,
+    dialect::{pod_spec, Dialect, PodFlags},
     install_cni::{watch, Entry, Installer},
     istio::annotations::STANDARD_INJECTION,
-    pods::parse_flags,
 };
 
 /// How often the watch reads the directory with no event, in case one was missed.
@@ -43,7 +43,18 @@ pub struct InstallCniArgs {
     /// The binary installed as the plugin (default: this one).
     #[arg(long, value_name = "PATH")]
     plugin: Option<PathBuf>,
-    /// Capture only pods carrying istio's `sidecar.istio.io/status` (the injector's mark).
+    /// Which mesh the network's pods are meshed by: `istio` (its flags, annotations and
+    /// injector's mark) or `linkerd` (proxy-init's flags, Linkerd's annotations, pods
+    /// carrying `linkerd.io/proxy-version`).
+    #[arg(
+        long,
+        value_enum,
+        env = "REDIRECTOR_CNI_DIALECT",
+        default_value = "istio"
+    )]
+    dialect: Dialect,
+    /// Capture only pods carrying istio's `sidecar.istio.io/status` (the injector's mark;
+    /// istio only).
     #[arg(
         long,
         value_name = "BOOL",
@@ -66,19 +77,24 @@ pub struct InstallCniArgs {
     /// The daemon's state directory the plugin uses, when not the default.
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
-    /// istio-iptables flags for the network's pods (default: istio's standard injection);
-    /// pods override them with istio's annotations.
+    /// The flags for the network's pods, in the dialect (default: istio's standard
+    /// injection, or Linkerd's injector defaults); pods override them with their mesh's
+    /// annotations.
     #[arg(last = true, value_name = "FLAGS", allow_hyphen_values = true)]
     flags: Vec<String>,
 }
 
 pub fn run(args: &InstallCniArgs) -> anyhow::Result<()> {
-    let flags = if args.flags.is_empty() {
-        STANDARD_INJECTION.map(String::from).to_vec()
-    } else {
-        args.flags.clone()
+    let flags = match (args.flags.is_empty(), args.dialect) {
+        (false, _) => args.flags.clone(),
+        (true, Dialect::Istio) => STANDARD_INJECTION.map(String::from).to_vec(),
+        (true, Dialect::Linkerd) => crate::linkerd::INJECTOR_DEFAULTS.map(String::from).to_vec(),
     };
-    parse_flags(&flags).map_err(|e| anyhow::anyhow!("the pods' flags: {e}"))?;
+    pod_spec(&PodFlags {
+        dialect: args.dialect,
+        args: flags.clone(),
+    })
+    .map_err(|e| anyhow::anyhow!("the pods' flags: {e}"))?;
     let exclude_namespaces = args
         .exclude_namespaces
         .split(',')
@@ -95,6 +111,7 @@ pub fn run(args: &InstallCniArgs) -> anyhow::Result<()> {
         bin_dir: args.bin_dir.clone(),
         plugin,
         entry: Entry {
+            dialect: args.dialect,
             args: flags,
             require_sidecar_status: args.require_sidecar_status,
             exclude_namespaces,

@@ -11,7 +11,7 @@ use anyhow::{bail, Context as _};
 
 use crate::{
     daemon::api::{PodInfo, PodRef, Request, Response, DEFAULT_SOCKET},
-    pods::parse_flags,
+    dialect::{pod_spec, requested, Dialect},
 };
 
 #[derive(clap::Args, Debug)]
@@ -42,8 +42,12 @@ enum PodCommand {
         netns: PathBuf,
         #[arg(long, value_name = "NS/NAME")]
         name: Option<String>,
-        /// An istio pod annotation, `KEY=VALUE` (repeatable), e.g.
-        /// traffic.sidecar.istio.io/excludeOutboundPorts=3306.
+        /// Which command line the flags are: istio-iptables' or Linkerd proxy-init's.
+        #[arg(long, value_enum, default_value = "istio")]
+        dialect: Dialect,
+        /// A pod annotation of the dialect's mesh, `KEY=VALUE` (repeatable), e.g.
+        /// traffic.sidecar.istio.io/excludeOutboundPorts=3306 or
+        /// config.linkerd.io/skip-outbound-ports=3306.
         #[arg(long = "annotation", value_name = "KEY=VALUE", value_parser = annotation)]
         annotations: Vec<(String, String)>,
         /// The pod's own cgroup (a cgroup2 directory), where its programs are attached.
@@ -51,7 +55,7 @@ enum PodCommand {
         /// `--cgroup`, else the programs at the node cgroup.
         #[arg(long, value_name = "PATH")]
         cgroup: Option<PathBuf>,
-        /// istio-iptables flags (after `--`).
+        /// The flags, istio-iptables' or proxy-init's (after `--`).
         #[arg(last = true)]
         args: Vec<String>,
     },
@@ -129,6 +133,7 @@ pub fn run(args: &PodArgs) -> anyhow::Result<()> {
         PodCommand::Add {
             netns,
             name,
+            dialect,
             annotations,
             cgroup,
             args,
@@ -136,14 +141,18 @@ pub fn run(args: &PodArgs) -> anyhow::Result<()> {
             let annotations: BTreeMap<String, String> = annotations.iter().cloned().collect();
             // The daemon validates too; checking here gives the same message without a
             // round trip, and an invalid value never reaches the node.
-            parse_flags(&crate::istio::annotations::flags(args, &annotations))
-                .map_err(anyhow::Error::msg)?;
+            if let Ok(flags) =
+                requested(*dialect, args, &annotations).map_err(anyhow::Error::msg)?
+            {
+                pod_spec(&flags).map_err(anyhow::Error::msg)?;
+            }
             if let Some(cgroup) = cgroup.as_ref().filter(|c| !c.is_dir()) {
                 anyhow::bail!("--cgroup {}: not a cgroup directory", cgroup.display());
             }
             let request = Request::Add {
                 netns: netns.clone(),
                 name: name.clone(),
+                dialect: *dialect,
                 args: args.clone(),
                 annotations,
                 cgroup: cgroup.clone(),

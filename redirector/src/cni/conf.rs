@@ -6,6 +6,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::error::{code, CniError};
+use crate::dialect::Dialect;
 
 /// The version this plugin answers VERSION in when the configuration names none.
 pub const VERSION: &str = "1.1.0";
@@ -27,10 +28,24 @@ pub struct NetConf {
     /// The network's name: the pods this plugin sets up are recorded under it.
     #[serde(default)]
     pub name: Option<String>,
-    /// istio-iptables flags for the pods of this network (a list); the spec's `args`
+    /// Which mesh's flags `args` are and whose rules choose the pods: `istio` (the
+    /// default) or `linkerd`.
+    #[serde(default)]
+    pub dialect: Dialect,
+    /// The flags for the pods of this network (a list), in `dialect`; the spec's `args`
     /// object convention is accepted and ignored.
     #[serde(default)]
     pub args: Value,
+    /// linkerd-cni's settings: proxy-init's flags as keys (`dialect: linkerd`).
+    #[serde(default)]
+    pub linkerd: Option<Value>,
+    /// The namespace of Linkerd's control plane, whose pods also skip the API server's
+    /// ports (`dialect: linkerd`).
+    #[serde(
+        default = "default_control_plane_namespace",
+        rename = "controlPlaneNamespace"
+    )]
+    pub control_plane_namespace: String,
     /// The daemon's socket; the plugin does not need the daemon to run.
     #[serde(default)]
     pub socket: Option<PathBuf>,
@@ -53,6 +68,24 @@ pub struct NetConf {
     pub runtime_config: Option<RuntimeConfig>,
     #[serde(default, rename = "cni.dev/valid-attachments")]
     pub valid_attachments: Option<Vec<Attachment>>,
+}
+
+impl NetConf {
+    /// `args` as a list of flags; the spec's `args` object convention as none.
+    pub fn arg_list(&self) -> Result<Vec<String>, String> {
+        match &self.args {
+            Value::Array(items) => items
+                .iter()
+                .map(|v| v.as_str().map(str::to_owned))
+                .collect::<Option<_>>()
+                .ok_or_else(|| "args must be a list of strings".to_owned()),
+            _ => Ok(Vec::new()),
+        }
+    }
+}
+
+fn default_control_plane_namespace() -> String {
+    "linkerd".to_owned()
 }
 
 fn yes() -> bool {

@@ -28,10 +28,11 @@ use self::{
     error::{code, CniError},
 };
 use crate::{
+    dialect::{pod_spec, Dialect, PodFlags},
     engine::node::node_object,
+    engine::spec::PodSpec,
     istio::annotations::{self, left_alone, Rules},
     pods::{
-        parse_flags,
         records::{CniAttachment, PodRecord, Records, DEFAULT_STATE_DIR},
         remove_pod, PodError, Pods,
     },
@@ -99,32 +100,60 @@ fn read_stdin() -> Result<String, CniError> {
     Ok(stdin)
 }
 
-/// The istio-iptables flags of a pod of `namespace` with `annotations`: the network's
-/// `args` overridden by the pod's istio annotations, validated; `None` when the pod is
-/// left alone. (The daemon's repair asks it too, for the pods the plugin never saw.)
-pub fn pod_flags(
+/// The flags and spec of a pod of `namespace` with `annotations`, in the network's
+/// dialect: the network's flags overridden by the pod's annotations as that mesh's own
+/// plugin or injector maps them, validated; `None` when the pod is left alone. (The
+/// daemon's repair asks it too, for the pods the plugin never saw.)
+pub fn pod_settings(
     conf: &NetConf,
     namespace: Option<&str>,
     annotations: &BTreeMap<String, String>,
-) -> Result<Option<Vec<String>>, CniError> {
-    let rules = Rules {
-        require_status: conf.require_status,
-        exclude_namespaces: &conf.exclude_namespaces,
+) -> Result<Option<(PodFlags, PodSpec)>, CniError> {
+    let invalid = |e: String| CniError::new(code::INVALID_CONFIG, e);
+    let flags = match conf.dialect {
+        Dialect::Istio => {
+            let rules = Rules {
+                require_status: conf.require_status,
+                exclude_namespaces: &conf.exclude_namespaces,
+            };
+            if left_alone(rules, namespace, annotations).is_some() {
+                return Ok(None);
+            }
+            let defaults = conf.arg_list().map_err(invalid)?;
+            PodFlags::istio(annotations::flags(&defaults, annotations))
+        }
+        Dialect::Linkerd => {
+            let Some(args) = linkerd_flags(conf, namespace, annotations).map_err(invalid)? else {
+                return Ok(None);
+            };
+            PodFlags {
+                dialect: Dialect::Linkerd,
+                args,
+            }
+        }
     };
-    if left_alone(rules, namespace, annotations).is_some() {
+    let spec = pod_spec(&flags).map_err(invalid)?;
+    Ok(Some((flags, spec)))
+}
+
+/// A Linkerd pod's proxy-init flags: linkerd-cni's settings (`"linkerd": {…}`, or `args`)
+/// overridden by the pod's `config.linkerd.io/*` annotations; `None` for a pod Linkerd did
+/// not inject, or of an excluded namespace.
+fn linkerd_flags(
+    conf: &NetConf,
+    namespace: Option<&str>,
+    annotations: &BTreeMap<String, String>,
+) -> Result<Option<Vec<String>>, String> {
+    use crate::linkerd::node;
+    if node::left_alone(namespace, &conf.exclude_namespaces, annotations).is_some() {
         return Ok(None);
     }
-    let defaults: Vec<String> = match &conf.args {
-        Value::Array(items) => items
-            .iter()
-            .map(|v| v.as_str().map(str::to_owned))
-            .collect::<Option<_>>()
-            .ok_or_else(|| CniError::new(code::INVALID_CONFIG, "args must be a list of strings"))?,
-        _ => Vec::new(),
-    };
-    let flags = annotations::flags(&defaults, annotations);
-    parse_flags(&flags).map_err(|e| CniError::new(code::INVALID_CONFIG, e))?;
-    Ok(Some(flags))
+    let mut defaults = conf.arg_list()?;
+    if let Some(linkerd) = &conf.linkerd {
+        defaults.extend(node::proxy_init_args(linkerd)?);
+    }
+    let control_plane = namespace.is_some_and(|ns| ns == conf.control_plane_namespace);
+    node::flags(&defaults, annotations, control_plane).map(Some)
 }
 
 /// The kernel check, for the commands that need the programs: a kernel redirector refuses
@@ -190,7 +219,8 @@ impl Plugin {
         if let Some(object) = result.as_object_mut() {
             object.insert("cniVersion".into(), conf.cni_version.clone().into());
         }
-        let Some(flags) = pod_flags(conf, pod_namespace().as_deref(), &conf.annotations())? else {
+        let Some(settings) = pod_settings(conf, pod_namespace().as_deref(), &conf.annotations())?
+        else {
             return Ok(Some(result));
         };
         kernel_ready(&self.root, code::SETUP_FAILED)?;
@@ -205,13 +235,20 @@ impl Plugin {
             let node = self.records.node_cgroup()?;
             crate::sys::pod_cgroup::by_pod_uid(&node, &uid)
         });
-        pods.add(&PathBuf::from(netns), pod_name(), flags, Some(cni), cgroup)
-            .map_err(|err| match err {
-                // A node a newer release upgraded: the runtime retries until this node's
-                // plugin is the newer release's too.
-                PodError::NewerFormat(why) => CniError::new(code::TRY_AGAIN_LATER, why),
-                other => CniError::new(code::SETUP_FAILED, other.to_string()),
-            })?;
+        let (flags, spec) = settings;
+        pods.add(
+            &PathBuf::from(netns),
+            pod_name(),
+            (flags, &spec),
+            Some(cni),
+            cgroup,
+        )
+        .map_err(|err| match err {
+            // A node a newer release upgraded: the runtime retries until this node's
+            // plugin is the newer release's too.
+            PodError::NewerFormat(why) => CniError::new(code::TRY_AGAIN_LATER, why),
+            other => CniError::new(code::SETUP_FAILED, other.to_string()),
+        })?;
         Ok(Some(result))
     }
 
@@ -270,7 +307,7 @@ impl Plugin {
     /// as its flags plan it.
     fn check(&self, conf: &NetConf) -> Result<(), CniError> {
         let container = required_env("CNI_CONTAINERID")?;
-        if pod_flags(conf, pod_namespace().as_deref(), &conf.annotations())?.is_none() {
+        if pod_settings(conf, pod_namespace().as_deref(), &conf.annotations())?.is_none() {
             return Ok(());
         }
         kernel_ready(&self.root, code::SETUP_FAILED)?;
@@ -285,7 +322,9 @@ impl Plugin {
                     format!("no pod is set up for container {container}"),
                 )
             })?;
-        pods.check_record(&record)
+        // As the pod was set up: its record's flags.
+        let spec = pod_spec(&record.flags()).map_err(|e| CniError::new(code::SETUP_FAILED, e))?;
+        pods.check_record(&record, &spec)
             .map(drop)
             .map_err(|e| CniError::new(code::SETUP_FAILED, e.to_string()))
     }

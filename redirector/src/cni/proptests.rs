@@ -78,8 +78,8 @@ proptest! {
                 return Ok(());
             }
         };
-        match pod_flags(&parsed, Some("default"), &parsed.annotations()) {
-            Ok(Some(flags)) => prop_assert!(parse_flags(&flags).is_ok()),
+        match pod_settings(&parsed, Some("default"), &parsed.annotations()) {
+            Ok(Some((flags, _))) => prop_assert!(pod_spec(&flags).is_ok()),
             Ok(None) => {}
             Err(err) => {
                 prop_assert_eq!(err.code, code::INVALID_CONFIG);

@@ -17,6 +17,8 @@ use std::{collections::BTreeMap, path::PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::dialect::Dialect;
+
 /// Where the daemon listens unless told otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/redirector/redirector.sock";
 
@@ -32,12 +34,15 @@ pub struct PodRef {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
-    /// Capture the pod in `netns` with istio-iptables flags `args`, overridden by istio's
-    /// pod `annotations` as the injector maps them.
+    /// Capture the pod in `netns` with flags `args` in `dialect` (istio-iptables' unless
+    /// it says `linkerd`), overridden by the mesh's pod `annotations` as its injector or
+    /// plugin maps them.
     Add {
         netns: PathBuf,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         name: Option<String>,
+        #[serde(default, skip_serializing_if = "Dialect::is_istio")]
+        dialect: Dialect,
         #[serde(default)]
         args: Vec<String>,
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -137,6 +142,7 @@ mod tests {
             Request::Add {
                 netns: "/run/netns/p".into(),
                 name: None,
+                dialect: Dialect::Istio,
                 args: vec!["-p".into(), "15001".into()],
                 annotations: BTreeMap::new(),
                 cgroup: None,

@@ -14,7 +14,7 @@ use std::{
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use redirector_common::{names, PodAddrKey};
 
-use crate::pods::Pods;
+use crate::pods::{PodError, Pods};
 use crate::{engine::facts, store::node_maps, sys::netns::Netns};
 
 /// How often `ADDR_MISSES` is read: well inside TCP's first SYN retransmission (1 s).
@@ -99,14 +99,19 @@ impl Pods {
                 .name
                 .clone()
                 .unwrap_or_else(|| format!("netns cookie {}", record.netns_cookie));
-            let args = record.args.clone();
-            match self.add(
-                &record.netns,
-                record.name.clone(),
-                args,
-                record.cni_attachment(),
-                record.cgroup.clone(),
-            ) {
+            let flags = record.flags();
+            let added = crate::dialect::pod_spec(&flags)
+                .map_err(PodError::Flags)
+                .and_then(|spec| {
+                    self.add(
+                        &record.netns,
+                        record.name.clone(),
+                        (flags, &spec),
+                        record.cni_attachment(),
+                        record.cgroup.clone(),
+                    )
+                });
+            match added {
                 Ok(_) => tracing::info!("pod {name} has new address(es) {found:?}: set up again"),
                 Err(err) => tracing::warn!("adding address(es) {found:?} to pod {name}: {err}"),
             }

@@ -5,7 +5,7 @@
 use proptest::prelude::*;
 
 use super::api::Request;
-use crate::pods::parse_flags;
+use crate::dialect::{pod_spec, PodFlags};
 
 const CASES: u32 = 2000;
 
@@ -33,7 +33,7 @@ proptest! {
             (proptest::sample::select(flags()), "[0-9a-z*,./:-]{0,16}"), 0..5)
     ) {
         let args: Vec<String> = pairs.iter().map(|(f, v)| format!("{f}={v}")).collect();
-        match parse_flags(&args) {
+        match pod_spec(&PodFlags::istio(args)) {
             Ok(_) => {}
             Err(msg) => prop_assert!(
                 msg.contains("is not accepted by the daemon")

@@ -13,7 +13,7 @@
 use std::{path::PathBuf, time::Duration};
 
 use crate::{
-    cni::{conf::NetConf, pod_flags},
+    cni::{conf::NetConf, pod_settings},
     engine::live_pod::LivePod,
     install_cni::chained_entry,
     sys::netns::Netns,
@@ -69,15 +69,16 @@ impl Pods {
         let mut round = Round::default();
         for sandbox in sandboxes {
             let pod = format!("{}/{}", sandbox.namespace, sandbox.name);
-            let flags = match pod_flags(conf, Some(&sandbox.namespace), &sandbox.annotations) {
-                Ok(Some(flags)) => flags,
-                Ok(None) => continue,
-                Err(err) => {
-                    tracing::warn!("pod {pod}: {}", err.msg);
-                    round.uncaptured.push(pod);
-                    continue;
-                }
-            };
+            let (flags, spec) =
+                match pod_settings(conf, Some(&sandbox.namespace), &sandbox.annotations) {
+                    Ok(Some(settings)) => settings,
+                    Ok(None) => continue,
+                    Err(err) => {
+                        tracing::warn!("pod {pod}: {}", err.msg);
+                        round.uncaptured.push(pod);
+                        continue;
+                    }
+                };
             // A namespace gone since the runtime listed it is nothing to repair.
             let Ok(netns) = Netns::open(&sandbox.netns) else {
                 continue;
@@ -101,7 +102,7 @@ impl Pods {
             match self.add(
                 &sandbox.netns,
                 Some(pod.clone()),
-                flags,
+                (flags, &spec),
                 Some(CniAttachment {
                     container_id: sandbox.id.clone(),
                     network: conf.name.clone(),

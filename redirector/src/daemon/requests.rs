@@ -33,21 +33,21 @@ impl Pods {
             Request::Add {
                 netns,
                 name,
+                dialect,
                 args,
                 annotations,
                 cgroup,
             } => {
-                // The API is asked for this pod by name: only an explicit opt-out holds.
-                let rules = crate::istio::annotations::Rules {
-                    require_status: false,
-                    exclude_namespaces: &[],
+                let flags = match crate::dialect::requested(dialect, &args, &annotations) {
+                    Ok(Ok(flags)) => flags,
+                    Ok(Err(why)) => {
+                        return Response::done(format!("not captured: {why}"), Vec::new())
+                    }
+                    Err(err) => return Response::failed(RequestError::Pod(PodError::Flags(err))),
                 };
-                if let Some(why) = crate::istio::annotations::left_alone(rules, None, &annotations)
-                {
-                    return Response::done(format!("not captured: {why}"), Vec::new());
-                }
-                let args = crate::istio::annotations::flags(&args, &annotations);
-                self.add(&netns, name, args, None, cgroup)
+                crate::dialect::pod_spec(&flags)
+                    .map_err(PodError::Flags)
+                    .and_then(|spec| self.add(&netns, name, (flags, &spec), None, cgroup))
                     .map(|added| self.added(added))
                     .map_err(RequestError::from)
             }
@@ -119,7 +119,8 @@ impl Pods {
         let (Some(record), _) = self.find(pod)? else {
             return Err(RequestError::NoSuchPod);
         };
-        self.check_record(&record)?;
+        let spec = crate::dialect::pod_spec(&record.flags()).map_err(PodError::Flags)?;
+        self.check_record(&record, &spec)?;
         Ok(Response::done(
             "captured as planned",
             vec![self.info(&record)],

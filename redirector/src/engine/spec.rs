@@ -164,6 +164,16 @@ mod tests {
     }
 }
 
+/// What a node's pod is set up with: its capture settings and where its facts are read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodSpec {
+    pub capture: CaptureConfig,
+    /// Where the pod's DNS servers are read.
+    pub resolv_conf: std::path::PathBuf,
+    /// Accept the host's network namespace as the pod's.
+    pub allow_host_netns: bool,
+}
+
 /// How inbound connections reach the proxy (`-m`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InterceptionMode {

@@ -20,6 +20,7 @@ use self::{
     conflist::{is_config_file, runtime_pick, ConfError, Edit},
     files::{install_binary, mode_of, replace},
 };
+use crate::dialect::Dialect;
 use crate::sys::fs_error::{fs_err, gone_ok, FsError};
 
 /// Where container runtimes read network configurations from by default.
@@ -50,7 +51,9 @@ pub enum InstallError {
 /// What redirector's entry says: the plugin's keys (see `cni::conf`).
 #[derive(Debug, Clone)]
 pub struct Entry {
-    /// istio-iptables flags for the network's pods.
+    /// Which mesh's flags `args` are, and whose rules choose the pods.
+    pub dialect: Dialect,
+    /// The flags for the network's pods, in `dialect`.
     pub args: Vec<String>,
     pub require_sidecar_status: bool,
     pub exclude_namespaces: Vec<String>,
@@ -66,6 +69,9 @@ impl Entry {
             "requireSidecarStatus": self.require_sidecar_status,
             "excludeNamespaces": self.exclude_namespaces,
         });
+        if !self.dialect.is_istio() {
+            entry["dialect"] = json!(self.dialect);
+        }
         if let Some(root) = &self.pin_root {
             entry["pinRoot"] = json!(root);
         }

@@ -30,6 +30,7 @@ impl Node {
         let plugin = dir.path().join("redirector");
         fs::write(&plugin, b"\x7fELF plugin").unwrap();
         let entry = Entry {
+            dialect: Dialect::Istio,
             args: ["-p", "15001", "-z", "15006"].map(String::from).to_vec(),
             require_sidecar_status: true,
             exclude_namespaces: vec!["kube-system".into()],

@@ -8,7 +8,7 @@
 mod accounts;
 pub mod annotations;
 mod args;
-mod duration;
+pub(crate) mod duration;
 mod effective;
 mod env;
 mod error;

@@ -10,12 +10,18 @@
 //! Where this dialect does better than proxy-init: a mixed IPv4/IPv6 `--subnets-to-ignore`
 //! works with `--ipv6` on (each family gets its own entries).
 
+mod annotations;
 mod args;
+mod cni_config;
 mod effective;
 mod error;
 mod logging;
+pub mod node;
+#[cfg(test)]
+mod node_tests;
 mod parse;
 mod resolve;
+mod tail;
 #[cfg(test)]
 mod tests;
 
@@ -68,3 +74,14 @@ where
     let args = ProxyInitArgs::from_arg_matches(&matches)?;
     LinkerdConfig::from_args(&args, env)
 }
+
+/// The capture flags Linkerd's injector gives proxy-init (LINKERD.md §3), without its
+/// iptables plumbing: the default for a node's Linkerd pods.
+pub const INJECTOR_DEFAULTS: [&str; 6] = [
+    "--incoming-proxy-port=4143",
+    "--outgoing-proxy-port=4140",
+    "--proxy-uid=2102",
+    "--inbound-ports-to-ignore=4190,4191,4567,4568",
+    "--outbound-ports-to-ignore=4567,4568",
+    "--ipv6=false",
+];

@@ -14,6 +14,7 @@ use std::{
 use redirector_common::{NetnsCookie, PodConfig};
 
 use crate::{
+    dialect::PodFlags,
     engine::apply::{is_installed, Outcome},
     engine::capture::capture,
     engine::diff::Mode,
@@ -24,7 +25,7 @@ use crate::{
     engine::plan::{plan_pod, PodPlan},
     engine::pod_cgroup::NodePrograms,
     engine::pod_keys::PodKeys,
-    istio::{parse_istio_iptables, IstioConfig},
+    engine::spec::PodSpec,
     store::{EbpfObject, ObjectPins, OpenMaps, PinRoot},
     sys::netns::Netns,
 };
@@ -44,36 +45,6 @@ pub struct Pods {
     outside: Mutex<BTreeMap<u64, PathBuf>>,
     /// The object's node programs, opened for the first pod attached at its own cgroup.
     programs: Mutex<Option<Arc<NodePrograms>>>,
-}
-
-/// Whether a flag was given.
-type Given = fn(&IstioConfig) -> bool;
-
-/// Flags that make no sense for a pod the daemon manages.
-const NOT_FOR_THE_DAEMON: [(&str, Given); 5] = [
-    ("--cleanup-only (use `pod del`)", |c| c.run.cleanup_only),
-    ("--dry-run", |c| c.run.dry_run),
-    ("--run-validation", |c| c.run.run_validation),
-    (
-        "--network-namespace (the request names the pod's namespace)",
-        |c| c.run.network_namespace.is_some(),
-    ),
-    (
-        "--cgroup (the daemon's programs are attached at the node cgroup)",
-        |c| c.run.cgroup.is_some(),
-    ),
-];
-
-/// Parse istio-iptables flags exactly as `redirector istio-iptables` does, with no env
-/// vars: a pod's settings come from its request alone.
-pub fn parse_flags(args: &[String]) -> Result<IstioConfig, String> {
-    let argv = std::iter::once("istio-iptables".to_owned()).chain(args.iter().cloned());
-    let cfg = parse_istio_iptables(argv, &std::collections::HashMap::<String, String>::new())
-        .map_err(|err| err.to_string().trim().to_owned())?;
-    if let Some((flag, _)) = NOT_FOR_THE_DAEMON.iter().find(|(_, given)| given(&cfg)) {
-        return Err(format!("{flag} is not accepted by the daemon"));
-    }
-    Ok(cfg)
 }
 
 /// What [`Pods::add`] did to the pod.
@@ -291,41 +262,37 @@ impl Pods {
         self.maps.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn plan(&self, netns: &Netns, cfg: &IstioConfig) -> Result<PodPlan, PodError> {
-        let facts = PodFacts::gather(netns, None, &cfg.run.resolv_conf)
+    fn plan(&self, netns: &Netns, spec: &PodSpec) -> Result<PodPlan, PodError> {
+        let facts = PodFacts::gather(netns, None, &spec.resolv_conf)
             .map_err(|e| PodError::Namespace(e.to_string()))?;
-        Ok(plan_pod(&cfg.capture, &facts))
+        Ok(plan_pod(&spec.capture, &facts))
     }
 
-    /// Capture the pod in `netns_path` with istio-iptables flags `args`; `cgroup`: the
-    /// pod's own cgroup, where the caller knows it.
+    /// Capture the pod in `netns_path` as `spec` says; `flags`: what the spec was read
+    /// from (`crate::dialect::pod_spec`), kept in its record; `cgroup`: the pod's own
+    /// cgroup, where the caller knows it.
     pub fn add(
         &self,
         netns_path: &Path,
         name: Option<String>,
-        args: Vec<String>,
+        (flags, spec): (PodFlags, &PodSpec),
         cni: Option<CniAttachment>,
         cgroup: Option<PathBuf>,
     ) -> Result<Added, PodError> {
         let started = std::time::Instant::now();
-        let cfg = parse_flags(&args).map_err(PodError::Flags)?;
         if let Some(given) = cgroup.as_ref().filter(|c| !c.is_dir()) {
             return Err(PodError::NoCgroup(format!(
                 "cgroup {}: not a cgroup directory",
                 given.display()
             )));
         }
-        let (netns, facts) = PodFacts::open_and_gather(
-            netns_path,
-            cfg.run.allow_host_netns,
-            None,
-            &cfg.run.resolv_conf,
-        )
-        .map_err(|e| PodError::Namespace(e.to_string()))?;
+        let (netns, facts) =
+            PodFacts::open_and_gather(netns_path, spec.allow_host_netns, None, &spec.resolv_conf)
+                .map_err(|e| PodError::Namespace(e.to_string()))?;
         if let Some(skew) = self.format_skew(netns.cookie())? {
             return Err(PodError::NewerFormat(skew));
         }
-        let plan = plan_pod(&cfg.capture, &facts);
+        let plan = plan_pod(&spec.capture, &facts);
         let cookie = netns.cookie();
         let keys = PodKeys::of(&plan);
         let previous = self.records.get(cookie)?;
@@ -363,7 +330,8 @@ impl Pods {
             netns_cookie: cookie.get(),
             netns: netns_path.to_path_buf(),
             name,
-            args,
+            args: flags.args,
+            dialect: flags.dialect,
             container_id: cni.as_ref().map(|c| c.container_id.clone()),
             network: cni.and_then(|c| c.network),
             format: redirector_common::FORMAT,
@@ -444,9 +412,8 @@ impl Pods {
         remove_pod(&self.root, &self.records, record, cookie, &mut self.maps())
     }
 
-    /// Whether the pod of `record` is installed exactly as its flags plan it.
-    pub fn check_record(&self, record: &PodRecord) -> Result<(), PodError> {
-        let cfg = parse_flags(&record.args).map_err(PodError::Flags)?;
+    /// Whether the pod of `record` is installed exactly as `spec` (its flags') plans it.
+    pub fn check_record(&self, record: &PodRecord, spec: &PodSpec) -> Result<(), PodError> {
         let netns = Netns::open(&record.netns).map_err(|e| PodError::Namespace(e.to_string()))?;
         if netns.cookie() != record.cookie() {
             return Err(PodError::NamespaceReused {
@@ -455,7 +422,7 @@ impl Pods {
                 was: record.netns_cookie,
             });
         }
-        let plan = self.plan(&netns, &cfg)?;
+        let plan = self.plan(&netns, spec)?;
         let same = is_installed(
             &self.root,
             &self.object,

@@ -25,6 +25,7 @@ use redirector_common::{NetnsCookie, FORMAT};
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    dialect::{Dialect, PodFlags},
     engine::pod_keys::PodKeys,
     store::DirLock,
     sys::fs_error::{fs_err, gone_ok, FsError},
@@ -39,7 +40,11 @@ pub struct PodRecord {
     pub netns_cookie: u64,
     pub netns: PathBuf,
     pub name: Option<String>,
+    /// The pod's flags, in `dialect`.
     pub args: Vec<String>,
+    /// Earlier releases wrote none: istio's.
+    #[serde(default, skip_serializing_if = "Dialect::is_istio")]
+    pub dialect: Dialect,
     /// The container runtime's id of the pod sandbox, when the CNI plugin set it up
     /// (CNI DEL names the pod by it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -88,6 +93,14 @@ pub struct CniAttachment {
 impl PodRecord {
     pub fn cookie(&self) -> NetnsCookie {
         NetnsCookie(self.netns_cookie)
+    }
+
+    /// The pod's flags in their dialect.
+    pub fn flags(&self) -> PodFlags {
+        PodFlags {
+            dialect: self.dialect,
+            args: self.args.clone(),
+        }
     }
 
     /// The CNI attachment the pod was set up for, if a CNI plugin set it up.
@@ -496,6 +509,7 @@ mod tests {
             netns: PathBuf::from(format!("/run/netns/{name}")),
             name: Some(format!("default/{name}")),
             args: vec!["-p".into(), "15001".into()],
+            dialect: Dialect::Istio,
             container_id: None,
             network: None,
             format: FORMAT,
@@ -563,6 +577,7 @@ mod tests {
 
         let updated = PodRecord {
             args: vec!["-p".into(), "15002".into()],
+            dialect: Dialect::Istio,
             ..old.clone()
         };
         records.save(&updated).unwrap();
