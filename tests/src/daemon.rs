@@ -268,12 +268,48 @@ impl Daemon {
     }
 
     fn add_with(&self, netns: &NetNs, cgroup: Option<&Cgroup>, name: &str, flags: &[&str]) {
+        self.add_request(netns, cgroup, name, &[], flags);
+    }
+
+    /// `redirector pod add --netns NETNS --cgroup CGROUP --name NAME --dialect linkerd
+    /// [--annotation K=V]... -- FLAGS` (proxy-init's flags, Linkerd's annotations); panics
+    /// with the daemon's log unless it succeeds.
+    pub fn add_linkerd(
+        &self,
+        netns: &NetNs,
+        cgroup: &Cgroup,
+        name: &str,
+        annotations: &[(&str, &str)],
+        flags: &[&str],
+    ) {
+        let annotations: Vec<String> = annotations
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let mut options = vec!["--dialect", "linkerd"];
+        for annotation in &annotations {
+            options.extend(["--annotation", annotation.as_str()]);
+        }
+        self.add_request(netns, Some(cgroup), name, &options, flags);
+    }
+
+    /// `pod add` of `netns` (in `cgroup`) as `name`, with `options` before `--` and `flags`
+    /// after it.
+    fn add_request(
+        &self,
+        netns: &NetNs,
+        cgroup: Option<&Cgroup>,
+        name: &str,
+        options: &[&str],
+        flags: &[&str],
+    ) {
         let netns = netns.path().display().to_string();
         let cgroup = cgroup.map(|c| c.path().display().to_string());
         let mut args = vec!["add", "--netns", netns.as_str(), "--name", name];
         if let Some(cgroup) = &cgroup {
             args.extend(["--cgroup", cgroup.as_str()]);
         }
+        args.extend_from_slice(options);
         args.push("--");
         args.extend_from_slice(flags);
         let out = self.pod(&args);

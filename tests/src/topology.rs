@@ -120,6 +120,40 @@ impl Topology {
     pub fn connect(&self, uid: u32, gid: u32, dst: SocketAddr) -> ConnOutcome {
         connect_from(&self.pod, Some(&self.pod_cgroup), uid, gid, dst, None)
     }
+
+    /// Panics unless a packet the pod sends to any of `dsts` stays in the test's two
+    /// namespaces: each has only `lo` and its end of the veth pair (so the pod reaches
+    /// nothing but the peer), and the peer has no route to any of `dsts` (so it neither
+    /// answers nor forwards it, whatever its forwarding sysctls). Call it before a test
+    /// connects to an address no test namespace owns (e.g. Linkerd's validator's 1.1.1.1).
+    pub fn assert_no_route_out(&self, dsts: &[IpAddr]) {
+        for (netns, role) in [(&self.pod, "pod"), (&self.service, "peer")] {
+            let links = netns.run(&["ip", "-o", "link", "show"]);
+            let mut names: Vec<&str> = links
+                .lines()
+                .filter_map(|line| line.split(": ").nth(1))
+                .map(|name| name.split('@').next().unwrap_or(name))
+                .collect();
+            names.sort_unstable();
+            assert_eq!(
+                names,
+                ["eth0", "lo"],
+                "the {role} namespace {} must have only lo and its veth end:\n{links}",
+                netns.name()
+            );
+        }
+        for dst in dsts {
+            let out = self
+                .service
+                .try_run(&["ip", "route", "get", &dst.to_string()]);
+            assert!(
+                !out.status.success(),
+                "the peer namespace {} has a route to {dst}: {}",
+                self.service.name(),
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+    }
 }
 
 /// A veth pair made inside `netns` (`iface`), its peer (`peer`) moved straight into

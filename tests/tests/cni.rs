@@ -1,7 +1,9 @@
 //! `redirector-cni` invoked exactly as a container runtime does: CNI_* env vars and the
-//! network configuration on stdin, against namespaces the test made, beside a daemon.
+//! network configuration on stdin, against namespaces the test made, beside a daemon. In
+//! both dialects: istio's (the default) and Linkerd's (`"dialect": "linkerd"`).
 
 use std::io::Write;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -9,12 +11,18 @@ use serde_json::{json, Value};
 
 use redirector_tests::bpftool::cgroup_attachments;
 use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::linkerd::cases::LINKERD_PROXY_UID;
+use redirector_tests::linkerd::meshed::{
+    assert_app, assert_inbound, assert_outbound, assert_peer, MeshedPod, A_PROXY_VERSION,
+    CONTROL_PORT, IGNORED_OUTBOUND_PORT, INJECTOR_FLAGS, PLAIN_PORT, PROXY_VERSION,
+};
+use redirector_tests::linkerd::validator::{self, Addrs};
 use redirector_tests::redirector::{
     object_ids, pins_under, pod_links, redirector_bin, PinRoot, STANDARD_INJECTION,
 };
 use redirector_tests::{
     assert_direct, assert_proxied, connect_from, require_root, use_probe_bin, Cgroup, ProxiedPod,
-    APP_UID,
+    Topology, APP_UID,
 };
 
 /// The binary under the name a runtime calls it by.
@@ -737,4 +745,338 @@ fn add_attaches_the_programs_at_the_cgroup_of_the_pods_uid() {
     assert!(ok, "{err}");
     assert!(cgroup_attachments(pod_cgroup.path()).is_empty());
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
+}
+
+/// A Linkerd network's configuration (`"dialect": "linkerd"`, the injector's proxy-init
+/// flags as `args`, CNI 1.0.0) for a pod with exactly `annotations`.
+fn linkerd_conf(root: &Path, state: &Path, annotations: Value) -> Value {
+    let mut conf = conf_for(root, state, annotations);
+    conf["dialect"] = json!("linkerd");
+    conf["args"] = json!(INJECTOR_FLAGS);
+    conf
+}
+
+/// [`linkerd_conf`] for a pod Linkerd's injector marked (`linkerd.io/proxy-version`), with
+/// `annotations` besides.
+fn linkerd_injected(root: &Path, state: &Path, annotations: Value) -> Value {
+    let mut annotations = annotations;
+    annotations[PROXY_VERSION] = json!(A_PROXY_VERSION);
+    linkerd_conf(root, state, annotations)
+}
+
+/// A Linkerd network (`"dialect": "linkerd"`) captures a pod only when Linkerd's injector
+/// marked it, and then as proxy-init's flags say: the app's connection lands on 4140 with
+/// its original destination; the proxy's uid, ignored ports, local destinations and (with
+/// `--ipv6=false`) IPv6 go direct; inbound lands on 4143 except ignored ports. Every other
+/// pod starts and is left alone, with nothing pinned as with the programs there; DEL
+/// releases the captured one.
+#[test]
+fn a_linkerd_network_captures_linkerd_pods_with_proxy_inits_ports_and_exemptions() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let plugin = Plugin::new();
+    let root = PinRoot::new("cnilk");
+    let node = Cgroup::new("node");
+    let state = StateDir::new("state");
+    let pod = MeshedPod::under(&node, "cnilkpod");
+    let netns = pod.netns_path();
+    let cookie = pod.topo.pod.cookie();
+    let svc = pod.peer(false, 80);
+
+    // Pods Linkerd did not inject (no annotation, istio's only, an empty proxy version)
+    // and an injected one of an excluded namespace.
+    let (root_path, state_path) = (root.path(), state.path());
+    let left_alone = [
+        (
+            "default",
+            "plain-pod",
+            linkerd_conf(root_path, state_path, json!({})),
+        ),
+        (
+            "default",
+            "istio-pod",
+            linkerd_conf(root_path, state_path, json!({ STATUS: "{}" })),
+        ),
+        (
+            "default",
+            "no-version-pod",
+            linkerd_conf(root_path, state_path, json!({ PROXY_VERSION: "" })),
+        ),
+        (
+            "kube-system",
+            "system-pod",
+            linkerd_injected(root_path, state_path, json!({})),
+        ),
+    ];
+    let injected = linkerd_injected(root_path, state_path, json!({}));
+
+    // Nothing pinned (a rebooted node, no daemon yet): those pods start, untouched; the
+    // injected one is held back (code 11) rather than started uncaptured.
+    assert!(!root.path().exists());
+    for (namespace, id, conf) in &left_alone {
+        let (ok, result) = plugin.call_in(namespace, "ADD", id, &netns, conf);
+        assert!(
+            ok,
+            "{namespace}/{id} must start with nothing pinned: {result}"
+        );
+        assert_eq!(result, conf["prevResult"], "{id}: prevResult passed on");
+    }
+    let (ok, err) = plugin.call("ADD", "linkerd-pod", &netns, &injected);
+    assert!(!ok, "an injected pod must not start uncaptured: {err}");
+    assert_eq!(err["code"], 11, "{err}");
+    assert_eq!(pins_under(root.path()), Vec::<PathBuf>::new());
+    let records = recorded(state.path());
+    for id in left_alone
+        .iter()
+        .map(|(_, id, _)| *id)
+        .chain(["linkerd-pod"])
+    {
+        assert!(
+            !records.contains(id),
+            "{id} recorded with nothing pinned: {records}"
+        );
+    }
+    assert_peer(&pod.connect(APP_UID, svc), svc);
+
+    // A daemon runs once (pins the node's programs): the same pods are still left alone.
+    Daemon::start(&root, &node, &state).kill();
+    for (namespace, id, conf) in &left_alone {
+        let (ok, result) = plugin.call_in(namespace, "ADD", id, &netns, conf);
+        assert!(ok, "{namespace}/{id}: {result}");
+        assert_eq!(result, conf["prevResult"], "{id}: prevResult passed on");
+        assert_eq!(pod_links(&root, cookie), None, "{namespace}/{id} captured");
+        assert_peer(&pod.connect(APP_UID, svc), svc);
+        assert!(!recorded(state.path()).contains(id), "{id} recorded");
+        let (ok, err) = plugin.call_in(namespace, "DEL", id, &netns, conf);
+        assert!(ok, "DEL {id}: {err}");
+    }
+
+    // The injected pod: captured, with the network's proxy-init flags.
+    let (ok, result) = plugin.call("ADD", "linkerd-pod", &netns, &injected);
+    assert!(ok, "{result}");
+    assert_eq!(result, injected["prevResult"], "prevResult passed on");
+    assert!(recorded(state.path()).contains("linkerd-pod"));
+    // Outbound: an ordinary uid's connection (and root's: only uid 2102 is exempt) lands on
+    // 4140 with its original destination.
+    assert_outbound(&pod.connect(APP_UID, svc), svc);
+    assert_outbound(&pod.connect(0, svc), svc);
+    let plain = pod.peer(false, PLAIN_PORT);
+    assert_outbound(&pod.connect(APP_UID, plain), plain);
+    // The proxy's uid, an ignored outbound port, every local destination, and IPv6
+    // (--ipv6=false) go direct.
+    assert_peer(&pod.connect(LINKERD_PROXY_UID, svc), svc);
+    let ignored = pod.peer(false, IGNORED_OUTBOUND_PORT);
+    assert_peer(&pod.connect(APP_UID, ignored), ignored);
+    for local in [
+        SocketAddr::new(Ipv4Addr::LOCALHOST.into(), PLAIN_PORT),
+        pod.pod_addr(false, PLAIN_PORT),
+    ] {
+        assert_app(&pod.connect(APP_UID, local), local);
+    }
+    let svc6 = pod.peer(true, 80);
+    assert_peer(&pod.connect(APP_UID, svc6), svc6);
+    // Inbound: to 4143 with the pod's address as the original destination, except an
+    // ignored inbound port (the proxy's control port).
+    let app = pod.pod_addr(false, PLAIN_PORT);
+    assert_inbound(&pod.connect_from_peer(app), app);
+    let control = pod.pod_addr(false, CONTROL_PORT);
+    assert_app(&pod.connect_from_peer(control), control);
+    let (ok, err) = plugin.call("CHECK", "linkerd-pod", &netns, &injected);
+    assert!(ok, "CHECK: {err}");
+
+    // DEL releases it; again with no netns (containerd's second DEL): fine.
+    let (ok, err) = plugin.call("DEL", "linkerd-pod", &netns, &injected);
+    assert!(ok, "{err}");
+    assert_eq!(pod_links(&root, cookie), None);
+    assert!(!recorded(state.path()).contains("linkerd-pod"));
+    assert_peer(&pod.connect(APP_UID, svc), svc);
+    assert_app(&pod.connect_from_peer(app), app);
+    let (ok, err) = plugin.call("DEL", "linkerd-pod", "", &injected);
+    assert!(ok, "second DEL: {err}");
+}
+
+/// ADD of `id` in `namespace` with `conf` into `pod`, then `check` while it is captured,
+/// then DEL, after which nothing of it is left.
+fn while_added(
+    node: &PinnedNode,
+    pod: &MeshedPod,
+    (namespace, id): (&str, &str),
+    conf: &Value,
+    check: impl FnOnce(),
+) {
+    let netns = pod.netns_path();
+    let (ok, result) = node.plugin.call_in(namespace, "ADD", id, &netns, conf);
+    assert!(ok, "ADD {namespace}/{id}: {result}");
+    check();
+    let (ok, err) = node.plugin.call_in(namespace, "DEL", id, &netns, conf);
+    assert!(ok, "DEL {namespace}/{id}: {err}");
+    assert_eq!(pod_links(&node.root, pod.topo.pod.cookie()), None);
+}
+
+/// Linkerd's pod annotations override the network's flags as linkerd-cni applies them:
+/// `skip-outbound-ports` replaces the list (an empty one counts as absent),
+/// `skip-inbound-ports` is appended, `proxy-uid` and `outbound-port` replace; pods of the
+/// control plane's namespace also skip the API server's ports; linkerd-cni's own settings
+/// object works as `args` do; a `proxy-uid` or `proxy-gid` that does not parse fails ADD
+/// naming the annotation, and sets nothing up.
+#[test]
+fn linkerd_annotations_override_the_networks_flags() {
+    if !require_root() {
+        return;
+    }
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let node = PinnedNode::new("cnilkann");
+    let pod = MeshedPod::under(&node.node, "cnilkann");
+    let (root, state) = (node.root.path(), node.state.path());
+    let svc = pod.peer(false, 80);
+    let plain = pod.peer(false, PLAIN_PORT);
+    let ignored = pod.peer(false, IGNORED_OUTBOUND_PORT);
+    let default_pod = ("default", "ann-pod");
+
+    // skip-outbound-ports replaces the network's list: 80 and 8080 direct, 4567 captured.
+    let skip = linkerd_injected(
+        root,
+        state,
+        json!({"config.linkerd.io/skip-outbound-ports": "80,8080"}),
+    );
+    while_added(&node, &pod, default_pod, &skip, || {
+        assert_peer(&pod.connect(APP_UID, svc), svc);
+        assert_peer(&pod.connect(APP_UID, plain), plain);
+        assert_outbound(&pod.connect(APP_UID, ignored), ignored);
+    });
+    // An empty annotation counts as absent: the network's list holds.
+    let empty = linkerd_injected(
+        root,
+        state,
+        json!({"config.linkerd.io/skip-outbound-ports": ""}),
+    );
+    while_added(&node, &pod, default_pod, &empty, || {
+        assert_outbound(&pod.connect(APP_UID, svc), svc);
+        assert_peer(&pod.connect(APP_UID, ignored), ignored);
+    });
+
+    // skip-inbound-ports is appended to the network's list: 5000 and the control port
+    // direct, 8080 still to 4143.
+    let skip_in = linkerd_injected(
+        root,
+        state,
+        json!({"config.linkerd.io/skip-inbound-ports": "5000"}),
+    );
+    while_added(&node, &pod, default_pod, &skip_in, || {
+        for port in [5000, CONTROL_PORT] {
+            let dst = pod.pod_addr(false, port);
+            assert_app(&pod.connect_from_peer(dst), dst);
+        }
+        let app = pod.pod_addr(false, PLAIN_PORT);
+        assert_inbound(&pod.connect_from_peer(app), app);
+    });
+
+    // proxy-uid replaces the exempt uid: 3000's connections go direct, 2102's are captured.
+    let uid = linkerd_injected(root, state, json!({"config.linkerd.io/proxy-uid": "3000"}));
+    while_added(&node, &pod, default_pod, &uid, || {
+        assert_peer(&pod.connect(3000, svc), svc);
+        assert_outbound(&pod.connect(LINKERD_PROXY_UID, svc), svc);
+    });
+
+    // outbound-port replaces the outgoing port: sent to 4143 instead, where the inbound
+    // listener reads the original destination.
+    let port = linkerd_injected(
+        root,
+        state,
+        json!({"config.linkerd.io/outbound-port": "4143"}),
+    );
+    while_added(&node, &pod, default_pod, &port, || {
+        assert_inbound(&pod.connect(APP_UID, svc), svc);
+    });
+
+    // The control plane's namespace (`linkerd`) also skips 443 and 6443; others do not.
+    let injected = linkerd_injected(root, state, json!({}));
+    while_added(&node, &pod, ("linkerd", "ctl-pod"), &injected, || {
+        for port in [443, 6443] {
+            let api = pod.peer(false, port);
+            assert_peer(&pod.connect(APP_UID, api), api);
+        }
+        assert_outbound(&pod.connect(APP_UID, svc), svc);
+    });
+    while_added(&node, &pod, default_pod, &injected, || {
+        let api = pod.peer(false, 443);
+        assert_outbound(&pod.connect(APP_UID, api), api);
+    });
+
+    // linkerd-cni's settings object instead of `args`, as its installer writes it.
+    let mut settings = linkerd_injected(root, state, json!({}));
+    settings.as_object_mut().unwrap().remove("args");
+    settings["linkerd"] = json!({
+        "incoming-proxy-port": 4143,
+        "outgoing-proxy-port": 4140,
+        "proxy-uid": 2102,
+        "inbound-ports-to-ignore": ["4190", "4191", "4567", "4568"],
+        "outbound-ports-to-ignore": ["4567", "4568"],
+        "ipv6": false,
+    });
+    while_added(&node, &pod, default_pod, &settings, || {
+        assert_outbound(&pod.connect(APP_UID, svc), svc);
+        assert_peer(&pod.connect(LINKERD_PROXY_UID, svc), svc);
+        assert_peer(&pod.connect(APP_UID, ignored), ignored);
+        let app = pod.pod_addr(false, PLAIN_PORT);
+        assert_inbound(&pod.connect_from_peer(app), app);
+        let control = pod.pod_addr(false, CONTROL_PORT);
+        assert_app(&pod.connect_from_peer(control), control);
+    });
+
+    // A proxy uid or gid that does not parse: ADD fails naming the annotation; nothing is
+    // set up or recorded.
+    let netns = pod.netns_path();
+    for annotation in ["config.linkerd.io/proxy-uid", "config.linkerd.io/proxy-gid"] {
+        let bad = linkerd_injected(root, state, json!({ annotation: "not-a-number" }));
+        let (ok, err) = node.plugin.call("ADD", "bad-pod", &netns, &bad);
+        assert!(!ok, "{annotation}: ADD must fail: {err}");
+        assert_eq!(err["code"], 7, "{err}");
+        let msg = err["msg"].as_str().unwrap_or_default();
+        assert!(
+            msg.contains(annotation),
+            "the message names {annotation}: {err}"
+        );
+        assert_eq!(pod_links(&node.root, pod.topo.pod.cookie()), None);
+        assert!(
+            !recorded(state).contains("bad-pod"),
+            "{annotation}: recorded"
+        );
+        assert_peer(&pod.connect(APP_UID, svc), svc);
+        let (ok, err) = node.plugin.call("DEL", "bad-pod", &netns, &bad);
+        assert!(ok, "DEL after a failed ADD: {err}");
+    }
+}
+
+/// Linkerd's network validator (LINKERD.md §4) in a pod a Linkerd network captured: as
+/// uid 65534, its connection to 1.1.1.1:20001 comes back to its own listener on
+/// 0.0.0.0:4140 with its token. Before ADD and after DEL it fails (exit 95). The pod's
+/// namespace reaches only the test's peer namespace, which has no route to 1.1.1.1.
+#[test]
+fn the_network_validator_passes_in_a_pod_a_linkerd_network_captured() {
+    if !require_root() {
+        return;
+    }
+    let node = PinnedNode::new("cnilkval");
+    let topo = Topology::under(&node.node, "cnilkval");
+    let netns = topo.pod.path().display().to_string();
+    let injected = linkerd_injected(node.root.path(), node.state.path(), json!({}));
+    validator::run(&topo, Addrs::ipv4()).assert_failed();
+    let (ok, result) = node.plugin.call("ADD", "validated", &netns, &injected);
+    assert!(ok, "{result}");
+    validator::run(&topo, Addrs::ipv4()).assert_passed();
+    let (ok, err) = node.plugin.call("DEL", "validated", &netns, &injected);
+    assert!(ok, "{err}");
+    validator::run(&topo, Addrs::ipv4()).assert_failed();
+}
+
+/// Not a test: Linkerd's network validator's process (the test binary re-executed with
+/// this test selected; see `linkerd::validator`). Run without its environment variable,
+/// it returns at once.
+#[test]
+#[ignore = "a helper process of the validator tests, started by them"]
+fn network_validator_process() {
+    validator::validate_if_asked();
 }

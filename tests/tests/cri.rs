@@ -9,11 +9,12 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use redirector_tests::cri::pods::{
-    app_pod, assert_lands_on_proxy, assert_reaches_service, primary_network, serve, sidecar,
-    LeftAlone, STATUS,
+    app_pod, assert_lands_on_proxy, assert_reaches_service, connect, linkerd_sidecar,
+    primary_network, serve, sidecar, LeftAlone, STATUS,
 };
 use redirector_tests::cri::Containerd;
 use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::linkerd::meshed::{A_PROXY_VERSION, INJECTOR_FLAGS, PROXY_VERSION};
 use redirector_tests::podman::host::ForwardingGuard;
 use redirector_tests::process::within;
 use redirector_tests::redirector::{
@@ -33,6 +34,23 @@ fn chained_network(
     network["plugins"].as_array_mut().unwrap().push(json!(
         {"type": "redirector-cni", "pinRoot": root.path(), "stateDir": state.path(),
          "args": STANDARD_INJECTION, "capabilities": {"io.kubernetes.cri.pod-annotations": true}}
+    ));
+    network
+}
+
+/// [`primary_network`], then `redirector-cni` for Linkerd: `"dialect": "linkerd"`, the
+/// injector's proxy-init flags, pods chosen by Linkerd's annotation.
+fn linkerd_network(
+    third_octet: u8,
+    ipam: &StateDir,
+    root: &PinRoot,
+    state: &StateDir,
+) -> serde_json::Value {
+    let mut network = primary_network("1.0.0", third_octet, ipam);
+    network["plugins"].as_array_mut().unwrap().push(json!(
+        {"type": "redirector-cni", "dialect": "linkerd", "pinRoot": root.path(),
+         "stateDir": state.path(), "args": INJECTOR_FLAGS,
+         "capabilities": {"io.kubernetes.cri.pod-annotations": true}}
     ));
     network
 }
@@ -336,4 +354,122 @@ fn pods_started_before_the_plugin_are_repaired_through_the_cri() {
     cri.remove_sandbox(&web.0);
     assert!(daemon.pods().is_empty());
     assert_eq!(pod_links(&root, cookie), None);
+}
+
+/// A Linkerd network (`"dialect": "linkerd"`) on containerd: a pod Linkerd's injector
+/// marked (`linkerd.io/proxy-version`, delivered by containerd's pod-annotations
+/// capability) starts captured with no init container — its app's connection lands on the
+/// proxy's 127.0.0.1:4140 (uid 2102) with its original destination, the proxy's own goes
+/// direct, inbound lands on the proxy, and its `config.linkerd.io/*` annotations apply —
+/// while pods with neither mesh's annotations, with istio's only, or of kube-system start
+/// uncaptured. Removing the sandboxes leaves no pod state.
+#[test]
+fn containerd_starts_linkerd_pods_captured_by_a_linkerd_network() {
+    let Some(NodeSetup {
+        root,
+        node,
+        state,
+        ipam,
+        ..
+    }) = node_setup("crilk")
+    else {
+        return;
+    };
+    let daemon = Daemon::start(&root, &node, &state);
+    let conflist = linkerd_network(80, &ipam, &root, &state);
+    let redirector = redirector_bin();
+    let mut cri = Containerd::start(&conflist, &[("redirector-cni", redirector.as_path())]);
+    let parent = node.relative_path();
+    let marked = (PROXY_VERSION, A_PROXY_VERSION);
+
+    // The service: a pod with neither mesh's annotations. Beside it pods the network
+    // leaves alone: another with none, one istio injected, one Linkerd injected in
+    // kube-system.
+    let svc = cri.run_sandbox("svc", &[], &format!("{parent}/svc"));
+    let (svc_server, svc_addr) = serve(&mut cri, &svc);
+    let left_alone = [
+        app_pod(&mut cri, "default", "plain", &[], &parent),
+        app_pod(&mut cri, "default", "istio", &[(STATUS, "{}")], &parent),
+        app_pod(&mut cri, "kube-system", "system", &[marked], &parent),
+    ];
+    for (_, app) in &left_alone {
+        assert_reaches_service(&mut cri, app, svc_addr);
+    }
+    assert!(daemon.pods().is_empty(), "{:?}", daemon.pod_names());
+
+    // The meshed pod: an app (uid 1000) and the proxy (uid 2102), no init container.
+    let web = cri.run_sandbox("web", &[marked], &format!("{parent}/web"));
+    let app = cri.start_container(
+        &web,
+        "app",
+        &[
+            "probe",
+            "serve",
+            "--listen",
+            "0.0.0.0:8080",
+            "--name",
+            "app",
+        ],
+        i64::from(APP_UID),
+    );
+    let proxy = linkerd_sidecar(&mut cri, &web);
+    let web_addr = SocketAddr::new(cri.sandbox_ip(&web.0), 8080);
+
+    // Outbound: on the proxy's outbound listener, with the original destination.
+    assert_lands_on_proxy(&mut cri, &app, svc_addr);
+    let outbound: SocketAddr = "127.0.0.1:4140".parse().unwrap();
+    match connect(&mut cri, &app, svc_addr) {
+        ConnOutcome::Proxied { local, .. } => assert_eq!(
+            local, outbound,
+            "the app's connection is accepted on Linkerd's outbound port"
+        ),
+        other => panic!("app -> {svc_addr}: expected the proxy on {outbound}, got {other:?}"),
+    }
+    // The proxy's own traffic passes.
+    assert_reaches_service(&mut cri, &proxy, svc_addr);
+    // Inbound: a connection to the app's port lands on the proxy with the pod's address.
+    let (_, out) = cri.exec(&svc_server, &["probe", "connect", &web_addr.to_string()]);
+    match ConnOutcome::parse(&out) {
+        ConnOutcome::Proxied { name, orig, .. } if name == "proxy" => {
+            assert_eq!(
+                orig,
+                Some(web_addr),
+                "SO_ORIGINAL_DST of the inbound connection"
+            )
+        }
+        other => panic!("svc -> {web_addr}: expected the proxy's inbound listener, got {other:?}"),
+    }
+
+    // A Linkerd annotation on the pod changes what is captured.
+    let skip = cri.run_sandbox(
+        "skip",
+        &[marked, ("config.linkerd.io/skip-outbound-ports", "8080")],
+        &format!("{parent}/skip"),
+    );
+    let skip_app = cri.start_container(&skip, "app", &["sleep", "100000"], i64::from(APP_UID));
+    assert_reaches_service(&mut cri, &skip_app, svc_addr);
+
+    // The pods left alone are still so, and only the two Linkerd pods are the node's.
+    for (_, app) in &left_alone {
+        assert_reaches_service(&mut cri, app, svc_addr);
+    }
+    assert_eq!(daemon.pod_names(), ["default/skip", "default/web"]);
+
+    // Stopping and removing the sandboxes (CNI DEL, twice) leaves no pod state.
+    let cookies: Vec<u64> = daemon
+        .pods()
+        .iter()
+        .filter_map(|p| p["netns_cookie"].as_u64())
+        .collect();
+    assert_eq!(cookies.len(), 2);
+    for (sandbox, _) in &left_alone {
+        cri.remove_sandbox(&sandbox.0);
+    }
+    for sandbox in [&web.0, &skip.0, &svc.0] {
+        cri.remove_sandbox(sandbox);
+    }
+    assert!(daemon.pods().is_empty(), "{:?}", daemon.pod_names());
+    for cookie in cookies {
+        assert_eq!(pod_links(&root, cookie), None);
+    }
 }

@@ -2,7 +2,8 @@
 //! directories of the test's own: chaining, bad input refused with nothing written, a
 //! read-only directory, the watch putting the entry back after a network plugin's
 //! rewrite, uninstall restoring the file; and `daemon --uninstall` taking the entry out
-//! before the pins.
+//! before the pins. Both dialects: istio's (the default) and Linkerd's (`--dialect
+//! linkerd`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -11,6 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::linkerd::proxy_init::{PortRange, ProxyInitOptions};
 use redirector_tests::redirector::{redirector_bin, PinRoot};
 use redirector_tests::{require_root, Cgroup, Spawn};
 
@@ -140,6 +142,90 @@ fn install_chains_the_entry_once_and_bad_input_writes_nothing() {
         stderr(&out)
     );
     assert_eq!(std::fs::read_to_string(&broken).unwrap(), "{not json");
+}
+
+/// `--dialect linkerd`: the entry says so and carries the injector's proxy-init flags
+/// (LINKERD.md §3: ports 4143/4140, uid 2102, its ignore lists, IPv6 off), read here as
+/// proxy-init reads them; proxy-init flags given after `--` replace them, and one that
+/// proxy-init refuses is named with nothing written.
+#[test]
+fn install_writes_a_linkerd_entry_with_the_injectors_flags() {
+    if !require_root() {
+        return;
+    }
+    let dirs = CniDirs::new();
+    std::fs::write(dirs.conflist(), FLANNEL).unwrap();
+
+    let out = dirs.install(&[
+        "--dialect",
+        "linkerd",
+        "--",
+        "--incoming-proxy-port=4143",
+        "--outgoing-proxy-port=4140",
+        "--subnets-to-ignore=not-a-cidr",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("not-a-cidr"), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(dirs.conflist()).unwrap(), FLANNEL);
+    assert!(!dirs.bin_dir().join("redirector-cni").exists());
+
+    let out = dirs.install(&["--dialect", "linkerd"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let entries = dirs.entries(&dirs.conflist());
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(entries[0]["dialect"], "linkerd", "{}", entries[0]);
+    let args: Vec<&str> = entries[0]["args"]
+        .as_array()
+        .unwrap_or_else(|| panic!("args is a list: {}", entries[0]))
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let flags = ProxyInitOptions::parse(&args)
+        .unwrap_or_else(|e| panic!("the entry's args are proxy-init's flags: {e:?}: {args:?}"));
+    assert_eq!(
+        (flags.incoming_proxy_port, flags.outgoing_proxy_port),
+        (4143, 4140)
+    );
+    assert_eq!(flags.proxy_uid, Some(2102), "{args:?}");
+    assert!(!flags.ipv6, "the injector's --ipv6=false: {args:?}");
+    let ignored = |ranges: &[PortRange], port| ranges.iter().any(|r| r.contains(port));
+    for port in [4190, 4191, 4567, 4568] {
+        assert!(
+            ignored(&flags.inbound_ports_to_ignore, port),
+            "inbound {port}: {args:?}"
+        );
+    }
+    for port in [4567, 4568] {
+        assert!(
+            ignored(&flags.outbound_ports_to_ignore, port),
+            "outbound {port}: {args:?}"
+        );
+    }
+    assert!(!ignored(&flags.outbound_ports_to_ignore, 4190), "{args:?}");
+
+    // Flags of the operator's own replace the injector's.
+    let out = dirs.install(&[
+        "--dialect",
+        "linkerd",
+        "--",
+        "--incoming-proxy-port=4143",
+        "--outgoing-proxy-port=4140",
+        "--proxy-uid=2102",
+        "--outbound-ports-to-ignore=3306",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let entries = dirs.entries(&dirs.conflist());
+    assert_eq!(entries.len(), 1, "never duplicated: {entries:?}");
+    assert_eq!(entries[0]["dialect"], "linkerd");
+    assert_eq!(
+        entries[0]["args"],
+        serde_json::json!([
+            "--incoming-proxy-port=4143",
+            "--outgoing-proxy-port=4140",
+            "--proxy-uid=2102",
+            "--outbound-ports-to-ignore=3306"
+        ])
+    );
 }
 
 /// `dir` bind-mounted read-only onto itself until dropped.

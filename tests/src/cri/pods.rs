@@ -85,6 +85,30 @@ pub fn sidecar(cri: &mut Containerd, sandbox: &Sandbox) -> String {
     proxy
 }
 
+/// Linkerd's proxy stand-in in `sandbox`: `probe proxy` on 127.0.0.1:4140 (outbound) and
+/// 0.0.0.0:4143 (inbound), as uid 2102, once it listens on both. It reports itself as
+/// `proxy`, so [`assert_lands_on_proxy`] reads it.
+pub fn linkerd_sidecar(cri: &mut Containerd, sandbox: &Sandbox) -> String {
+    let uid = crate::linkerd::cases::LINKERD_PROXY_UID;
+    let proxy = cri.start_container(
+        sandbox,
+        "linkerd-proxy",
+        &[
+            "probe",
+            "proxy",
+            "--listen",
+            "127.0.0.1:4140",
+            "--listen",
+            "0.0.0.0:4143",
+            "--name",
+            "proxy",
+        ],
+        i64::from(uid),
+    );
+    wait_listening(cri, &proxy, 2);
+    proxy
+}
+
 /// Waits until the probe in `container` logged `listeners` `listening` lines: a started
 /// container is not yet a listening one.
 fn wait_listening(cri: &mut Containerd, container: &str, listeners: usize) {

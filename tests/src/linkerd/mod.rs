@@ -12,7 +12,9 @@
 //! - [`proxy_init`]: proxy-init's flags and the rules it writes;
 //! - [`contract`]: LINKERD.md §2 as expected landings;
 //! - [`cases`]: the command lines and the connections each case makes;
-//! - [`dual_stack`]: the proxy's `[::]:4143` listener that also takes IPv4.
+//! - [`dual_stack`]: the proxy's `[::]:4143` listener that also takes IPv4;
+//! - [`meshed`]: a pod Linkerd meshed, as a node (daemon or CNI plugin) captures it;
+//! - [`validator`]: Linkerd's network validator, run in such a pod.
 //!
 //! As in istio's suite (docs/conformance.md), the proxy's peer address is left out of the
 //! comparison: REDIRECT shows the client's address, a connect-time rewrite the loopback.
@@ -20,7 +22,9 @@
 pub mod cases;
 pub mod contract;
 pub mod dual_stack;
+pub mod meshed;
 pub mod proxy_init;
+pub mod validator;
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
