@@ -167,17 +167,20 @@ pub fn decide_outbound<L: PodLookups>(
     //    rules. With DNS capture, istio keeps TCP port 53 out of the uids' rules (both) and
     //    out of the gids' second rule only.
     let tcp = conn.protocol == Protocol::Tcp;
-    // A pod whose local destinations all pass (Linkerd): whoever calls, and before the
-    // owners' rules, so that the proxy calling its own pod is never sent inbound.
-    if cfg.flags & pod_flags::LOCAL_DESTINATIONS_PASS != 0 && tcp && is_local(conn.dst, lookups) {
-        return Verdict::Pass(Reason::PassedLoopback);
-    }
     let dns_port = cfg.flags & pod_flags::DNS_CAPTURE != 0 && conn.dst_port == DNS_PORT;
     // istio drops the lo RETURN rules when an -i CIDR is a loopback address.
     let lo_returns = cfg.flags & pod_flags::INCLUDE_HAS_LOOPBACK == 0;
-    // Whether the destination is the pod's own, looked up once: only the owners' rules ask.
-    let local =
-        tcp && (cfg.proxy_uid_count > 0 || cfg.proxy_gid_count > 0) && is_local(conn.dst, lookups);
+    // Whether the destination is the pod's own, looked up once: only the owners' rules and
+    // a pod whose local destinations all pass ask.
+    let local_pass = cfg.flags & pod_flags::LOCAL_DESTINATIONS_PASS != 0;
+    let local = tcp
+        && (cfg.proxy_uid_count > 0 || cfg.proxy_gid_count > 0 || local_pass)
+        && is_local(conn.dst, lookups);
+    // Local destinations passing (Linkerd's `-o lo -j RETURN`) for every owner, before the
+    // owners' rules, so that the proxy calling its own pod is never sent inbound.
+    if local_pass && local {
+        return Verdict::Pass(Reason::PassedLoopback);
+    }
     let local_not_proxy = local && !dns_port && lo_returns;
     // istio's three rules per id, unrolled: the first id's `! --uid-owner` RETURN catches
     // every other caller on lo, so only the first id is compared apart from the rest. What
