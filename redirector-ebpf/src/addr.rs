@@ -99,6 +99,23 @@ impl SocketEnds {
         }
     }
 
+    /// The socket's own port.
+    #[inline(always)]
+    pub fn local_port(&self) -> u16 {
+        self.local.port
+    }
+
+    /// Whether the other end is on loopback (127.0.0.0/8, ::1).
+    #[inline(always)]
+    pub fn remote_is_loopback(&self) -> bool {
+        let words = self.remote.addr.0;
+        if self.family == AF_INET6 {
+            words == [0, 0, 0, u32::from_ne_bytes([0, 0, 0, 1])]
+        } else {
+            words[0].to_ne_bytes()[0] == 127
+        }
+    }
+
     /// The socket's own address and port, as an original destination.
     #[inline(always)]
     pub fn local_as_orig(&self) -> OrigDst {

@@ -232,17 +232,24 @@ pub fn getsockopt<const ON_CGROUP: bool>(ctx: &SockoptContext) {
     }
 }
 
-/// A connection no program redirected, asked about by a pod that wants conntrack's answer
-/// for it (its own destination): what the pod's Linkerd proxy expects of a client that
-/// reached a capture port directly, which it would otherwise drop.
+/// A connection no program redirected that came from outside the pod to its inbound
+/// capture port, asked about by a pod that wants conntrack's answer for it (its own
+/// destination): what Linkerd's proxy expects of a client that reached its inbound port
+/// directly, which it would otherwise drop. Only there: a redirected connection whose
+/// entry is gone, answered with the outbound listener's own address, would have the proxy
+/// connect to itself.
 #[inline(always)]
 fn unredirected(
     ends: &SocketEnds,
     netns_cookie: redirector_common::NetnsCookie,
 ) -> Option<OrigDst> {
+    if ends.remote_is_loopback() {
+        return None;
+    }
     // SAFETY: the value stays valid (RCU) for this run of the program; it is only read.
     let cfg = unsafe { POD_CONFIG.get(netns_cookie) }?;
-    if cfg.flags & pod_flags::ORIG_DST_OF_UNREDIRECTED == 0 {
+    if cfg.flags & pod_flags::ORIG_DST_OF_UNREDIRECTED == 0 || ends.local_port() != cfg.inbound_port
+    {
         return None;
     }
     Some(ends.local_as_orig())
