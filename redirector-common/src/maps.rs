@@ -641,7 +641,7 @@ mod tests {
             assert_eq!(CidrList::try_from(list as u32), Ok(list));
         }
         assert_eq!(PortSet::try_from(0), Err(UnknownDiscriminant(0)));
-        assert_eq!(CidrList::try_from(6), Err(UnknownDiscriminant(6)));
+        assert_eq!(CidrList::try_from(9), Err(UnknownDiscriminant(9)));
     }
 
     #[test]
@@ -665,8 +665,18 @@ mod tests {
                 "pod-local",
                 "dns-server",
                 "route",
+                "outbound-exclude-port-ranges",
+                "inbound-exclude-port-ranges",
+                "inbound-exclude-sources",
             ]
         );
+    }
+
+    #[test]
+    fn a_port_is_held_in_the_first_16_bits_of_an_address() {
+        assert_eq!(port_as_address(0), Ipv4Addr::new(0, 0, 0, 0));
+        assert_eq!(port_as_address(4143), Ipv4Addr::new(0x10, 0x2f, 0, 0));
+        assert_eq!(port_as_address(65535), Ipv4Addr::new(255, 255, 0, 0));
     }
 
     #[test]
