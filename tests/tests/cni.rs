@@ -22,7 +22,7 @@ use redirector_tests::redirector::{
 };
 use redirector_tests::{
     assert_direct, assert_proxied, connect_from, require_root, use_probe_bin, Cgroup, ProxiedPod,
-    Topology, APP_UID,
+    Spawn, Topology, APP_UID,
 };
 
 /// The binary under the name a runtime calls it by.
@@ -1063,6 +1063,14 @@ fn the_network_validator_passes_in_a_pod_a_linkerd_network_captured() {
     let topo = Topology::under(&node.node, "cnilkval");
     let netns = topo.pod.path().display().to_string();
     let injected = linkerd_injected(node.root.path(), node.state.path(), json!({}));
+    // The sandbox's own process, running before ADD as it does under kubelet: the plugin
+    // finds the pod's cgroup by it (a kernel that reads the pod's cookie from its cgroup
+    // needs one of its own).
+    let _sandbox = Spawn::new("sleep")
+        .arg("600")
+        .netns(&topo.pod)
+        .cgroup(&topo.pod_cgroup)
+        .spawn();
     validator::run(&topo, Addrs::ipv4()).assert_failed();
     let (ok, result) = node.plugin.call("ADD", "validated", &netns, &injected);
     assert!(ok, "{result}");
