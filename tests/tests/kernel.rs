@@ -261,50 +261,6 @@ fn a_netns_cookie_stamped_by_the_fallback_is_the_kernels() {
     );
 }
 
-/// The stamp is one program per process, and the kernel refuses a program attached twice
-/// at one cgroup: threads of one process (a daemon setting up pods at once) stamping side by
-/// side each get their own namespace's cookie, and nothing stays attached.
-#[test]
-fn threads_stamping_at_once_each_get_their_namespaces_cookie() {
-    if !require_root() {
-        return;
-    }
-    use redirector::sys::netns::Netns;
-    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
-    let own = redirector::sys::cgroup::cgroup2_mount().unwrap().join(
-        own.lines()
-            .find_map(|l| l.strip_prefix("0::"))
-            .unwrap()
-            .trim_start_matches('/'),
-    );
-    let before = cgroup_attachments(&own);
-    let namespaces: Vec<NetNs> = (0..4).map(|i| NetNs::new(&format!("stamp{i}"))).collect();
-    let start = std::sync::Barrier::new(namespaces.len());
-    std::thread::scope(|scope| {
-        let stamping: Vec<_> = namespaces
-            .iter()
-            .map(|netns| {
-                let start = &start;
-                scope.spawn(move || {
-                    let opened = Netns::open(&netns.path()).expect("opening the namespace");
-                    start.wait();
-                    for _ in 0..50 {
-                        let cookie = opened
-                            .run(redirector::sys::netns_cookie::stamped)
-                            .expect("working in the namespace")
-                            .expect("stamping");
-                        assert_eq!(cookie.get(), netns.cookie(), "{}", netns.name());
-                    }
-                })
-            })
-            .collect();
-        for thread in stamping {
-            thread.join().unwrap();
-        }
-    });
-    assert_eq!(cgroup_attachments(&own), before, "the stamp left attached");
-}
-
 /// With every fallback forced, as on a kernel before 5.14, the three programs are loaded
 /// as their variants and still do their work: an app's connection reaches the proxy, which
 /// reads the original destination through SO_ORIGINAL_DST (sock_ops and getsockopt finding

@@ -100,7 +100,7 @@ fn stamp_program() -> io::Result<BorrowedFd<'static>> {
 /// The cookie as the stamp program writes it on a raw socket made here: attached (by a
 /// link, so a process killed meanwhile leaves nothing attached) at the calling thread's
 /// cgroup for as long as one socket takes to make.
-pub fn stamped() -> io::Result<NetnsCookie> {
+fn stamped() -> io::Result<NetnsCookie> {
     let program = stamp_program()?;
     let (cgroup, path) = thread_cgroup()?;
     let link = bpf_sys::link_create(program, cgroup.as_fd(), attach::CGROUP_INET_SOCK_CREATE)
