@@ -193,6 +193,11 @@ pub fn original_dst(stream: &TcpStream) -> Result<SocketAddr, i32> {
     } else {
         libc::SOL_IPV6
     };
+    original_dst_at(stream, level)
+}
+
+/// `SO_ORIGINAL_DST` of an accepted connection asked at `level` (`SOL_IP` or `SOL_IPV6`).
+pub fn original_dst_at(stream: &TcpStream, level: i32) -> Result<SocketAddr, i32> {
     // SAFETY: all-zero is a valid sockaddr_storage.
     let mut storage: libc::sockaddr_storage = unsafe { MaybeUninit::zeroed().assume_init() };
     let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;

@@ -11,13 +11,12 @@
 //! sent to the client too, with v4-mapped addresses written as IPv4.
 
 use std::io::Write;
-use std::mem::MaybeUninit;
 use std::net::{Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
 use crate::probe::protocol::{emit, listening_line, parse_listening, proxied_line};
-use crate::sockaddr::{from_raw, to_raw};
+use crate::sockaddr::to_raw;
 use crate::{Cgroup, ChildGuard, NetNs, Spawn};
 
 /// The test (in every test binary that starts this listener) whose body is
@@ -25,10 +24,6 @@ use crate::{Cgroup, ChildGuard, NetNs, Spawn};
 pub const HELPER_TEST: &str = "dual_stack_inbound_listener_process";
 /// `<name> <port>`: set only in the helper process.
 pub const LISTEN_ENV: &str = "REDIRECTOR_TESTS_DUAL_STACK_LISTEN";
-
-/// `SOL_IP` / `SOL_IPV6` option 80, as netfilter (and redirector's getsockopt program)
-/// answer it.
-const SO_ORIGINAL_DST: libc::c_int = 80;
 
 /// Starts the listener `[::]:port` named `name` in `netns` and `cgroup` as `uid`/`gid`, and
 /// waits until it listens.
@@ -116,23 +111,7 @@ fn original_dst_as_linkerd(stream: &TcpStream, peer: SocketAddr) -> Result<Socke
     } else {
         libc::SOL_IPV6
     };
-    // SAFETY: all-zero is a valid sockaddr_storage.
-    let mut storage: libc::sockaddr_storage = unsafe { MaybeUninit::zeroed().assume_init() };
-    let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-    // SAFETY: the buffer and its length describe `storage`.
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            level,
-            SO_ORIGINAL_DST,
-            (&raw mut storage).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
-    }
-    from_raw(&storage).map(canonical).ok_or(libc::EAFNOSUPPORT)
+    crate::sockaddr::original_dst_at(stream, level).map(canonical)
 }
 
 /// A v4-mapped address as the IPv4 address it stands for.
