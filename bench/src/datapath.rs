@@ -270,7 +270,7 @@ impl Bed {
                 );
             }
             Mode::RedirectorLinkerd => {
-                let defaults = redirector::linkerd::INJECTOR_DEFAULTS.map(String::from);
+                let defaults = redirector::mesh::linkerd::INJECTOR_DEFAULTS.map(String::from);
                 run_ok(&mut linkerd_proxy_init_command(
                     &defaults,
                     &topo.pod,

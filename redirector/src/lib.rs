@@ -1,11 +1,10 @@
 //! redirector: eBPF transparent traffic redirection for service-mesh sidecars.
 //!
-//! - [`istio`]: istio-iptables' contract — flags, env vars, defaults, annotations — turned
-//!   into a validated [`engine::spec::CaptureConfig`]; every way in reads it.
-//! - [`linkerd`]: linkerd2-proxy-init's flags turned into the same spec, with Linkerd's
-//!   semantics.
-//! - [`dialect`]: a node pod's flags named with their dialect (as the daemon's API, the CNI
-//!   plugin and the records carry them), turned into the engine's [`engine::spec::PodSpec`].
+//! - [`mesh`]: the seam for the meshes. Each mesh's contract — istio-iptables' flags, env
+//!   vars, defaults and annotations (`mesh::istio`); linkerd2-proxy-init's flags and
+//!   linkerd-cni's rules (`mesh::linkerd`) — turned into a validated
+//!   [`engine::spec::CaptureConfig`], with what they share in `mesh::common`; a node pod's
+//!   flags named with their dialect, turned into the engine's [`engine::spec::PodSpec`].
 //! - [`engine`]: a pod set up in steps, each its own module: facts → plan → observe → diff
 //!   → apply, and the removal of pods (gc); it knows pods by their network namespace and
 //!   cgroup, never by a mesh's flag syntax.
@@ -19,11 +18,9 @@
 pub mod cli;
 pub mod cni;
 pub mod daemon;
-pub mod dialect;
 pub mod engine;
 pub mod install_cni;
-pub mod istio;
-pub mod linkerd;
+pub mod mesh;
 pub mod pods;
 pub mod store;
 pub mod sys;

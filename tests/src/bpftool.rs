@@ -70,7 +70,7 @@ pub fn cgroup_attachments(cgroup: &Path) -> Vec<(u64, String, String)> {
 /// [`cgroup_attachments`] by BPF_PROG_QUERY for each cgroup hook redirector uses (attach
 /// types by number).
 fn queried_attachments(cgroup: &Path) -> Vec<(u64, String, String)> {
-    use redirector::store::bpf_sys;
+    use redirector::sys::bpf_sys;
     use std::os::fd::AsFd;
     let dir = std::fs::File::open(cgroup)
         .unwrap_or_else(|e| panic!("opening cgroup {}: {e}", cgroup.display()));

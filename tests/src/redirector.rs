@@ -6,7 +6,7 @@ use std::process::{Command, Output};
 
 use crate::{bin_path, unique_name, Cgroup, ChildGuard, NetNs};
 
-pub use redirector::istio::annotations::STANDARD_INJECTION;
+pub use redirector::mesh::istio::annotations::STANDARD_INJECTION;
 
 /// A bpffs directory for one test's pins; removed (with anything left in it) on drop.
 pub struct PinRoot {

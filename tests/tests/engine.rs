@@ -19,7 +19,7 @@ use redirector::{
     engine::observe::{observe, Installation, Lookup},
     engine::plan::{plan_pod, PodPlan},
     engine::pod_keys::PodKeys,
-    istio::parse_istio_iptables,
+    mesh::istio::parse_istio_iptables,
     store::{self, EbpfObject, NodeMaps, OpenMaps},
     sys::netns::{Netns, NetnsError},
 };

@@ -132,7 +132,7 @@ pub fn run(args: &DaemonArgs) -> anyhow::Result<()> {
         }
         return daemon::uninstall(&config);
     }
-    super::pod_setup::require_bpffs(&config.pin_root)?;
+    crate::engine::setup::require_bpffs(&config.pin_root)?;
     if crate::sys::fs_kind::nearest_is_tmpfs(&config.state_dir) == Some(false) {
         tracing::warn!(
             "--state-dir {} is not on a tmpfs: every new pod's record is an inode written to disk (1.7–2.4× the time of an add measured on ext4), and records outlive a reboot that the pins do not",

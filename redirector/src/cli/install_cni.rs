@@ -6,9 +6,8 @@ use anyhow::Context;
 
 use crate::{
     cni::DEFAULT_EXCLUDED_NAMESPACES,
-    dialect::{pod_spec, Dialect, PodFlags},
+    mesh::{pod_spec, Dialect, PodFlags},
     install_cni::{watch, Entry, Installer},
-    istio::annotations::STANDARD_INJECTION,
 };
 
 /// How often the watch reads the directory with no event, in case one was missed.
@@ -85,10 +84,10 @@ pub struct InstallCniArgs {
 }
 
 pub fn run(args: &InstallCniArgs) -> anyhow::Result<()> {
-    let flags = match (args.flags.is_empty(), args.dialect) {
-        (false, _) => args.flags.clone(),
-        (true, Dialect::Istio) => STANDARD_INJECTION.map(String::from).to_vec(),
-        (true, Dialect::Linkerd) => crate::linkerd::INJECTOR_DEFAULTS.map(String::from).to_vec(),
+    let flags = if args.flags.is_empty() {
+        args.dialect.injector_defaults()
+    } else {
+        args.flags.clone()
     };
     pod_spec(&PodFlags {
         dialect: args.dialect,

@@ -13,7 +13,7 @@ use super::{
     pod_setup::{self, Dialect},
 };
 use crate::{
-    linkerd::{parse_proxy_init, LinkerdConfig, LogFormat, ProcessEnv, EXIT_ERROR},
+    mesh::linkerd::{parse_proxy_init, LinkerdConfig, LogFormat, ProcessEnv, EXIT_ERROR},
     store::PinRoot,
     sys::netns::Netns,
 };
@@ -46,7 +46,7 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
 /// `--cleanup-only`), after setting its close-wait timeout if asked.
 pub fn run(cfg: &LinkerdConfig) -> anyhow::Result<()> {
     // First: on an old kernel even reading the pod's netns cookie fails, less clearly.
-    crate::sys::kernel::check_unless_loaded(&PinRoot::new(&cfg.run.pin_root))?;
+    PinRoot::new(&cfg.run.pin_root).check_kernel_unless_loaded()?;
     {
         let _section = Section::start();
         for flag in &cfg.run.ignored_flags {

@@ -20,9 +20,8 @@ use std::{ffi::OsString, path::Path, process::ExitCode};
 
 use log_sections::Stream;
 
-use crate::istio::{parse_istio_iptables, ProcessEnv};
-
-/// istio-iptables' exit code for a configuration or apply error.
+/// The exit code of a command that failed (the drop-ins' for a configuration or apply
+/// error too).
 const EXIT_ERROR: u8 = 1;
 
 /// Commands other than the drop-ins `istio-iptables` and `linkerd-proxy-init` (which parse
@@ -95,32 +94,9 @@ pub fn main() -> ExitCode {
     let argv: Vec<OsString> = std::env::args_os().collect();
     match way_in(&argv) {
         WayIn::Cni => crate::cni::main(),
-        WayIn::IstioIptables(start) => istio_iptables_main(argv[start..].to_vec()),
+        WayIn::IstioIptables(start) => istio_iptables::main(argv[start..].to_vec()),
         WayIn::ProxyInit(start) => linkerd_proxy_init::main(argv[start..].to_vec()),
         WayIn::Command => run_command(argv),
-    }
-}
-
-fn istio_iptables_main(istio_argv: Vec<OsString>) -> ExitCode {
-    let cfg = match parse_istio_iptables(istio_argv, &ProcessEnv) {
-        Ok(cfg) => cfg,
-        Err(err) => return err.report(),
-    };
-    init_logging(
-        Stream::Stderr,
-        cfg.run.log_as_json,
-        log_level(&cfg.run.log_output_level),
-    );
-    match istio_iptables::run(&cfg) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            tracing::error!("{err}");
-            if err.downcast_ref::<validate::ValidationError>().is_some() {
-                ExitCode::from(validate::EXIT_VALIDATION_FAILED)
-            } else {
-                ExitCode::from(EXIT_ERROR)
-            }
-        }
     }
 }
 
@@ -138,11 +114,11 @@ fn run_command(argv: Vec<OsString>) -> ExitCode {
     };
     // The daemon says what it does; the other commands print their results.
     let level = if matches!(command, Command::Daemon(_) | Command::InstallCni(_)) {
-        "default:info"
+        "info"
     } else {
-        "default:warn"
+        "warn"
     };
-    init_logging(Stream::Stderr, false, log_level(level));
+    init_logging(Stream::Stderr, false, level);
     let result = match &command {
         Command::Status(args) => status::run(args),
         Command::Explain(args) => explain::run(args),
@@ -176,38 +152,11 @@ fn init_logging(stream: Stream, json: bool, level: &str) {
     }
 }
 
-/// istio's `--log_output_level` is `scope:level[,scope:level]`; redirector has one scope,
-/// so the `default` scope's level (or the only one given) applies.
-fn log_level(istio_levels: &str) -> &'static str {
-    let level = istio_levels
-        .split(',')
-        .map(|item| {
-            item.rsplit_once(':')
-                .map_or(("default", item), |(s, l)| (s, l))
-        })
-        .find(|(scope, _)| scope.trim() == "default")
-        .or_else(|| {
-            istio_levels
-                .split(',')
-                .next()
-                .map(|i| ("", i.rsplit(':').next().unwrap_or(i)))
-        })
-        .map(|(_, level)| level.trim().to_ascii_lowercase())
-        .unwrap_or_default();
-    match level.as_str() {
-        "debug" => "debug",
-        "warn" | "warning" => "warn",
-        "error" | "fatal" => "error",
-        "none" => "off",
-        _ => "info",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::ffi::OsString;
 
-    use super::{log_level, way_in, WayIn};
+    use super::{way_in, WayIn};
 
     fn argv(words: &[&str]) -> Vec<OsString> {
         words.iter().map(OsString::from).collect()
@@ -239,15 +188,5 @@ mod tests {
         for (words, want) in cases {
             assert_eq!(way_in(&argv(words)), want, "{words:?}");
         }
-    }
-
-    #[test]
-    fn istio_log_levels_map_to_tracing_levels() {
-        assert_eq!(log_level("default:info"), "info");
-        assert_eq!(log_level("default:debug"), "debug");
-        assert_eq!(log_level("foo:error,default:warn"), "warn");
-        assert_eq!(log_level("error"), "error");
-        assert_eq!(log_level("default:none"), "off");
-        assert_eq!(log_level(""), "info");
     }
 }

@@ -11,7 +11,7 @@ use anyhow::{bail, Context as _};
 
 use crate::{
     daemon::api::{PodInfo, PodRef, Request, Response, DEFAULT_SOCKET},
-    dialect::{pod_spec, requested, Dialect},
+    mesh::{pod_spec, requested, Dialect},
 };
 
 #[derive(clap::Args, Debug)]
@@ -141,10 +141,8 @@ pub fn run(args: &PodArgs) -> anyhow::Result<()> {
             let annotations: BTreeMap<String, String> = annotations.iter().cloned().collect();
             // The daemon validates too; checking here gives the same message without a
             // round trip, and an invalid value never reaches the node.
-            if let Ok(flags) =
-                requested(*dialect, args, &annotations).map_err(anyhow::Error::msg)?
-            {
-                pod_spec(&flags).map_err(anyhow::Error::msg)?;
+            if let Ok(flags) = requested(*dialect, args, &annotations)? {
+                pod_spec(&flags)?;
             }
             if let Some(cgroup) = cgroup.as_ref().filter(|c| !c.is_dir()) {
                 anyhow::bail!("--cgroup {}: not a cgroup directory", cgroup.display());

@@ -1,27 +1,19 @@
 //! Setting one pod up from inside it (an init container, or a command given its netns), for
-//! every dialect: open its network namespace, then apply its capture spec, print the plan
-//! (dry run), or remove what was installed for it (cleanup-only). Each dialect logs its own
-//! sections around this.
+//! every dialect: open its network namespace, then set it up through the engine's front
+//! door (`engine::setup`), print the plan (dry run), or remove what was installed for it
+//! (cleanup-only), and log what was done. Each dialect logs its own sections around this.
 
-use std::path::{Path, PathBuf};
-
-use anyhow::{bail, Context as _};
 use tracing::{info, warn};
 
 use super::log_sections::Section;
-use crate::istio::RunOptions;
 use crate::{
     engine::apply::Outcome,
-    engine::capture::capture,
-    engine::diff::Mode,
-    engine::facts::PodFacts,
     engine::gc::teardown,
-    engine::node::covering,
-    engine::plan::{dns_capture_enabled, plan_pod},
+    engine::setup::{set_up_in_pod, InPod, PlanNote},
     engine::spec::CaptureConfig,
-    store::{pins::BPFFS_MOUNT, EbpfObject, OpenMaps, PinRoot},
+    mesh::RunOptions,
+    store::{OpenMaps, PinRoot},
     sys::cgroup::pod_cgroup,
-    sys::fs_kind::nearest_is_bpffs,
     sys::netns::Netns,
 };
 
@@ -90,67 +82,39 @@ fn apply_rules(
         // cgroup it would use, or why it found none.
         Err(err) if run.dry_run && run.cgroup.is_none() => {
             warn!("no pod cgroup: {err}");
-            PathBuf::from("<no pod cgroup found: pass --cgroup>")
+            "<no pod cgroup found: pass --cgroup>".into()
         }
         Err(err) => return Err(err.into()),
     };
-    // A node daemon's programs may already cover this pod's cgroup: then the pod gets only
-    // its entries (in the daemon's object) and its namespace's link, so that no program
-    // runs twice on its sockets.
-    let node_object = if cgroup.exists() {
-        covering(root, &cgroup)?
-    } else {
-        None
-    };
-    if let Some(node) = &node_object {
-        info!(
-            "the node's programs (object {}) cover cgroup {}: adding only the pod's entries and its namespace's link",
-            node.id(),
-            cgroup.display()
-        );
+    let cgroup_name = cgroup.display().to_string();
+    let set_up = set_up_in_pod(InPod {
+        root,
+        netns,
+        capture: capture_config,
+        cgroup: Some(cgroup),
+        resolv_conf: &run.resolv_conf,
+        dry_run: run.dry_run,
+        force_apply: run.force_apply,
+    })?;
+    if let Some(node) = &set_up.covered_by {
+        info!("the node's programs (object {node}) cover cgroup {cgroup_name}: adding only the pod's entries and its namespace's link");
     }
-    let pod_cgroup = node_object.is_none().then_some(cgroup);
-    let facts = PodFacts::gather(netns, pod_cgroup, &run.resolv_conf)?;
-    let plan = plan_pod(capture_config, &facts);
-    if capture_config.redirect_dns && !dns_capture_enabled(capture_config, &facts) {
-        warn!(
-            "--redirect-dns is set, but --capture-all-dns is not and {} names no DNS server: DNS capture disabled (as istio-iptables does)",
-            run.resolv_conf.display()
-        );
-    }
-    for name in capture_config
-        .exclude_interfaces
-        .iter()
-        .chain(&capture_config.kube_virt_interfaces)
-    {
-        if !facts.interfaces.iter().any(|(n, _)| n == name) {
-            warn!("interface {name} does not exist in the pod: its rule applies to nothing (set the pod up again once it exists)");
+    let plan = &set_up.planned.plan;
+    for note in &set_up.planned.notes {
+        match note {
+            PlanNote::DnsCaptureOff => warn!(
+                "--redirect-dns is set, but --capture-all-dns is not and {} names no DNS server: DNS capture disabled (as istio-iptables does)",
+                run.resolv_conf.display()
+            ),
+            PlanNote::MissingInterface(name) => warn!("interface {name} does not exist in the pod: its rule applies to nothing (set the pod up again once it exists)"),
         }
     }
-    if run.dry_run {
+    let Some(applied) = set_up.applied else {
         println!("{plan}");
         info!("dry run: nothing applied");
         return Ok(());
-    }
-    require_bpffs(root.path())?;
-    let object = match node_object {
-        Some(node) => EbpfObject::pinned(node.id().clone()),
-        None => EbpfObject::configured()?,
     };
-    let mode = if run.force_apply {
-        Mode::Everything
-    } else {
-        Mode::Changes
-    };
-    let report = match capture(
-        root,
-        &object,
-        &plan,
-        netns,
-        mode,
-        &mut OpenMaps::default(),
-        None,
-    )? {
+    let report = match applied {
         Outcome::Unchanged => {
             match dialect {
                 Dialect::IstioIptables => info!("found this exact state already installed for the pod: nothing to apply (--force-apply applies it again)"),
@@ -201,14 +165,3 @@ fn apply_rules(
     Ok(())
 }
 
-/// The pin root must be on a bpffs mount: pins can be made nowhere else.
-pub(super) fn require_bpffs(root: &Path) -> anyhow::Result<()> {
-    let on_bpffs = nearest_is_bpffs(root).context("pin root has no existing ancestor")?;
-    if !on_bpffs {
-        bail!(
-            "{} is not on a bpffs mount: mount one with `mount -t bpf bpf {BPFFS_MOUNT}` (in a container, mount the host's {BPFFS_MOUNT})",
-            root.display()
-        );
-    }
-    Ok(())
-}

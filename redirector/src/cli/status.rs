@@ -169,7 +169,7 @@ fn read_status(root: &PinRoot, only: Option<NetnsCookie>) -> anyhow::Result<Stat
 /// The cgroups of processes in the namespaces of `object`'s pods (found by their netns
 /// links), from one pass over /proc.
 fn pod_process_cgroups(object: &ObjectPins) -> Vec<PathBuf> {
-    use crate::store::bpf_sys::{pinned_link_target, LinkTarget};
+    use crate::sys::bpf_sys::{pinned_link_target, LinkTarget};
     use crate::sys::pod_cgroup::{cgroups_of, ns_id};
     let Some((nsfs, _)) = ns_id(std::path::Path::new("/proc/self/ns/net")) else {
         return Vec::new();

@@ -3,10 +3,10 @@
 use std::{collections::BTreeMap, path::PathBuf};
 
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::error::{code, CniError};
-use crate::dialect::Dialect;
+use crate::mesh::Dialect;
 
 /// The version this plugin answers VERSION in when the configuration names none.
 pub const VERSION: &str = "1.1.0";
@@ -36,16 +36,6 @@ pub struct NetConf {
     /// object convention is accepted and ignored.
     #[serde(default)]
     pub args: Value,
-    /// linkerd-cni's settings: proxy-init's flags as keys (`dialect: linkerd`).
-    #[serde(default)]
-    pub linkerd: Option<Value>,
-    /// The namespace of Linkerd's control plane, whose pods also skip the API server's
-    /// ports (`dialect: linkerd`).
-    #[serde(
-        default = "default_control_plane_namespace",
-        rename = "controlPlaneNamespace"
-    )]
-    pub control_plane_namespace: String,
     /// The daemon's socket; the plugin does not need the daemon to run.
     #[serde(default)]
     pub socket: Option<PathBuf>,
@@ -53,11 +43,6 @@ pub struct NetConf {
     pub pin_root: Option<PathBuf>,
     #[serde(default, rename = "stateDir")]
     pub state_dir: Option<PathBuf>,
-    /// Capture only pods the injector marked (`sidecar.istio.io/status`); on unless the
-    /// configuration says `false`, since a pod with no sidecar has nothing listening on
-    /// the ports its connections would be sent to.
-    #[serde(default = "yes", rename = "requireSidecarStatus")]
-    pub require_status: bool,
     /// Pods of these namespaces (`K8S_POD_NAMESPACE`) are never captured.
     #[serde(default = "default_excluded", rename = "excludeNamespaces")]
     pub exclude_namespaces: Vec<String>,
@@ -68,28 +53,10 @@ pub struct NetConf {
     pub runtime_config: Option<RuntimeConfig>,
     #[serde(default, rename = "cni.dev/valid-attachments")]
     pub valid_attachments: Option<Vec<Attachment>>,
-}
-
-impl NetConf {
-    /// `args` as a list of flags; the spec's `args` object convention as none.
-    pub fn arg_list(&self) -> Result<Vec<String>, String> {
-        match &self.args {
-            Value::Array(items) => items
-                .iter()
-                .map(|v| v.as_str().map(str::to_owned))
-                .collect::<Option<_>>()
-                .ok_or_else(|| "args must be a list of strings".to_owned()),
-            _ => Ok(Vec::new()),
-        }
-    }
-}
-
-fn default_control_plane_namespace() -> String {
-    "linkerd".to_owned()
-}
-
-fn yes() -> bool {
-    true
+    /// Every other key: the dialect's mesh reads its own from them (istio's
+    /// `requireSidecarStatus`, Linkerd's `linkerd` and `controlPlaneNamespace`).
+    #[serde(flatten)]
+    pub mesh_keys: Map<String, Value>,
 }
 
 fn default_excluded() -> Vec<String> {
@@ -184,13 +151,13 @@ mod tests {
     #[test]
     fn defaults_capture_only_injected_pods_outside_kube_system() {
         let parsed = parse_conf(&conf("0.3.1")).unwrap();
-        assert!(parsed.require_status);
+        assert!(!parsed.mesh_keys.contains_key("requireSidecarStatus"));
         assert_eq!(parsed.exclude_namespaces, ["kube-system"]);
         let open = parse_conf(
             r#"{"cniVersion":"1.0.0","type":"redirector-cni","requireSidecarStatus":false,"excludeNamespaces":[]}"#,
         )
         .unwrap();
-        assert!(!open.require_status);
+        assert_eq!(open.mesh_keys["requireSidecarStatus"], false);
         assert!(open.exclude_namespaces.is_empty());
     }
 

@@ -3,7 +3,7 @@
 //! into the pinned maps itself, under the node lock, with the engine the daemon and the
 //! init containers use — so no daemon is on the pod-start path.
 //!
-//! Only pods meant to be meshed are captured ([`annotations::left_alone`]): every other pod passes ADD
+//! Only pods meant to be meshed are captured (the mesh's rules: [`mesh::node_flags`]): every other pod passes ADD
 //! whatever state the node is in — nothing pinned after a reboot, no daemon, a refused
 //! kernel. A pod that is to be captured needs the node's programs pinned (a daemon has run
 //! since the node started); without them ADD fails with code 11 (try again later), so the
@@ -28,10 +28,9 @@ use self::{
     error::{code, CniError},
 };
 use crate::{
-    dialect::{pod_spec, Dialect, PodFlags},
     engine::node::node_object,
     engine::spec::PodSpec,
-    istio::annotations::{self, left_alone, Rules},
+    mesh::{self, Network, PodFlags},
     pods::{
         records::{CniAttachment, PodRecord, Records, DEFAULT_STATE_DIR},
         remove_pod, PodError, Pods,
@@ -109,57 +108,20 @@ pub fn pod_settings(
     namespace: Option<&str>,
     annotations: &BTreeMap<String, String>,
 ) -> Result<Option<(PodFlags, PodSpec)>, CniError> {
-    let invalid = |e: String| CniError::new(code::INVALID_CONFIG, e);
-    let flags = match conf.dialect {
-        Dialect::Istio => {
-            let rules = Rules {
-                require_status: conf.require_status,
-                exclude_namespaces: &conf.exclude_namespaces,
-            };
-            if left_alone(rules, namespace, annotations).is_some() {
-                return Ok(None);
-            }
-            let defaults = conf.arg_list().map_err(invalid)?;
-            PodFlags::istio(annotations::flags(&defaults, annotations))
-        }
-        Dialect::Linkerd => {
-            let Some(args) = linkerd_flags(conf, namespace, annotations).map_err(invalid)? else {
-                return Ok(None);
-            };
-            PodFlags {
-                dialect: Dialect::Linkerd,
-                args,
-            }
-        }
+    let network = Network {
+        args: &conf.args,
+        exclude_namespaces: &conf.exclude_namespaces,
+        keys: &conf.mesh_keys,
     };
-    let spec = pod_spec(&flags).map_err(invalid)?;
-    Ok(Some((flags, spec)))
-}
-
-/// A Linkerd pod's proxy-init flags: linkerd-cni's settings (`"linkerd": {…}`, or `args`)
-/// overridden by the pod's `config.linkerd.io/*` annotations; `None` for a pod Linkerd did
-/// not inject, or of an excluded namespace.
-fn linkerd_flags(
-    conf: &NetConf,
-    namespace: Option<&str>,
-    annotations: &BTreeMap<String, String>,
-) -> Result<Option<Vec<String>>, String> {
-    use crate::linkerd::node;
-    if node::left_alone(namespace, &conf.exclude_namespaces, annotations).is_some() {
-        return Ok(None);
-    }
-    let mut defaults = conf.arg_list()?;
-    if let Some(linkerd) = &conf.linkerd {
-        defaults.extend(node::proxy_init_args(linkerd)?);
-    }
-    let control_plane = namespace.is_some_and(|ns| ns == conf.control_plane_namespace);
-    node::flags(&defaults, annotations, control_plane).map(Some)
+    mesh::node_flags(conf.dialect, &network, namespace, annotations)
+        .map_err(|e| CniError::new(code::INVALID_CONFIG, e.to_string()))
 }
 
 /// The kernel check, for the commands that need the programs: a kernel redirector refuses
 /// cannot serve a meshed pod. Probed only while `root` holds no loaded object.
 fn kernel_ready(root: &PinRoot, failure: u32) -> Result<(), CniError> {
-    crate::sys::kernel::check_unless_loaded(root).map_err(|e| CniError::new(failure, e.to_string()))
+    root.check_kernel_unless_loaded()
+        .map_err(|e| CniError::new(failure, e.to_string()))
 }
 
 struct Plugin {
@@ -323,7 +285,8 @@ impl Plugin {
                 )
             })?;
         // As the pod was set up: its record's flags.
-        let spec = pod_spec(&record.flags()).map_err(|e| CniError::new(code::SETUP_FAILED, e))?;
+        let spec = mesh::pod_spec(&record.flags())
+            .map_err(|e| CniError::new(code::SETUP_FAILED, e.to_string()))?;
         pods.check_record(&record, &spec)
             .map(drop)
             .map_err(|e| CniError::new(code::SETUP_FAILED, e.to_string()))

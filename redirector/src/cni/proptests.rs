@@ -6,6 +6,7 @@ use proptest::prelude::*;
 use serde_json::json;
 
 use super::*;
+use crate::mesh::pod_spec;
 
 const CASES: u32 = 2000;
 

@@ -17,7 +17,7 @@ use std::{collections::BTreeMap, path::PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::dialect::Dialect;
+use crate::mesh::Dialect;
 
 /// Where the daemon listens unless told otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/redirector/redirector.sock";

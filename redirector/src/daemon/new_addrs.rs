@@ -100,8 +100,8 @@ impl Pods {
                 .clone()
                 .unwrap_or_else(|| format!("netns cookie {}", record.netns_cookie));
             let flags = record.flags();
-            let added = crate::dialect::pod_spec(&flags)
-                .map_err(PodError::Flags)
+            let added = crate::mesh::pod_spec(&flags)
+                .map_err(PodError::from)
                 .and_then(|spec| {
                     self.add(
                         &record.netns,

@@ -5,13 +5,13 @@
 use proptest::prelude::*;
 
 use super::api::Request;
-use crate::dialect::{pod_spec, PodFlags};
+use crate::mesh::{pod_spec, PodFlags};
 
 const CASES: u32 = 2000;
 
 /// istio-iptables' value flags, and the two the daemon refuses.
 fn flags() -> Vec<&'static str> {
-    let mut flags = crate::istio::proptests::VALUE_FLAGS.to_vec();
+    let mut flags = crate::mesh::istio::proptests::VALUE_FLAGS.to_vec();
     flags.extend(["--cgroup", "--network-namespace"]);
     flags
 }
@@ -35,13 +35,13 @@ proptest! {
         let args: Vec<String> = pairs.iter().map(|(f, v)| format!("{f}={v}")).collect();
         match pod_spec(&PodFlags::istio(args)) {
             Ok(_) => {}
-            Err(msg) => prop_assert!(
+            Err(err) => { let msg = err.to_string(); prop_assert!(
                 msg.contains("is not accepted by the daemon")
                     // clap names a flag by its long form.
                     || msg.contains("'--")
                     || pairs.iter().any(|(f, v)| msg.contains(f) || (!v.is_empty() && msg.contains(v.as_str()))),
                 "{msg} names none of {pairs:?}"
-            ),
+            ) }
         }
     }
 }

@@ -38,15 +38,15 @@ impl Pods {
                 annotations,
                 cgroup,
             } => {
-                let flags = match crate::dialect::requested(dialect, &args, &annotations) {
+                let flags = match crate::mesh::requested(dialect, &args, &annotations) {
                     Ok(Ok(flags)) => flags,
                     Ok(Err(why)) => {
                         return Response::done(format!("not captured: {why}"), Vec::new())
                     }
                     Err(err) => return Response::failed(RequestError::Pod(PodError::Flags(err))),
                 };
-                crate::dialect::pod_spec(&flags)
-                    .map_err(PodError::Flags)
+                crate::mesh::pod_spec(&flags)
+                    .map_err(PodError::from)
                     .and_then(|spec| self.add(&netns, name, (flags, &spec), None, cgroup))
                     .map(|added| self.added(added))
                     .map_err(RequestError::from)
@@ -119,7 +119,7 @@ impl Pods {
         let (Some(record), _) = self.find(pod)? else {
             return Err(RequestError::NoSuchPod);
         };
-        let spec = crate::dialect::pod_spec(&record.flags()).map_err(PodError::Flags)?;
+        let spec = crate::mesh::pod_spec(&record.flags()).map_err(PodError::from)?;
         self.check_record(&record, &spec)?;
         Ok(Response::done(
             "captured as planned",

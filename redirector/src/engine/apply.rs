@@ -16,6 +16,7 @@ use std::{
 use aya::maps::{lpm_trie::Key, MapError, PerCpuValues};
 use redirector_common::{Counters, NetnsCookie, PodAddrKey, PodConfig};
 
+use crate::sys::bpf_sys;
 use crate::{
     engine::diff::{self, AttachTargets, Mode, Write},
     engine::error::{write_err, EngineError},
@@ -25,7 +26,6 @@ use crate::{
     engine::pod_keys::PodKeys,
     engine::remove::{collect_if_unused, key_of, remove, retire, unpinned},
     store::{
-        bpf_sys,
         cgroup_cookie::CookieStamps,
         ensure_loaded, open_program,
         programs::{AttachTarget, ProgramKind, POD_PROGRAMS},

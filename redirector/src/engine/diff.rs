@@ -5,11 +5,11 @@
 
 use redirector_common::{Cidr4Key, Cidr6Key, ConnKey, ListenerKey, PodAddrKey, PodConfig, PortKey};
 
+use crate::sys::bpf_sys::LinkTarget;
 use crate::{
     engine::observe::{Installation, PodState},
     engine::plan::{CidrEntry, PodPlan},
     store::{
-        bpf_sys::LinkTarget,
         programs::{AttachTarget, ProgramSpec},
         ObjectId, ObjectPins,
     },
@@ -257,7 +257,7 @@ mod tests {
         engine::facts::PodFacts,
         engine::observe::ObservedLink,
         engine::plan::plan_pod,
-        istio::parse_istio_iptables,
+        mesh::istio::parse_istio_iptables,
         store::{ObjectId, PinRoot},
     };
 

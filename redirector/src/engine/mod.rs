@@ -21,4 +21,5 @@ pub mod plan;
 pub mod pod_cgroup;
 pub mod pod_keys;
 pub mod remove;
+pub mod setup;
 pub mod spec;

@@ -11,9 +11,9 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use crate::sys::bpf_sys;
 use crate::{
     store::{
-        bpf_sys,
         programs::{AttachTarget, POD_PROGRAMS},
         ObjectPins,
     },

@@ -10,13 +10,13 @@ use std::{
 
 use redirector_common::names;
 
+use crate::sys::bpf_sys::{self, LinkTarget};
 use crate::{
     engine::error::EngineError,
     engine::observe::{observe_links, observe_pods, Pods},
     engine::pod_cgroup,
     engine::remove::collect_if_unused,
     store::{
-        bpf_sys::{self, LinkTarget},
         ensure_loaded, ensure_loaded_sharing, growing, open_program,
         programs::{NODE_PROGRAMS, POD_PROGRAMS},
         EbpfObject, NodeLock, NodeMaps, ObjectId, ObjectPins, PinRoot, PodPins,

@@ -19,11 +19,11 @@ use redirector_common::{
     PodConfig, PortKey,
 };
 
+use crate::sys::bpf_sys::{lpm_contains, lpm_first, pinned_link_target, LinkTarget};
 use crate::{
     engine::plan::CidrEntry,
     engine::pod_keys::PodKeys,
     store::{
-        bpf_sys::{lpm_contains, lpm_first, pinned_link_target, LinkTarget},
         node_maps::hash_entries,
         NodeMaps, ObjectPins, OpenMapError, OpenMaps, PinRoot,
     },

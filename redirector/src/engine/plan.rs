@@ -490,7 +490,7 @@ mod tests {
     use redirector_common::{decide_outbound, OutboundAttempt, Reason, Verdict};
 
     use super::*;
-    use crate::istio::parse_istio_iptables;
+    use crate::mesh::istio::parse_istio_iptables;
 
     const POD_IP: &str = "10.244.1.5";
 
@@ -546,7 +546,7 @@ mod tests {
         decide_outbound(&plan.config, &attempt, plan)
     }
 
-    use crate::istio::annotations::STANDARD_INJECTION as STANDARD;
+    use crate::mesh::istio::annotations::STANDARD_INJECTION as STANDARD;
 
     #[test]
     fn standard_injection_decisions_follow_istio_rule_order() {

@@ -13,10 +13,10 @@ use std::{
 
 use redirector_common::NetnsCookie;
 
+use crate::sys::bpf_sys;
 use crate::{
     engine::error::EngineError,
     store::{
-        bpf_sys,
         cgroup_cookie::CookieStamps,
         open_program,
         programs::{is_dns, ProgramSpec, NODE_PROGRAMS},

@@ -20,7 +20,7 @@ use self::{
     conflist::{is_config_file, runtime_pick, ConfError, Edit},
     files::{install_binary, mode_of, replace},
 };
-use crate::dialect::Dialect;
+use crate::mesh::Dialect;
 use crate::sys::fs_error::{fs_err, gone_ok, FsError};
 
 /// Where container runtimes read network configurations from by default.

@@ -4,13 +4,13 @@ use std::path::PathBuf;
 
 use redirector_common::NetnsCookie;
 
-use crate::{engine::error::EngineError, sys::fs_error::FsError};
+use crate::{engine::error::EngineError, mesh::MeshError, sys::fs_error::FsError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PodError {
-    /// The pod's istio-iptables flags: the message names the flag and the value.
-    #[error("{0}")]
-    Flags(String),
+    /// The pod's flags in their mesh's dialect: the message names the flag and the value.
+    #[error(transparent)]
+    Flags(#[from] MeshError),
     /// The node holds a newer format than this release writes: a newer release will set
     /// the pod up (CNI answers "try again later").
     #[error("{0}")]

@@ -14,7 +14,7 @@ use std::{
 use redirector_common::{NetnsCookie, PodConfig};
 
 use crate::{
-    dialect::PodFlags,
+    mesh::PodFlags,
     engine::apply::{is_installed, Outcome},
     engine::capture::capture,
     engine::diff::Mode,
@@ -22,7 +22,8 @@ use crate::{
     engine::facts::PodFacts,
     engine::gc::teardown,
     engine::live_pod::LivePod,
-    engine::plan::{plan_pod, PodPlan},
+    engine::plan::PodPlan,
+    engine::setup::Planned,
     engine::pod_cgroup::NodePrograms,
     engine::pod_keys::PodKeys,
     engine::spec::PodSpec,
@@ -265,11 +266,11 @@ impl Pods {
     fn plan(&self, netns: &Netns, spec: &PodSpec) -> Result<PodPlan, PodError> {
         let facts = PodFacts::gather(netns, None, &spec.resolv_conf)
             .map_err(|e| PodError::Namespace(e.to_string()))?;
-        Ok(plan_pod(&spec.capture, &facts))
+        Ok(Planned::of(&spec.capture, &facts).plan)
     }
 
     /// Capture the pod in `netns_path` as `spec` says; `flags`: what the spec was read
-    /// from (`crate::dialect::pod_spec`), kept in its record; `cgroup`: the pod's own
+    /// from (`crate::mesh::pod_spec`), kept in its record; `cgroup`: the pod's own
     /// cgroup, where the caller knows it.
     pub fn add(
         &self,
@@ -292,7 +293,10 @@ impl Pods {
         if let Some(skew) = self.format_skew(netns.cookie())? {
             return Err(PodError::NewerFormat(skew));
         }
-        let plan = plan_pod(&spec.capture, &facts);
+        let Planned { plan, notes } = Planned::of(&spec.capture, &facts);
+        for note in notes {
+            tracing::info!("pod {}: {note}", name.as_deref().unwrap_or("-"));
+        }
         let cookie = netns.cookie();
         let keys = PodKeys::of(&plan);
         let previous = self.records.get(cookie)?;

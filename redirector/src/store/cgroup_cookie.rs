@@ -13,7 +13,8 @@ use std::{
 
 use redirector_common::{names, NetnsCookie};
 
-use super::{bpf_sys, ObjectPins};
+use super::ObjectPins;
+use crate::sys::bpf_sys;
 use crate::sys::fs_error::FsError;
 
 /// The object's `POD_COOKIE` map, open.

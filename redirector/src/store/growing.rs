@@ -15,7 +15,7 @@ use aya::{
     sys::SyscallError,
 };
 
-use super::bpf_sys;
+use crate::sys::bpf_sys;
 
 /// Why one map's entries cannot go into another's.
 #[derive(Debug, thiserror::Error)]

@@ -1,7 +1,6 @@
 //! The node's kernel-side store: the eBPF object loaded once and pinned, its maps, the
 //! pin layout on bpffs, the node lock, and the few raw bpf(2) calls aya lacks.
 
-pub mod bpf_sys;
 pub mod cgroup_cookie;
 pub mod growing;
 pub mod lock;

@@ -11,8 +11,8 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use crate::sys::bpf_sys;
 use super::{
-    bpf_sys,
     growing::{GrowingHash, GrowingPerCpuHash},
     pins::ObjectPins,
 };

@@ -9,8 +9,8 @@ use aya::{
 };
 use redirector_common::names;
 
+use crate::sys::bpf_sys;
 use super::{
-    bpf_sys,
     pins::{ObjectId, ObjectPins, PinRoot},
     programs::{ProgramKind, ProgramSpec, POD_PROGRAMS},
     sizing::PodCapacity,

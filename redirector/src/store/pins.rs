@@ -26,10 +26,9 @@ use std::{
 use redirector_common::NetnsCookie;
 
 use super::{
-    bpf_sys,
     programs::{ProgramSpec, POD_PROGRAMS},
 };
-use crate::sys::fs_error::gone_ok;
+use crate::sys::{bpf_sys, fs_error::gone_ok, kernel};
 
 /// Unpin the link at `path` and detach it at once. The kernel detaches an unpinned link
 /// only when it frees it, which it does asynchronously (later on a loaded machine);
@@ -147,6 +146,17 @@ impl PinRoot {
     /// Whether any fully loaded object is pinned under the root.
     pub fn has_objects(&self) -> bool {
         self.objects().is_ok_and(|objects| !objects.is_empty())
+    }
+
+    /// The running kernel's check ([`kernel::check_running`]), unless this root holds a
+    /// loaded object already: bpffs lasts one boot, so that object was loaded on this
+    /// kernel, after the same check. Keeps the probes off a pod's setup but for the node's
+    /// first.
+    pub fn check_kernel_unless_loaded(&self) -> Result<(), kernel::KernelError> {
+        if self.has_objects() {
+            return Ok(());
+        }
+        kernel::check_running()
     }
 }
 

@@ -5,7 +5,6 @@
 
 use std::fmt;
 
-use crate::store::PinRoot;
 use crate::sys::kernel_probe::{attach, helper, prog_type, Probe, SK_LOOKUP_INGRESS_IFINDEX};
 
 /// Goes on although a probe found a required feature missing: for a kernel where a probe
@@ -341,7 +340,7 @@ pub fn missing_required(probed: &[Probed]) -> Vec<String> {
 
 /// Probes the running kernel and refuses it if it lacks a required feature, unless
 /// [`ALLOW_ENV`] is set. About 12 tiny program loads: for a load of the object or a daemon's
-/// start, not for every pod (see [`check_unless_loaded`]).
+/// start, not for every pod (see `PinRoot::check_kernel_unless_loaded`).
 pub fn check_running() -> Result<(), KernelError> {
     if std::env::var_os(ALLOW_ENV).is_some() {
         return Ok(());
@@ -361,16 +360,6 @@ pub fn running_release() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|r| r.trim().to_owned())
         .unwrap_or_else(|_| "(unknown release)".into())
-}
-
-/// [`check_running`], unless `root` holds a loaded object already: bpffs lasts one boot,
-/// so that object was loaded on this kernel, after the same check. Keeps the probes off a
-/// pod's setup but for the node's first.
-pub fn check_unless_loaded(root: &PinRoot) -> Result<(), KernelError> {
-    if root.has_objects() {
-        return Ok(());
-    }
-    check_running()
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 
 use std::io;
 
-use crate::store::bpf_sys;
+use crate::sys::bpf_sys;
 
 /// What a probe asks the kernel.
 #[derive(Clone, Copy, Debug)]

@@ -1,7 +1,8 @@
-//! The kernel and filesystem interfaces the engine stands on: netlink and sock_diag
-//! sockets, network and user namespaces, cgroups, file-system kinds, the running kernel's
+//! The kernel and filesystem interfaces the engine stands on: the raw bpf(2) calls aya
+//! lacks, netlink and sock_diag sockets, network and user namespaces, cgroups, file-system kinds, the running kernel's
 //! features, errors naming the path they concern, and the fault injection of the tests.
 
+pub mod bpf_sys;
 pub mod cgroup;
 pub mod fault;
 pub mod fs_error;

@@ -11,7 +11,7 @@ use std::{
 
 use redirector_common::NetnsCookie;
 
-use crate::store::bpf_sys;
+use crate::sys::bpf_sys;
 use crate::sys::kernel::{fallback_forced_for, keys};
 use crate::sys::kernel_probe::{
     attach, helper, insn, prog_type, verifier_note, CALL, EXIT, JNE_IMM, LDX_W, MOV64_IMM,

@@ -15,13 +15,13 @@ use std::{collections::BTreeSet, fs, io, os::fd::AsFd as _};
 
 use redirector_common::NetnsCookie;
 
+use crate::sys::bpf_sys::{self, pinned_link_target};
 use super::remove_found;
 use crate::{
     engine::error::EngineError,
     engine::observe::{observe_links, ObservedLink, Pods},
     engine::remove::collect_if_unused,
     store::{
-        bpf_sys::{self, pinned_link_target},
         pins::names_in,
         programs::POD_PROGRAMS,
         NodeMaps, ObjectId, ObjectPins, OpenMaps, PinRoot,

@@ -25,7 +25,7 @@ use redirector_common::{NetnsCookie, FORMAT};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    dialect::{Dialect, PodFlags},
+    mesh::{Dialect, PodFlags},
     engine::pod_keys::PodKeys,
     store::DirLock,
     sys::fs_error::{fs_err, gone_ok, FsError},

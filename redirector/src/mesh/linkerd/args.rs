@@ -8,13 +8,12 @@
 
 use std::path::PathBuf;
 
-use clap::{
-    builder::{OsStringValueParser, TypedValueParser},
-    ArgAction, Args, Command,
-};
+use clap::{ArgAction, Args, Command};
 
-/// Every flag of proxy-init (short and long names as it spells them) plus redirector's
-/// `--cgroup`, `--pin-root`, `--cleanup-only`, `--allow-host-netns` and `--fail-open`.
+use crate::mesh::common::{path_parser, RedirectorFlags};
+
+/// Every flag of proxy-init (short and long names as it spells them) plus redirector's own
+/// ([`RedirectorFlags`]).
 #[derive(Args, Debug, Clone, Default, PartialEq, Eq)]
 #[command(about = ABOUT, long_about = None)]
 pub struct ProxyInitArgs {
@@ -147,25 +146,8 @@ pub struct ProxyInitArgs {
     )]
     pub firewall_save_bin_path: Option<String>,
 
-    /// The pod's cgroup v2 directory to attach to [default: parent of our own cgroup]
-    #[arg(long = "cgroup", value_name = "PATH", allow_hyphen_values = true, value_parser = path_parser())]
-    pub cgroup: Option<PathBuf>,
-
-    /// bpffs directory for redirector's pins [env: REDIRECTOR_PIN_ROOT] [default: /sys/fs/bpf/redirector]
-    #[arg(long = "pin-root", value_name = "PATH", allow_hyphen_values = true, value_parser = path_parser())]
-    pub pin_root: Option<PathBuf>,
-
-    /// Remove everything installed for the pod, install nothing
-    #[arg(long = "cleanup-only", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
-    pub cleanup_only: Option<String>,
-
-    /// Accept the host's own network namespace as --netns (refused otherwise)
-    #[arg(long = "allow-host-netns", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
-    pub allow_host_netns: Option<String>,
-
-    /// Let a connection through uncaptured if its state cannot be recorded
-    #[arg(long = "fail-open", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
-    pub fail_open: Option<String>,
+    #[command(flatten)]
+    pub own: RedirectorFlags,
 
     /// Words that are no flag's value: proxy-init (cobra) accepts and ignores them, so
     /// `--ipv6 false` means `--ipv6` and a stray `false`. Logged, never an error.
@@ -180,10 +162,4 @@ const ABOUT: &str =
 /// single-valued flag given twice keeps its last value, as pflag does.
 pub fn proxy_init_command() -> Command {
     ProxyInitArgs::augment_args(Command::new("linkerd-proxy-init")).args_override_self(true)
-}
-
-/// Paths as given, empty ones included (`--netns ''` means none, as in proxy-init); clap's
-/// own path parser refuses empty values.
-fn path_parser() -> impl TypedValueParser<Value = PathBuf> {
-    OsStringValueParser::new().map(PathBuf::from)
 }

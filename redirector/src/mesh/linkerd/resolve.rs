@@ -18,7 +18,7 @@ use crate::{
     engine::spec::{
         CaptureConfig, CidrSelection, InterceptionMode, OwnerGroups, PortRange, PortSelection,
     },
-    istio::{Env, RunOptions},
+    mesh::common::{go, Env, RunOptions, PIN_ROOT_ENV},
 };
 
 /// proxy-init's default for `-p`, `-o`, `-u` and `-g`: not set (and, for the ports, invalid).
@@ -30,7 +30,6 @@ const LOOPBACK_V4_CIDR: Ipv4Net = Ipv4Net::new_assert(Ipv4Addr::new(127, 0, 0, 0
 const TPROXY_MARK: u32 = 1337;
 const TPROXY_ROUTE_TABLE: u32 = 133;
 const DEFAULT_PIN_ROOT: &str = crate::store::pins::DEFAULT_ROOT;
-const PIN_ROOT_ENV: &str = "REDIRECTOR_PIN_ROOT";
 /// Read only for DNS capture, which this dialect never turns on.
 const RESOLV_CONF: &str = "/etc/resolv.conf";
 
@@ -105,39 +104,31 @@ impl LinkerdConfig {
             outbound_ignored,
             subnets,
             ipv6,
-            fail_open: flag("--fail-open", &args.fail_open, false)?,
+            fail_open: flag("--fail-open", &args.own.fail_open, false)?,
         });
         let run = RunOptions {
             dry_run: simulate,
-            cleanup_only: flag("--cleanup-only", &args.cleanup_only, false)?,
+            cleanup_only: flag("--cleanup-only", &args.own.cleanup_only, false)?,
             // Re-running proxy-init replaces what an earlier run installed.
             reconcile: true,
             force_apply: false,
             skip_rule_apply: false,
-            // The network validator is a binary of its own; proxy-init never validates.
-            run_validation: false,
-            probe_port: 0,
-            probe_timeout: Duration::ZERO,
             network_namespace: args
                 .netns
                 .clone()
                 .filter(|path| !path.as_os_str().is_empty()),
-            allow_host_netns: flag("--allow-host-netns", &args.allow_host_netns, false)?,
-            cni_mode: false,
-            cgroup: absolute_path("--cgroup", args.cgroup.clone())?,
+            allow_host_netns: flag("--allow-host-netns", &args.own.allow_host_netns, false)?,
+            cgroup: absolute_path("--cgroup", args.own.cgroup.clone())?,
             resolv_conf: RESOLV_CONF.into(),
             pin_root: absolute_path(
                 "--pin-root",
-                args.pin_root.clone().or_else(|| {
+                args.own.pin_root.clone().or_else(|| {
                     env.var(PIN_ROOT_ENV)
                         .filter(|v| !v.is_empty())
                         .map(PathBuf::from)
                 }),
             )?
             .unwrap_or_else(|| DEFAULT_PIN_ROOT.into()),
-            log_as_json: log_format == LogFormat::Json,
-            // istio's `scope:level` form, so that whatever reads it finds the level set.
-            log_output_level: format!("default:{}", log_level.filter()),
             ignored_flags,
         };
         let proxy_init = ProxyInitOptions {
@@ -215,7 +206,7 @@ fn capture_config(s: CaptureSettings) -> CaptureConfig {
 fn int(flag: &'static str, given: &Option<String>, default: i64) -> Result<i64, LinkerdError> {
     match given {
         None => Ok(default),
-        Some(text) => parse::go_int(text).ok_or_else(|| LinkerdError::InvalidValue {
+        Some(text) => go::parse_int(text).ok_or_else(|| LinkerdError::InvalidValue {
             flag,
             value: text.clone(),
             problem: Problem::Integer,
@@ -227,7 +218,7 @@ fn int(flag: &'static str, given: &Option<String>, default: i64) -> Result<i64, 
 fn flag(flag: &'static str, given: &Option<String>, default: bool) -> Result<bool, LinkerdError> {
     match given {
         None => Ok(default),
-        Some(text) => parse::go_bool(text).ok_or_else(|| LinkerdError::InvalidValue {
+        Some(text) => go::parse_bool(text).ok_or_else(|| LinkerdError::InvalidValue {
             flag,
             value: text.clone(),
             problem: Problem::Bool,

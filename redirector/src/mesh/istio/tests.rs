@@ -132,18 +132,20 @@ fn defaults() -> IstioConfig {
             reconcile: false,
             force_apply: false,
             skip_rule_apply: false,
-            run_validation: false,
-            probe_port: 15002,
-            probe_timeout: Duration::from_secs(5),
             network_namespace: None,
             allow_host_netns: false,
-            cni_mode: false,
             cgroup: None,
             resolv_conf: PathBuf::from("/etc/resolv.conf"),
             pin_root: PathBuf::from("/sys/fs/bpf/redirector"),
+            ignored_flags: vec![],
+        },
+        istio: IstioOptions {
+            run_validation: false,
+            probe_port: 15002,
+            probe_timeout: Duration::from_secs(5),
+            cni_mode: false,
             log_as_json: false,
             log_output_level: "default:info".to_owned(),
-            ignored_flags: vec![],
         },
     }
 }
@@ -495,11 +497,11 @@ fn env_vars_fill_in_for_missing_flags() {
     assert_eq!(c.kube_virt_interfaces, vec!["eth8".to_owned()]);
     assert_eq!((c.tproxy_mark, c.tproxy_route_table), (7, 8));
     assert!(c.redirect_dns && c.capture_all_dns && c.drop_invalid && c.dual_stack);
-    let r = &cfg.run;
-    assert!(r.dry_run && r.skip_rule_apply && r.run_validation && r.cni_mode);
+    let (r, i) = (&cfg.run, &cfg.istio);
+    assert!(r.dry_run && r.skip_rule_apply && i.run_validation && i.cni_mode);
     assert!(r.reconcile && r.cleanup_only && r.force_apply);
     assert_eq!(
-        (r.probe_port, r.probe_timeout),
+        (i.probe_port, i.probe_timeout),
         (16002, Duration::from_secs(90))
     );
     assert_eq!(
@@ -570,7 +572,7 @@ fn flags_beat_env_vars() {
     assert_eq!(cfg.capture.inbound_ports, PortSelection::All);
     assert!(!cfg.capture.redirect_dns);
     assert_eq!(cfg.capture.proxy_uids, vec![9]);
-    assert_eq!(cfg.run.probe_timeout, Duration::from_secs(2));
+    assert_eq!(cfg.istio.probe_timeout, Duration::from_secs(2));
     assert_eq!(cfg.run.pin_root, PathBuf::from("/sys/fs/bpf/mine"));
 }
 
@@ -847,11 +849,11 @@ fn boolean_flags_take_an_optional_value_like_pflag() {
         "--log_as_json",
         "--fail-open",
     ]);
-    assert!(cfg.run.skip_rule_apply && cfg.run.run_validation && cfg.capture.capture_all_dns);
+    assert!(cfg.run.skip_rule_apply && cfg.istio.run_validation && cfg.capture.capture_all_dns);
     assert!(
-        cfg.capture.dual_stack && cfg.run.cni_mode && cfg.run.reconcile && cfg.run.cleanup_only
+        cfg.capture.dual_stack && cfg.istio.cni_mode && cfg.run.reconcile && cfg.run.cleanup_only
     );
-    assert!(cfg.run.force_apply && cfg.run.log_as_json && cfg.capture.fail_open);
+    assert!(cfg.run.force_apply && cfg.istio.log_as_json && cfg.capture.fail_open);
 }
 
 #[test]
@@ -868,8 +870,8 @@ fn run_options_from_flags() {
         "--log_output_level",
         "default:debug",
     ]);
-    assert_eq!(cfg.run.probe_port, 16002);
-    assert_eq!(cfg.run.probe_timeout, Duration::from_millis(500));
+    assert_eq!(cfg.istio.probe_port, 16002);
+    assert_eq!(cfg.istio.probe_timeout, Duration::from_millis(500));
     assert_eq!(
         cfg.run.network_namespace,
         Some(PathBuf::from("/var/run/netns/pod"))
@@ -878,7 +880,7 @@ fn run_options_from_flags() {
         cfg.run.cgroup,
         Some(PathBuf::from("/sys/fs/cgroup/kubepods/pod1"))
     );
-    assert_eq!(cfg.run.log_output_level, "default:debug");
+    assert_eq!(cfg.istio.log_output_level, "default:debug");
     assert_eq!(
         parse(&["--network-namespace", ""]).run.network_namespace,
         None

@@ -5,18 +5,15 @@
 //! default. Every value, whichever way it came in, is validated here, so the rest of redirector
 //! only sees well-formed settings; an error names the flag (and env var) and the value.
 
-mod accounts;
 pub mod annotations;
 mod args;
-pub(crate) mod duration;
 mod effective;
-mod env;
 mod error;
+mod mesh;
 mod parse;
 #[cfg(test)]
 pub(crate) mod proptests;
 mod resolve;
-mod run_options;
 mod source;
 #[cfg(test)]
 mod tests;
@@ -28,10 +25,10 @@ use clap::FromArgMatches;
 pub use crate::engine::spec::{
     CaptureConfig, CidrSelection, InterceptionMode, OwnerGroups, PortSelection,
 };
+pub use crate::mesh::common::{Env, ProcessEnv, RunOptions};
 pub use args::{istio_iptables_command, IstioIptablesArgs};
-pub use env::{Env, ProcessEnv};
 pub use error::{ConfigError, Problem};
-pub use run_options::RunOptions;
+pub use mesh::Istio;
 pub use source::Origin;
 
 /// The effective, validated configuration.
@@ -39,6 +36,24 @@ pub use source::Origin;
 pub struct IstioConfig {
     pub capture: CaptureConfig,
     pub run: RunOptions,
+    pub istio: IstioOptions,
+}
+
+/// The run settings only istio-iptables has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IstioOptions {
+    /// `--run-validation`
+    pub run_validation: bool,
+    /// `--iptables-probe-port`: where validation probes connect.
+    pub probe_port: u16,
+    /// `--probe-timeout`: when validation gives up.
+    pub probe_timeout: std::time::Duration,
+    /// `--cni-mode`
+    pub cni_mode: bool,
+    /// `--log_as_json`
+    pub log_as_json: bool,
+    /// `--log_output_level`, istio's `scope:level` list.
+    pub log_output_level: String,
 }
 
 /// Parses argv (argv[0] included) and `env` in one go. `--help` comes back as a

@@ -6,7 +6,7 @@ use std::{collections::HashMap, net::Ipv4Addr, path::PathBuf, time::Duration};
 use clap::error::ErrorKind;
 use ipnet::{IpNet, Ipv4Net};
 
-use super::{parse::go_int, *};
+use super::*;
 use crate::engine::spec::{CidrSelection, InterceptionMode, OwnerGroups, PortSelection};
 
 /// The linkerd2 injector's command line for an init container (LINKERD.md §3).
@@ -117,17 +117,11 @@ fn injector_spec() -> LinkerdConfig {
             reconcile: true,
             force_apply: false,
             skip_rule_apply: false,
-            run_validation: false,
-            probe_port: 0,
-            probe_timeout: Duration::ZERO,
             network_namespace: None,
             allow_host_netns: false,
-            cni_mode: false,
             cgroup: None,
             resolv_conf: "/etc/resolv.conf".into(),
             pin_root: crate::store::pins::DEFAULT_ROOT.into(),
-            log_as_json: false,
-            log_output_level: "default:info".into(),
             ignored_flags: vec!["--firewall-bin-path", "--firewall-save-bin-path"],
         },
         proxy_init: ProxyInitOptions {
@@ -152,7 +146,7 @@ fn the_injectors_command_line_gives_linkerds_spec() {
 
 #[test]
 fn unused_tproxy_settings_match_istios_defaults() {
-    let istio = crate::istio::parse_istio_iptables(["istio-iptables"], &no_env()).unwrap();
+    let istio = crate::mesh::istio::parse_istio_iptables(["istio-iptables"], &no_env()).unwrap();
     let linkerd = parse(PORTS);
     assert_eq!(linkerd.capture.tproxy_mark, istio.capture.tproxy_mark);
     assert_eq!(
@@ -500,8 +494,6 @@ fn log_level_and_format() {
     let cfg = parse_ported(&["--log-level", "WARNING", "--log-format", "json"]);
     assert_eq!(cfg.proxy_init.log_level, LogLevel::Warn);
     assert_eq!(cfg.proxy_init.log_format, LogFormat::Json);
-    assert!(cfg.run.log_as_json);
-    assert_eq!(cfg.run.log_output_level, "default:warn");
     assert_eq!(
         parse_ported(&["--log-level", "trace"])
             .proxy_init
@@ -633,33 +625,4 @@ fn the_effective_config_speaks_proxy_inits_flags() {
     }
     let ranges = parse_ported(&["--inbound-ports-to-ignore", "23-25"]).effective_lines();
     assert!(ranges.iter().any(|l| l == "inbound-ports-to-ignore=23-25"));
-}
-
-#[test]
-fn go_integers() {
-    for (text, want) in [
-        ("4143", Some(4143)),
-        ("+5", Some(5)),
-        ("-1", Some(-1)),
-        ("0", Some(0)),
-        ("0x10", Some(16)),
-        ("0X10", Some(16)),
-        ("-0x10", Some(-16)),
-        ("010", Some(8)),
-        ("0o10", Some(8)),
-        ("0b101", Some(5)),
-        ("-9223372036854775808", Some(i64::MIN)),
-        ("9223372036854775807", Some(i64::MAX)),
-        ("9223372036854775808", None),
-        ("08", None),
-        ("0x", None),
-        ("0x+5", None),
-        ("", None),
-        ("-", None),
-        (" 1", None),
-        ("1_000", None),
-        ("abc", None),
-    ] {
-        assert_eq!(go_int(text), want, "{text:?}");
-    }
 }

@@ -181,7 +181,7 @@ mod tests {
             &["--netns", "--ipv6", "-p", "4143", "-o", "4140"],
         ] {
             let argv = std::iter::once("proxy-init").chain(words.iter().copied());
-            let cfg = crate::linkerd::parse_proxy_init(argv, &env)
+            let cfg = crate::mesh::linkerd::parse_proxy_init(argv, &env)
                 .unwrap_or_else(|err| panic!("{words:?}: {err}"));
             assert_eq!(cfg.capture.inbound_port, 4143, "{words:?}");
             assert_eq!(cfg.capture.outbound_port, 4140, "{words:?}");

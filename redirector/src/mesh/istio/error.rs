@@ -2,9 +2,8 @@
 
 use std::process::ExitCode;
 
-use clap::error::ErrorKind;
-
 use super::Origin;
+use crate::mesh::common::report::report;
 
 /// istio-iptables' exit code for a configuration error (cobra's for a bad flag too).
 const EXIT_CONFIG_ERROR: u8 = 1;
@@ -28,20 +27,11 @@ impl ConfigError {
     /// Prints the error before logging is set up (or the help text clap was asked for) and
     /// gives the exit code istio-iptables would: 0 for `--help`, 1 for any error.
     pub fn report(self) -> ExitCode {
-        match self {
-            ConfigError::CommandLine(err) => {
-                // Nothing better to do if stdout/stderr are gone.
-                let _ = err.print();
-                match err.kind() {
-                    ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => ExitCode::SUCCESS,
-                    _ => ExitCode::from(EXIT_CONFIG_ERROR),
-                }
-            }
-            err => {
-                eprintln!("error: {err}");
-                ExitCode::from(EXIT_CONFIG_ERROR)
-            }
-        }
+        let err = match self {
+            ConfigError::CommandLine(err) => Ok(err),
+            err => Err(err),
+        };
+        report(err, "error", EXIT_CONFIG_ERROR)
     }
 }
 

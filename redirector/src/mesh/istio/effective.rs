@@ -4,10 +4,10 @@
 use std::{
     fmt::{self, Display},
     net::IpAddr,
-    path::Path,
 };
 
 use super::{CidrSelection, IstioConfig, OwnerGroups, PortSelection};
+use crate::mesh::common::effective::{joined, optional_path as path, write_lines};
 
 impl IstioConfig {
     /// The lines before anything is known about the pod: `ENABLE_INBOUND_IPV6=false`,
@@ -22,6 +22,7 @@ impl IstioConfig {
     pub fn effective_lines_with(&self, ipv6: bool, dns_servers: &[IpAddr]) -> Vec<String> {
         let c = &self.capture;
         let r = &self.run;
+        let i = &self.istio;
         let (groups_include, groups_exclude) = match &c.owner_groups {
             OwnerGroups::All => ("*".to_owned(), String::new()),
             OwnerGroups::Include(gids) => (joined(gids), String::new()),
@@ -39,7 +40,6 @@ impl IstioConfig {
         };
         let (dns_v4, dns_v6): (Vec<IpAddr>, Vec<IpAddr>) =
             dns_servers.iter().partition(|ip| ip.is_ipv4());
-        let path = |p: Option<&Path>| p.map(|p| p.display().to_string()).unwrap_or_default();
         vec![
             format!("PROXY_PORT={}", c.outbound_port),
             format!("PROXY_INBOUND_CAPTURE_PORT={}", c.inbound_port),
@@ -71,7 +71,7 @@ impl IstioConfig {
             format!("CAPTURE_ALL_DNS={}", c.capture_all_dns),
             format!("DNS_SERVERS={},{}", go_slice(&dns_v4), go_slice(&dns_v6)),
             format!("NETWORK_NAMESPACE={}", path(r.network_namespace.as_deref())),
-            format!("CNI_MODE={}", r.cni_mode),
+            format!("CNI_MODE={}", i.cni_mode),
             format!("EXCLUDE_INTERFACES={}", joined(&c.exclude_interfaces)),
             format!("RECONCILE={}", r.reconcile),
             format!("CLEANUP_ONLY={}", r.cleanup_only),
@@ -88,19 +88,8 @@ impl IstioConfig {
 /// [`IstioConfig::effective_lines`], one per line.
 impl Display for IstioConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for line in self.effective_lines() {
-            writeln!(f, "{line}")?;
-        }
-        Ok(())
+        write_lines(f, self.effective_lines())
     }
-}
-
-fn joined<T: Display>(items: &[T]) -> String {
-    items
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 /// Go's `%s` of a slice: `[a b]`.

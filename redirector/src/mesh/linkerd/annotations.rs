@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 
 use super::tail::without_flag;
-use crate::istio::duration::parse_go_duration;
+use crate::mesh::common::duration::parse_go_duration;
 
 /// The annotation the injector puts on every pod it injects.
 pub const PROXY_VERSION: &str = "linkerd.io/proxy-version";

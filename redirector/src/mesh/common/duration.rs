@@ -9,7 +9,7 @@ const MAX_FRACTION_DIGITS: usize = 18;
 /// Parses a Go duration: an optional sign, then one or more `<decimal><unit>` terms with units
 /// ns, us (µs, μs), ms, s, m, h; or a bare "0". Returns `None` for anything Go rejects and for
 /// negative durations, which a `Duration` cannot hold.
-pub(crate) fn parse_go_duration(text: &str) -> Option<Duration> {
+pub fn parse_go_duration(text: &str) -> Option<Duration> {
     let (negative, mut rest) = match text.as_bytes().first() {
         Some(b'-') => (true, &text[1..]),
         Some(b'+') => (false, &text[1..]),

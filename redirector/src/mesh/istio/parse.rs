@@ -6,7 +6,9 @@ use std::net::IpAddr;
 use ipnet::{IpNet, Ipv4Net};
 use redirector_common::maps::{MAX_IFACES, MAX_OWNERS};
 
-use super::{duration::parse_go_duration, CidrSelection, InterceptionMode, PortSelection, Problem};
+use crate::mesh::common::{duration::parse_go_duration, go};
+
+use super::{CidrSelection, InterceptionMode, PortSelection, Problem};
 
 /// A value a parser refused: the offending text (one list entry, or the whole list) and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -188,15 +190,9 @@ pub(crate) fn interception_mode(text: &str) -> Parsed<InterceptionMode> {
     }
 }
 
-/// A boolean as Go's `strconv.ParseBool` reads it, with true/false in any case.
+/// A boolean as Go's `strconv.ParseBool` reads it.
 pub(crate) fn go_bool(text: &str) -> Parsed<bool> {
-    match text.trim() {
-        "1" | "t" | "T" => Ok(true),
-        "0" | "f" | "F" => Ok(false),
-        word if word.eq_ignore_ascii_case("true") => Ok(true),
-        word if word.eq_ignore_ascii_case("false") => Ok(false),
-        other => Err(Rejected::new(other, Problem::Bool)),
-    }
+    go::parse_bool(text).ok_or_else(|| Rejected::new(text, Problem::Bool))
 }
 
 /// A Go duration (`5s`, `500ms`, `1m30s`); negative durations make no sense as a timeout.
@@ -450,13 +446,13 @@ mod tests {
 
     #[test]
     fn booleans_follow_go() {
-        for yes in ["1", "t", "T", "true", "TRUE", "True", "tRuE"] {
+        for yes in ["1", "t", "T", "true", "TRUE", "True"] {
             assert_eq!(go_bool(yes), Ok(true), "{yes:?}");
         }
         for no in ["0", "f", "F", "false", "FALSE", "False"] {
             assert_eq!(go_bool(no), Ok(false), "{no:?}");
         }
-        for bad in ["yes", "no", "2", "on", ""] {
+        for bad in ["yes", "no", "2", "on", "", "tRuE", " true"] {
             assert_eq!(go_bool(bad), Err(rejected(bad, Problem::Bool)), "{bad:?}");
         }
     }

@@ -1,20 +1,19 @@
 //! The effective configuration as the command logs it: one `flag=value` line per proxy-init
 //! flag, in proxy-init's vocabulary, then redirector's own settings.
 
-use std::{
-    fmt::{self, Display},
-    path::Path,
-};
+use std::fmt::{self, Display};
 
 use super::LinkerdConfig;
-use crate::engine::spec::PortSelection;
+use crate::{
+    engine::spec::PortSelection,
+    mesh::common::effective::{joined, optional_path as path, write_lines},
+};
 
 impl LinkerdConfig {
     pub fn effective_lines(&self) -> Vec<String> {
         let c = &self.capture;
         let r = &self.run;
         let p = &self.proxy_init;
-        let path = |p: Option<&Path>| p.map(|p| p.display().to_string()).unwrap_or_default();
         let ports_to_redirect = match &c.inbound_ports {
             PortSelection::List(ports) => joined(ports),
             // Every port (an empty `-r`); `None` is never made by this dialect.
@@ -55,17 +54,6 @@ impl LinkerdConfig {
 /// [`LinkerdConfig::effective_lines`], one per line.
 impl Display for LinkerdConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for line in self.effective_lines() {
-            writeln!(f, "{line}")?;
-        }
-        Ok(())
+        write_lines(f, self.effective_lines())
     }
-}
-
-fn joined<T: Display>(items: &[T]) -> String {
-    items
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(",")
 }

@@ -18,44 +18,6 @@ pub(crate) fn entries(values: &[String]) -> impl Iterator<Item = &str> {
         .flat_map(|value| value.split(','))
 }
 
-/// Go's `strconv.ParseInt(text, 0, 64)`, as pflag reads an int flag: an optional sign, then
-/// decimal, `0x` hex, `0o` or leading-`0` octal, or `0b` binary. (Go's `_` digit separators
-/// are not accepted.)
-pub(crate) fn go_int(text: &str) -> Option<i64> {
-    let (negative, unsigned) = match text.as_bytes().first() {
-        Some(b'-') => (true, &text[1..]),
-        Some(b'+') => (false, &text[1..]),
-        _ => (false, text),
-    };
-    let lower = unsigned.to_ascii_lowercase();
-    let (radix, digits) = if let Some(hex) = lower.strip_prefix("0x") {
-        (16, hex)
-    } else if let Some(bin) = lower.strip_prefix("0b") {
-        (2, bin)
-    } else if let Some(oct) = lower.strip_prefix("0o") {
-        (8, oct)
-    } else if lower.len() > 1 && lower.starts_with('0') {
-        (8, &lower[1..])
-    } else {
-        (10, lower.as_str())
-    };
-    // from_str_radix alone would take a sign after the prefix ("0x+5").
-    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
-        return None;
-    }
-    let magnitude = i128::from(u64::from_str_radix(digits, radix).ok()?);
-    i64::try_from(if negative { -magnitude } else { magnitude }).ok()
-}
-
-/// Go's `strconv.ParseBool`, as pflag reads `--flag=VALUE`.
-pub(crate) fn go_bool(text: &str) -> Option<bool> {
-    match text {
-        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
-        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
-        _ => None,
-    }
-}
-
 /// One port as Go's `strconv.Atoi` plus proxy-init's range check read it: decimal, an
 /// optional `+`, 0-65535.
 fn port(text: &str) -> Option<u16> {

@@ -14,7 +14,7 @@ use super::{
     parse::{self, Rejected},
     source::{settings::*, Raw, Setting, Sources},
     CaptureConfig, CidrSelection, ConfigError, Env, InterceptionMode, IstioConfig,
-    IstioIptablesArgs, Origin, OwnerGroups, PortSelection, Problem, RunOptions,
+    IstioIptablesArgs, IstioOptions, Origin, OwnerGroups, PortSelection, Problem, RunOptions,
 };
 
 const DEFAULT_OUTBOUND_PORT: u16 = 15001;
@@ -142,7 +142,7 @@ impl IstioConfig {
             capture_all_dns: r.flag(&CAPTURE_ALL_DNS, &args.capture_all_dns)?,
             drop_invalid: r.flag(&DROP_INVALID, &args.drop_invalid)?,
             dual_stack: r.flag(&DUAL_STACK, &args.dual_stack)?,
-            fail_open: r.flag(&FAIL_OPEN, &args.fail_open)?,
+            fail_open: r.flag(&FAIL_OPEN, &args.own.fail_open)?,
             // Linkerd's semantics, none of them istio's.
             outbound_exclude_port_ranges: vec![],
             inbound_exclude_port_ranges: vec![],
@@ -153,10 +153,22 @@ impl IstioConfig {
         };
         let run = RunOptions {
             dry_run: r.flag(&DRY_RUN, &args.dry_run)?,
-            cleanup_only: r.flag(&CLEANUP_ONLY, &args.cleanup_only)?,
+            cleanup_only: r.flag(&CLEANUP_ONLY, &args.own.cleanup_only)?,
             reconcile: r.flag(&RECONCILE, &args.reconcile)?,
             force_apply: r.flag(&FORCE_APPLY, &args.force_apply)?,
             skip_rule_apply: r.flag(&SKIP_RULE_APPLY, &args.skip_rule_apply)?,
+            network_namespace: r.optional_path(&NETWORK_NAMESPACE, args.network_namespace.as_ref()),
+            allow_host_netns: r.flag(&ALLOW_HOST_NETNS, &args.own.allow_host_netns)?,
+            cgroup: r.absolute_path(&CGROUP, args.own.cgroup.as_ref())?,
+            resolv_conf: r
+                .absolute_path(&RESOLV_CONF, args.resolv_conf.as_ref())?
+                .unwrap_or_else(|| DEFAULT_RESOLV_CONF.into()),
+            pin_root: r
+                .absolute_path(&PIN_ROOT, args.own.pin_root.as_ref())?
+                .unwrap_or_else(|| DEFAULT_PIN_ROOT.into()),
+            ignored_flags: r.ignored_flags(args)?,
+        };
+        let istio = IstioOptions {
             run_validation: r.flag(&RUN_VALIDATION, &args.run_validation)?,
             probe_port: r.parsed(
                 &IPTABLES_PROBE_PORT,
@@ -170,24 +182,18 @@ impl IstioConfig {
                 DEFAULT_PROBE_TIMEOUT,
                 parse::duration,
             )?,
-            network_namespace: r.optional_path(&NETWORK_NAMESPACE, args.network_namespace.as_ref()),
-            allow_host_netns: r.flag(&ALLOW_HOST_NETNS, &args.allow_host_netns)?,
             cni_mode: r.flag(&CNI_MODE, &args.cni_mode)?,
-            cgroup: r.absolute_path(&CGROUP, args.cgroup.as_ref())?,
-            resolv_conf: r
-                .absolute_path(&RESOLV_CONF, args.resolv_conf.as_ref())?
-                .unwrap_or_else(|| DEFAULT_RESOLV_CONF.into()),
-            pin_root: r
-                .absolute_path(&PIN_ROOT, args.pin_root.as_ref())?
-                .unwrap_or_else(|| DEFAULT_PIN_ROOT.into()),
             log_as_json: r.flag(&LOG_AS_JSON, &args.log_as_json)?,
             log_output_level: r
                 .sources
                 .text(&LOG_OUTPUT_LEVEL, args.log_output_level.as_deref())
                 .map_or_else(|| DEFAULT_LOG_OUTPUT_LEVEL.to_owned(), |raw| raw.text),
-            ignored_flags: r.ignored_flags(args)?,
         };
-        Ok(IstioConfig { capture, run })
+        Ok(IstioConfig {
+            capture,
+            run,
+            istio,
+        })
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use clap::error::ErrorKind;
+use crate::mesh::common::report::report;
 
 /// proxy-init's exit code for any error.
 pub const EXIT_ERROR: u8 = 1;
@@ -48,20 +48,11 @@ impl LinkerdError {
     /// gives the exit code proxy-init would: 0 for `--help`, 1 for any error. Errors go to
     /// stderr, as cobra prints them.
     pub fn report(self) -> ExitCode {
-        match self {
-            LinkerdError::CommandLine(err) => {
-                // Nothing better to do if stdout/stderr are gone.
-                let _ = err.print();
-                match err.kind() {
-                    ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => ExitCode::SUCCESS,
-                    _ => ExitCode::from(EXIT_ERROR),
-                }
-            }
-            err => {
-                eprintln!("Error: {err}");
-                ExitCode::from(EXIT_ERROR)
-            }
-        }
+        let err = match self {
+            LinkerdError::CommandLine(err) => Ok(err),
+            err => Err(err),
+        };
+        report(err, "Error", EXIT_ERROR)
     }
 }
 

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use ipnet::IpNet;
 use serde_json::json;
 
-use super::{node::*, parse_proxy_init, CaptureConfig, PortRange, INJECTOR_DEFAULTS};
+use super::{annotations::*, cni_config::proxy_init_args, parse_proxy_init, CaptureConfig, PortRange, INJECTOR_DEFAULTS};
 
 /// The settings of the task's example: the injector's ignore lists written as linkerd-cni
 /// settings (a chart installed with `ignoreInboundPorts`/`ignoreOutboundPorts` 4567,4568).

@@ -8,13 +8,12 @@
 
 use std::path::PathBuf;
 
-use clap::{
-    builder::{OsStringValueParser, TypedValueParser},
-    Args, Command,
-};
+use clap::{Args, Command};
 
-/// Every flag of istio-iptables (short and long names as istio spells them) plus redirector's
-/// `--cgroup`, `--resolv-conf`, `--pin-root` and `--fail-open`.
+use crate::mesh::common::{path_parser, RedirectorFlags};
+
+/// Every flag of istio-iptables (short and long names as istio spells them) plus
+/// redirector's `--resolv-conf` and its own flags ([`RedirectorFlags`]).
 #[derive(Args, Debug, Clone, Default, PartialEq, Eq)]
 #[command(about = ABOUT, long_about = None)]
 pub struct IstioIptablesArgs {
@@ -218,10 +217,6 @@ pub struct IstioIptablesArgs {
     #[arg(long = "reconcile", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
     pub reconcile: Option<String>,
 
-    /// Remove everything installed, install nothing
-    #[arg(long = "cleanup-only", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
-    pub cleanup_only: Option<String>,
-
     /// Apply even when the state already looks in place
     #[arg(long = "force-apply", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
     pub force_apply: Option<String>,
@@ -250,25 +245,12 @@ pub struct IstioIptablesArgs {
     #[arg(long = "log_as_json", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
     pub log_as_json: Option<String>,
 
-    /// The pod's cgroup v2 directory to attach to [default: parent of our own cgroup]
-    #[arg(long = "cgroup", value_name = "PATH", allow_hyphen_values = true, value_parser = path_parser())]
-    pub cgroup: Option<PathBuf>,
-
     /// resolv.conf whose nameservers --redirect-dns captures [default: /etc/resolv.conf]
     #[arg(long = "resolv-conf", value_name = "PATH", allow_hyphen_values = true, value_parser = path_parser())]
     pub resolv_conf: Option<PathBuf>,
 
-    /// bpffs directory for redirector's pins [env: REDIRECTOR_PIN_ROOT] [default: /sys/fs/bpf/redirector]
-    #[arg(long = "pin-root", value_name = "PATH", allow_hyphen_values = true, value_parser = path_parser())]
-    pub pin_root: Option<PathBuf>,
-
-    /// Accept the host's own network namespace as --network-namespace (refused otherwise)
-    #[arg(long = "allow-host-netns", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
-    pub allow_host_netns: Option<String>,
-
-    /// Let a connection through uncaptured if its state cannot be recorded
-    #[arg(long = "fail-open", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
-    pub fail_open: Option<String>,
+    #[command(flatten)]
+    pub own: RedirectorFlags,
 }
 
 const ABOUT: &str = "Capture a pod's traffic for its sidecar proxy (istio-iptables compatible)";
@@ -276,10 +258,4 @@ const ABOUT: &str = "Capture a pod's traffic for its sidecar proxy (istio-iptabl
 /// The `istio-iptables` command: every flag of [`IstioIptablesArgs`] and nothing else.
 pub fn istio_iptables_command() -> Command {
     IstioIptablesArgs::augment_args(Command::new("istio-iptables"))
-}
-
-/// Paths as given, empty ones included (`--network-namespace ''` means none, as in istio);
-/// clap's own path parser refuses empty values.
-fn path_parser() -> impl TypedValueParser<Value = PathBuf> {
-    OsStringValueParser::new().map(PathBuf::from)
 }

@@ -10,13 +10,13 @@
 //! Where this dialect does better than proxy-init: a mixed IPv4/IPv6 `--subnets-to-ignore`
 //! works with `--ipv6` on (each family gets its own entries).
 
-mod annotations;
+pub mod annotations;
 mod args;
 mod cni_config;
 mod effective;
 mod error;
 mod logging;
-pub mod node;
+mod mesh;
 #[cfg(test)]
 mod node_tests;
 mod parse;
@@ -30,9 +30,10 @@ use std::{ffi::OsString, time::Duration};
 use clap::FromArgMatches;
 
 pub use crate::engine::spec::{CaptureConfig, PortRange};
-pub use crate::istio::{Env, ProcessEnv, RunOptions};
+pub use crate::mesh::common::{Env, ProcessEnv, RunOptions};
 pub use args::{proxy_init_command, ProxyInitArgs};
 pub use error::{LinkerdError, Problem, EXIT_ERROR};
+pub use mesh::Linkerd;
 pub use logging::{LogFormat, LogLevel};
 pub use parse::{DroppedEntry, PortEntryProblem};
 
@@ -40,8 +41,8 @@ pub use parse::{DroppedEntry, PortEntryProblem};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LinkerdConfig {
     pub capture: CaptureConfig,
-    /// How to run, as the istio dialect has it: `--simulate` is `dry_run`, `--netns` is
-    /// `network_namespace`; proxy-init never validates, never skips the apply.
+    /// How to run: `--simulate` is `dry_run`, `--netns` is `network_namespace`; proxy-init
+    /// never skips the apply.
     pub run: RunOptions,
     pub proxy_init: ProxyInitOptions,
 }
