@@ -6,8 +6,8 @@ use anyhow::Context;
 
 use crate::{
     cni::DEFAULT_EXCLUDED_NAMESPACES,
-    mesh::{pod_spec, Dialect, PodFlags},
     install_cni::{watch, Entry, Installer},
+    mesh::{pod_spec, Dialect, PodFlags},
 };
 
 /// How often the watch reads the directory with no event, in case one was missed.

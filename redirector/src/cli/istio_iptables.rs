@@ -12,7 +12,10 @@ use super::{
     pod_setup::{self, Dialect},
     validate,
 };
-use crate::mesh::istio::{parse_istio_iptables, IstioConfig, ProcessEnv};
+use crate::mesh::{
+    common::report::CommandLineError,
+    istio::{parse_istio_iptables, IstioConfig, ProcessEnv},
+};
 use crate::store::{PinRoot, OBJECT_OVERRIDE_ENV};
 
 /// Environment variables istio-iptables reads, logged as its "Environment" section.
@@ -48,8 +51,8 @@ pub fn main(istio_argv: Vec<OsString>) -> ExitCode {
     };
     super::init_logging(
         Stream::Stderr,
-        cfg.istio.log_as_json,
-        log_level(&cfg.istio.log_output_level),
+        cfg.own.log_as_json,
+        log_level(&cfg.own.log_output_level),
     );
     match run(&cfg) {
         Ok(()) => ExitCode::SUCCESS,
@@ -83,13 +86,13 @@ pub fn run(cfg: &IstioConfig) -> anyhow::Result<()> {
     }
     let netns = pod_setup::open_pod_netns(&cfg.run)?;
     pod_setup::set_up_pod(&cfg.capture, &cfg.run, &netns, Dialect::IstioIptables)?;
-    if cfg.istio.run_validation && !cfg.run.dry_run && !cfg.run.cleanup_only {
+    if cfg.own.run_validation && !cfg.run.dry_run && !cfg.run.cleanup_only {
         netns.run(|| {
             validate::run(
                 cfg.capture.outbound_port,
                 cfg.capture.inbound_port,
-                cfg.istio.probe_port,
-                cfg.istio.probe_timeout,
+                cfg.own.probe_port,
+                cfg.own.probe_timeout,
             )
         })??;
     }

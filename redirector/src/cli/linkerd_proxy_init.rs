@@ -13,6 +13,7 @@ use super::{
     pod_setup::{self, Dialect},
 };
 use crate::{
+    mesh::common::report::CommandLineError,
     mesh::linkerd::{parse_proxy_init, LinkerdConfig, LogFormat, ProcessEnv, EXIT_ERROR},
     store::PinRoot,
     sys::netns::Netns,
@@ -30,8 +31,8 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
     };
     super::init_logging(
         Stream::Stdout,
-        cfg.proxy_init.log_format == LogFormat::Json,
-        cfg.proxy_init.log_level.filter(),
+        cfg.own.log_format == LogFormat::Json,
+        cfg.own.log_level.filter(),
     );
     match run(&cfg) {
         Ok(()) => ExitCode::SUCCESS,
@@ -52,10 +53,10 @@ pub fn run(cfg: &LinkerdConfig) -> anyhow::Result<()> {
         for flag in &cfg.run.ignored_flags {
             info!("{flag} is accepted for compatibility and ignored: redirector does not use iptables");
         }
-        for arg in &cfg.proxy_init.stray_args {
+        for arg in &cfg.own.stray_args {
             warn!("ignoring argument {arg:?}, which is no flag's value (as proxy-init does; boolean flags take the form --ipv6=false)");
         }
-        for dropped in &cfg.proxy_init.dropped_entries {
+        for dropped in &cfg.own.dropped_entries {
             warn!("{dropped}");
         }
         info!("Effective config:");
@@ -64,7 +65,7 @@ pub fn run(cfg: &LinkerdConfig) -> anyhow::Result<()> {
         }
     }
     let netns = pod_setup::open_pod_netns(&cfg.run)?;
-    if let (Some(timeout), false) = (cfg.proxy_init.close_wait_timeout, cfg.run.cleanup_only) {
+    if let (Some(timeout), false) = (cfg.own.close_wait_timeout, cfg.run.cleanup_only) {
         set_close_wait_timeout(&netns, timeout, cfg.run.dry_run)?;
     }
     pod_setup::set_up_pod(&cfg.capture, &cfg.run, &netns, Dialect::ProxyInit)

@@ -164,4 +164,3 @@ fn apply_rules(
     }
     Ok(())
 }
-

@@ -6,7 +6,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::error::{code, CniError};
-use crate::mesh::Dialect;
+use crate::mesh::{Dialect, Network};
 
 /// The version this plugin answers VERSION in when the configuration names none.
 pub const VERSION: &str = "1.1.0";
@@ -81,6 +81,15 @@ pub struct Attachment {
 }
 
 impl NetConf {
+    /// The network's settings for its pods, as the dialect's mesh reads them.
+    pub fn network(&self) -> Network<'_> {
+        Network {
+            args: &self.args,
+            exclude_namespaces: &self.exclude_namespaces,
+            keys: &self.mesh_keys,
+        }
+    }
+
     /// The pod's annotations (none when the runtime passed none).
     pub fn annotations(&self) -> BTreeMap<String, String> {
         self.runtime_config

@@ -13,12 +13,7 @@
 pub mod conf;
 mod error;
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    io::Read,
-    path::PathBuf,
-    process::ExitCode,
-};
+use std::{collections::BTreeSet, io::Read, path::PathBuf, process::ExitCode};
 
 use serde_json::{json, Value};
 
@@ -30,7 +25,7 @@ use self::{
 use crate::{
     engine::node::node_object,
     engine::spec::PodSpec,
-    mesh::{self, Network, PodFlags},
+    mesh::{self, PodFlags},
     pods::{
         records::{CniAttachment, PodRecord, Records, DEFAULT_STATE_DIR},
         remove_pod, PodError, Pods,
@@ -99,22 +94,20 @@ fn read_stdin() -> Result<String, CniError> {
     Ok(stdin)
 }
 
-/// The flags and spec of a pod of `namespace` with `annotations`, in the network's
+/// The flags and spec of the pod this call is for (of `namespace`), in the network's
 /// dialect: the network's flags overridden by the pod's annotations as that mesh's own
-/// plugin or injector maps them, validated; `None` when the pod is left alone. (The
-/// daemon's repair asks it too, for the pods the plugin never saw.)
-pub fn pod_settings(
+/// plugin or injector maps them, validated; `None` when the pod is left alone.
+fn pod_settings(
     conf: &NetConf,
     namespace: Option<&str>,
-    annotations: &BTreeMap<String, String>,
 ) -> Result<Option<(PodFlags, PodSpec)>, CniError> {
-    let network = Network {
-        args: &conf.args,
-        exclude_namespaces: &conf.exclude_namespaces,
-        keys: &conf.mesh_keys,
-    };
-    mesh::node_flags(conf.dialect, &network, namespace, annotations)
-        .map_err(|e| CniError::new(code::INVALID_CONFIG, e.to_string()))
+    mesh::node_flags(
+        conf.dialect,
+        &conf.network(),
+        namespace,
+        &conf.annotations(),
+    )
+    .map_err(|e| CniError::new(code::INVALID_CONFIG, e.to_string()))
 }
 
 /// The kernel check, for the commands that need the programs: a kernel redirector refuses
@@ -181,8 +174,7 @@ impl Plugin {
         if let Some(object) = result.as_object_mut() {
             object.insert("cniVersion".into(), conf.cni_version.clone().into());
         }
-        let Some(settings) = pod_settings(conf, pod_namespace().as_deref(), &conf.annotations())?
-        else {
+        let Some(settings) = pod_settings(conf, pod_namespace().as_deref())? else {
             return Ok(Some(result));
         };
         kernel_ready(&self.root, code::SETUP_FAILED)?;
@@ -269,7 +261,7 @@ impl Plugin {
     /// as its flags plan it.
     fn check(&self, conf: &NetConf) -> Result<(), CniError> {
         let container = required_env("CNI_CONTAINERID")?;
-        if pod_settings(conf, pod_namespace().as_deref(), &conf.annotations())?.is_none() {
+        if pod_settings(conf, pod_namespace().as_deref())?.is_none() {
             return Ok(());
         }
         kernel_ready(&self.root, code::SETUP_FAILED)?;

@@ -79,7 +79,7 @@ proptest! {
                 return Ok(());
             }
         };
-        match pod_settings(&parsed, Some("default"), &parsed.annotations()) {
+        match pod_settings(&parsed, Some("default")) {
             Ok(Some((flags, _))) => prop_assert!(pod_spec(&flags).is_ok()),
             Ok(None) => {}
             Err(err) => {

@@ -4,7 +4,8 @@
 //! container runtime (CRI), and each one the plugin's own rules would capture — the
 //! `redirector-cni` entry of the network configuration the runtime loads: its `args`,
 //! `requireSidecarStatus` and `excludeNamespaces`, with the pod's annotations — but that
-//! the daemon has no record of is captured now, through the same path as `pod add`.
+//! the daemon has no record of is captured now, through the same path as `pod add`. The
+//! rules are the mesh's, asked through the seam (`mesh::node_flags`) as the plugin asks.
 //!
 //! Late capture takes effect for what the pod does from then on: connections it opened
 //! before stay as they were (direct), new ones are captured; a proxy already listening is
@@ -13,9 +14,7 @@
 use std::{path::PathBuf, time::Duration};
 
 use crate::{
-    cni::{conf::NetConf, pod_settings},
-    engine::live_pod::LivePod,
-    install_cni::chained_entry,
+    cni::conf::NetConf, engine::live_pod::LivePod, install_cni::chained_entry, mesh,
     sys::netns::Netns,
 };
 
@@ -69,16 +68,21 @@ impl Pods {
         let mut round = Round::default();
         for sandbox in sandboxes {
             let pod = format!("{}/{}", sandbox.namespace, sandbox.name);
-            let (flags, spec) =
-                match pod_settings(conf, Some(&sandbox.namespace), &sandbox.annotations) {
-                    Ok(Some(settings)) => settings,
-                    Ok(None) => continue,
-                    Err(err) => {
-                        tracing::warn!("pod {pod}: {}", err.msg);
-                        round.uncaptured.push(pod);
-                        continue;
-                    }
-                };
+            let network = conf.network();
+            let (flags, spec) = match mesh::node_flags(
+                conf.dialect,
+                &network,
+                Some(&sandbox.namespace),
+                &sandbox.annotations,
+            ) {
+                Ok(Some(settings)) => settings,
+                Ok(None) => continue,
+                Err(err) => {
+                    tracing::warn!("pod {pod}: {err}");
+                    round.uncaptured.push(pod);
+                    continue;
+                }
+            };
             // A namespace gone since the runtime listed it is nothing to repair.
             let Ok(netns) = Netns::open(&sandbox.netns) else {
                 continue;

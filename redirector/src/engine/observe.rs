@@ -23,10 +23,7 @@ use crate::sys::bpf_sys::{lpm_contains, lpm_first, pinned_link_target, LinkTarge
 use crate::{
     engine::plan::CidrEntry,
     engine::pod_keys::PodKeys,
-    store::{
-        node_maps::hash_entries,
-        NodeMaps, ObjectPins, OpenMapError, OpenMaps, PinRoot,
-    },
+    store::{node_maps::hash_entries, NodeMaps, ObjectPins, OpenMapError, OpenMaps, PinRoot},
     sys::fs_error::{fs_err, FsError},
 };
 

@@ -148,7 +148,9 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
-    use crate::{engine::facts::PodFacts, engine::plan::plan_pod, mesh::istio::parse_istio_iptables};
+    use crate::{
+        engine::facts::PodFacts, engine::plan::plan_pod, mesh::istio::parse_istio_iptables,
+    };
 
     fn plan(args: &[&str]) -> PodPlan {
         let argv = std::iter::once("istio-iptables").chain(args.iter().copied());

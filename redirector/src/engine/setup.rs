@@ -37,9 +37,9 @@ pub enum PlanNote {
 impl std::fmt::Display for PlanNote {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            PlanNote::DnsCaptureOff => {
-                f.write_str("DNS capture is asked for, but no DNS server is known: DNS is not captured")
-            }
+            PlanNote::DnsCaptureOff => f.write_str(
+                "DNS capture is asked for, but no DNS server is known: DNS is not captured",
+            ),
             PlanNote::MissingInterface(name) => write!(
                 f,
                 "interface {name} does not exist in the pod: its rule applies to nothing"
@@ -106,11 +106,18 @@ pub enum SetupError {
     #[error(transparent)]
     Facts(#[from] FactsError),
     #[error(transparent)]
-    Engine(#[from] EngineError),
+    Engine(Box<EngineError>),
     #[error("{} is not on a bpffs mount: mount one with `mount -t bpf bpf {BPFFS_MOUNT}` (in a container, mount the host's {BPFFS_MOUNT})", .0.display())]
     NotOnBpffs(PathBuf),
     #[error("{} has no existing ancestor", .0.display())]
     NoPinRootAncestor(PathBuf),
+}
+
+// Boxed: the engine's error is large, and every result of this module carries it.
+impl From<EngineError> for SetupError {
+    fn from(err: EngineError) -> Self {
+        SetupError::Engine(Box::new(err))
+    }
 }
 
 /// Set the pod in `req.netns` up as `req.capture` asks, or only plan it (`dry_run`).

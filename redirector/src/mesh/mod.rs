@@ -6,7 +6,7 @@
 //! - its command line → the engine's [`PodSpec`] ([`pod_spec`]);
 //! - which pods of a node it captures and with what flags: the chained plugin's network
 //!   ([`node_flags`]) and the daemon's API ([`requested`]);
-//! - its injector's defaults and its set-up command's name.
+//! - its injector's defaults and its set-up command's name (in [`Dialect`]).
 //!
 //! Each mesh's own command (`redirector istio-iptables`, `redirector linkerd-proxy-init`)
 //! reads its full configuration from its folder directly.
@@ -57,21 +57,27 @@ impl Dialect {
         }
     }
 
+    /// The mesh's set-up command, as argv[0] of its flags.
+    fn command(self) -> &'static str {
+        match self {
+            Dialect::Istio => "istio-iptables",
+            Dialect::Linkerd => "proxy-init",
+        }
+    }
+
     /// The flags the mesh's injector gives its set-up command, without iptables plumbing:
     /// the default for a node's pods of this mesh.
     pub fn injector_defaults(self) -> Vec<String> {
-        self.mesh().injector_defaults()
+        let flags: &[&str] = match self {
+            Dialect::Istio => &istio::annotations::STANDARD_INJECTION,
+            Dialect::Linkerd => &linkerd::INJECTOR_DEFAULTS,
+        };
+        flags.iter().map(|flag| flag.to_string()).collect()
     }
 }
 
 /// What one mesh gives the rest of redirector. Implemented once per mesh folder.
 pub trait Mesh: Sync {
-    /// The mesh's set-up command, as argv[0] of its flags.
-    fn command(&self) -> &'static str;
-
-    /// The flags its injector gives the set-up command (see [`Dialect::injector_defaults`]).
-    fn injector_defaults(&self) -> Vec<String>;
-
     /// A command line (`argv[0]` included) read as the mesh's own command reads it, with no
     /// env vars; refused if it asks for a run a node's pod cannot have (beyond the run
     /// options every mesh shares, which [`pod_spec`] checks).
@@ -80,18 +86,23 @@ pub trait Mesh: Sync {
     /// The flags of a pod the daemon's API is asked to capture by name: `args` overridden
     /// by the pod's `annotations`; left alone only on an explicit opt-out (the API was
     /// asked for this pod).
-    fn requested(&self, args: &[String], annotations: &Annotations)
-        -> Result<Selection, MeshError>;
+    fn requested(&self, args: &[String], annotations: &Annotations) -> Selected;
 
-    /// The chained plugin's rules: the flags of a pod of `namespace` on `network`, or why
-    /// the pod is left alone.
-    fn node_flags(
-        &self,
-        network: &Network<'_>,
-        namespace: Option<&str>,
-        annotations: &Annotations,
-    ) -> Result<Selection, MeshError>;
+    /// The chained plugin's rules: the flags of `pod` on `network`, or why the pod is left
+    /// alone.
+    fn node_flags(&self, network: &Network<'_>, pod: &PodMeta<'_>) -> Selected;
 }
+
+/// A pod as a node's rules see it.
+#[derive(Debug, Clone, Copy)]
+pub struct PodMeta<'a> {
+    /// Its namespace, where the runtime names it.
+    pub namespace: Option<&'a str>,
+    pub annotations: &'a Annotations,
+}
+
+/// A mesh's answer for a pod.
+pub type Selected = Result<Selection, MeshError>;
 
 /// A network configuration's settings for its pods, as the chained plugin reads them.
 #[derive(Debug, Clone, Copy)]
@@ -177,8 +188,11 @@ pub fn node_flags(
     namespace: Option<&str>,
     annotations: &Annotations,
 ) -> Result<Option<(PodFlags, PodSpec)>, MeshError> {
-    let Selection::Capture(args) = dialect.mesh().node_flags(network, namespace, annotations)?
-    else {
+    let pod = PodMeta {
+        namespace,
+        annotations,
+    };
+    let Selection::Capture(args) = dialect.mesh().node_flags(network, &pod)? else {
         return Ok(None);
     };
     let flags = PodFlags { dialect, args };
@@ -206,11 +220,10 @@ const NOT_FOR_THE_DAEMON: [(&str, Given); 4] = [
 /// Parse a node pod's flags exactly as the dialect's own command does, with no env vars:
 /// a pod's settings come from its request alone.
 pub fn pod_spec(flags: &PodFlags) -> Result<PodSpec, MeshError> {
-    let mesh = flags.dialect.mesh();
-    let argv = std::iter::once(mesh.command().to_owned())
+    let argv = std::iter::once(flags.dialect.command().to_owned())
         .chain(flags.args.iter().cloned())
         .collect();
-    let (capture, run) = mesh.read_flags(argv)?;
+    let (capture, run) = flags.dialect.mesh().read_flags(argv)?;
     if let Some((flag, _)) = NOT_FOR_THE_DAEMON.iter().find(|(_, given)| given(&run)) {
         return Err(MeshError::NotForTheDaemon(flag));
     }

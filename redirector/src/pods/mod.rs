@@ -14,7 +14,6 @@ use std::{
 use redirector_common::{NetnsCookie, PodConfig};
 
 use crate::{
-    mesh::PodFlags,
     engine::apply::{is_installed, Outcome},
     engine::capture::capture,
     engine::diff::Mode,
@@ -23,10 +22,11 @@ use crate::{
     engine::gc::teardown,
     engine::live_pod::LivePod,
     engine::plan::PodPlan,
-    engine::setup::Planned,
     engine::pod_cgroup::NodePrograms,
     engine::pod_keys::PodKeys,
+    engine::setup::Planned,
     engine::spec::PodSpec,
+    mesh::PodFlags,
     store::{EbpfObject, ObjectPins, OpenMaps, PinRoot},
     sys::netns::Netns,
 };

@@ -11,11 +11,11 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::sys::bpf_sys;
 use super::{
     growing::{GrowingHash, GrowingPerCpuHash},
     pins::ObjectPins,
 };
+use crate::sys::bpf_sys;
 
 #[derive(Debug, thiserror::Error)]
 #[error("opening pinned map {name} at {path}: {source}")]

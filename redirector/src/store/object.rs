@@ -9,12 +9,12 @@ use aya::{
 };
 use redirector_common::names;
 
-use crate::sys::bpf_sys;
 use super::{
     pins::{ObjectId, ObjectPins, PinRoot},
     programs::{ProgramKind, ProgramSpec, POD_PROGRAMS},
     sizing::PodCapacity,
 };
+use crate::sys::bpf_sys;
 use crate::sys::fs_error::{fs_err, FsError};
 
 /// The object built from redirector-ebpf, embedded at build time (empty when the binary

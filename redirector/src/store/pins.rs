@@ -25,9 +25,7 @@ use std::{
 
 use redirector_common::NetnsCookie;
 
-use super::{
-    programs::{ProgramSpec, POD_PROGRAMS},
-};
+use super::programs::{ProgramSpec, POD_PROGRAMS};
 use crate::sys::{bpf_sys, fs_error::gone_ok, kernel};
 
 /// Unpin the link at `path` and detach it at once. The kernel detaches an unpinned link

@@ -15,16 +15,14 @@ use std::{collections::BTreeSet, fs, io, os::fd::AsFd as _};
 
 use redirector_common::NetnsCookie;
 
-use crate::sys::bpf_sys::{self, pinned_link_target};
 use super::remove_found;
+use crate::sys::bpf_sys::{self, pinned_link_target};
 use crate::{
     engine::error::EngineError,
     engine::observe::{observe_links, ObservedLink, Pods},
     engine::remove::collect_if_unused,
     store::{
-        pins::names_in,
-        programs::POD_PROGRAMS,
-        NodeMaps, ObjectId, ObjectPins, OpenMaps, PinRoot,
+        pins::names_in, programs::POD_PROGRAMS, NodeMaps, ObjectId, ObjectPins, OpenMaps, PinRoot,
     },
     sys::fs_error::{fs_err, gone_ok},
 };

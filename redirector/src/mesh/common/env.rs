@@ -38,3 +38,13 @@ impl Env for HashMap<String, String> {
         self.get(name).cloned()
     }
 }
+
+/// No env var at all: a node pod's settings come from its request alone.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoEnv;
+
+impl Env for NoEnv {
+    fn var(&self, _name: &str) -> Option<String> {
+        None
+    }
+}

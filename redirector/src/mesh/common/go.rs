@@ -53,7 +53,9 @@ mod tests {
         for no in ["0", "f", "F", "false", "FALSE", "False"] {
             assert_eq!(parse_bool(no), Some(false), "{no:?}");
         }
-        for bad in ["yes", "no", "2", "on", "", "tRuE", " true", "true ", "fALSE"] {
+        for bad in [
+            "yes", "no", "2", "on", "", "tRuE", " true", "true ", "fALSE",
+        ] {
             assert_eq!(parse_bool(bad), None, "{bad:?}");
         }
     }

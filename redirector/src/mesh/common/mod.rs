@@ -9,9 +9,10 @@ pub mod effective;
 pub mod env;
 pub mod go;
 pub mod own_flags;
+pub mod pflag;
 pub mod report;
 pub mod run_options;
 
 pub use env::{Env, ProcessEnv};
 pub use own_flags::{path_parser, RedirectorFlags, PIN_ROOT_ENV};
-pub use run_options::RunOptions;
+pub use run_options::{MeshConfig, RunOptions};

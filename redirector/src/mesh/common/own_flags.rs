@@ -13,23 +13,23 @@ use clap::{
 #[derive(Args, Debug, Clone, Default, PartialEq, Eq)]
 pub struct RedirectorFlags {
     /// Remove everything installed, install nothing
-    #[arg(long = "cleanup-only", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    #[arg(long = "cleanup-only", value_name = "BOOL")]
     pub cleanup_only: Option<String>,
 
     /// The pod's cgroup v2 directory to attach to [default: parent of our own cgroup]
-    #[arg(long = "cgroup", value_name = "PATH", allow_hyphen_values = true, value_parser = path_parser())]
+    #[arg(long = "cgroup", value_name = "PATH", value_parser = path_parser())]
     pub cgroup: Option<PathBuf>,
 
     /// bpffs directory for redirector's pins [env: REDIRECTOR_PIN_ROOT] [default: /sys/fs/bpf/redirector]
-    #[arg(long = "pin-root", value_name = "PATH", allow_hyphen_values = true, value_parser = path_parser())]
+    #[arg(long = "pin-root", value_name = "PATH", value_parser = path_parser())]
     pub pin_root: Option<PathBuf>,
 
     /// Accept the host's own network namespace as the pod's (refused otherwise)
-    #[arg(long = "allow-host-netns", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    #[arg(long = "allow-host-netns", value_name = "BOOL")]
     pub allow_host_netns: Option<String>,
 
     /// Let a connection through uncaptured if its state cannot be recorded
-    #[arg(long = "fail-open", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    #[arg(long = "fail-open", value_name = "BOOL")]
     pub fail_open: Option<String>,
 }
 

@@ -1,6 +1,18 @@
-//! How to run a pod's set-up, whatever mesh's command line it came from.
+//! A mesh command's configuration, and how to run a pod's set-up whatever mesh's command
+//! line it came from.
 
 use std::path::PathBuf;
+
+use crate::engine::spec::CaptureConfig;
+
+/// A mesh command's effective, validated configuration: what it captures, how it runs, and
+/// `own`, the settings only that mesh's command has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MeshConfig<Own> {
+    pub capture: CaptureConfig,
+    pub run: RunOptions,
+    pub own: Own,
+}
 
 /// The settings that do not change what is captured: each mesh's command fills them from
 /// its own flags (`--dry-run`/`--simulate`, `--network-namespace`/`--netns`, …).

@@ -1,13 +1,10 @@
 //! The effective configuration as istio-iptables logs it: one `KEY=value` line per setting,
 //! same keys, same order, so logs of both tools can be compared line by line.
 
-use std::{
-    fmt::{self, Display},
-    net::IpAddr,
-};
+use std::{fmt::Display, net::IpAddr};
 
 use super::{CidrSelection, IstioConfig, OwnerGroups, PortSelection};
-use crate::mesh::common::effective::{joined, optional_path as path, write_lines};
+use crate::mesh::common::effective::{joined, optional_path as path, own_settings};
 
 impl IstioConfig {
     /// The lines before anything is known about the pod: `ENABLE_INBOUND_IPV6=false`,
@@ -22,7 +19,7 @@ impl IstioConfig {
     pub fn effective_lines_with(&self, ipv6: bool, dns_servers: &[IpAddr]) -> Vec<String> {
         let c = &self.capture;
         let r = &self.run;
-        let i = &self.istio;
+        let i = &self.own;
         let (groups_include, groups_exclude) = match &c.owner_groups {
             OwnerGroups::All => ("*".to_owned(), String::new()),
             OwnerGroups::Include(gids) => (joined(gids), String::new()),
@@ -40,7 +37,7 @@ impl IstioConfig {
         };
         let (dns_v4, dns_v6): (Vec<IpAddr>, Vec<IpAddr>) =
             dns_servers.iter().partition(|ip| ip.is_ipv4());
-        vec![
+        [
             format!("PROXY_PORT={}", c.outbound_port),
             format!("PROXY_INBOUND_CAPTURE_PORT={}", c.inbound_port),
             format!("PROXY_TUNNEL_PORT={}", c.tunnel_port),
@@ -78,17 +75,13 @@ impl IstioConfig {
             format!("FORCE_APPLY={}", r.force_apply),
             // Not printed by istio, but part of what is enforced.
             format!("HOST_IPV4_LOOPBACK_CIDR={}", c.loopback_v4_cidr),
-            format!("REDIRECTOR_FAIL_OPEN={}", c.fail_open),
-            format!("REDIRECTOR_CGROUP={}", path(r.cgroup.as_deref())),
-            format!("REDIRECTOR_PIN_ROOT={}", r.pin_root.display()),
         ]
-    }
-}
-
-/// [`IstioConfig::effective_lines`], one per line.
-impl Display for IstioConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write_lines(f, self.effective_lines())
+        .into_iter()
+        .chain(own_settings(c, r).map(|(name, value)| {
+            let env_name = name.to_ascii_uppercase().replace('-', "_");
+            format!("REDIRECTOR_{env_name}={value}")
+        }))
+        .collect()
     }
 }
 

@@ -1,9 +1,7 @@
 //! Configuration errors: each names the flag or env var a value came from and the value.
 
-use std::process::ExitCode;
-
 use super::Origin;
-use crate::mesh::common::report::report;
+use crate::mesh::common::report::CommandLineError;
 
 /// istio-iptables' exit code for a configuration error (cobra's for a bad flag too).
 const EXIT_CONFIG_ERROR: u8 = 1;
@@ -23,15 +21,17 @@ pub enum ConfigError {
     CommandLine(#[from] clap::Error),
 }
 
-impl ConfigError {
-    /// Prints the error before logging is set up (or the help text clap was asked for) and
-    /// gives the exit code istio-iptables would: 0 for `--help`, 1 for any error.
-    pub fn report(self) -> ExitCode {
-        let err = match self {
+/// Printed as istio-iptables prints it, with its exit codes: 0 for `--help`, 1 for any
+/// error.
+impl CommandLineError for ConfigError {
+    const PREFIX: &'static str = "error";
+    const FAILURE: u8 = EXIT_CONFIG_ERROR;
+
+    fn into_clap(self) -> Result<clap::Error, Self> {
+        match self {
             ConfigError::CommandLine(err) => Ok(err),
             err => Err(err),
-        };
-        report(err, "error", EXIT_CONFIG_ERROR)
+        }
     }
 }
 

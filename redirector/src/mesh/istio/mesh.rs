@@ -1,16 +1,15 @@
 //! istio as one of redirector's meshes: what the node's ways in ask of it.
 
-use std::collections::HashMap;
-
 use serde::Deserialize;
 
 use super::{
-    annotations::{flags, left_alone, Rules, STANDARD_INJECTION},
+    annotations::{flags, left_alone, Rules},
     parse_istio_iptables,
 };
-use crate::{
-    engine::spec::CaptureConfig,
-    mesh::{Annotations, Mesh, MeshError, Network, RunOptions, Selection},
+use crate::engine::spec::CaptureConfig;
+use crate::mesh::{
+    common::env::NoEnv, Annotations, Mesh, MeshError, Network, PodMeta, RunOptions, Selected,
+    Selection,
 };
 
 pub struct Istio;
@@ -30,28 +29,15 @@ fn yes() -> bool {
 }
 
 impl Mesh for Istio {
-    fn command(&self) -> &'static str {
-        "istio-iptables"
-    }
-
-    fn injector_defaults(&self) -> Vec<String> {
-        STANDARD_INJECTION.map(String::from).to_vec()
-    }
-
     fn read_flags(&self, argv: Vec<String>) -> Result<(CaptureConfig, RunOptions), MeshError> {
-        let cfg = parse_istio_iptables(argv, &HashMap::<String, String>::new())
-            .map_err(MeshError::flags)?;
-        if cfg.istio.run_validation {
+        let cfg = parse_istio_iptables(argv, &NoEnv).map_err(MeshError::flags)?;
+        if cfg.own.run_validation {
             return Err(MeshError::NotForTheDaemon("--run-validation"));
         }
         Ok((cfg.capture, cfg.run))
     }
 
-    fn requested(
-        &self,
-        args: &[String],
-        annotations: &Annotations,
-    ) -> Result<Selection, MeshError> {
+    fn requested(&self, args: &[String], annotations: &Annotations) -> Selected {
         let rules = Rules {
             require_status: false,
             exclude_namespaces: &[],
@@ -62,20 +48,18 @@ impl Mesh for Istio {
         })
     }
 
-    fn node_flags(
-        &self,
-        network: &Network<'_>,
-        namespace: Option<&str>,
-        annotations: &Annotations,
-    ) -> Result<Selection, MeshError> {
+    fn node_flags(&self, network: &Network<'_>, pod: &PodMeta<'_>) -> Selected {
         let keys: NetworkKeys = network.mesh_keys()?;
         let rules = Rules {
             require_status: keys.require_status,
             exclude_namespaces: network.exclude_namespaces,
         };
-        if let Some(why) = left_alone(rules, namespace, annotations) {
+        if let Some(why) = left_alone(rules, pod.namespace, pod.annotations) {
             return Ok(Selection::LeftAlone(why));
         }
-        Ok(Selection::Capture(flags(&network.arg_list()?, annotations)))
+        Ok(Selection::Capture(flags(
+            &network.arg_list()?,
+            pod.annotations,
+        )))
     }
 }

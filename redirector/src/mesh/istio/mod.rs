@@ -20,24 +20,18 @@ mod tests;
 
 use std::ffi::OsString;
 
-use clap::FromArgMatches;
-
 pub use crate::engine::spec::{
     CaptureConfig, CidrSelection, InterceptionMode, OwnerGroups, PortSelection,
 };
-pub use crate::mesh::common::{Env, ProcessEnv, RunOptions};
+use crate::mesh::common::pflag;
+pub use crate::mesh::common::{Env, MeshConfig, ProcessEnv, RunOptions};
 pub use args::{istio_iptables_command, IstioIptablesArgs};
 pub use error::{ConfigError, Problem};
 pub use mesh::Istio;
 pub use source::Origin;
 
 /// The effective, validated configuration.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IstioConfig {
-    pub capture: CaptureConfig,
-    pub run: RunOptions,
-    pub istio: IstioOptions,
-}
+pub type IstioConfig = MeshConfig<IstioOptions>;
 
 /// The run settings only istio-iptables has.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,12 +52,10 @@ pub struct IstioOptions {
 
 /// Parses argv (argv[0] included) and `env` in one go. `--help` comes back as a
 /// [`ConfigError::CommandLine`]; [`ConfigError::report`] prints it and exits 0.
-pub fn parse_istio_iptables<I, T>(argv: I, env: &dyn Env) -> Result<IstioConfig, ConfigError>
-where
-    I: IntoIterator<Item = T>,
-    T: Into<OsString> + Clone,
-{
-    let matches = istio_iptables_command().try_get_matches_from(argv)?;
-    let args = IstioIptablesArgs::from_arg_matches(&matches)?;
+pub fn parse_istio_iptables(
+    argv: impl IntoIterator<Item = impl Into<OsString> + Clone>,
+    env: &dyn Env,
+) -> Result<IstioConfig, ConfigError> {
+    let (args, matches) = pflag::parse::<IstioIptablesArgs>(istio_iptables_command(), argv)?;
     IstioConfig::from_args(&args, &matches, env)
 }

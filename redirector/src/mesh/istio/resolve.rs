@@ -168,7 +168,7 @@ impl IstioConfig {
                 .unwrap_or_else(|| DEFAULT_PIN_ROOT.into()),
             ignored_flags: r.ignored_flags(args)?,
         };
-        let istio = IstioOptions {
+        let own = IstioOptions {
             run_validation: r.flag(&RUN_VALIDATION, &args.run_validation)?,
             probe_port: r.parsed(
                 &IPTABLES_PROBE_PORT,
@@ -189,11 +189,7 @@ impl IstioConfig {
                 .text(&LOG_OUTPUT_LEVEL, args.log_output_level.as_deref())
                 .map_or_else(|| DEFAULT_LOG_OUTPUT_LEVEL.to_owned(), |raw| raw.text),
         };
-        Ok(IstioConfig {
-            capture,
-            run,
-            istio,
-        })
+        Ok(IstioConfig { capture, run, own })
     }
 }
 

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use clap::{ArgAction, Args, Command};
 
-use crate::mesh::common::{path_parser, RedirectorFlags};
+use crate::mesh::common::{path_parser, pflag::pflag_syntax, RedirectorFlags};
 
 /// Every flag of proxy-init (short and long names as it spells them) plus redirector's own
 /// ([`RedirectorFlags`]).
@@ -18,39 +18,19 @@ use crate::mesh::common::{path_parser, RedirectorFlags};
 #[command(about = ABOUT, long_about = None)]
 pub struct ProxyInitArgs {
     /// Port to redirect incoming traffic to (0-65535; required) [default: -1]
-    #[arg(
-        short = 'p',
-        long = "incoming-proxy-port",
-        value_name = "PORT",
-        allow_hyphen_values = true
-    )]
+    #[arg(short = 'p', long = "incoming-proxy-port", value_name = "PORT")]
     pub incoming_proxy_port: Option<String>,
 
     /// Port to redirect outgoing traffic to (0-65535; required) [default: -1]
-    #[arg(
-        short = 'o',
-        long = "outgoing-proxy-port",
-        value_name = "PORT",
-        allow_hyphen_values = true
-    )]
+    #[arg(short = 'o', long = "outgoing-proxy-port", value_name = "PORT")]
     pub outgoing_proxy_port: Option<String>,
 
     /// User ID the proxy runs as: its traffic is never redirected (only if > 0) [default: -1]
-    #[arg(
-        short = 'u',
-        long = "proxy-uid",
-        value_name = "UID",
-        allow_hyphen_values = true
-    )]
+    #[arg(short = 'u', long = "proxy-uid", value_name = "UID")]
     pub proxy_uid: Option<String>,
 
     /// Group ID the proxy runs as: its traffic is never redirected (only if > 0) [default: -1]
-    #[arg(
-        short = 'g',
-        long = "proxy-gid",
-        value_name = "GID",
-        allow_hyphen_values = true
-    )]
+    #[arg(short = 'g', long = "proxy-gid", value_name = "GID")]
     pub proxy_gid: Option<String>,
 
     /// Inbound ports to redirect to the proxy (comma list); none given: every port
@@ -58,8 +38,7 @@ pub struct ProxyInitArgs {
         short = 'r',
         long = "ports-to-redirect",
         value_name = "PORTS",
-        action = ArgAction::Append,
-        allow_hyphen_values = true
+        action = ArgAction::Append
     )]
     pub ports_to_redirect: Vec<String>,
 
@@ -67,8 +46,7 @@ pub struct ProxyInitArgs {
     #[arg(
         long = "inbound-ports-to-ignore",
         value_name = "PORTS",
-        action = ArgAction::Append,
-        allow_hyphen_values = true
+        action = ArgAction::Append
     )]
     pub inbound_ports_to_ignore: Vec<String>,
 
@@ -76,8 +54,7 @@ pub struct ProxyInitArgs {
     #[arg(
         long = "outbound-ports-to-ignore",
         value_name = "PORTS",
-        action = ArgAction::Append,
-        allow_hyphen_values = true
+        action = ArgAction::Append
     )]
     pub outbound_ports_to_ignore: Vec<String>,
 
@@ -85,65 +62,48 @@ pub struct ProxyInitArgs {
     #[arg(
         long = "subnets-to-ignore",
         value_name = "CIDRS",
-        action = ArgAction::Append,
-        allow_hyphen_values = true
+        action = ArgAction::Append
     )]
     pub subnets_to_ignore: Vec<String>,
 
     /// Print what would be done, change nothing
-    #[arg(long = "simulate", visible_alias = "dry-run", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    #[arg(long = "simulate", visible_alias = "dry-run", value_name = "BOOL")]
     pub simulate: Option<String>,
 
     /// Network namespace to work in [default: the current one]
-    #[arg(long = "netns", value_name = "PATH", allow_hyphen_values = true, value_parser = path_parser())]
+    #[arg(long = "netns", value_name = "PATH", value_parser = path_parser())]
     pub netns: Option<PathBuf>,
 
     /// Capture IPv6 the same way as IPv4; false leaves IPv6 uncaptured both ways [default: true]
-    #[arg(long = "ipv6", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    #[arg(long = "ipv6", value_name = "BOOL")]
     pub ipv6: Option<String>,
 
     /// Sets the pod's conntrack close-wait timeout (net.netfilter.nf_conntrack_tcp_timeout_close_wait) [default: 0, unchanged]
-    #[arg(
-        long = "timeout-close-wait-secs",
-        value_name = "SECS",
-        allow_hyphen_values = true
-    )]
+    #[arg(long = "timeout-close-wait-secs", value_name = "SECS")]
     pub timeout_close_wait_secs: Option<String>,
 
     /// Log level: panic, fatal, error, warn, info, debug or trace [default: info]
-    #[arg(long = "log-level", value_name = "LEVEL", allow_hyphen_values = true)]
+    #[arg(long = "log-level", value_name = "LEVEL")]
     pub log_level: Option<String>,
 
     /// Log format: plain or json [default: plain]
-    #[arg(long = "log-format", value_name = "FORMAT", allow_hyphen_values = true)]
+    #[arg(long = "log-format", value_name = "FORMAT")]
     pub log_format: Option<String>,
 
     /// iptables only; accepted and ignored
-    #[arg(short = 'w', long = "use-wait-flag", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL")]
+    #[arg(short = 'w', long = "use-wait-flag", value_name = "BOOL")]
     pub use_wait_flag: Option<String>,
 
     /// iptables only (legacy, nft or plain); accepted and ignored
-    #[arg(
-        long = "iptables-mode",
-        value_name = "MODE",
-        allow_hyphen_values = true
-    )]
+    #[arg(long = "iptables-mode", value_name = "MODE")]
     pub iptables_mode: Option<String>,
 
     /// iptables only (iptables-legacy, iptables-nft or iptables); accepted and ignored
-    #[arg(
-        long = "firewall-bin-path",
-        value_name = "BINARY",
-        allow_hyphen_values = true
-    )]
+    #[arg(long = "firewall-bin-path", value_name = "BINARY")]
     pub firewall_bin_path: Option<String>,
 
     /// iptables only (iptables-legacy-save, iptables-nft-save or iptables-save); accepted and ignored
-    #[arg(
-        long = "firewall-save-bin-path",
-        value_name = "BINARY",
-        allow_hyphen_values = true
-    )]
+    #[arg(long = "firewall-save-bin-path", value_name = "BINARY")]
     pub firewall_save_bin_path: Option<String>,
 
     #[command(flatten)]
@@ -161,5 +121,8 @@ const ABOUT: &str =
 /// The `linkerd-proxy-init` command: every flag of [`ProxyInitArgs`] and nothing else. A
 /// single-valued flag given twice keeps its last value, as pflag does.
 pub fn proxy_init_command() -> Command {
-    ProxyInitArgs::augment_args(Command::new("linkerd-proxy-init")).args_override_self(true)
+    pflag_syntax(ProxyInitArgs::augment_args(Command::new(
+        "linkerd-proxy-init",
+    )))
+    .args_override_self(true)
 }

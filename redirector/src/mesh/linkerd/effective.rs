@@ -1,25 +1,23 @@
 //! The effective configuration as the command logs it: one `flag=value` line per proxy-init
 //! flag, in proxy-init's vocabulary, then redirector's own settings.
 
-use std::fmt::{self, Display};
-
 use super::LinkerdConfig;
 use crate::{
     engine::spec::PortSelection,
-    mesh::common::effective::{joined, optional_path as path, write_lines},
+    mesh::common::effective::{joined, optional_path as path, own_settings},
 };
 
 impl LinkerdConfig {
     pub fn effective_lines(&self) -> Vec<String> {
         let c = &self.capture;
         let r = &self.run;
-        let p = &self.proxy_init;
+        let p = &self.own;
         let ports_to_redirect = match &c.inbound_ports {
             PortSelection::List(ports) => joined(ports),
             // Every port (an empty `-r`); `None` is never made by this dialect.
             PortSelection::All | PortSelection::None => String::new(),
         };
-        vec![
+        [
             format!("incoming-proxy-port={}", c.inbound_port),
             format!("outgoing-proxy-port={}", c.outbound_port),
             format!("proxy-uid={}", joined(&c.proxy_uids)),
@@ -44,16 +42,9 @@ impl LinkerdConfig {
             format!("log-level={}", p.log_level),
             format!("log-format={}", p.log_format),
             format!("cleanup-only={}", r.cleanup_only),
-            format!("fail-open={}", c.fail_open),
-            format!("cgroup={}", path(r.cgroup.as_deref())),
-            format!("pin-root={}", r.pin_root.display()),
         ]
-    }
-}
-
-/// [`LinkerdConfig::effective_lines`], one per line.
-impl Display for LinkerdConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write_lines(f, self.effective_lines())
+        .into_iter()
+        .chain(own_settings(c, r).map(|(name, value)| format!("{name}={value}")))
+        .collect()
     }
 }

@@ -1,9 +1,7 @@
 //! Configuration errors of the proxy-init dialect: each names the flag and the value. Where
 //! proxy-init has a message of its own for a case, the text is its text.
 
-use std::process::ExitCode;
-
-use crate::mesh::common::report::report;
+use crate::mesh::common::report::CommandLineError;
 
 /// proxy-init's exit code for any error.
 pub const EXIT_ERROR: u8 = 1;
@@ -43,16 +41,17 @@ pub enum LinkerdError {
     LogLevel { value: String },
 }
 
-impl LinkerdError {
-    /// Prints the error before logging is set up (or the help text clap was asked for) and
-    /// gives the exit code proxy-init would: 0 for `--help`, 1 for any error. Errors go to
-    /// stderr, as cobra prints them.
-    pub fn report(self) -> ExitCode {
-        let err = match self {
-            LinkerdError::CommandLine(err) => Ok(err),
-            err => Err(err),
-        };
-        report(err, "Error", EXIT_ERROR)
+/// Printed as proxy-init prints it (to stderr, as cobra does), with its exit codes: 0 for
+/// `--help`, 1 for any error.
+impl CommandLineError for LinkerdError {
+    const PREFIX: &'static str = "Error";
+    const FAILURE: u8 = EXIT_ERROR;
+
+    fn into_clap(self) -> Result<clap::Error, Self> {
+        if let LinkerdError::CommandLine(err) = self {
+            return Ok(err);
+        }
+        Err(self)
     }
 }
 

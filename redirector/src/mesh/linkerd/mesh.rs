@@ -8,19 +8,18 @@
 //!    the API server;
 //! 4. [`parse_proxy_init`] on `["proxy-init", flags…]`.
 
-use std::collections::HashMap;
-
 use serde::Deserialize;
 use serde_json::Value;
 
 use super::{
     annotations::{flags, left_alone},
     cni_config::proxy_init_args,
-    parse_proxy_init, INJECTOR_DEFAULTS,
+    parse_proxy_init,
 };
-use crate::{
-    engine::spec::CaptureConfig,
-    mesh::{Annotations, Mesh, MeshError, Network, RunOptions, Selection},
+use crate::engine::spec::CaptureConfig;
+use crate::mesh::{
+    common::env::NoEnv, Annotations, Mesh, MeshError, Network, PodMeta, RunOptions, Selected,
+    Selection,
 };
 
 pub struct Linkerd;
@@ -45,37 +44,19 @@ fn default_control_plane_namespace() -> String {
 }
 
 impl Mesh for Linkerd {
-    fn command(&self) -> &'static str {
-        "proxy-init"
-    }
-
-    fn injector_defaults(&self) -> Vec<String> {
-        INJECTOR_DEFAULTS.map(String::from).to_vec()
-    }
-
     fn read_flags(&self, argv: Vec<String>) -> Result<(CaptureConfig, RunOptions), MeshError> {
-        let cfg = parse_proxy_init(argv, &HashMap::<String, String>::new())
-            .map_err(MeshError::flags)?;
+        let cfg = parse_proxy_init(argv, &NoEnv).map_err(MeshError::flags)?;
         Ok((cfg.capture, cfg.run))
     }
 
-    fn requested(
-        &self,
-        args: &[String],
-        annotations: &Annotations,
-    ) -> Result<Selection, MeshError> {
+    fn requested(&self, args: &[String], annotations: &Annotations) -> Selected {
         flags(args, annotations, false)
             .map(Selection::Capture)
             .map_err(MeshError::Settings)
     }
 
-    fn node_flags(
-        &self,
-        network: &Network<'_>,
-        namespace: Option<&str>,
-        annotations: &Annotations,
-    ) -> Result<Selection, MeshError> {
-        if let Some(why) = left_alone(namespace, network.exclude_namespaces, annotations) {
+    fn node_flags(&self, network: &Network<'_>, pod: &PodMeta<'_>) -> Selected {
+        if let Some(why) = left_alone(pod.namespace, network.exclude_namespaces, pod.annotations) {
             return Ok(Selection::LeftAlone(why));
         }
         let keys: NetworkKeys = network.mesh_keys()?;
@@ -83,8 +64,10 @@ impl Mesh for Linkerd {
         if let Some(linkerd) = &keys.linkerd {
             defaults.extend(proxy_init_args(linkerd).map_err(MeshError::Settings)?);
         }
-        let control_plane = namespace.is_some_and(|ns| ns == keys.control_plane_namespace);
-        flags(&defaults, annotations, control_plane)
+        let control_plane = pod
+            .namespace
+            .is_some_and(|ns| ns == keys.control_plane_namespace);
+        flags(&defaults, pod.annotations, control_plane)
             .map(Selection::Capture)
             .map_err(MeshError::Settings)
     }

@@ -27,25 +27,19 @@ mod tests;
 
 use std::{ffi::OsString, time::Duration};
 
-use clap::FromArgMatches;
-
 pub use crate::engine::spec::{CaptureConfig, PortRange};
-pub use crate::mesh::common::{Env, ProcessEnv, RunOptions};
+use crate::mesh::common::pflag;
+pub use crate::mesh::common::{Env, MeshConfig, ProcessEnv, RunOptions};
 pub use args::{proxy_init_command, ProxyInitArgs};
 pub use error::{LinkerdError, Problem, EXIT_ERROR};
-pub use mesh::Linkerd;
 pub use logging::{LogFormat, LogLevel};
+pub use mesh::Linkerd;
 pub use parse::{DroppedEntry, PortEntryProblem};
 
-/// The effective, validated configuration of one proxy-init run.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LinkerdConfig {
-    pub capture: CaptureConfig,
-    /// How to run: `--simulate` is `dry_run`, `--netns` is `network_namespace`; proxy-init
-    /// never skips the apply.
-    pub run: RunOptions,
-    pub proxy_init: ProxyInitOptions,
-}
+/// The effective, validated configuration of one proxy-init run. Its run options:
+/// `--simulate` is `dry_run`, `--netns` is `network_namespace`; proxy-init never skips the
+/// apply.
+pub type LinkerdConfig = MeshConfig<ProxyInitOptions>;
 
 /// The run settings only proxy-init has.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,13 +60,11 @@ pub struct ProxyInitOptions {
 /// Parses argv (`argv[0]` included); `env` is read for `REDIRECTOR_PIN_ROOT` only. `--help`
 /// comes back as a [`LinkerdError::CommandLine`]; [`LinkerdError::report`] prints it and
 /// exits 0.
-pub fn parse_proxy_init<I, T>(argv: I, env: &dyn Env) -> Result<LinkerdConfig, LinkerdError>
-where
-    I: IntoIterator<Item = T>,
-    T: Into<OsString> + Clone,
-{
-    let matches = proxy_init_command().try_get_matches_from(argv)?;
-    let args = ProxyInitArgs::from_arg_matches(&matches)?;
+pub fn parse_proxy_init(
+    argv: impl IntoIterator<Item = impl Into<OsString> + Clone>,
+    env: &dyn Env,
+) -> Result<LinkerdConfig, LinkerdError> {
+    let (args, _) = pflag::parse::<ProxyInitArgs>(proxy_init_command(), argv)?;
     LinkerdConfig::from_args(&args, env)
 }
 

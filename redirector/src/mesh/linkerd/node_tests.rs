@@ -7,7 +7,10 @@ use std::collections::{BTreeMap, HashMap};
 use ipnet::IpNet;
 use serde_json::json;
 
-use super::{annotations::*, cni_config::proxy_init_args, parse_proxy_init, CaptureConfig, PortRange, INJECTOR_DEFAULTS};
+use super::{
+    annotations::*, cni_config::proxy_init_args, parse_proxy_init, CaptureConfig, PortRange,
+    INJECTOR_DEFAULTS,
+};
 
 /// The settings of the task's example: the injector's ignore lists written as linkerd-cni
 /// settings (a chart installed with `ignoreInboundPorts`/`ignoreOutboundPorts` 4567,4568).
@@ -448,9 +451,9 @@ fn a_combined_pod_parses_to_the_expected_spec() {
     assert!(c.ipv6_off && !c.dual_stack);
     assert!(c.local_destinations_pass);
     assert_eq!(
-        cfg.proxy_init.close_wait_timeout,
+        cfg.own.close_wait_timeout,
         Some(std::time::Duration::from_secs(3600))
     );
     assert!(!cfg.run.dry_run);
-    assert!(cfg.proxy_init.dropped_entries.is_empty());
+    assert!(cfg.own.dropped_entries.is_empty());
 }

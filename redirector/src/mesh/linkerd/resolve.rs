@@ -131,18 +131,14 @@ impl LinkerdConfig {
             .unwrap_or_else(|| DEFAULT_PIN_ROOT.into()),
             ignored_flags,
         };
-        let proxy_init = ProxyInitOptions {
+        let own = ProxyInitOptions {
             close_wait_timeout: close_wait_timeout(close_wait_secs)?,
             log_level,
             log_format,
             dropped_entries: dropped,
             stray_args: args.stray_args.clone(),
         };
-        Ok(LinkerdConfig {
-            capture,
-            run,
-            proxy_init,
-        })
+        Ok(LinkerdConfig { capture, run, own })
     }
 }
 

@@ -124,7 +124,7 @@ fn injector_spec() -> LinkerdConfig {
             pin_root: crate::store::pins::DEFAULT_ROOT.into(),
             ignored_flags: vec!["--firewall-bin-path", "--firewall-save-bin-path"],
         },
-        proxy_init: ProxyInitOptions {
+        own: ProxyInitOptions {
             close_wait_timeout: None,
             log_level: LogLevel::Info,
             log_format: LogFormat::Plain,
@@ -257,7 +257,7 @@ fn bad_port_entries_are_dropped_and_reported_and_the_run_goes_on() {
     assert_eq!(cfg.capture.inbound_exclude_port_ranges, single(&[4190]));
     assert_eq!(cfg.capture.outbound_exclude_port_ranges, single(&[4567]));
     let dropped: Vec<(&str, &str)> = cfg
-        .proxy_init
+        .own
         .dropped_entries
         .iter()
         .map(|d| (d.flag, d.entry.as_str()))
@@ -277,17 +277,13 @@ fn bad_port_entries_are_dropped_and_reported_and_the_run_goes_on() {
             (outbound, "-5"),
         ]
     );
-    let problems: Vec<&PortEntryProblem> = cfg
-        .proxy_init
-        .dropped_entries
-        .iter()
-        .map(|d| &d.problem)
-        .collect();
+    let problems: Vec<&PortEntryProblem> =
+        cfg.own.dropped_entries.iter().map(|d| &d.problem).collect();
     assert_eq!(problems[2], &PortEntryProblem::Reversed);
     assert_eq!(problems[4], &PortEntryProblem::NotARange);
     assert_eq!(problems[6], &PortEntryProblem::UpperBound(String::new()));
     // The log line names the entry, blanks included, and its flag.
-    let line = cfg.proxy_init.dropped_entries[3].to_string();
+    let line = cfg.own.dropped_entries[3].to_string();
     assert!(line.contains("\" 22\"") && line.contains(inbound), "{line}");
 }
 
@@ -333,7 +329,7 @@ fn an_empty_list_value_is_no_entry() {
     assert!(cfg.capture.inbound_exclude_port_ranges.is_empty());
     assert!(cfg.capture.inbound_exclude_sources.is_empty());
     assert_eq!(cfg.capture.inbound_ports, PortSelection::All);
-    assert!(cfg.proxy_init.dropped_entries.is_empty());
+    assert!(cfg.own.dropped_entries.is_empty());
 }
 
 #[test]
@@ -410,7 +406,7 @@ fn a_stray_word_is_kept_for_a_warning_as_cobra_ignores_it() {
     // `--ipv6 false` is `--ipv6` (true) and a stray "false" in proxy-init.
     let cfg = parse_ported(&["--ipv6", "false"]);
     assert!(!cfg.capture.ipv6_off);
-    assert_eq!(cfg.proxy_init.stray_args, vec!["false"]);
+    assert_eq!(cfg.own.stray_args, vec!["false"]);
 }
 
 #[test]
@@ -492,27 +488,25 @@ fn iptables_plumbing_is_checked_then_ignored() {
 #[test]
 fn log_level_and_format() {
     let cfg = parse_ported(&["--log-level", "WARNING", "--log-format", "json"]);
-    assert_eq!(cfg.proxy_init.log_level, LogLevel::Warn);
-    assert_eq!(cfg.proxy_init.log_format, LogFormat::Json);
+    assert_eq!(cfg.own.log_level, LogLevel::Warn);
+    assert_eq!(cfg.own.log_format, LogFormat::Json);
     assert_eq!(
         parse_ported(&["--log-level", "trace"])
-            .proxy_init
+            .own
             .log_level
             .filter(),
         "trace"
     );
     assert_eq!(
         parse_ported(&["--log-level", "fatal"])
-            .proxy_init
+            .own
             .log_level
             .filter(),
         "error"
     );
     // Any format but json is plain, as proxy-init's getFormatter has it.
     assert_eq!(
-        parse_ported(&["--log-format", "text"])
-            .proxy_init
-            .log_format,
+        parse_ported(&["--log-format", "text"]).own.log_format,
         LogFormat::Plain
     );
     let err = error(&[PORTS, &["--log-level", "loud"]].concat());
@@ -534,16 +528,16 @@ fn simulate_and_its_dry_run_alias_change_nothing() {
 
 #[test]
 fn close_wait_timeout() {
-    assert_eq!(parse(PORTS).proxy_init.close_wait_timeout, None);
+    assert_eq!(parse(PORTS).own.close_wait_timeout, None);
     assert_eq!(
         parse_ported(&["--timeout-close-wait-secs", "0"])
-            .proxy_init
+            .own
             .close_wait_timeout,
         None
     );
     assert_eq!(
         parse_ported(&["--timeout-close-wait-secs", "3600"])
-            .proxy_init
+            .own
             .close_wait_timeout,
         Some(Duration::from_secs(3600))
     );

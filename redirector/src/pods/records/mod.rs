@@ -25,8 +25,8 @@ use redirector_common::{NetnsCookie, FORMAT};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    mesh::{Dialect, PodFlags},
     engine::pod_keys::PodKeys,
+    mesh::{Dialect, PodFlags},
     store::DirLock,
     sys::fs_error::{fs_err, gone_ok, FsError},
 };
