@@ -8,6 +8,10 @@
 //! - [`engine`]: a pod set up in steps, each its own module: facts → plan → observe → diff
 //!   → apply, and the removal of pods (gc); it knows pods by their network namespace and
 //!   cgroup, never by a mesh's flag syntax.
+//! - [`cri`]: a client of the container runtime's CRI socket (the node's sandboxes, the
+//!   runtime's version).
+//! - [`node_check`]: whether this node can be served, decided once at start by the
+//!   daemon and `install-cni`, and shown by `redirector check`.
 //! - [`store`]: the pinned object, its maps, the bpffs layout and the node lock.
 //! - [`sys`]: the kernel and filesystem interfaces the engine stands on (netlink,
 //!   sock_diag, namespaces, cgroups, file-system kinds, kernel checks, fault injection).
@@ -17,10 +21,12 @@
 
 pub mod cli;
 pub mod cni;
+pub mod cri;
 pub mod daemon;
 pub mod engine;
 pub mod install_cni;
 pub mod mesh;
+pub mod node_check;
 pub mod pods;
 pub mod store;
 pub mod sys;

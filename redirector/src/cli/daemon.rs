@@ -3,15 +3,15 @@
 use std::path::PathBuf;
 
 use crate::{
+    cri::CONTAINERD_SOCKET,
     daemon::{
         self,
         api::DEFAULT_SOCKET,
-        cri::CONTAINERD_SOCKET,
         repair::{RepairConfig, RepairMode},
         DaemonConfig,
     },
-    pods::records::DEFAULT_STATE_DIR,
-    sys::cgroup::cgroup2_mount,
+    node_check::{assess, Reason, Unservable},
+    pods::records::{Records, DEFAULT_STATE_DIR},
 };
 
 /// Repair, unless it is off or no runtime socket is given or found.
@@ -42,10 +42,8 @@ pub struct DaemonArgs {
     /// The API's unix socket (mode 0600).
     #[arg(long, value_name = "PATH", default_value = DEFAULT_SOCKET)]
     socket: PathBuf,
-    /// The node cgroup the cgroup programs attach to (default: the cgroup2 root; in
-    /// Kubernetes the kubepods cgroup).
-    #[arg(long, value_name = "PATH")]
-    cgroup: Option<PathBuf>,
+    #[command(flatten)]
+    node: super::node_args::NodeArgs,
     /// Where the daemon keeps its pod records (names, flags); a tmpfs, like bpffs.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
     state_dir: PathBuf,
@@ -106,17 +104,10 @@ pub struct DaemonArgs {
 }
 
 pub fn run(args: &DaemonArgs) -> anyhow::Result<()> {
-    let cgroup = match &args.cgroup {
-        Some(path) => path.clone(),
-        None => cgroup2_mount()?,
-    };
-    if !crate::sys::fs_kind::is_cgroup2_dir(&cgroup) {
-        anyhow::bail!("--cgroup {} is not a cgroup v2 directory", cgroup.display());
-    }
-    let config = DaemonConfig {
+    let mut config = DaemonConfig {
         pin_root: args.pin_root.path.clone(),
         socket: args.socket.clone(),
-        cgroup,
+        cgroup: PathBuf::new(),
         state_dir: args.state_dir.clone(),
         metrics_addr: args.metrics_addr,
         health_addr: args.health_addr,
@@ -132,7 +123,28 @@ pub fn run(args: &DaemonArgs) -> anyhow::Result<()> {
         }
         return daemon::uninstall(&config);
     }
-    crate::engine::setup::require_bpffs(&config.pin_root)?;
+    // Decided once, at start: a node that cannot be served keeps this container up,
+    // not ready, with nothing pinned (install-cni, judging the same node, chains nothing).
+    let options = args
+        .node
+        .options(config.pin_root.clone(), Some(args.cni_conf_dir.clone()));
+    let report = assess(&options);
+    let records = Records::new(&config.state_dir);
+    match (report.verdict(), report.node_cgroup) {
+        (Ok(()), Some(cgroup)) => {
+            records.forget_unservable()?;
+            config.cgroup = cgroup;
+        }
+        (verdict, _) => {
+            let why = verdict.err().unwrap_or_else(|| Unservable {
+                reason: Reason::Cgroup2,
+                detail: "no node cgroup".to_owned(),
+            });
+            tracing::error!("{why}; nothing is pinned, and pods start as on a node without redirector (`redirector check` shows every requirement)");
+            records.save_unservable(&why.to_string())?;
+            return daemon::idle(&config, why);
+        }
+    }
     if crate::sys::fs_kind::nearest_is_tmpfs(&config.state_dir) == Some(false) {
         tracing::warn!(
             "--state-dir {} is not on a tmpfs: every new pod's record is an inode written to disk (1.7–2.4× the time of an add measured on ext4), and records outlive a reboot that the pins do not",

@@ -6,8 +6,10 @@ use anyhow::Context;
 
 use crate::{
     cni::DEFAULT_EXCLUDED_NAMESPACES,
-    install_cni::{watch, Entry, Installer},
+    install_cni::{readiness::Readiness, watch, Entry, Installer},
     mesh::{pod_spec, Dialect, PodFlags},
+    node_check::{assess, Unservable},
+    store::pins::DEFAULT_ROOT,
 };
 
 /// How often the watch reads the directory with no event, in case one was missed.
@@ -70,9 +72,17 @@ pub struct InstallCniArgs {
         default_value = DEFAULT_EXCLUDED_NAMESPACES
     )]
     exclude_namespaces: String,
-    /// The pin root the plugin uses, when not the default.
-    #[arg(long, value_name = "DIR")]
+    /// The pin root the plugin (and the daemon) uses, when not the default.
+    #[arg(long, value_name = "DIR", env = "REDIRECTOR_PIN_ROOT")]
     pin_root: Option<PathBuf>,
+    /// The daemon's node options, by which this node is judged as the daemon judges it:
+    /// where it cannot be served, nothing is chained.
+    #[command(flatten)]
+    node: super::node_args::NodeArgs,
+    /// Serve /readyz (ready once the node is judged servable and the entry goes in) and
+    /// /healthz here, e.g. 0.0.0.0:15016.
+    #[arg(long, value_name = "HOST:PORT")]
+    health_addr: Option<std::net::SocketAddr>,
     /// The daemon's state directory the plugin uses, when not the default.
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
@@ -128,7 +138,15 @@ pub fn run(args: &InstallCniArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    let readiness = Readiness::serve(args.health_addr)
+        .with_context(|| format!("serving readiness on {:?}", args.health_addr))?;
+    let pin_root = args.pin_root.clone().unwrap_or_else(|| DEFAULT_ROOT.into());
+    let report = assess(&args.node.options(pin_root, Some(args.conf_dir.clone())));
+    if let Err(why) = report.verdict() {
+        return unservable(&installer, why, args.watch, &readiness);
+    }
     if args.watch {
+        readiness.set(Ok(()));
         return Ok(watch(&installer, RECHECK, None)?);
     }
     installer.check()?;
@@ -140,4 +158,26 @@ pub fn run(args: &InstallCniArgs) -> anyhow::Result<()> {
         None => tracing::info!("the entry is in place"),
     }
     Ok(())
+}
+
+/// A node that cannot be served: no entry (one an earlier run left goes too, since no
+/// pinned programs will ever back it). With `--watch`, the container stays up, not
+/// ready, rather than be restarted again and again; a one-off install fails.
+fn unservable(
+    installer: &Installer,
+    why: Unservable,
+    watch: bool,
+    readiness: &Readiness,
+) -> anyhow::Result<()> {
+    tracing::error!("{why}; the plugin is not chained, and pods start as on a node without redirector (`redirector check` shows every requirement)");
+    for change in installer.unchain_all()? {
+        tracing::info!("{change}");
+    }
+    if !watch {
+        return Err(why).context("nothing chained");
+    }
+    readiness.set(Err(why.to_string()));
+    loop {
+        std::thread::park();
+    }
 }

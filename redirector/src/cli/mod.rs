@@ -2,6 +2,7 @@
 //! flags, each turned into a pod spec and run options by its dialect module), and the
 //! commands over the engine.
 
+mod check;
 mod daemon;
 mod explain;
 mod gc;
@@ -9,6 +10,7 @@ mod install_cni;
 mod istio_iptables;
 mod linkerd_proxy_init;
 mod log_sections;
+mod node_args;
 mod pin_root;
 mod pod;
 mod pod_setup;
@@ -52,6 +54,9 @@ enum Command {
     Pod(pod::PodArgs),
     /// Watch a pod's decisions (or every pod's) as they happen, with their reasons.
     Trace(trace::TraceArgs),
+    /// Check whether this node can be served: every requirement, what was found, what to
+    /// do; exit 0 only when it can.
+    Check(check::CheckArgs),
 }
 
 /// What the binary was asked to be, from `argv[0]`'s file name or the first argument.
@@ -127,6 +132,7 @@ fn run_command(argv: Vec<OsString>) -> ExitCode {
         Command::InstallCni(args) => install_cni::run(args),
         Command::Pod(args) => pod::run(args),
         Command::Trace(args) => trace::run(args),
+        Command::Check(args) => check::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

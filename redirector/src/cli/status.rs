@@ -8,6 +8,7 @@ use redirector_common::{NetnsCookie, Reason};
 
 use crate::{
     engine::live_pod::LivePod,
+    pods::records::{Records, DEFAULT_STATE_DIR},
     store::{pins::names_in, programs::POD_PROGRAMS, NodeMaps, ObjectPins, PinRoot},
     sys::netns::Netns,
 };
@@ -19,6 +20,9 @@ pub struct StatusArgs {
     netns: Option<PathBuf>,
     #[command(flatten)]
     pin_root: super::pin_root::PinRootArg,
+    /// The daemon's state directory: where it notes that it found the node unservable.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -27,6 +31,8 @@ pub struct StatusArgs {
 /// What `status` shows, also its `--json` form.
 #[derive(Debug, serde::Serialize)]
 struct Status {
+    /// Why the daemon found at its last start that this node cannot be served, if it did.
+    unservable: Option<String>,
     kernel: KernelStatus,
     pin_root: PathBuf,
     objects: Vec<ObjectStatus>,
@@ -157,6 +163,7 @@ fn read_status(root: &PinRoot, only: Option<NetnsCookie>) -> anyhow::Result<Stat
         });
     }
     Ok(Status {
+        unservable: None,
         kernel: KernelStatus {
             release: crate::sys::kernel::running_release(),
             features: crate::sys::kernel::probe_running(),
@@ -225,10 +232,14 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
         Some(path) => Some(Netns::open(path)?.cookie()),
         None => None,
     };
-    let status = read_status(&args.pin_root.root(), only)?;
+    let mut status = read_status(&args.pin_root.root(), only)?;
+    status.unservable = Records::new(&args.state_dir).unservable();
     if args.json {
         println!("{}", serde_json::to_string_pretty(&status)?);
         return Ok(());
+    }
+    if let Some(why) = &status.unservable {
+        println!("node: {why}");
     }
     println!("kernel {}: features as probed", status.kernel.release);
     for probed in &status.kernel.features {

@@ -7,7 +7,10 @@
 //! whatever state the node is in — nothing pinned after a reboot, no daemon, a refused
 //! kernel. A pod that is to be captured needs the node's programs pinned (a daemon has run
 //! since the node started); without them ADD fails with code 11 (try again later), so the
-//! runtime retries instead of starting a meshed pod uncaptured. DEL is keyed on
+//! runtime retries instead of starting a meshed pod uncaptured — unless the daemon found
+//! that this node cannot be served (`node_check`), where install-cni takes the entry out
+//! and, until it has, a meshed pod starts uncaptured for its mesh's own check to stop it
+//! and STATUS answers ready. DEL is keyed on
 //! CNI_CONTAINERID, idempotent, and never fails for want of pins or of a usable kernel.
 
 pub mod conf;
@@ -161,6 +164,17 @@ impl Plugin {
         })?;
         let pods = Pods::new(self.root.clone(), object, self.records.clone());
         Ok(match self.records.node_cgroup() {
+            // Noted by a daemon whose node cgroup is gone since (a state dir that outlived
+            // it): the node is not served until a daemon starts again.
+            Some(node) if !node.is_dir() => {
+                return Err(CniError::new(
+                    unavailable,
+                    format!(
+                        "the node cgroup {} the daemon noted is gone: the redirector daemon has not run on this node since",
+                        node.display()
+                    ),
+                ))
+            }
             Some(node) => pods.with_node_cgroup(node),
             None => pods,
         })
@@ -177,6 +191,13 @@ impl Plugin {
         let Some(settings) = pod_settings(conf, pod_namespace().as_deref())? else {
             return Ok(Some(result));
         };
+        if let Some(why) = self.records.unservable() {
+            // The daemon found the node unservable and install-cni unchains this entry:
+            // until then the pod starts as on a node without redirector, and its mesh's
+            // own check (istio-validation, Linkerd's network validator) stops it.
+            eprintln!("redirector-cni: pod left uncaptured: {why}");
+            return Ok(Some(result));
+        }
         kernel_ready(&self.root, code::SETUP_FAILED)?;
         let pods = self.pods(code::TRY_AGAIN_LATER)?;
         let cni = CniAttachment {
@@ -284,8 +305,13 @@ impl Plugin {
             .map_err(|e| CniError::new(code::SETUP_FAILED, e.to_string()))
     }
 
-    /// Ready when the kernel is one redirector runs on and the node's programs are pinned.
+    /// Ready when the kernel is one redirector runs on and the node's programs are pinned,
+    /// or when the daemon found that this node cannot be served: it is not on its way to
+    /// being served, and a failing STATUS would hold every pod of the node off it.
     fn status(&self) -> Result<(), CniError> {
+        if self.records.unservable().is_some() {
+            return Ok(());
+        }
         kernel_ready(&self.root, code::NOT_AVAILABLE)?;
         self.pods(code::NOT_AVAILABLE).map(drop)
     }

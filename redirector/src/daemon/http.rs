@@ -159,10 +159,12 @@ async fn scrape(State(metrics): State<Arc<Metrics>>) -> Response {
     }
 }
 
-async fn readyz(State(metrics): State<Arc<Metrics>>) -> (StatusCode, &'static str) {
-    if metrics.is_ready() {
-        (StatusCode::OK, "ready\n")
+async fn readyz(State(metrics): State<Arc<Metrics>>) -> (StatusCode, String) {
+    if let Some(unservable) = metrics.unservable() {
+        (StatusCode::SERVICE_UNAVAILABLE, format!("{unservable}\n"))
+    } else if metrics.is_ready() {
+        (StatusCode::OK, "ready\n".to_owned())
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "reconciling\n")
+        (StatusCode::SERVICE_UNAVAILABLE, "reconciling\n".to_owned())
     }
 }

@@ -21,6 +21,7 @@ use prometheus_client::{
 };
 use redirector_common::{Reason, COUNTER_SLOTS};
 
+use crate::node_check::Unservable;
 use crate::pods::{records::PodRecord, Pods};
 
 use super::{
@@ -50,6 +51,11 @@ struct DecisionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MapLabels {
     object: String,
     map: String,
@@ -65,6 +71,8 @@ pub struct Metrics {
     /// found them.
     uncaptured: Gauge,
     pods: OnceLock<Arc<Pods>>,
+    /// Why the node cannot be served, when the daemon found it so at start.
+    unservable: OnceLock<Unservable>,
     /// Decisions by pod (`--metrics-per-pod`) rather than node-wide.
     per_pod: bool,
     snapshots: Snapshots<NodeWalk>,
@@ -89,6 +97,7 @@ impl Metrics {
             repaired: Counter::default(),
             uncaptured: Gauge::default(),
             pods: OnceLock::new(),
+            unservable: OnceLock::new(),
             per_pod,
             snapshots: Snapshots::new(NodeWalk::default()),
         }
@@ -119,6 +128,16 @@ impl Metrics {
         self.pods.get().is_some()
     }
 
+    /// The node cannot be served: never ready, and `/metrics` says why.
+    pub fn unservable_node(&self, why: Unservable) {
+        let _ = self.unservable.set(why);
+    }
+
+    /// Why the node cannot be served, if the daemon found it so.
+    pub fn unservable(&self) -> Option<&Unservable> {
+        self.unservable.get()
+    }
+
     /// The text of `/metrics`: the latest snapshot, or a new one if it is a second old.
     pub async fn scrape(self: &Arc<Self>) -> Rendered {
         let metrics = Arc::clone(self);
@@ -146,6 +165,18 @@ impl Metrics {
             "pods_uncaptured",
             "Pods the plugin's rules capture that are not captured, at the last repair round",
             self.uncaptured.clone(),
+        );
+        let unservable = Family::<ReasonLabels, Gauge>::default();
+        if let Some(why) = self.unservable.get() {
+            let labels = ReasonLabels {
+                reason: why.reason.label().to_owned(),
+            };
+            unservable.get_or_create(&labels).set(1);
+        }
+        registry.register(
+            "node_unservable",
+            "1, by reason, when the daemon found at start that this node cannot be served: nothing is pinned or chained, and pods start without capture",
+            unservable,
         );
         if let Some(pods) = self.pods.get() {
             register_pods(&mut registry, pods, self.per_pod, walk)?;

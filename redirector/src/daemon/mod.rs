@@ -5,7 +5,6 @@
 //! one rebuilds its view from the pins and its records before it serves.
 
 pub mod api;
-pub mod cri;
 mod decision_totals;
 pub mod http;
 pub mod metrics;
@@ -38,6 +37,7 @@ use self::{
     api::{Request, Response},
     metrics::Metrics,
 };
+use crate::node_check::Unservable;
 use crate::pods::{records::Records, Pods};
 use crate::{
     engine::node::{claim_node, detach_node, node_object, upgrade},
@@ -140,7 +140,32 @@ fn refuse_fewer_pods_than_installed(
 pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     crate::sys::kernel::check_running()?;
     let metrics = Arc::new(Metrics::new(config.metrics_per_pod));
-    // Bound before the start-up: a bad address fails the start, having changed nothing.
+    start_http(&config, &metrics)?;
+    runtime()?.block_on(serve(config, metrics))
+}
+
+/// On a node that cannot be served: pin nothing, serve `/healthz` (ok), `/readyz` (not
+/// ready, with the reason) and `/metrics` (`redirector_node_unservable`), and stay up
+/// until SIGTERM or SIGINT — a container that exited would be restarted, again and again.
+pub fn idle(config: &DaemonConfig, why: Unservable) -> anyhow::Result<()> {
+    let metrics = Arc::new(Metrics::new(config.metrics_per_pod));
+    metrics.unservable_node(why);
+    start_http(config, &metrics)?;
+    runtime()?.block_on(async {
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        info!("stopped; nothing was pinned");
+        Ok(())
+    })
+}
+
+/// The HTTP servers, bound before the start-up: a bad address fails the start, having
+/// changed nothing.
+fn start_http(config: &DaemonConfig, metrics: &Arc<Metrics>) -> anyhow::Result<()> {
     let servers: Vec<_> = [
         (http::Server::Metrics, config.metrics_addr),
         (http::Server::Health, config.health_addr),
@@ -148,13 +173,15 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     .into_iter()
     .filter_map(|(server, addr)| Some((server, addr?)))
     .collect();
-    http::start(&servers, &metrics)?;
+    Ok(http::start(&servers, metrics)?)
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .context("starting the async runtime")?
-        .block_on(serve(config, metrics))
+        .context("starting the async runtime")
 }
 
 async fn serve(config: DaemonConfig, metrics: Arc<Metrics>) -> anyhow::Result<()> {
@@ -254,7 +281,7 @@ async fn repair_rounds(
     metrics: Arc<Metrics>,
 ) {
     let capture = config.mode == repair::RepairMode::Capture;
-    let mut runtime: Option<cri::Runtime> = None;
+    let mut runtime: Option<crate::cri::Runtime> = None;
     let mut ticks = tokio::time::interval(config.interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -274,7 +301,7 @@ async fn repair_rounds(
             }
         };
         if runtime.is_none() {
-            match cri::Runtime::connect(&config.cri_socket).await {
+            match crate::cri::Runtime::connect(&config.cri_socket).await {
                 Ok(connected) => runtime = Some(connected),
                 Err(err) => {
                     tracing::warn!("repair: {err:#}");
@@ -460,6 +487,7 @@ pub fn uninstall(config: &DaemonConfig) -> anyhow::Result<()> {
         records.remove(record.cookie())?;
     }
     records.forget_node_cgroup()?;
+    records.forget_unservable()?;
     let detached = detach_node(&root)?;
     remove_stale_socket(&config.socket)?;
     for dir in [root.objects_dir(), root.path().to_path_buf()] {

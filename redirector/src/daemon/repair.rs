@@ -18,7 +18,7 @@ use crate::{
     sys::netns::Netns,
 };
 
-use super::cri::Sandbox;
+use crate::cri::Sandbox;
 use crate::pods::{records::CniAttachment, Pods};
 
 /// What the daemon does with a pod the plugin's rules capture but nothing captured.

@@ -6,6 +6,7 @@
 
 mod conflist;
 mod files;
+pub mod readiness;
 mod watch;
 
 use std::{
@@ -243,6 +244,11 @@ pub fn chained_entry(conf_dir: &Path) -> Result<Option<Value>, InstallError> {
     let path = conf_dir.join(&name);
     let text = fs::read_to_string(&path).map_err(fs_err("reading", &path))?;
     Ok(conflist::entry(&name, &text)?)
+}
+
+/// The configuration file the runtime loads from `conf_dir`, if any.
+pub fn runtime_file(conf_dir: &Path) -> Result<Option<String>, FsError> {
+    Ok(runtime_pick(config_files(conf_dir)?))
 }
 
 /// The configuration files of `dir`, in the order the runtime tries them.

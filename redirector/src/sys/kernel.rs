@@ -180,6 +180,20 @@ fn fallback_forced(feature: &Feature) -> bool {
         })
 }
 
+/// Names the features (keys, comma-separated, or `all`) the probes report missing although
+/// the kernel has them: a test's way to stand on a kernel redirector refuses (a required
+/// feature refused) on the kernel it has.
+pub const FORCE_REFUSAL_ENV: &str = "REDIRECTOR_FORCE_REFUSAL";
+
+/// Whether [`FORCE_REFUSAL_ENV`] names `feature`.
+fn refusal_forced(feature: &Feature) -> bool {
+    std::env::var(FORCE_REFUSAL_ENV).is_ok_and(|v| {
+        v.split(',')
+            .map(str::trim)
+            .any(|k| k == "all" || k == feature.key)
+    })
+}
+
 /// Whether the fallback of the feature with `key` is forced by [`FORCE_FALLBACKS_ENV`] (no
 /// probe: for a caller whose own attempt is the probe).
 pub fn fallback_forced_for(key: &str) -> bool {
@@ -187,9 +201,9 @@ pub fn fallback_forced_for(key: &str) -> bool {
 }
 
 /// Whether the running kernel has `feature`, as its probe says, or not when its fallback
-/// is forced.
+/// (or its refusal) is forced.
 fn present(feature: &Feature) -> std::io::Result<bool> {
-    if fallback_forced(feature) {
+    if fallback_forced(feature) || refusal_forced(feature) {
         return Ok(false);
     }
     let found = crate::sys::kernel_probe::run(feature.probe);
@@ -262,6 +276,8 @@ fn raise_memlock_unless_memcg() {
 #[derive(Debug, serde::Serialize)]
 pub struct Probed {
     pub feature: &'static str,
+    /// Whether redirector needs it (it has no fallback).
+    pub required: bool,
     /// The mainline release that brought it.
     pub since: String,
     /// `None` when the probe could not tell (see `error`).
@@ -280,6 +296,7 @@ pub fn probe_running() -> Vec<Probed> {
             let present = found.as_ref().ok().copied();
             Probed {
                 feature: f.name,
+                required: f.fallback.is_none(),
                 since: f.since.to_string(),
                 present,
                 fallback: f.fallback.filter(|_| present == Some(false)),
@@ -386,6 +403,7 @@ mod tests {
             .iter()
             .map(|f| Probed {
                 feature: f.name,
+                required: f.fallback.is_none(),
                 since: f.since.to_string(),
                 present: Some(!absent.contains(&f.name)),
                 fallback: None,

@@ -199,6 +199,33 @@ impl Records {
         Some(PathBuf::from(text.trim_end_matches('\n'))).filter(|p| p.is_absolute())
     }
 
+    /// Where the daemon notes that it found the node unservable (the reason, one line), for
+    /// the plugin and `redirector status`; removed when a daemon finds it servable.
+    fn unservable_file(&self) -> PathBuf {
+        self.dir.with_file_name("unservable")
+    }
+
+    /// Why the daemon found the node unservable at its last start, if it did.
+    pub fn unservable(&self) -> Option<String> {
+        let text = fs::read_to_string(self.unservable_file()).ok()?;
+        Some(text.trim_end().to_owned()).filter(|t| !t.is_empty())
+    }
+
+    /// Note why the node cannot be served.
+    pub fn save_unservable(&self, why: &str) -> Result<(), FsError> {
+        let path = self.unservable_file();
+        if let Some(dir) = path.parent() {
+            fs::create_dir_all(dir).map_err(fs_err("creating", dir))?;
+        }
+        replace_file(&path, format!("{why}\n").as_bytes())
+    }
+
+    /// The node can be served (again).
+    pub fn forget_unservable(&self) -> Result<(), FsError> {
+        let path = self.unservable_file();
+        gone_ok(fs::remove_file(&path)).map_err(fs_err("removing", &path))
+    }
+
     /// Forget the node cgroup (`--uninstall`).
     pub fn forget_node_cgroup(&self) -> Result<(), FsError> {
         let path = self.node_cgroup_file();

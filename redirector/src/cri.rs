@@ -10,7 +10,7 @@ use std::{
 use anyhow::Context as _;
 use k8s_cri::v1::{
     runtime_service_client::RuntimeServiceClient, ListPodSandboxRequest, PodSandboxFilter,
-    PodSandboxState, PodSandboxStateValue, PodSandboxStatusRequest,
+    PodSandboxState, PodSandboxStateValue, PodSandboxStatusRequest, VersionRequest,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -30,6 +30,23 @@ pub struct Sandbox {
 
 /// A connection to a runtime's CRI socket.
 pub struct Runtime(RuntimeServiceClient<Channel>);
+
+/// The name and version of the runtime at `socket`, asked once, from outside any async
+/// runtime (`redirector check`); at most a few seconds.
+pub fn runtime_version(socket: &Path) -> anyhow::Result<(String, String)> {
+    let ask = async {
+        tokio::time::timeout(std::time::Duration::from_secs(3), async {
+            Runtime::connect(socket).await?.version().await
+        })
+        .await
+        .with_context(|| format!("the CRI socket {} does not answer", socket.display()))?
+    };
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting an async runtime")?
+        .block_on(ask)
+}
 
 /// A gRPC channel to the unix socket `socket` (tonic speaks TCP URIs; the URI here is
 /// only a placeholder).
@@ -51,6 +68,17 @@ pub async fn channel(socket: &Path) -> anyhow::Result<Channel> {
 impl Runtime {
     pub async fn connect(socket: &Path) -> anyhow::Result<Self> {
         Ok(Runtime(RuntimeServiceClient::new(channel(socket).await?)))
+    }
+
+    /// The runtime's name and version (`containerd`, `v2.0.4`).
+    pub async fn version(&mut self) -> anyhow::Result<(String, String)> {
+        let version = self
+            .0
+            .version(VersionRequest::default())
+            .await
+            .context("Version")?
+            .into_inner();
+        Ok((version.runtime_name, version.runtime_version))
     }
 
     /// Every ready sandbox whose network namespace the runtime reports (a host-network

@@ -1,0 +1,36 @@
+//! The node options the daemon runs with, declared once: `install-cni` and `check` take
+//! them too, so that all three judge the same node.
+
+use std::path::PathBuf;
+
+use crate::{cri::CONTAINERD_SOCKET, node_check::NodeOptions};
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct NodeArgs {
+    /// The node cgroup: pods' cgroups are found below it, and a pod whose own cgroup is not
+    /// found relies on the programs attached there [default: the kubepods cgroup under the
+    /// cgroup2 mount — kubepods.slice (systemd driver) or kubepods (cgroupfs) — else the
+    /// cgroup2 root].
+    #[arg(long, value_name = "PATH", env = "REDIRECTOR_CGROUP")]
+    pub cgroup: Option<PathBuf>,
+}
+
+impl NodeArgs {
+    /// The options the node is judged with, for `pin_root` and the CNI directory.
+    pub fn options(&self, pin_root: PathBuf, cni_conf_dir: Option<PathBuf>) -> NodeOptions {
+        NodeOptions {
+            cgroup: self.cgroup.clone(),
+            pin_root,
+            cni_conf_dir,
+            cri_socket: None,
+        }
+    }
+}
+
+/// `socket`, or containerd's where it exists.
+pub fn cri_socket(socket: Option<&PathBuf>) -> Option<PathBuf> {
+    socket.cloned().or_else(|| {
+        let containerd = PathBuf::from(CONTAINERD_SOCKET);
+        containerd.exists().then_some(containerd)
+    })
+}
