@@ -129,7 +129,7 @@ state = "{state}"
             .build()
             .unwrap();
         let client = runtime
-            .block_on(redirector::daemon::cri::channel(&socket))
+            .block_on(redirector::cri::channel(&socket))
             .map(RuntimeServiceClient::new)
             .expect("connecting to containerd's CRI");
         Containerd {
