@@ -113,6 +113,16 @@ impl Cgroup {
         Cgroup { path }
     }
 
+    /// The cgroup `name` at the cgroup2 root, named exactly so (as kubelet names the
+    /// kubepods cgroup); one an interrupted run left is removed first.
+    pub fn named_at_root(name: &str) -> Self {
+        let path = cgroup2_root().join(name);
+        let _ = remove_tree(&path);
+        std::fs::create_dir(&path)
+            .unwrap_or_else(|e| panic!("cannot create cgroup {}: {e}", path.display()));
+        Cgroup { path }
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -2,9 +2,9 @@
 //! containerd through the CRI with the image `cargo xtask image` built (the test plays
 //! kubelet: see the kit's `kubelet` module). The DaemonSet's hostPath volumes are the
 //! host's own (bpffs, cgroup2, /run/redirector, /var/run/netns), except the runtime's: the
-//! CNI directories and containerd's socket directory are the test containerd's. The one
-//! argument the manifest leaves to the node, `--cgroup` (the kubepods cgroup), names the
-//! test's.
+//! CNI directories and containerd's socket directory are the test containerd's. The
+//! kubepods cgroup is the test's `kubepods` at the cgroup2 root (the cgroupfs driver's
+//! name), which both containers find themselves, as the manifest names none.
 //!
 //! One lifecycle, once over a primary network at CNI 0.3.1 and once at 1.0.0: the install
 //! step's bad input, a pod from before the DaemonSet repaired, new pods captured, the
@@ -151,7 +151,7 @@ fn node_lifecycle(cni_version: &str, third_octet: u8) {
     // `ip netns add` makes /run/netns a shared mount of its own, as on a node whose runtime
     // keeps its namespaces there (the DaemonSet mounts it HostToContainer).
     let _netns = NetNs::new("nodenetns");
-    let kubepods = Cgroup::new("kubepods");
+    let kubepods = Cgroup::named_at_root("kubepods");
     let ipam = StateDir::new("ipam");
     let work = StateDir::new("images");
     let primary = primary_network(cni_version, third_octet, &ipam);
@@ -178,10 +178,7 @@ fn node_lifecycle(cni_version: &str, third_octet: u8) {
         .map(|(path, ours)| (PathBuf::from(path), ours))
         .collect(),
         cgroup_parent: kubepods.relative_path(),
-        node_args: vec![(
-            "--cgroup=".into(),
-            format!("--cgroup={}", kubepods.path().display()),
-        )],
+        node_args: Vec::new(),
     };
     let parent = kubepods.relative_path();
 
