@@ -1,8 +1,6 @@
 //! `redirector check`: the operator's pre-flight. Every requirement of this node with what
 //! was found and, for a failure, what to do; exit 0 only when the node can be served.
 
-use std::path::PathBuf;
-
 use crate::node_check::{assess, render_text};
 
 #[derive(clap::Args, Debug)]
@@ -11,18 +9,8 @@ pub struct CheckArgs {
     node: super::node_args::NodeArgs,
     #[command(flatten)]
     pin_root: super::pin_root::PinRootArg,
-    /// The runtime's CNI configuration directory, which the plugin is chained into.
-    #[arg(
-        long,
-        value_name = "DIR",
-        env = "REDIRECTOR_CNI_CONF_DIR",
-        default_value = crate::install_cni::DEFAULT_CONF_DIR
-    )]
-    cni_conf_dir: PathBuf,
-    /// The runtime's CRI socket, asked for its name and version [default: containerd's,
-    /// when it exists].
-    #[arg(long, value_name = "PATH", env = "REDIRECTOR_CRI_SOCKET")]
-    cri_socket: Option<PathBuf>,
+    #[command(flatten)]
+    runtime: super::node_args::RuntimeArgs,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -31,10 +19,11 @@ pub struct CheckArgs {
 /// Prints the report, whose last line is the verdict; exits 1 when the node cannot be
 /// served.
 pub fn run(args: &CheckArgs) -> anyhow::Result<()> {
-    let mut options = args
-        .node
-        .options(args.pin_root.path.clone(), Some(args.cni_conf_dir.clone()));
-    options.cri_socket = super::node_args::cri_socket(args.cri_socket.as_ref());
+    let mut options = args.node.options(
+        args.pin_root.path.clone(),
+        Some(args.runtime.cni_conf_dir.clone()),
+    );
+    options.cri_socket = args.runtime.cri_socket();
     let report = assess(&options);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);

@@ -3,7 +3,6 @@
 use std::path::PathBuf;
 
 use crate::{
-    cri::CONTAINERD_SOCKET,
     daemon::{
         self,
         api::DEFAULT_SOCKET,
@@ -19,19 +18,18 @@ fn repair_config(args: &DaemonArgs) -> Option<RepairConfig> {
     if args.repair == RepairMode::Off {
         return None;
     }
-    let socket = args.cri_socket.clone().or_else(|| {
-        let containerd = PathBuf::from(CONTAINERD_SOCKET);
-        containerd.exists().then_some(containerd)
-    });
-    let Some(cri_socket) = socket else {
-        tracing::info!("repair off: no --cri-socket, and no {CONTAINERD_SOCKET}");
+    let Some(cri_socket) = args.runtime.cri_socket() else {
+        tracing::info!(
+            "repair off: no --cri-socket, and no {}",
+            crate::cri::CONTAINERD_SOCKET
+        );
         return None;
     };
     Some(RepairConfig {
         mode: args.repair,
         cri_socket,
         interval: std::time::Duration::from_secs(args.repair_interval),
-        cni_conf_dir: args.cni_conf_dir.clone(),
+        cni_conf_dir: args.runtime.cni_conf_dir.clone(),
     })
 }
 
@@ -68,19 +66,8 @@ pub struct DaemonArgs {
     /// start), then every pod's capture, the node links, the records.
     #[arg(long)]
     uninstall: bool,
-    /// The CNI configuration directory holding the plugin's entry: repair reads its rules
-    /// there, --uninstall takes it out.
-    #[arg(
-        long,
-        value_name = "DIR",
-        env = "REDIRECTOR_CNI_CONF_DIR",
-        default_value = crate::install_cni::DEFAULT_CONF_DIR
-    )]
-    cni_conf_dir: PathBuf,
-    /// The container runtime's CRI socket, to find pods started before the plugin (or
-    /// while its entry was missing) [default: containerd's, when it exists].
-    #[arg(long, value_name = "PATH", env = "REDIRECTOR_CRI_SOCKET")]
-    cri_socket: Option<PathBuf>,
+    #[command(flatten)]
+    runtime: super::node_args::RuntimeArgs,
     /// What to do with a running pod the plugin's rules capture but nothing captured:
     /// capture it, only report it (log and metric), or not look.
     #[arg(long, value_enum, value_name = "MODE", default_value = "capture")]
@@ -118,16 +105,17 @@ pub fn run(args: &DaemonArgs) -> anyhow::Result<()> {
         max_pods: args.max_pods,
     };
     if args.uninstall {
-        for change in crate::install_cni::unchain_all(&args.cni_conf_dir)? {
+        for change in crate::install_cni::unchain_all(&args.runtime.cni_conf_dir)? {
             tracing::info!("{change}");
         }
         return daemon::uninstall(&config);
     }
     // Decided once, at start: a node that cannot be served keeps this container up,
     // not ready, with nothing pinned (install-cni, judging the same node, chains nothing).
-    let options = args
-        .node
-        .options(config.pin_root.clone(), Some(args.cni_conf_dir.clone()));
+    let options = args.node.options(
+        config.pin_root.clone(),
+        Some(args.runtime.cni_conf_dir.clone()),
+    );
     let report = assess(&options);
     let records = Records::new(&config.state_dir);
     match (report.verdict(), report.node_cgroup) {
