@@ -31,6 +31,9 @@ enum Command {
     /// anchors, the paths they name, their `redirector …` and `cargo xtask …` command
     /// lines, and the files the code's comments cite.
     Docs,
+    /// Bootstrap, build redirector, then run the checks `cargo xtask test` begins with: the
+    /// docs check, `cargo fmt --all --check`, and clippy with warnings denied.
+    Check,
     /// Bootstrap, build, then check (the docs, `cargo fmt --check`, clippy) and run the
     /// unit tests and the privileged integration tests.
     Test {
@@ -119,6 +122,11 @@ fn main() -> Result<()> {
             bootstrap::all()?;
             run::build_redirector()?;
             docs_check::run(&run::redirector_bin())
+        }
+        Command::Check => {
+            bootstrap::all()?;
+            run::build_redirector()?;
+            run::check()
         }
         Command::Test { filter } => {
             bootstrap::all()?;

@@ -64,8 +64,10 @@ fn checks() -> Counts {
     ebpf.current_dir(crate::workspace::workspace_root())
         .args(["run", "nightly", "cargo"])
         .args(CLIPPY_EBPF)
+        // Its own target dir: the host build's artifacts are for another target.
         .arg("--target-dir")
         .arg(target_dir().join("clippy-ebpf"))
+        .args(["--", "-D", "warnings"])
         .env(
             "CARGO_ENCODED_RUSTFLAGS",
             format!("--cfg=bpf_target_arch=\"{}\"", std::env::consts::ARCH),
@@ -75,6 +77,15 @@ fn checks() -> Counts {
     record("clippy (eBPF)", status(ebpf));
     println!("{}", counts.summary("checks"));
     counts
+}
+
+/// `cargo xtask check`: [`checks`] alone; an error if any failed.
+pub fn check() -> Result<()> {
+    let counts = checks();
+    if counts.failed > 0 {
+        bail!("{} checks failed", counts.failed);
+    }
+    Ok(())
 }
 
 /// clippy over every crate built for the host (the eBPF crate is built for the BPF
@@ -90,8 +101,9 @@ pub const CLIPPY_HOST: [&str; 8] = [
     "warnings",
 ];
 
-/// clippy over the eBPF crate, for its target, as `rustup run nightly cargo …`.
-pub const CLIPPY_EBPF: [&str; 11] = [
+/// clippy over the eBPF crate, for its target, as `rustup run nightly cargo …` (the
+/// lint arguments follow).
+pub const CLIPPY_EBPF: [&str; 8] = [
     "clippy",
     "--package",
     "redirector-ebpf",
@@ -100,9 +112,6 @@ pub const CLIPPY_EBPF: [&str; 11] = [
     "-Zbuild-std=core",
     "--bins",
     "--release",
-    "--",
-    "-D",
-    "warnings",
 ];
 
 /// The checks (docs, fmt, clippy), then the unit tests, then the privileged integration
