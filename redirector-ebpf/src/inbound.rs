@@ -170,7 +170,7 @@ fn unknown_address(ifindex: u32, key: PodAddrKey, to_itself: bool) -> u32 {
     if to_itself {
         return SK_PASS;
     }
-    let _ = ADDR_MISSES.insert(&key, &ifindex, 0);
+    let _ = ADDR_MISSES.insert(key, ifindex, 0);
     SK_DROP
 }
 

@@ -2,11 +2,16 @@
 
 use core::net::IpAddr;
 
+#[expect(
+    deprecated,
+    reason = "BPF_MAP_TYPE_CGRP_STORAGE, its successor, needs 6.2"
+)]
+use aya_ebpf::maps::CgroupStorage;
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     helpers::generated::bpf_get_netns_cookie,
     macros::map,
-    maps::{lpm_trie::Key, CgroupStorage, HashMap, LpmTrie, LruHashMap, PerCpuHashMap, SockHash},
+    maps::{lpm_trie::Key, HashMap, LpmTrie, LruHashMap, PerCpuHashMap, SockHash},
     EbpfContext,
 };
 use redirector_common::{
@@ -93,10 +98,7 @@ pub fn netns_cookie<C: EbpfContext>(ctx: &C) -> NetnsCookie {
 pub fn pod_cookie<const ON_CGROUP: bool, C: EbpfContext>(ctx: &C) -> NetnsCookie {
     if ON_CGROUP {
         // SAFETY: the helper's pointer is to this attachment's entry, valid for the run.
-        #[expect(deprecated, reason = "see POD_COOKIE")]
-        unsafe {
-            *POD_COOKIE.get_ptr_mut()
-        }
+        unsafe { *POD_COOKIE.get_ptr_mut() }
     } else {
         netns_cookie(ctx)
     }

@@ -189,7 +189,7 @@ unsafe fn redirected_peer(
         }
         // The app asks on its own socket.
         let key = bpf_sock_ends(sk).seen_by_client(netns_cookie);
-        ORIG_DST_BY_CONN.get(&key).copied()
+        ORIG_DST_BY_CONN.get(key).copied()
     }
 }
 
@@ -315,7 +315,7 @@ pub fn getpeername<const V6: bool>(ctx: &SockAddrContext) {
     let orig = unsafe {
         if (*sk).protocol == u32::from(IPPROTO_UDP) {
             let cookie = bpf_get_socket_cookie(ctx.as_ptr());
-            DNS_ORIG_BY_COOKIE.get(&cookie).copied()
+            DNS_ORIG_BY_COOKIE.get(cookie).copied()
         } else {
             redirected_peer(ctx, sk)
         }

@@ -192,8 +192,8 @@ fn traced_addresses<const V6: bool>(
         // SAFETY: the value is copied out at once.
         let orig = unsafe {
             match protocol {
-                Protocol::Tcp => ORIG_DST_BY_COOKIE.get(&socket_cookie),
-                Protocol::Udp => DNS_ORIG_BY_COOKIE.get(&socket_cookie),
+                Protocol::Tcp => ORIG_DST_BY_COOKIE.get(socket_cookie),
+                Protocol::Udp => DNS_ORIG_BY_COOKIE.get(socket_cookie),
             }
         };
         if let Some(orig) = orig {

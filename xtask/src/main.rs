@@ -3,6 +3,7 @@
 
 mod arch;
 mod bootstrap;
+mod docs_check;
 mod image;
 mod results;
 mod run;
@@ -26,7 +27,15 @@ enum Command {
     Bootstrap,
     /// Bootstrap, then build redirector (with its eBPF object) and the test binaries.
     Build,
-    /// Bootstrap, build, then run the unit tests and the privileged integration tests.
+    /// Bootstrap, build redirector, then check the docs against the repository: links and
+    /// anchors, the paths they name, their `redirector …` and `cargo xtask …` command
+    /// lines, and the files the code's comments cite.
+    Docs,
+    /// Bootstrap, build redirector, then run the checks `cargo xtask test` begins with: the
+    /// docs check, `cargo fmt --all --check`, and clippy with warnings denied.
+    Check,
+    /// Bootstrap, build, then check (the docs, `cargo fmt --check`, clippy) and run the
+    /// unit tests and the privileged integration tests.
     Test {
         /// Extra arguments for the integration test binaries (e.g. a test name filter).
         #[arg(trailing_var_arg = true)]
@@ -54,7 +63,7 @@ enum Command {
         only: Option<String>,
         /// Only these data-path modes, comma-separated (direct, explicit, iptables,
         /// redirector, redirector-daemon, redirector-traced, redirector-fallbacks,
-        /// daemon-bystander).
+        /// redirector-linkerd, daemon-bystander).
         #[arg(long, value_name = "NAME,...")]
         modes: Option<String>,
     },
@@ -71,8 +80,8 @@ enum Command {
         #[arg(long, value_enum, default_value = "amd64")]
         arch: arch::Arch,
         /// Kernel to boot: 6.1, 6.1-cloud, 6.12, 6.12-cloud, 6.12-rt, all (those four), 5.10
-        /// (Debian 11's: shows redirector refusing it by its probes), or a path to a
-        /// bzImage/vmlinux. Repeatable; default 6.1.
+        /// (Debian 11's: the oldest kernel it runs on, on the fallbacks its probes call for),
+        /// or a path to a bzImage/vmlinux. Repeatable; default 6.1.
         #[arg(long = "kernel", value_name = "SPEC")]
         kernels: Vec<String>,
         /// Run only these integration test binaries (`outbound`, `daemon`, `conformance`,
@@ -85,12 +94,39 @@ enum Command {
     },
 }
 
+/// Whether `cargo xtask ARGS…` parses with the definitions above (asking for the help
+/// counts as parsing): the docs check's judge of the `cargo xtask` lines in the docs.
+pub(crate) fn xtask_parses(args: &[String]) -> std::result::Result<(), String> {
+    use clap::error::ErrorKind;
+    match Cli::try_parse_from(std::iter::once("xtask".to_string()).chain(args.iter().cloned())) {
+        Ok(_) => Ok(()),
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => Ok(()),
+        Err(e) => Err(e
+            .to_string()
+            .lines()
+            .next()
+            .unwrap_or("does not parse")
+            .trim_start_matches("error: ")
+            .to_string()),
+    }
+}
+
 fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Bootstrap => bootstrap::all(),
         Command::Build => {
             bootstrap::all()?;
             run::build()
+        }
+        Command::Docs => {
+            bootstrap::all()?;
+            run::build_redirector()?;
+            docs_check::run(&run::redirector_bin())
+        }
+        Command::Check => {
+            bootstrap::all()?;
+            run::build_redirector()?;
+            run::check()
         }
         Command::Test { filter } => {
             bootstrap::all()?;

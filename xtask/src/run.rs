@@ -28,10 +28,98 @@ pub fn build() -> Result<()> {
     status(cmd)
 }
 
-/// Unit tests, then the privileged integration tests: every test binary runs even when
-/// one fails, and the run ends with `tests: N passed, N failed, N skipped` after the
-/// failed tests' names; it fails if any test did.
+/// The redirector binary `build` writes.
+pub fn redirector_bin() -> std::path::PathBuf {
+    target_dir().join("debug").join("redirector")
+}
+
+/// Only the redirector binary (for `cargo xtask docs`).
+pub fn build_redirector() -> Result<()> {
+    let mut cmd = cargo();
+    cmd.args(["build", "--package", "redirector", "--bin", "redirector"]);
+    status(cmd)
+}
+
+/// The checks before the tests, each counted as a test: the docs check, `cargo fmt
+/// --check`, and clippy with warnings denied (the host crates, then the eBPF crate for its
+/// target on nightly, as `redirector/build.rs` builds it).
+fn checks() -> Counts {
+    let mut counts = Counts::default();
+    let mut record = |name: &str, result: Result<()>| match result {
+        Ok(()) => counts.passed += 1,
+        Err(err) => {
+            eprintln!("xtask: {name}: {err:#}");
+            counts.failed += 1;
+            counts.failed_tests.push(format!("check: {name}"));
+        }
+    };
+    record("docs", crate::docs_check::run(&redirector_bin()));
+    let mut fmt = cargo();
+    fmt.args(["fmt", "--all", "--check"]);
+    record("cargo fmt --check", status(fmt));
+    let mut clippy = cargo();
+    clippy.args(CLIPPY_HOST);
+    record("clippy", status(clippy));
+    let mut ebpf = Command::new("rustup");
+    ebpf.current_dir(crate::workspace::workspace_root())
+        .args(["run", "nightly", "cargo"])
+        .args(CLIPPY_EBPF)
+        // Its own target dir: the host build's artifacts are for another target.
+        .arg("--target-dir")
+        .arg(target_dir().join("clippy-ebpf"))
+        .args(["--", "-D", "warnings"])
+        .env(
+            "CARGO_ENCODED_RUSTFLAGS",
+            format!("--cfg=bpf_target_arch=\"{}\"", std::env::consts::ARCH),
+        )
+        .env_remove("RUSTC")
+        .env_remove("RUSTC_WORKSPACE_WRAPPER");
+    record("clippy (eBPF)", status(ebpf));
+    println!("{}", counts.summary("checks"));
+    counts
+}
+
+/// `cargo xtask check`: [`checks`] alone; an error if any failed.
+pub fn check() -> Result<()> {
+    let counts = checks();
+    if counts.failed > 0 {
+        bail!("{} checks failed", counts.failed);
+    }
+    Ok(())
+}
+
+/// clippy over every crate built for the host (the eBPF crate is built for the BPF
+/// target only).
+pub const CLIPPY_HOST: [&str; 8] = [
+    "clippy",
+    "--workspace",
+    "--exclude",
+    "redirector-ebpf",
+    "--all-targets",
+    "--",
+    "-D",
+    "warnings",
+];
+
+/// clippy over the eBPF crate, for its target, as `rustup run nightly cargo …` (the
+/// lint arguments follow).
+pub const CLIPPY_EBPF: [&str; 8] = [
+    "clippy",
+    "--package",
+    "redirector-ebpf",
+    "--target",
+    "bpfel-unknown-none",
+    "-Zbuild-std=core",
+    "--bins",
+    "--release",
+];
+
+/// The checks (docs, fmt, clippy), then the unit tests, then the privileged integration
+/// tests: every check and test binary runs even when one fails, and the run ends with
+/// `tests: N passed, N failed, N skipped` after the failed checks' and tests' names; it
+/// fails if any did.
 pub fn test(filter: &[String]) -> Result<()> {
+    let mut counts = checks();
     // Unit tests: no root, any order.
     let mut unit = cargo();
     unit.args([
@@ -46,7 +134,7 @@ pub fn test(filter: &[String]) -> Result<()> {
         "--package",
         "redirector-bench",
     ]);
-    let mut counts = run_tests(unit)?;
+    counts.add(run_tests(unit)?);
     if crate::bootstrap::is_root() || std::env::var_os("CI").is_some() {
         // The node test runs deploy/daemonset.yaml with the image an operator would build.
         let image = crate::image::build()?;

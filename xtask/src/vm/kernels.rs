@@ -26,7 +26,7 @@ pub(crate) struct Kernel {
 
 /// Where Debian packages come from: the machine's own apt sources (for its own
 /// architecture), or a private apt configuration under `target/vm/apt/<suite>-<arch>` —
-/// another Debian suite (Debian 11's 5.10, to see it refused), or
+/// another Debian suite (Debian 11's 5.10, where the programs run on their fallbacks), or
 /// another architecture's packages (the guest's kernel and userland).
 #[derive(Clone, Copy)]
 pub(crate) struct Source {
@@ -166,7 +166,8 @@ pub(crate) fn resolve(spec: &str, arch: Arch) -> Result<Vec<Kernel>> {
         }
         other => bail!(
             "unknown kernel `{other}`: use 6.1, 6.1-cloud, 6.12, 6.12-cloud, 6.12-rt, all, 5.10 \
-             (Debian 11's: its probes find features missing, and redirector refuses it), or the path of a \
+             (Debian 11's: its probes find features missing, and redirector runs on its fallbacks), \
+             or the path of a \
              kernel image (bzImage/vmlinux, or an arm64 Image with --arch arm64)"
         ),
     };
