@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-/// Codes of the CNI spec (SPEC.md, "Error"); 100+ are the plugin's own.
+/// Codes of the CNI specification (its section "Error"); 100+ are the plugin's own.
 pub mod code {
     pub const INCOMPATIBLE_VERSION: u32 = 1;
     pub const INVALID_ENV: u32 = 4;

@@ -1,7 +1,7 @@
 //! linkerd2-proxy-init's command line, turned into a typed, validated configuration.
 //!
 //! The flag contract is proxy-init's own (`proxy-init/cmd/root.go` of
-//! linkerd/linkerd2-proxy-init; see LINKERD.md §1): pflag's syntax, proxy-init's defaults and
+//! linkerd/linkerd2-proxy-init; see docs/linkerd.md, "The command"): pflag's syntax, proxy-init's defaults and
 //! checks, its messages where it has them. What the flags ask for is written as the engine's
 //! [`CaptureConfig`] with Linkerd's semantics (every local destination passes, ignore lists
 //! as port ranges, ignored subnets matched on the inbound source, IPv6 all or nothing), so
@@ -68,7 +68,7 @@ pub fn parse_proxy_init(
     LinkerdConfig::from_args(&args, env)
 }
 
-/// The capture flags Linkerd's injector gives proxy-init (LINKERD.md §3), without its
+/// The capture flags Linkerd's injector gives proxy-init (docs/linkerd.md, "The injector"), without its
 /// iptables plumbing: the default for a node's Linkerd pods.
 pub const INJECTOR_DEFAULTS: [&str; 6] = [
     "--incoming-proxy-port=4143",

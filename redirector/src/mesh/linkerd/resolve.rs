@@ -156,7 +156,7 @@ struct CaptureSettings {
     fail_open: bool,
 }
 
-/// Linkerd's rules (LINKERD.md §2) as a capture spec: REDIRECT both ways, the proxy's uid
+/// Linkerd's rules (docs/linkerd.md, "What is captured") as a capture spec: REDIRECT both ways, the proxy's uid
 /// and gid exempt, every local destination passing, ignore lists as port ranges, ignored
 /// subnets matched on the inbound source, IPv6 all or nothing.
 fn capture_config(s: CaptureSettings) -> CaptureConfig {

@@ -1,4 +1,4 @@
-//! The whole path: argv → `LinkerdConfig`, against proxy-init's behaviour (LINKERD.md §1)
+//! The whole path: argv → `LinkerdConfig`, against proxy-init's behaviour (docs/linkerd.md, "The command")
 //! and Linkerd's capture semantics (§2).
 
 use std::{collections::HashMap, net::Ipv4Addr, path::PathBuf, time::Duration};
@@ -9,7 +9,7 @@ use ipnet::{IpNet, Ipv4Net};
 use super::*;
 use crate::engine::spec::{CidrSelection, InterceptionMode, OwnerGroups, PortSelection};
 
-/// The linkerd2 injector's command line for an init container (LINKERD.md §3).
+/// The linkerd2 injector's command line for an init container (docs/linkerd.md, "The injector").
 const INJECTOR_DEFAULTS: &[&str] = &[
     "--firewall-bin-path",
     "iptables-nft",
