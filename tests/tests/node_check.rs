@@ -361,3 +361,118 @@ fn the_daemon_finds_the_kubepods_cgroup_under_either_driver() {
         stop(daemon);
     }
 }
+
+/// `redirector-cni` called as a runtime calls it, for a pod the injector marked, in
+/// `netns`: success and the answer's JSON.
+fn plugin(command: &str, root: &Path, state: &Path, netns: &Path) -> (bool, serde_json::Value) {
+    use std::io::Write as _;
+    let dir = StateDir::new("unservable-cnibin");
+    let path = dir.path().join("redirector-cni");
+    std::os::unix::fs::symlink(redirector_bin(), &path).unwrap();
+    let conf = serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": "pods",
+        "type": "redirector-cni",
+        "pinRoot": root,
+        "stateDir": state,
+        "runtimeConfig": {
+            "io.kubernetes.cri.pod-annotations": {"sidecar.istio.io/status": "{}"}
+        },
+        "prevResult": {
+            "cniVersion": "1.0.0",
+            "ips": [{"address": "10.1.2.3/24"}]
+        }
+    });
+    let mut child = std::process::Command::new(&path)
+        .env_clear()
+        .env("CNI_COMMAND", command)
+        .env("CNI_CONTAINERID", "c-unservable")
+        .env("CNI_NETNS", netns)
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_ARGS", "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(conf.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let json = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (out.status.success(), json)
+}
+
+#[test]
+fn the_plugin_answers_a_gone_node_cgroup_as_a_node_not_served_yet() {
+    if !require_root() {
+        return;
+    }
+    let root = PinRoot::new("gonenode");
+    let node = Cgroup::new("gonenode");
+    let state = StateDir::new("gonenode-state");
+    redirector_tests::daemon::Daemon::start(&root, &node, &state).kill();
+    // The state directory outlives the daemon's cgroup.
+    let gone = node.path().to_path_buf();
+    drop(node);
+    assert!(!gone.exists());
+    let pod = redirector_tests::NetNs::new("gonenode");
+    let (ok, answer) = plugin("ADD", root.path(), state.path(), &pod.path());
+    assert!(!ok);
+    assert_eq!(answer["code"], 11, "try again later: {answer}");
+    assert!(
+        answer["msg"].as_str().unwrap().contains("is gone"),
+        "{answer}"
+    );
+    let (ok, answer) = plugin("STATUS", root.path(), state.path(), &pod.path());
+    assert!(!ok);
+    assert_eq!(answer["code"], 50, "{answer}");
+}
+
+#[test]
+fn where_the_daemon_found_the_node_unservable_the_plugin_is_ready_and_captures_nothing() {
+    if !require_root() {
+        return;
+    }
+    let root = PinRoot::new("markednode");
+    let state = StateDir::new("markednode-state");
+    let conf = StateDir::new("markednode-conf");
+    let gone = cgroup2_root().join(format!("rdt-{}-gone-node", std::process::id()));
+    let mut daemon = Spawn::new(redirector_bin())
+        .arg("daemon")
+        .arg(format!("--pin-root={}", root.path().display()))
+        .arg(format!("--state-dir={}", state.path().display()))
+        .arg(format!("--socket={}", state.path().join("sock").display()))
+        .arg(format!("--cni-conf-dir={}", conf.path().display()))
+        .arg(format!("--cgroup={}", gone.display()))
+        .arg("--repair=off")
+        .spawn();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !state.path().join("unservable").exists() {
+        assert!(Instant::now() < deadline, "no marker: {}", daemon.stderr());
+        assert!(daemon.try_wait().is_none(), "{}", daemon.stderr());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop(daemon);
+    let pod = redirector_tests::NetNs::new("markednode");
+    let (ok, answer) = plugin("STATUS", root.path(), state.path(), &pod.path());
+    assert!(ok, "STATUS: {answer}");
+    let (ok, answer) = plugin("ADD", root.path(), state.path(), &pod.path());
+    assert!(ok, "ADD: {answer}");
+    assert_eq!(
+        answer["ips"][0]["address"], "10.1.2.3/24",
+        "passed on: {answer}"
+    );
+    assert!(!root.path().exists(), "nothing pinned");
+    assert!(
+        !state.path().join("pods").exists()
+            || std::fs::read_dir(state.path().join("pods"))
+                .unwrap()
+                .next()
+                .is_none(),
+        "nothing recorded"
+    );
+}
