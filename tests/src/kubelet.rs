@@ -151,8 +151,9 @@ pub struct Node {
     pub host_paths: BTreeMap<PathBuf, PathBuf>,
     /// The pods' cgroup parent, relative to the cgroup2 root.
     pub cgroup_parent: String,
-    /// Container args whose value is the node's own (`--cgroup=`): prefix → replacement.
-    pub node_args: Vec<(String, String)>,
+    /// Env vars the operator sets on every container of the pod (the daemon's node
+    /// options, a test-only switch), replacing the manifest's of the same name.
+    pub node_env: Vec<(String, String)>,
 }
 
 /// A DaemonSet's or a Job's manifest: its pod template.
@@ -382,15 +383,13 @@ impl DaemonSet {
         image: &str,
         name: Option<&str>,
     ) -> ContainerConfig {
-        let args = container
-            .args
+        let envs = container
+            .env
             .iter()
-            .map(|arg| {
-                node.node_args
-                    .iter()
-                    .find(|(prefix, _)| arg.starts_with(prefix.as_str()))
-                    .map_or_else(|| arg.clone(), |(_, replacement)| replacement.clone())
-            })
+            .filter(|e| !node.node_env.iter().any(|(name, _)| *name == e.name))
+            .map(|e| (e.name.clone(), e.value.clone()))
+            .chain(node.node_env.iter().cloned())
+            .map(|(key, value)| KeyValue { key, value })
             .collect();
         ContainerConfig {
             metadata: Some(ContainerMetadata {
@@ -402,15 +401,8 @@ impl DaemonSet {
                 ..Default::default()
             }),
             command: container.command.clone(),
-            args,
-            envs: container
-                .env
-                .iter()
-                .map(|e| KeyValue {
-                    key: e.name.clone(),
-                    value: e.value.clone(),
-                })
-                .collect(),
+            args: container.args.clone(),
+            envs,
             mounts: container
                 .volume_mounts
                 .iter()

@@ -20,7 +20,7 @@ use redirector_tests::cri::pods::{
     app_pod, assert_lands_on_proxy, assert_reaches_service, connect, on_proxy, primary_network,
     serve, sidecar, LeftAlone, STATUS,
 };
-use redirector_tests::cri::Containerd;
+use redirector_tests::cri::{Containerd, Sandbox};
 use redirector_tests::daemon::{http_get, tcp_listeners, StateDir};
 use redirector_tests::kubelet::{DaemonSet, Node};
 use redirector_tests::netns::NetNs;
@@ -178,7 +178,7 @@ fn node_lifecycle(cni_version: &str, third_octet: u8) {
         .map(|(path, ours)| (PathBuf::from(path), ours))
         .collect(),
         cgroup_parent: kubepods.relative_path(),
-        node_args: Vec::new(),
+        node_env: Vec::new(),
     };
     let parent = kubepods.relative_path();
 
@@ -405,4 +405,191 @@ fn the_daemonset_runs_a_node_over_a_cni_0_3_1_network() {
 #[test]
 fn the_daemonset_runs_a_node_over_a_cni_1_0_0_network() {
     node_lifecycle("1.0.0", 82);
+}
+
+/// install-cni's readiness port in the manifest.
+const INSTALL_HEALTH: &str = "127.0.0.1:15016";
+
+/// The DaemonSet on a node it cannot serve, made so three ways: a kubepods cgroup given
+/// that does not exist, a kernel the probes refuse (the test-only switch), bpffs absent
+/// (the pod's /sys/fs/bpf a plain directory). Each time: the entry an earlier run chained
+/// goes and none comes back, both containers keep running not ready with the reason in
+/// their probes, the metric and `redirector status`; a plain and a kube-system pod start
+/// and reach a service directly; a meshed pod starts uncaptured and istio's validation, run
+/// as its init container runs it, fails it closed (exit 126).
+#[test]
+fn a_node_the_daemonset_cannot_serve_keeps_starting_pods_and_fails_meshed_ones_closed() {
+    if !require_root() || !require_tools("containerd node", &["containerd", "runc", "ctr"]) {
+        return;
+    }
+    let Some(image) = oci::release_image("node") else {
+        return;
+    };
+    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    let _forwarding = ForwardingGuard::new();
+    let host = HostState::claim();
+    let _bpffs = SharedMount::new("/sys/fs/bpf");
+    let _netns = NetNs::new("unservnetns");
+    let kubepods = Cgroup::named_at_root("kubepods");
+    let ipam = StateDir::new("ipam");
+    // A tmpfs, shared as bpffs is: the daemon's mount of it is Bidirectional.
+    let not_bpffs = StateDir::on_tmpfs("notbpffs");
+    let _not_bpffs_shared = SharedMount::new(&not_bpffs.path().display().to_string());
+    let primary = primary_network("1.0.0", 83, &ipam);
+    let mut cri = Containerd::start(&primary, &[]);
+    let conflist = cri.conf_dir().join("10-test.conflist");
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let ds = DaemonSet::load(&deploy.join("daemonset.yaml"));
+    let release = ds.image().to_owned();
+    cri.import(&image);
+    let parent = kubepods.relative_path();
+    let node = |extra_paths: &[(&str, &Path)], env: &[(&str, &str)]| Node {
+        host_paths: [
+            ("/etc/cni/net.d", cri.conf_dir()),
+            ("/opt/cni/bin", cri.bin_dir()),
+            ("/run/containerd", cri.dir().to_path_buf()),
+        ]
+        .into_iter()
+        .chain(extra_paths.iter().map(|(p, ours)| (*p, ours.to_path_buf())))
+        .map(|(path, ours)| (PathBuf::from(path), ours))
+        .collect(),
+        cgroup_parent: parent.clone(),
+        node_env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    };
+    let gone = kubepods
+        .path()
+        .with_file_name(format!("rdt-{}-gone", std::process::id()));
+    let gone = gone.display().to_string();
+    let ways: [(&str, Node); 3] = [
+        (
+            "kubepods_cgroup",
+            node(&[], &[("REDIRECTOR_CGROUP", &gone)]),
+        ),
+        (
+            "kernel",
+            node(&[], &[("REDIRECTOR_FORCE_REFUSAL", "sk-lookup")]),
+        ),
+        ("bpffs", node(&[("/sys/fs/bpf", not_bpffs.path())], &[])),
+    ];
+    let served = node(&[], &[]);
+    let svc = cri.run_sandbox("svc", &[], &format!("{parent}/svc"));
+    let (_, svc_addr) = serve(&mut cri, &svc);
+    for (n, (reason, unservable)) in ways.iter().enumerate() {
+        // An entry an earlier run chained, on a node it could serve then.
+        let (code, log) = ds.run_once(
+            &mut cri,
+            &served,
+            "install-cni",
+            &release,
+            &["install-cni"],
+            &[],
+        );
+        assert_eq!(code, 0, "{log}");
+        assert!(has_entry(&read_json(&conflist)), "{log}");
+
+        let pod = ds.run(&mut cri, unservable, &format!("u{n}"), &release);
+        within(Duration::from_secs(60), || {
+            !has_entry(&read_json(&conflist))
+        })
+        .unwrap_or_else(|| panic!("{reason}: the entry stays\n{}", ds.logs(&mut cri, &pod)));
+        let verdict = format!("cannot be served ({reason})");
+        for addr in [INSTALL_HEALTH, &format!("127.0.0.1:{HEALTH_PORT}")] {
+            within(Duration::from_secs(60), || {
+                http_get(addr, "/readyz")
+                    .is_ok_and(|(code, body)| code == 503 && body.contains(&verdict))
+            })
+            .unwrap_or_else(|| {
+                panic!(
+                    "{reason}: {addr} not answering not ready\n{}",
+                    ds.logs(&mut cri, &pod)
+                )
+            });
+        }
+        assert!(
+            within(Duration::from_secs(20), || metric(&format!(
+                "redirector_node_unservable{{reason=\"{reason}\"}} 1"
+            )))
+            .is_some(),
+            "{reason}: no metric"
+        );
+        let status = std::process::Command::new(redirector_tests::redirector::redirector_bin())
+            .args(["status", "--state-dir", STATE_DIR])
+            .output()
+            .unwrap();
+        let status = String::from_utf8_lossy(&status.stdout);
+        assert!(
+            status.starts_with(&format!("node: this node {verdict}")),
+            "{status}"
+        );
+        // No restart, no crash: both containers still run after a while.
+        std::thread::sleep(Duration::from_secs(3));
+        for (name, container) in &pod.containers {
+            assert_eq!(cri.exit_code(container), None, "{reason}: {name} exited");
+        }
+        assert!(!has_entry(&read_json(&conflist)), "{reason}: chained again");
+        assert_eq!(pins_under(Path::new(PIN_ROOT)), Vec::<PathBuf>::new());
+
+        // The node serves every pod: the plain and the kube-system one reach the service.
+        let left_alone = LeftAlone::start(&mut cri, &parent, &format!("u{n}"));
+        left_alone.assert_direct(&mut cri, svc_addr);
+        // A meshed pod starts, uncaptured, and istio's validation fails it closed.
+        let (meshed, meshed_app) = app_pod(
+            &mut cri,
+            "default",
+            &format!("meshed{n}"),
+            &[(STATUS, "{}")],
+            &parent,
+        );
+        assert_reaches_service(&mut cri, &meshed_app, svc_addr);
+        let validation = istio_validation(&mut cri, &meshed, &release);
+        assert_eq!(
+            cri.exit_code(&validation),
+            Some(126),
+            "{reason}: validation: {}",
+            cri.container_log(&validation)
+        );
+        left_alone.remove(&mut cri);
+        cri.remove_sandbox(&meshed.0);
+        ds.delete(&mut cri, pod);
+        host.reboot();
+    }
+}
+
+/// istio's `istio-validation` init container in `sandbox`, as the injector writes it with
+/// CNI on: the proxy image's `istio-iptables --run-validation --skip-rule-apply` as the
+/// proxy's uid (here, redirector's drop-in from the release image). Its id, once exited.
+fn istio_validation(cri: &mut Containerd, sandbox: &Sandbox, image: &str) -> String {
+    use k8s_cri::v1::{
+        ContainerConfig, ContainerMetadata, ImageSpec, Int64Value, LinuxContainerConfig,
+        LinuxContainerSecurityContext,
+    };
+    let config = ContainerConfig {
+        metadata: Some(ContainerMetadata {
+            name: "istio-validation".into(),
+            attempt: 0,
+        }),
+        image: Some(ImageSpec {
+            image: image.into(),
+            ..Default::default()
+        }),
+        args: ["istio-iptables", "--run-validation", "--skip-rule-apply"]
+            .map(String::from)
+            .to_vec(),
+        log_path: "istio-validation.log".into(),
+        linux: Some(LinuxContainerConfig {
+            security_context: Some(LinuxContainerSecurityContext {
+                run_as_user: Some(Int64Value { value: 1337 }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let id = cri.create_and_start(sandbox, config);
+    within(Duration::from_secs(60), || cri.exit_code(&id).is_some())
+        .unwrap_or_else(|| panic!("validation did not end: {}", cri.container_log(&id)));
+    id
 }
