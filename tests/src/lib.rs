@@ -38,7 +38,9 @@ pub mod scrapes;
 pub mod sockaddr;
 pub mod socket_lb;
 pub mod stale;
+pub mod test_node;
 pub mod topology;
+pub mod twin_pods;
 pub mod user_ns;
 
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -80,7 +82,20 @@ pub(crate) fn unique_name(hint: &str) -> String {
     format!("{NAME_PREFIX}-{}-{}-{hint}", std::process::id(), next_id())
 }
 
-/// Call first in every privileged test: `if !require_root() { return; }`.
+/// The first line of a privileged test: returns from it (a skip, see [`require_root`])
+/// unless it runs as root, and points the kit at the `probe` binary cargo built for this
+/// test run ([`use_probe_bin`]), so every test of a binary uses exactly that one.
+#[macro_export]
+macro_rules! privileged {
+    () => {
+        if !$crate::require_root() {
+            return;
+        }
+        $crate::use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    };
+}
+
+/// Whether this privileged test may run: see [`privileged!`], which calls it.
 ///
 /// Without root the test is skipped with a note, except under CI (env `CI` set), where a
 /// privileged test that silently skips would hide a regression, so it panics instead.

@@ -2,15 +2,13 @@
 //! network configuration on stdin, against namespaces the test made, beside a daemon. In
 //! both dialects: istio's (the default) and Linkerd's (`"dialect": "linkerd"`).
 
-use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
 
 use redirector_tests::bpftool::cgroup_attachments;
-use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::daemon::Daemon;
 use redirector_tests::linkerd::cases::LINKERD_PROXY_UID;
 use redirector_tests::linkerd::meshed::{
     assert_app, assert_inbound, assert_outbound, assert_peer, MeshedPod, A_PROXY_VERSION,
@@ -18,131 +16,13 @@ use redirector_tests::linkerd::meshed::{
 };
 use redirector_tests::linkerd::validator::{self, Addrs};
 use redirector_tests::redirector::{
-    object_ids, pins_under, pod_links, redirector_bin, PinRoot, STANDARD_INJECTION,
+    object_ids, pins_under, pod_links, PinRoot, STANDARD_INJECTION,
 };
+use redirector_tests::test_node::{CniPlugin, TestNode};
 use redirector_tests::{
-    assert_direct, assert_proxied, connect_from, require_root, use_probe_bin, Cgroup, ProxiedPod,
-    Spawn, Topology, APP_UID,
+    assert_direct, assert_proxied, connect_from, privileged, Cgroup, ProxiedPod, Spawn, Topology,
+    APP_UID,
 };
-
-/// The binary under the name a runtime calls it by.
-struct Plugin {
-    path: PathBuf,
-    _dir: StateDir,
-}
-
-impl Plugin {
-    fn new() -> Self {
-        let dir = StateDir::new("cnibin");
-        let path = dir.path().join("redirector-cni");
-        std::os::unix::fs::symlink(redirector_bin(), &path).unwrap();
-        Plugin { path, _dir: dir }
-    }
-
-    /// Run `command` with the runtime's env for a pod of namespace `default` and `conf` on
-    /// stdin: success and stdout JSON.
-    fn call(&self, command: &str, container: &str, netns: &str, conf: &Value) -> (bool, Value) {
-        self.call_in("default", command, container, netns, conf)
-    }
-
-    /// [`Plugin::call`] for a pod of Kubernetes namespace `namespace` (`K8S_POD_NAMESPACE`).
-    fn call_in(
-        &self,
-        namespace: &str,
-        command: &str,
-        container: &str,
-        netns: &str,
-        conf: &Value,
-    ) -> (bool, Value) {
-        let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME=web");
-        self.call_with_args(&args, command, container, netns, conf)
-    }
-
-    /// [`Plugin::call`] with `CNI_ARGS` set to `args`.
-    fn call_with_args(
-        &self,
-        args: &str,
-        command: &str,
-        container: &str,
-        netns: &str,
-        conf: &Value,
-    ) -> (bool, Value) {
-        let env = [
-            ("CNI_COMMAND", command),
-            ("CNI_CONTAINERID", container),
-            ("CNI_NETNS", netns),
-            ("CNI_IFNAME", "eth0"),
-            ("CNI_PATH", "/opt/cni/bin"),
-            ("CNI_ARGS", args),
-        ];
-        let out = self.run(&env, &conf.to_string());
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let json = if stdout.trim().is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&stdout)
-                .unwrap_or_else(|e| panic!("{command}: stdout is not JSON ({e}): {stdout}"))
-        };
-        (out.status.success(), json)
-    }
-
-    /// `command` with `stdin` as is (not necessarily JSON) and a namespace that does not exist.
-    fn raw(&self, command: &str, stdin: &str) -> (bool, Value) {
-        let env = [
-            ("CNI_COMMAND", command),
-            ("CNI_CONTAINERID", "c0"),
-            ("CNI_NETNS", "/nonexistent"),
-            ("CNI_IFNAME", "eth0"),
-        ];
-        let out = self.run(&env, stdin);
-        let json = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-        (out.status.success(), json)
-    }
-
-    /// The plugin with only `env`, fed `stdin`. A plugin that rejects its environment exits
-    /// before reading stdin, so a broken pipe on the write is an answer, not a test failure.
-    fn run(&self, env: &[(&str, &str)], stdin: &str) -> std::process::Output {
-        let mut child = Command::new(&self.path)
-            .env_clear()
-            .envs(env.iter().copied())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("running redirector-cni");
-        match child.stdin.take().unwrap().write_all(stdin.as_bytes()) {
-            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => panic!("writing stdin: {e}"),
-            _ => {}
-        }
-        child.wait_with_output().unwrap()
-    }
-}
-
-/// A node whose programs a daemon pinned (and then stopped: the plugin needs none), with
-/// the plugin, the node cgroup and a state directory.
-struct PinnedNode {
-    plugin: Plugin,
-    root: PinRoot,
-    node: Cgroup,
-    state: StateDir,
-}
-
-impl PinnedNode {
-    fn new(hint: &str) -> Self {
-        let (root, node, state) = (
-            PinRoot::new(hint),
-            Cgroup::new("node"),
-            StateDir::new("state"),
-        );
-        Daemon::start(&root, &node, &state).kill();
-        PinnedNode {
-            plugin: Plugin::new(),
-            root,
-            node,
-            state,
-        }
-    }
-}
 
 /// The annotation istio's injector sets on every pod it injected a sidecar into.
 const STATUS: &str = "sidecar.istio.io/status";
@@ -225,7 +105,7 @@ fn recorded(state: &Path) -> String {
 
 #[test]
 fn plugin_speaks_cni_version_and_errors() {
-    let plugin = Plugin::new();
+    let plugin = CniPlugin::new();
     let (ok, version) = plugin.raw("VERSION", "{}");
     assert!(ok);
     assert_eq!(version["cniVersion"], "1.1.0");
@@ -254,14 +134,9 @@ fn plugin_speaks_cni_version_and_errors() {
 
 #[test]
 fn add_captures_before_the_pod_runs_and_del_is_idempotent() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let plugin = Plugin::new();
-    let root = PinRoot::new("cni");
-    let node = Cgroup::new("node");
-    let state = StateDir::new("state");
+    privileged!();
+    let plugin = CniPlugin::new();
+    let TestNode { root, node, state } = TestNode::new("cni");
 
     // Nothing pinned yet (no daemon has run): ADD says "try again later", STATUS 50.
     let pod = ProxiedPod::under(&node, "cnipod");
@@ -345,7 +220,7 @@ fn add_captures_before_the_pod_runs_and_del_is_idempotent() {
 /// The pods a node just rebooted (nothing pinned, no daemon yet) sees through a CNI 0.3.1
 /// network: every pod the plugin leaves alone starts, a meshed one is held back (code 11)
 /// in the network's version, and DEL, GC and STATUS answer as they should.
-fn start_with_nothing_pinned(plugin: &Plugin, root: &PinRoot, state: &Path, netns: &str) {
+fn start_with_nothing_pinned(plugin: &CniPlugin, root: &PinRoot, state: &Path, netns: &str) {
     let unannotated = conf_031(root.path(), state, json!({}));
     let system = conf_031(root.path(), state, json!({ STATUS: "{}" }));
     let opted_out = conf_031(
@@ -403,14 +278,9 @@ fn start_with_nothing_pinned(plugin: &Plugin, root: &PinRoot, state: &Path, netn
 
 #[test]
 fn a_node_with_nothing_pinned_starts_every_pod_it_leaves_alone() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let plugin = Plugin::new();
-    let root = PinRoot::new("cniboot");
-    let node = Cgroup::new("node");
-    let state = StateDir::new("state");
+    privileged!();
+    let plugin = CniPlugin::new();
+    let TestNode { root, node, state } = TestNode::new("cniboot");
     let pod = ProxiedPod::under(&node, "bootpod");
     let netns = pod.topo.pod.path().display().to_string();
     let dst = pod.service(false);
@@ -490,12 +360,9 @@ fn a_node_with_nothing_pinned_starts_every_pod_it_leaves_alone() {
 /// was set up in (a `/proc/<pid>/ns/net` path whose pid was reused): that pod stays.
 #[test]
 fn a_del_with_no_record_leaves_another_containers_pod_alone() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let pinned = PinnedNode::new("cnidel");
-    let (plugin, root, node, state) = (&pinned.plugin, &pinned.root, &pinned.node, &pinned.state);
+    privileged!();
+    let plugin = &CniPlugin::new();
+    let TestNode { root, node, state } = &TestNode::pinned("cnidel");
     let pod = ProxiedPod::under(node, "delpod");
     let netns = pod.topo.pod.path().display().to_string();
     let dst = pod.service(false);
@@ -540,12 +407,9 @@ fn forget_network(state: &Path, container: &str) {
 /// gone.
 #[test]
 fn gc_of_one_network_leaves_another_networks_pods() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let pinned = PinnedNode::new("cnigc");
-    let (plugin, root, node, state) = (&pinned.plugin, &pinned.root, &pinned.node, &pinned.state);
+    privileged!();
+    let plugin = &CniPlugin::new();
+    let TestNode { root, node, state } = &TestNode::pinned("cnigc");
     let first = conf(root.path(), state.path(), json!({}));
     let mut second = first.clone();
     second["name"] = json!("secondary");
@@ -629,12 +493,9 @@ fn gc_of_one_network_leaves_another_networks_pods() {
 /// newer release's — and writes nothing.
 #[test]
 fn an_older_plugin_never_writes_for_a_newer_format() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let pinned = PinnedNode::new("cniskew");
-    let (plugin, root, node, state) = (&pinned.plugin, &pinned.root, &pinned.node, &pinned.state);
+    privileged!();
+    let plugin = &CniPlugin::new();
+    let TestNode { root, node, state } = &TestNode::pinned("cniskew");
     let pod = ProxiedPod::under(node, "skewpod");
     let netns = pod.topo.pod.path().display().to_string();
     let dst = pod.service(false);
@@ -704,11 +565,8 @@ fn an_older_plugin_never_writes_for_a_newer_format() {
 /// ADD attaches the programs there, at no other pod's cgroup and not at the node's.
 #[test]
 fn add_attaches_the_programs_at_the_cgroup_of_the_pods_uid() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let node = PinnedNode::new("cniuid");
+    privileged!();
+    let (node, plugin) = (TestNode::pinned("cniuid"), CniPlugin::new());
     let uid = "8c1f2a6e-93d4-4b7a-a0c2-5e6f7a8b9c0d";
     // The cgroupfs driver's layout for a Burstable pod.
     let qos = Cgroup::named_under(&node.node, "burstable");
@@ -718,9 +576,7 @@ fn add_attaches_the_programs_at_the_cgroup_of_the_pods_uid() {
     let netns = pod.topo.pod.path().display().to_string();
     let conf = conf(node.root.path(), node.state.path(), json!({}));
     let args = format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME=web;K8S_POD_UID={uid}");
-    let (ok, result) = node
-        .plugin
-        .call_with_args(&args, "ADD", "uid-pod", &netns, &conf);
+    let (ok, result) = plugin.call_with_args(&args, "ADD", "uid-pod", &netns, &conf);
     assert!(ok, "{result}");
     // The six TCP ones: this pod's DNS is not captured, so no UDP program.
     let attached = cgroup_attachments(pod_cgroup.path());
@@ -739,9 +595,7 @@ fn add_attaches_the_programs_at_the_cgroup_of_the_pods_uid() {
     let elsewhere = Cgroup::under(&node.node, "cniuidother");
     let from_elsewhere = connect_from(&pod.topo, Some(&elsewhere), APP_UID, APP_UID, dst, None);
     assert_direct(&from_elsewhere, dst);
-    let (ok, err) = node
-        .plugin
-        .call_with_args(&args, "DEL", "uid-pod", &netns, &conf);
+    let (ok, err) = plugin.call_with_args(&args, "DEL", "uid-pod", &netns, &conf);
     assert!(ok, "{err}");
     assert!(cgroup_attachments(pod_cgroup.path()).is_empty());
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
@@ -772,14 +626,9 @@ fn linkerd_injected(root: &Path, state: &Path, annotations: Value) -> Value {
 /// releases the captured one.
 #[test]
 fn a_linkerd_network_captures_linkerd_pods_with_proxy_inits_ports_and_exemptions() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let plugin = Plugin::new();
-    let root = PinRoot::new("cnilk");
-    let node = Cgroup::new("node");
-    let state = StateDir::new("state");
+    privileged!();
+    let plugin = CniPlugin::new();
+    let TestNode { root, node, state } = TestNode::new("cnilk");
     let pod = MeshedPod::under(&node, "cnilkpod");
     let netns = pod.netns_path();
     let cookie = pod.topo.pod.cookie();
@@ -900,17 +749,17 @@ fn a_linkerd_network_captures_linkerd_pods_with_proxy_inits_ports_and_exemptions
 /// ADD of `id` in `namespace` with `conf` into `pod`, then `check` while it is captured,
 /// then DEL, after which nothing of it is left.
 fn while_added(
-    node: &PinnedNode,
+    (node, plugin): (&TestNode, &CniPlugin),
     pod: &MeshedPod,
     (namespace, id): (&str, &str),
     conf: &Value,
     check: impl FnOnce(),
 ) {
     let netns = pod.netns_path();
-    let (ok, result) = node.plugin.call_in(namespace, "ADD", id, &netns, conf);
+    let (ok, result) = plugin.call_in(namespace, "ADD", id, &netns, conf);
     assert!(ok, "ADD {namespace}/{id}: {result}");
     check();
-    let (ok, err) = node.plugin.call_in(namespace, "DEL", id, &netns, conf);
+    let (ok, err) = plugin.call_in(namespace, "DEL", id, &netns, conf);
     assert!(ok, "DEL {namespace}/{id}: {err}");
     assert_eq!(pod_links(&node.root, pod.topo.pod.cookie()), None);
 }
@@ -923,11 +772,8 @@ fn while_added(
 /// naming the annotation, and sets nothing up.
 #[test]
 fn linkerd_annotations_override_the_networks_flags() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let node = PinnedNode::new("cnilkann");
+    privileged!();
+    let (node, plugin) = (TestNode::pinned("cnilkann"), CniPlugin::new());
     let pod = MeshedPod::under(&node.node, "cnilkann");
     let (root, state) = (node.root.path(), node.state.path());
     let svc = pod.peer(false, 80);
@@ -941,7 +787,7 @@ fn linkerd_annotations_override_the_networks_flags() {
         state,
         json!({"config.linkerd.io/skip-outbound-ports": "80,8080"}),
     );
-    while_added(&node, &pod, default_pod, &skip, || {
+    while_added((&node, &plugin), &pod, default_pod, &skip, || {
         assert_peer(&pod.connect(APP_UID, svc), svc);
         assert_peer(&pod.connect(APP_UID, plain), plain);
         assert_outbound(&pod.connect(APP_UID, ignored), ignored);
@@ -952,7 +798,7 @@ fn linkerd_annotations_override_the_networks_flags() {
         state,
         json!({"config.linkerd.io/skip-outbound-ports": ""}),
     );
-    while_added(&node, &pod, default_pod, &empty, || {
+    while_added((&node, &plugin), &pod, default_pod, &empty, || {
         assert_outbound(&pod.connect(APP_UID, svc), svc);
         assert_peer(&pod.connect(APP_UID, ignored), ignored);
     });
@@ -964,7 +810,7 @@ fn linkerd_annotations_override_the_networks_flags() {
         state,
         json!({"config.linkerd.io/skip-inbound-ports": "5000"}),
     );
-    while_added(&node, &pod, default_pod, &skip_in, || {
+    while_added((&node, &plugin), &pod, default_pod, &skip_in, || {
         for port in [5000, CONTROL_PORT] {
             let dst = pod.pod_addr(false, port);
             assert_app(&pod.connect_from_peer(dst), dst);
@@ -975,7 +821,7 @@ fn linkerd_annotations_override_the_networks_flags() {
 
     // proxy-uid replaces the exempt uid: 3000's connections go direct, 2102's are captured.
     let uid = linkerd_injected(root, state, json!({"config.linkerd.io/proxy-uid": "3000"}));
-    while_added(&node, &pod, default_pod, &uid, || {
+    while_added((&node, &plugin), &pod, default_pod, &uid, || {
         assert_peer(&pod.connect(3000, svc), svc);
         assert_outbound(&pod.connect(LINKERD_PROXY_UID, svc), svc);
     });
@@ -987,20 +833,26 @@ fn linkerd_annotations_override_the_networks_flags() {
         state,
         json!({"config.linkerd.io/outbound-port": "4143"}),
     );
-    while_added(&node, &pod, default_pod, &port, || {
+    while_added((&node, &plugin), &pod, default_pod, &port, || {
         assert_inbound(&pod.connect(APP_UID, svc), svc);
     });
 
     // The control plane's namespace (`linkerd`) also skips 443 and 6443; others do not.
     let injected = linkerd_injected(root, state, json!({}));
-    while_added(&node, &pod, ("linkerd", "ctl-pod"), &injected, || {
-        for port in [443, 6443] {
-            let api = pod.peer(false, port);
-            assert_peer(&pod.connect(APP_UID, api), api);
-        }
-        assert_outbound(&pod.connect(APP_UID, svc), svc);
-    });
-    while_added(&node, &pod, default_pod, &injected, || {
+    while_added(
+        (&node, &plugin),
+        &pod,
+        ("linkerd", "ctl-pod"),
+        &injected,
+        || {
+            for port in [443, 6443] {
+                let api = pod.peer(false, port);
+                assert_peer(&pod.connect(APP_UID, api), api);
+            }
+            assert_outbound(&pod.connect(APP_UID, svc), svc);
+        },
+    );
+    while_added((&node, &plugin), &pod, default_pod, &injected, || {
         let api = pod.peer(false, 443);
         assert_outbound(&pod.connect(APP_UID, api), api);
     });
@@ -1016,7 +868,7 @@ fn linkerd_annotations_override_the_networks_flags() {
         "outbound-ports-to-ignore": ["4567", "4568"],
         "ipv6": false,
     });
-    while_added(&node, &pod, default_pod, &settings, || {
+    while_added((&node, &plugin), &pod, default_pod, &settings, || {
         assert_outbound(&pod.connect(APP_UID, svc), svc);
         assert_peer(&pod.connect(LINKERD_PROXY_UID, svc), svc);
         assert_peer(&pod.connect(APP_UID, ignored), ignored);
@@ -1031,7 +883,7 @@ fn linkerd_annotations_override_the_networks_flags() {
     let netns = pod.netns_path();
     for annotation in ["config.linkerd.io/proxy-uid", "config.linkerd.io/proxy-gid"] {
         let bad = linkerd_injected(root, state, json!({ annotation: "not-a-number" }));
-        let (ok, err) = node.plugin.call("ADD", "bad-pod", &netns, &bad);
+        let (ok, err) = plugin.call("ADD", "bad-pod", &netns, &bad);
         assert!(!ok, "{annotation}: ADD must fail: {err}");
         assert_eq!(err["code"], 7, "{err}");
         let msg = err["msg"].as_str().unwrap_or_default();
@@ -1045,21 +897,19 @@ fn linkerd_annotations_override_the_networks_flags() {
             "{annotation}: recorded"
         );
         assert_peer(&pod.connect(APP_UID, svc), svc);
-        let (ok, err) = node.plugin.call("DEL", "bad-pod", &netns, &bad);
+        let (ok, err) = plugin.call("DEL", "bad-pod", &netns, &bad);
         assert!(ok, "DEL after a failed ADD: {err}");
     }
 }
 
-/// Linkerd's network validator (LINKERD.md §4) in a pod a Linkerd network captured: as
-/// uid 65534, its connection to 1.1.1.1:20001 comes back to its own listener on
-/// 0.0.0.0:4140 with its token. Before ADD and after DEL it fails (exit 95). The pod's
-/// namespace reaches only the test's peer namespace, which has no route to 1.1.1.1.
+/// Linkerd's network validator (docs/linkerd.md#how-linkerd-runs-it) in a pod a Linkerd network
+/// captured: as uid 65534, its connection to 1.1.1.1:20001 comes back to its own listener on
+/// 0.0.0.0:4140 with its token. Before ADD and after DEL it fails (exit 95). The pod's namespace
+/// reaches only the test's peer namespace, which has no route to 1.1.1.1.
 #[test]
 fn the_network_validator_passes_in_a_pod_a_linkerd_network_captured() {
-    if !require_root() {
-        return;
-    }
-    let node = PinnedNode::new("cnilkval");
+    privileged!();
+    let (node, plugin) = (TestNode::pinned("cnilkval"), CniPlugin::new());
     let topo = Topology::under(&node.node, "cnilkval");
     let netns = topo.pod.path().display().to_string();
     let injected = linkerd_injected(node.root.path(), node.state.path(), json!({}));
@@ -1072,10 +922,10 @@ fn the_network_validator_passes_in_a_pod_a_linkerd_network_captured() {
         .cgroup(&topo.pod_cgroup)
         .spawn();
     validator::run(&topo, Addrs::ipv4()).assert_failed();
-    let (ok, result) = node.plugin.call("ADD", "validated", &netns, &injected);
+    let (ok, result) = plugin.call("ADD", "validated", &netns, &injected);
     assert!(ok, "{result}");
     validator::run(&topo, Addrs::ipv4()).assert_passed();
-    let (ok, err) = node.plugin.call("DEL", "validated", &netns, &injected);
+    let (ok, err) = plugin.call("DEL", "validated", &netns, &injected);
     assert!(ok, "{err}");
     validator::run(&topo, Addrs::ipv4()).assert_failed();
 }

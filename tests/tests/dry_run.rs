@@ -6,7 +6,7 @@ use std::path::Path;
 
 use redirector_tests::bpftool::{cgroup_attachments, loaded_ids};
 use redirector_tests::redirector::{istio_iptables, pins_under, PinRoot, STANDARD_INJECTION};
-use redirector_tests::{require_root, Topology};
+use redirector_tests::{privileged, Topology};
 
 /// Everything of the kernel's that a run could change.
 #[derive(Debug, PartialEq, Eq)]
@@ -34,9 +34,7 @@ fn snapshot(topo: &Topology, root: &Path) -> KernelState {
 
 #[test]
 fn dry_run_prints_the_plan_and_changes_nothing() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let topo = Topology::new("dryrun");
     let root = PinRoot::new("dryrun");
     let before = snapshot(&topo, root.path());
@@ -123,9 +121,7 @@ fn from_the_root_cgroup(topo: &Topology, root: &PinRoot, extra: &[&str]) -> std:
 
 #[test]
 fn from_the_root_cgroup_a_dry_run_prints_the_plan_and_an_apply_says_to_pass_cgroup() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let topo = Topology::new("rootcg");
     let root = PinRoot::new("rootcg");
 

@@ -26,7 +26,8 @@ use redirector::{
 use redirector_common::{PortKey, PortSet};
 use redirector_tests::redirector::{object_ids, PinRoot, STANDARD_INJECTION};
 use redirector_tests::{
-    assert_direct, assert_proxied, require_root, use_probe_bin, NetNs, ProxiedPod, APP_UID,
+    assert_direct, assert_proxied, privileged, require_root, use_probe_bin, NetNs, ProxiedPod,
+    APP_UID,
 };
 
 /// The network namespace inode of every thread of this process. A thread just joined may
@@ -172,9 +173,7 @@ fn own_namespace() -> u64 {
 
 #[test]
 fn work_in_a_namespace_runs_there_and_its_thread_comes_back_even_when_it_panics() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let pod = NetNs::new("engrun");
     let netns = Netns::open(&pod.path()).expect("opening the pod's namespace");
     let own = own_namespace();

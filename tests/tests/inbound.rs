@@ -4,11 +4,12 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 
-use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::daemon::Daemon;
 use redirector_tests::redirector::{install, install_with_interfaces, PinRoot, STANDARD_INJECTION};
+use redirector_tests::test_node::TestNode;
 use redirector_tests::{
-    connect_from, require_root, use_probe_bin, Cgroup, ChildGuard, ConnOutcome, NetNs, ProbeServer,
-    Topology, APP_UID, PROXY_UID,
+    connect_from, privileged, ChildGuard, ConnOutcome, NetNs, ProbeServer, Topology, APP_UID,
+    PROXY_UID,
 };
 
 /// Ports the app serves in the pod: a normal one, one in `-d`, and the tunnel port.
@@ -76,10 +77,7 @@ fn assert_app(outcome: &ConnOutcome, local: SocketAddr) {
 
 #[test]
 fn inbound_connections_reach_the_proxy_except_excluded_and_tunnel_ports() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
     let topo = Topology::new("inbound");
     let _app = start_app(&topo);
     let _proxy = start_inbound_proxy(&topo);
@@ -100,10 +98,7 @@ fn inbound_connections_reach_the_proxy_except_excluded_and_tunnel_ports() {
 
 #[test]
 fn inbound_port_list_captures_only_listed_ports() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
     let topo = Topology::new("inlist");
     let _app = start_app(&topo);
     let _proxy = start_inbound_proxy(&topo);
@@ -122,10 +117,7 @@ fn inbound_port_list_captures_only_listed_ports() {
 
 #[test]
 fn proxy_listener_is_found_before_after_and_across_restarts() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
     let topo = Topology::new("inrestart");
     let _app = start_app(&topo);
     let dst = pod_addr(&topo, false, APP_PORT);
@@ -152,10 +144,7 @@ fn proxy_listener_is_found_before_after_and_across_restarts() {
 
 #[test]
 fn excluded_and_virtual_interfaces() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
     let topo = Topology::new("iniface");
     let _app = start_app(&topo);
     let _inbound = start_inbound_proxy(&topo);
@@ -243,10 +232,7 @@ fn assert_inbound_proxy_at(outcome: &ConnOutcome, ip: IpAddr, port: u16) {
 /// is refused, never served by the app past the sidecar.
 #[test]
 fn link_local_and_later_addresses_never_bypass_the_inbound_listener() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
     let topo = Topology::new("inll");
     add_link_local(&topo.pod, POD_LINK_LOCAL);
     add_link_local(&topo.service, PEER_LINK_LOCAL);
@@ -277,13 +263,8 @@ fn link_local_and_later_addresses_never_bypass_the_inbound_listener() {
 /// none is ever served by the app directly.
 #[test]
 fn the_daemon_adds_an_address_the_pod_gained_after_setup() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let node = Cgroup::new("node");
-    let root = PinRoot::new("inlater");
-    let state = StateDir::new("inlater");
+    privileged!();
+    let TestNode { root, node, state } = TestNode::new("inlater");
     let daemon = Daemon::start(&root, &node, &state);
     let topo = Topology::under(&node, "inlater");
     let _app = start_app(&topo);

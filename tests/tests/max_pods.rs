@@ -7,11 +7,10 @@
 use std::process::Command;
 
 use redirector_tests::bpftool::pinned_map;
-use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::daemon::Daemon;
 use redirector_tests::redirector::{object_ids, redirector_bin, PinRoot, STANDARD_INJECTION};
-use redirector_tests::{
-    assert_proxied, require_root, use_probe_bin, Cgroup, NetNs, ProxiedPod, APP_UID,
-};
+use redirector_tests::test_node::TestNode;
+use redirector_tests::{assert_proxied, privileged, NetNs, ProxiedPod, APP_UID};
 
 /// The capacity of the node object's map `name`.
 fn capacity(root: &PinRoot, name: &str) -> u64 {
@@ -36,13 +35,8 @@ fn add(daemon: &Daemon, netns: &NetNs, name: &str) -> std::process::Output {
 
 #[test]
 fn a_pod_past_the_capacity_is_added_once_the_node_is_sized_for_it() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let root = PinRoot::new("maxpods");
-    let node = Cgroup::new("node");
-    let state = StateDir::new("state");
+    privileged!();
+    let TestNode { root, node, state } = TestNode::new("maxpods");
     let daemon = Daemon::start_with(&root, &node, &state, &["--max-pods", "3"]);
     assert_eq!(capacity(&root, "POD_CONFIG"), 3);
     assert_eq!(capacity(&root, "LISTENERS"), 12);
@@ -121,12 +115,8 @@ fn a_pod_past_the_capacity_is_added_once_the_node_is_sized_for_it() {
 
 #[test]
 fn no_pods_or_absurd_sizes_are_refused_with_nothing_pinned() {
-    if !require_root() {
-        return;
-    }
-    let root = PinRoot::new("maxbad");
-    let node = Cgroup::new("node");
-    let state = StateDir::new("state");
+    privileged!();
+    let TestNode { root, node, state } = TestNode::new("maxbad");
     let daemon = |value: Option<&str>, env: Option<&str>| {
         let mut cmd = Command::new(redirector_bin());
         cmd.arg("daemon")

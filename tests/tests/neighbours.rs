@@ -16,8 +16,7 @@ use redirector_tests::redirector::{
 };
 use redirector_tests::socket_lb::SocketLb;
 use redirector_tests::{
-    require_root, use_probe_bin, Cgroup, ConnOutcome, ProbeServer, ProxiedPod, Topology, APP_UID,
-    PROXY_UID,
+    privileged, Cgroup, ConnOutcome, ProbeServer, ProxiedPod, Topology, APP_UID, PROXY_UID,
 };
 
 /// `bpftool cgroup <verb> <cgroup> connect4 pinned <program> <flags…>`.
@@ -32,10 +31,7 @@ fn connect4(cgroup: &Cgroup, program: &std::path::Path, verb: &str, flags: &[&st
 
 #[test]
 fn an_exclusive_program_at_an_ancestor_is_named_and_nothing_is_attached() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
     let ancestor = Cgroup::new("nbr");
     // A program to stand in for the neighbour's: one of redirector's own, loaded under a
     // pin root of its own by setting up another pod.
@@ -166,10 +162,7 @@ fn compose_with_a_socket_lb(
 
 #[test]
 fn a_socket_load_balancer_above_an_init_container_pod_composes_with_the_redirect() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
     let ancestor = Cgroup::new("lbroot");
     let root = PinRoot::new("lb");
     compose_with_a_socket_lb(&ancestor, &ancestor, &root, |topo| {
@@ -184,10 +177,7 @@ fn a_socket_load_balancer_above_an_init_container_pod_composes_with_the_redirect
 
 #[test]
 fn a_socket_load_balancer_above_the_daemons_node_composes_with_the_redirect() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
     let ancestor = Cgroup::new("lbroot");
     let node = Cgroup::under(&ancestor, "lbnode");
     let root = PinRoot::new("lbd");

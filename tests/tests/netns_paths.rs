@@ -9,8 +9,9 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 use redirector_tests::daemon::{Daemon, StateDir};
-use redirector_tests::redirector::{pins_under, redirector_bin, PinRoot, STANDARD_INJECTION};
-use redirector_tests::{require_root, Cgroup};
+use redirector_tests::privileged;
+use redirector_tests::redirector::{pins_under, redirector_bin, STANDARD_INJECTION};
+use redirector_tests::test_node::TestNode;
 
 /// `redirector ARGS` under `timeout 10`: a blocked open shows as exit 124.
 fn redirector(argv0: &Path, args: &[&str], env: &[(&str, &str)], stdin: &str) -> Output {
@@ -38,12 +39,8 @@ fn text(out: &Output) -> String {
 
 #[test]
 fn the_hosts_namespace_and_files_that_are_not_namespaces_are_refused_at_every_way_in() {
-    if !require_root() {
-        return;
-    }
-    let root = PinRoot::new("nspath");
-    let node = Cgroup::new("node");
-    let state = StateDir::new("state");
+    privileged!();
+    let TestNode { root, node, state } = TestNode::new("nspath");
     let files = StateDir::new("nsfiles");
     let fifo = files.path().join("fifo");
     let ok = Command::new("mkfifo")

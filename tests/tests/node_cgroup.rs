@@ -6,13 +6,11 @@ use std::time::{Duration, Instant};
 
 use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::redirector::{PinRoot, STANDARD_INJECTION};
-use redirector_tests::{require_root, Cgroup, NetNs, Spawn};
+use redirector_tests::{privileged, Cgroup, NetNs, Spawn};
 
 #[test]
 fn a_pod_outside_the_node_cgroup_is_reported_and_fails_its_check() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let root = PinRoot::new("ncg");
     let node = Cgroup::new("ncgnode");
     let elsewhere = Cgroup::new("ncgelsewhere");

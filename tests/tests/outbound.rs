@@ -12,22 +12,12 @@ use redirector_tests::proxied_pod::SERVICE_PORT;
 use redirector_tests::redirector::{
     istio_iptables, object_ids, pins_under, pod_links, PinRoot, STANDARD_INJECTION,
 };
-use redirector_tests::{
-    assert_direct, assert_proxied, require_root, use_probe_bin, ProxiedPod, APP_UID, PROXY_UID,
-};
-
-/// A pod with a service and a stand-in proxy, with this test binary's probe.
-fn pod(hint: &str) -> ProxiedPod {
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    ProxiedPod::new(hint)
-}
+use redirector_tests::{assert_direct, assert_proxied, privileged, ProxiedPod, APP_UID, PROXY_UID};
 
 #[test]
 fn app_connection_redirected_with_original_destination_v4_and_v6() {
-    if !require_root() {
-        return;
-    }
-    let pod = pod("origdst");
+    privileged!();
+    let pod = ProxiedPod::new("origdst");
     let root = PinRoot::new("origdst");
     // Before: straight to the service.
     assert_direct(
@@ -43,10 +33,8 @@ fn app_connection_redirected_with_original_destination_v4_and_v6() {
 
 #[test]
 fn proxy_uid_and_gid_are_not_redirected() {
-    if !require_root() {
-        return;
-    }
-    let pod = pod("owner");
+    privileged!();
+    let pod = ProxiedPod::new("owner");
     let root = PinRoot::new("owner");
     pod.install(&root, &STANDARD_INJECTION);
     let dst = pod.service(false);
@@ -61,10 +49,8 @@ fn proxy_uid_and_gid_are_not_redirected() {
 
 #[test]
 fn excluded_cidr_and_excluded_port_pass_untouched() {
-    if !require_root() {
-        return;
-    }
-    let pod = pod("exclude");
+    privileged!();
+    let pod = ProxiedPod::new("exclude");
     let other: IpAddr = Ipv4Addr::new(10, 201, pod.topo.subnet(), 3).into();
     pod.topo.add_service_addr(other);
     let root = PinRoot::new("exclude");
@@ -89,10 +75,8 @@ fn excluded_cidr_and_excluded_port_pass_untouched() {
 
 #[test]
 fn include_list_is_respected() {
-    if !require_root() {
-        return;
-    }
-    let pod = pod("include");
+    privileged!();
+    let pod = ProxiedPod::new("include");
     let other: IpAddr = Ipv4Addr::new(10, 201, pod.topo.subnet(), 3).into();
     pod.topo.add_service_addr(other);
     let root = PinRoot::new("include");
@@ -116,11 +100,9 @@ fn include_list_is_respected() {
 
 #[test]
 fn two_pods_with_different_config_share_one_object_and_do_not_interfere() {
-    if !require_root() {
-        return;
-    }
-    let a = pod("poda");
-    let b = pod("podb");
+    privileged!();
+    let a = ProxiedPod::new("poda");
+    let b = ProxiedPod::new("podb");
     let root = PinRoot::new("twopods");
     let log_a = a.install(&root, &STANDARD_INJECTION);
     let excluded = format!("{}/32", b.topo.service_ip4());
@@ -162,10 +144,8 @@ fn two_pods_with_different_config_share_one_object_and_do_not_interfere() {
 
 #[test]
 fn pins_survive_the_loader_and_a_rerun_replaces_instead_of_doubling() {
-    if !require_root() {
-        return;
-    }
-    let pod = pod("rerun");
+    privileged!();
+    let pod = ProxiedPod::new("rerun");
     let root = PinRoot::new("rerun");
     pod.install(&root, &STANDARD_INJECTION);
     // The loader has exited; its pins hold the links.
@@ -200,10 +180,8 @@ fn pins_survive_the_loader_and_a_rerun_replaces_instead_of_doubling() {
 
 #[test]
 fn cleanup_only_leaves_no_program_link_map_or_pin() {
-    if !require_root() {
-        return;
-    }
-    let pod = pod("cleanup");
+    privileged!();
+    let pod = ProxiedPod::new("cleanup");
     let root = PinRoot::new("cleanup");
     pod.install(&root, &STANDARD_INJECTION);
     let pins = pins_under(root.path());
@@ -262,10 +240,8 @@ fn cleanup_only_leaves_no_program_link_map_or_pin() {
 
 #[test]
 fn invalid_values_exit_1_naming_the_flag_and_attach_nothing() {
-    if !require_root() {
-        return;
-    }
-    let pod = pod("invalid");
+    privileged!();
+    let pod = ProxiedPod::new("invalid");
     let root = PinRoot::new("invalid");
     let cases: [(&[&str], &str, &str); 5] = [
         (
@@ -315,10 +291,8 @@ fn invalid_values_exit_1_naming_the_flag_and_attach_nothing() {
 
 #[test]
 fn traffic_leaving_through_an_excluded_interface_passes() {
-    if !require_root() {
-        return;
-    }
-    let pod = pod("excliface");
+    privileged!();
+    let pod = ProxiedPod::new("excliface");
     let root = PinRoot::new("excliface");
     // The pod's routes to the service leave through its eth0.
     let mut args: Vec<&str> = STANDARD_INJECTION.to_vec();
@@ -358,10 +332,8 @@ fn peer_seen_by_app(pod: &ProxiedPod, dst: SocketAddr) -> String {
 
 #[test]
 fn a_redirected_socket_reports_its_original_peer() {
-    if !require_root() {
-        return;
-    }
-    let pod = pod("peername");
+    privileged!();
+    let pod = ProxiedPod::new("peername");
     let root = PinRoot::new("peername");
     pod.install(&root, &STANDARD_INJECTION);
     for v6 in [false, true] {
@@ -393,10 +365,8 @@ fn install_with_a_new_object(
 
 #[test]
 fn a_new_object_takes_over_the_pod_without_doubling() {
-    if !require_root() {
-        return;
-    }
-    let pod = pod("upgrade");
+    privileged!();
+    let pod = ProxiedPod::new("upgrade");
     let root = PinRoot::new("upgrade");
     pod.install(&root, &STANDARD_INJECTION);
     let dst = pod.service(false);
@@ -430,10 +400,8 @@ fn a_new_object_takes_over_the_pod_without_doubling() {
 
 #[test]
 fn a_failed_apply_leaves_the_pod_as_it_was() {
-    if !require_root() {
-        return;
-    }
-    let pod = pod("rollback");
+    privileged!();
+    let pod = ProxiedPod::new("rollback");
     let root = PinRoot::new("rollback");
     let other: IpAddr = Ipv4Addr::new(10, 201, pod.topo.subnet(), 3).into();
     pod.topo.add_service_addr(other);
@@ -502,10 +470,8 @@ fn pin_as_an_earlier_release(root: &PinRoot, cookie: u64) -> usize {
 
 #[test]
 fn a_pod_pinned_by_an_earlier_release_is_kept_updated_and_moved_on_upgrade() {
-    if !require_root() {
-        return;
-    }
-    let pod = pod("legacy");
+    privileged!();
+    let pod = ProxiedPod::new("legacy");
     let root = PinRoot::new("legacy");
     pod.install(&root, &STANDARD_INJECTION);
     let cookie = pod.topo.pod.cookie();

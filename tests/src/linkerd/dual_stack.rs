@@ -1,7 +1,7 @@
 //! The Linkerd proxy's dual-stack inbound listener: one `[::]:<port>` socket without
 //! `IPV6_V6ONLY`, which accepts IPv4 clients as v4-mapped peers. For those the proxy asks
 //! `SO_ORIGINAL_DST` with `SOL_IP` on the AF_INET6 socket, for IPv6 clients with
-//! `SOL_IPV6` (LINKERD.md §5).
+//! `SOL_IPV6` (docs/linkerd.md#what-is-captured).
 //!
 //! `probe` binds every IPv6 listener `IPV6_V6ONLY`, so this listener runs in the test
 //! binary itself, re-executed with only its [`HELPER_TEST`] selected and [`LISTEN_ENV`]

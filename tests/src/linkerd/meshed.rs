@@ -12,9 +12,9 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use crate::conformance::{APP, INBOUND_PROXY, SERVICE};
 use crate::linkerd::cases::LINKERD_PROXY_UID;
 use crate::probe::connect_from;
+use crate::twin_pods::{APP, INBOUND_PROXY, SERVICE};
 use crate::{Cgroup, ChildGuard, ConnOutcome, ProbeServer, Topology, APP_UID};
 
 /// The annotation Linkerd's injector sets on every pod it injected a proxy into.
@@ -31,8 +31,8 @@ pub const IGNORED_OUTBOUND_PORT: u16 = 4567;
 /// A plain port: captured both ways under the injector's flags.
 pub const PLAIN_PORT: u16 = 8080;
 
-/// The injector's proxy-init flags (LINKERD.md §3) without the iptables plumbing, which
-/// has no meaning for a node: what a Linkerd network's `args` carry.
+/// The injector's proxy-init flags (docs/linkerd.md#how-linkerd-runs-it) without the iptables
+/// plumbing, which has no meaning for a node: what a Linkerd network's `args` carry.
 pub const INJECTOR_FLAGS: [&str; 6] = [
     "--incoming-proxy-port=4143",
     "--outgoing-proxy-port=4140",

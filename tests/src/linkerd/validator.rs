@@ -1,9 +1,8 @@
-//! Linkerd's network validator (LINKERD.md §4), as the injector runs it in a CNI-mode pod
-//! before the proxy starts: one process, uid 65534, in the pod, that listens on the
-//! outbound proxy port, connects to an address nothing in the pod owns, and passes only
-//! if that connection brings back the random token its own listener writes to every
-//! client. Exit 0 when it does, 95 otherwise (also after 10 s), like
-//! `linkerd-network-validator`.
+//! Linkerd's network validator (docs/linkerd.md#how-linkerd-runs-it), as the injector runs it in a
+//! CNI-mode pod before the proxy starts: one process, uid 65534, in the pod, that listens on the
+//! outbound proxy port, connects to an address nothing in the pod owns, and passes only if that
+//! connection brings back the random token its own listener writes to every client. Exit 0 when it
+//! does, 95 otherwise (also after 10 s), like `linkerd-network-validator`.
 //!
 //! As [`super::dual_stack`]'s listener, it runs in the test binary itself, re-executed with
 //! only its [`HELPER_TEST`] selected and [`VALIDATE_ENV`] set, in the pod's netns and
