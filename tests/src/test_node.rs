@@ -147,3 +147,17 @@ impl CniPlugin {
         child.wait_with_output().unwrap()
     }
 }
+
+/// The JSON of a plugin call ([`CniPlugin::call`] and the like) that must succeed.
+#[track_caller]
+pub fn succeeded((ok, out): (bool, Value)) -> Value {
+    assert!(ok, "the plugin failed: {out}");
+    out
+}
+
+/// The error JSON of a plugin call that must fail.
+#[track_caller]
+pub fn failed((ok, out): (bool, Value)) -> Value {
+    assert!(!ok, "the plugin succeeded: {out}");
+    out
+}

@@ -78,10 +78,8 @@ pub trait Mesh {
         topo: &Topology,
         hint: &str,
     ) -> (Vec<ChildGuard>, Self::PodState);
-    /// Loads the reference rules into the pod.
-    fn apply_reference(&self, case: &Self::Case, topo: &Topology);
-    /// The reference rules as loaded, for a failure's reader.
-    fn reference_state(&self, case: &Self::Case, topo: &Topology) -> String;
+    /// Loads the reference rules into the pod; returns them as loaded, for a failure's reader.
+    fn apply_reference(&self, case: &Self::Case, topo: &Topology) -> String;
     /// Runs the command under test for the pod; returns its log, panics unless it succeeds.
     fn install(
         &self,
@@ -202,10 +200,7 @@ fn run_side<M: Mesh>(
     let (mut servers, state) = mesh.prepare(case, side, &topo, &hint);
     // Set up first, as an init container (or the CNI plugin) runs before the proxy and app.
     let (pins, log) = match side {
-        Side::Iptables => {
-            mesh.apply_reference(case, &topo);
-            (None, mesh.reference_state(case, &topo))
-        }
+        Side::Iptables => (None, mesh.apply_reference(case, &topo)),
         Side::Redirector => {
             let pins = PinRoot::new(&hint);
             let log = mesh.install(case, &topo, &pins, &state);

@@ -18,7 +18,7 @@ use redirector_tests::linkerd::validator::{self, Addrs};
 use redirector_tests::redirector::{
     object_ids, pins_under, pod_links, PinRoot, STANDARD_INJECTION,
 };
-use redirector_tests::test_node::{CniPlugin, TestNode};
+use redirector_tests::test_node::{failed, succeeded, CniPlugin, TestNode};
 use redirector_tests::{
     assert_direct, assert_proxied, connect_from, privileged, Cgroup, ProxiedPod, Spawn, Topology,
     APP_UID,
@@ -106,8 +106,7 @@ fn recorded(state: &Path) -> String {
 #[test]
 fn plugin_speaks_cni_version_and_errors() {
     let plugin = CniPlugin::new();
-    let (ok, version) = plugin.raw("VERSION", "{}");
-    assert!(ok);
+    let version = succeeded(plugin.raw("VERSION", "{}"));
     assert_eq!(version["cniVersion"], "1.1.0");
     assert_eq!(
         version["supportedVersions"],
@@ -115,20 +114,16 @@ fn plugin_speaks_cni_version_and_errors() {
         "{version}"
     );
     // Asked in the version a runtime's conflist names, VERSION answers in it.
-    let (ok, version) = plugin.raw("VERSION", r#"{"cniVersion":"0.3.1"}"#);
-    assert!(ok);
+    let version = succeeded(plugin.raw("VERSION", r#"{"cniVersion":"0.3.1"}"#));
     assert_eq!(version["cniVersion"], "0.3.1", "{version}");
-    let (ok, err) = plugin.raw("ADD", "{not json");
-    assert!(!ok);
+    let err = failed(plugin.raw("ADD", "{not json"));
     assert_eq!(err["code"], 6, "{err}");
-    let (ok, err) = plugin.raw(
+    let err = failed(plugin.raw(
         "EXPLODE",
         r#"{"cniVersion":"1.0.0","type":"redirector-cni"}"#,
-    );
-    assert!(!ok);
+    ));
     assert_eq!(err["code"], 4, "{err}");
-    let (ok, err) = plugin.raw("ADD", r#"{"cniVersion":"9.9.9","type":"redirector-cni"}"#);
-    assert!(!ok);
+    let err = failed(plugin.raw("ADD", r#"{"cniVersion":"9.9.9","type":"redirector-cni"}"#));
     assert_eq!(err["code"], 1, "{err}");
 }
 
@@ -142,41 +137,33 @@ fn add_captures_before_the_pod_runs_and_del_is_idempotent() {
     let pod = ProxiedPod::under(&node, "cnipod");
     let netns = pod.topo.pod.path().display().to_string();
     let conf = conf(root.path(), state.path(), json!({}));
-    let (ok, err) = plugin.call("ADD", "c1", &netns, &conf);
-    assert!(!ok);
+    let err = failed(plugin.call("ADD", "c1", &netns, &conf));
     assert_eq!(err["code"], 11, "{err}");
-    let (ok, err) = plugin.call("STATUS", "", "", &conf);
-    assert!(!ok);
+    let err = failed(plugin.call("STATUS", "", "", &conf));
     assert_eq!(err["code"], 50, "{err}");
 
     // A daemon runs once (pins the node's programs), then is killed: ADD needs no daemon.
     Daemon::start(&root, &node, &state).kill();
-    let (ok, _) = plugin.call("STATUS", "", "", &conf);
-    assert!(ok);
-    let (ok, result) = plugin.call("ADD", "c1", &netns, &conf);
-    assert!(ok, "{result}");
+    succeeded(plugin.call("STATUS", "", "", &conf));
+    let result = succeeded(plugin.call("ADD", "c1", &netns, &conf));
     assert_eq!(
         result, conf["prevResult"],
         "prevResult passed through unchanged"
     );
     let dst = pod.service(false);
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
-    let (ok, err) = plugin.call("CHECK", "c1", &netns, &conf);
-    assert!(ok, "{err}");
+    succeeded(plugin.call("CHECK", "c1", &netns, &conf));
 
     // A daemon started now lists the pod the plugin set up.
     let daemon = Daemon::start(&root, &node, &state);
     assert_eq!(daemon.pods()[0]["name"], "default/web");
 
     // DEL: the pod is released; again with no netns (containerd's second DEL): fine.
-    let (ok, err) = plugin.call("DEL", "c1", &netns, &conf);
-    assert!(ok, "{err}");
+    succeeded(plugin.call("DEL", "c1", &netns, &conf));
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     assert_eq!(pod_links(&root, pod.topo.pod.cookie()), None);
-    let (ok, err) = plugin.call("DEL", "c1", "", &conf);
-    assert!(ok, "{err}");
-    let (ok, err) = plugin.call("DEL", "unknown", "", &conf);
-    assert!(ok, "{err}");
+    succeeded(plugin.call("DEL", "c1", "", &conf));
+    succeeded(plugin.call("DEL", "unknown", "", &conf));
     assert!(daemon.pods().is_empty());
 
     // Annotations: opted out, nothing installed; a port excluded, that port passes.
@@ -185,8 +172,7 @@ fn add_captures_before_the_pod_runs_and_del_is_idempotent() {
         state.path(),
         json!({"sidecar.istio.io/inject": "false"}),
     );
-    let (ok, result) = plugin.call("ADD", "c2", &netns, &opted_out);
-    assert!(ok, "{result}");
+    succeeded(plugin.call("ADD", "c2", &netns, &opted_out));
     assert_eq!(pod_links(&root, pod.topo.pod.cookie()), None);
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     let excluded = self::conf(
@@ -194,25 +180,21 @@ fn add_captures_before_the_pod_runs_and_del_is_idempotent() {
         state.path(),
         json!({"traffic.sidecar.istio.io/excludeOutboundPorts": dst.port().to_string()}),
     );
-    let (ok, result) = plugin.call("ADD", "c3", &netns, &excluded);
-    assert!(ok, "{result}");
+    succeeded(plugin.call("ADD", "c3", &netns, &excluded));
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     let v6 = pod.service(true);
     assert_direct(&pod.connect(APP_UID, APP_UID, v6), v6);
-    let (ok, _) = plugin.call("DEL", "c3", &netns, &excluded);
-    assert!(ok);
+    succeeded(plugin.call("DEL", "c3", &netns, &excluded));
 
     // A missing namespace is an error naming it; a bad flag in the network's args too.
-    let (ok, err) = plugin.call("ADD", "c4", "/run/netns/rdt-missing", &conf);
-    assert!(!ok);
+    let err = failed(plugin.call("ADD", "c4", "/run/netns/rdt-missing", &conf));
     assert!(
         err["msg"].as_str().unwrap().contains("rdt-missing"),
         "{err}"
     );
     let mut bad = conf.clone();
     bad["args"] = json!(["-p", "70000"]);
-    let (ok, err) = plugin.call("ADD", "c5", &netns, &bad);
-    assert!(!ok);
+    let err = failed(plugin.call("ADD", "c5", &netns, &bad));
     assert_eq!(err["code"], 7, "{err}");
     assert!(err["msg"].as_str().unwrap().contains("70000"), "{err}");
 }
@@ -270,8 +252,7 @@ fn start_with_nothing_pinned(plugin: &CniPlugin, root: &PinRoot, state: &Path, n
     }
     let (ok, err) = plugin.call("GC", "", "", &gc_conf(root, state));
     assert!(ok, "GC: {err}");
-    let (ok, err) = plugin.call("STATUS", "", "", &unannotated);
-    assert!(!ok);
+    let err = failed(plugin.call("STATUS", "", "", &unannotated));
     assert_eq!(err["code"], 50, "{err}");
     assert_eq!(err["cniVersion"], "0.3.1", "{err}");
 }
@@ -297,24 +278,20 @@ fn a_node_with_nothing_pinned_starts_every_pod_it_leaves_alone() {
     // captured; the pods left alone stay so with the programs there.
     Daemon::start(&root, &node, &state).kill();
     let injected = conf_031(root.path(), state.path(), json!({ STATUS: "{}" }));
-    let (ok, result) = plugin.call("ADD", "meshed-pod", &netns, &injected);
-    assert!(ok, "{result}");
+    let result = succeeded(plugin.call("ADD", "meshed-pod", &netns, &injected));
     assert_eq!(result, injected["prevResult"]);
     assert_eq!(result["cniVersion"], "0.3.1");
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
     assert!(recorded(state.path()).contains("meshed-pod"));
-    let (ok, err) = plugin.call("DEL", "meshed-pod", &netns, &injected);
-    assert!(ok, "{err}");
+    succeeded(plugin.call("DEL", "meshed-pod", &netns, &injected));
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     assert_eq!(pod_links(&root, pod.topo.pod.cookie()), None);
 
     let unannotated = conf_031(root.path(), state.path(), json!({}));
-    let (ok, result) = plugin.call("ADD", "plain-pod", &netns, &unannotated);
-    assert!(ok, "{result}");
+    succeeded(plugin.call("ADD", "plain-pod", &netns, &unannotated));
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     let system = conf_031(root.path(), state.path(), json!({ STATUS: "{}" }));
-    let (ok, result) = plugin.call_in("kube-system", "ADD", "system-pod", &netns, &system);
-    assert!(ok, "{result}");
+    succeeded(plugin.call_in("kube-system", "ADD", "system-pod", &netns, &system));
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     assert_eq!(pod_links(&root, pod.topo.pod.cookie()), None);
 
@@ -337,8 +314,7 @@ fn a_node_with_nothing_pinned_starts_every_pod_it_leaves_alone() {
     // record; pods left alone still start.
     for command in ["DEL", "GC"] {
         Daemon::start(&root, &node, &state).kill();
-        let (ok, result) = plugin.call("ADD", "half-done", &netns, &injected);
-        assert!(ok, "{result}");
+        succeeded(plugin.call("ADD", "half-done", &netns, &injected));
         std::fs::remove_dir_all(root.path()).unwrap();
         assert!(recorded(state.path()).contains("half-done"));
         let (ok, err) = match command {
@@ -351,8 +327,7 @@ fn a_node_with_nothing_pinned_starts_every_pod_it_leaves_alone() {
             "{command} left the record"
         );
     }
-    let (ok, result) = plugin.call("ADD", "plain-pod", &netns, &unannotated);
-    assert!(ok, "{result}");
+    succeeded(plugin.call("ADD", "plain-pod", &netns, &unannotated));
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
 }
 
@@ -367,18 +342,15 @@ fn a_del_with_no_record_leaves_another_containers_pod_alone() {
     let netns = pod.topo.pod.path().display().to_string();
     let dst = pod.service(false);
     let conf = conf(root.path(), state.path(), json!({}));
-    let (ok, result) = plugin.call("ADD", "owner-ctr", &netns, &conf);
-    assert!(ok, "{result}");
+    succeeded(plugin.call("ADD", "owner-ctr", &netns, &conf));
 
-    let (ok, err) = plugin.call("DEL", "reused-pid-ctr", &netns, &conf);
-    assert!(ok, "{err}");
+    succeeded(plugin.call("DEL", "reused-pid-ctr", &netns, &conf));
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
     assert!(pod_links(root, pod.topo.pod.cookie()).is_some());
     assert!(recorded(state.path()).contains("owner-ctr"));
 
     // The owner's own DEL removes it.
-    let (ok, err) = plugin.call("DEL", "owner-ctr", &netns, &conf);
-    assert!(ok, "{err}");
+    succeeded(plugin.call("DEL", "owner-ctr", &netns, &conf));
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     assert_eq!(pod_links(root, pod.topo.pod.cookie()), None);
 }
@@ -443,26 +415,24 @@ fn gc_of_one_network_leaves_another_networks_pods() {
     };
 
     // The second network's GC knows only its own container: the first's pods stay.
-    let (ok, err) = plugin.call(
+    succeeded(plugin.call(
         "GC",
         "",
         "",
         &gc_of(root, state.path(), "secondary", &["b1-ctr"]),
-    );
-    assert!(ok, "{err}");
+    ));
     for id in ["a1-ctr", "a2-ctr", "b1-ctr", "legacy-ctr"] {
         captured(id, true);
     }
 
     // The first network's GC without a2: exactly a2 goes; the legacy record's namespace
     // is alive, so it stays.
-    let (ok, err) = plugin.call(
+    succeeded(plugin.call(
         "GC",
         "",
         "",
         &gc_of(root, state.path(), "pods", &["a1-ctr"]),
-    );
-    assert!(ok, "{err}");
+    ));
     captured("a2-ctr", false);
     for id in ["a1-ctr", "b1-ctr", "legacy-ctr"] {
         captured(id, true);
@@ -472,13 +442,12 @@ fn gc_of_one_network_leaves_another_networks_pods() {
     let mut pods = pods;
     let legacy = pods.pop().unwrap();
     drop(legacy);
-    let (ok, err) = plugin.call(
+    succeeded(plugin.call(
         "GC",
         "",
         "",
         &gc_of(root, state.path(), "pods", &["a1-ctr"]),
-    );
-    assert!(ok, "{err}");
+    ));
     assert!(!recorded(state.path()).contains("legacy-ctr"));
     for (id, _, pod) in pods.iter().filter(|(id, _, _)| *id != "a2-ctr") {
         let dst = pod.service(false);
@@ -510,8 +479,7 @@ fn an_older_plugin_never_writes_for_a_newer_format() {
     let object = root.path().join("objects").join(&object_ids(root)[0]);
     let marker = object.join(format!("format-{newer}"));
     std::fs::create_dir(&marker).unwrap();
-    let (ok, err) = plugin.call("ADD", "skew-ctr", &netns, &conf);
-    assert!(!ok);
+    let err = failed(plugin.call("ADD", "skew-ctr", &netns, &conf));
     assert_eq!(err["code"], 11, "{err}");
     let msg = err["msg"].as_str().unwrap();
     assert!(msg.contains(&ours) && msg.contains(&theirs), "{msg}");
@@ -537,8 +505,7 @@ fn an_older_plugin_never_writes_for_a_newer_format() {
     }])
     .to_string();
     std::fs::write(&shard, &written).unwrap();
-    let (ok, err) = plugin.call("ADD", "skew-ctr", &netns, &conf);
-    assert!(!ok);
+    let err = failed(plugin.call("ADD", "skew-ctr", &netns, &conf));
     assert_eq!(err["code"], 11, "{err}");
     let msg = err["msg"].as_str().unwrap();
     assert!(msg.contains(&ours) && msg.contains(&theirs), "{msg}");
@@ -551,8 +518,7 @@ fn an_older_plugin_never_writes_for_a_newer_format() {
     std::fs::remove_file(&shard).unwrap();
 
     // Formats this release writes: captured, the record marked with its format.
-    let (ok, result) = plugin.call("ADD", "skew-ctr", &netns, &conf);
-    assert!(ok, "{result}");
+    succeeded(plugin.call("ADD", "skew-ctr", &netns, &conf));
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
     let records = recorded(state.path());
     assert!(
@@ -576,8 +542,7 @@ fn add_attaches_the_programs_at_the_cgroup_of_the_pods_uid() {
     let netns = pod.topo.pod.path().display().to_string();
     let conf = conf(node.root.path(), node.state.path(), json!({}));
     let args = format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME=web;K8S_POD_UID={uid}");
-    let (ok, result) = plugin.call_with_args(&args, "ADD", "uid-pod", &netns, &conf);
-    assert!(ok, "{result}");
+    succeeded(plugin.call_with_args(&args, "ADD", "uid-pod", &netns, &conf));
     // The six TCP ones: this pod's DNS is not captured, so no UDP program.
     let attached = cgroup_attachments(pod_cgroup.path());
     assert_eq!(attached.len(), 6, "{attached:?}");
@@ -595,8 +560,7 @@ fn add_attaches_the_programs_at_the_cgroup_of_the_pods_uid() {
     let elsewhere = Cgroup::under(&node.node, "cniuidother");
     let from_elsewhere = connect_from(&pod.topo, Some(&elsewhere), APP_UID, APP_UID, dst, None);
     assert_direct(&from_elsewhere, dst);
-    let (ok, err) = plugin.call_with_args(&args, "DEL", "uid-pod", &netns, &conf);
-    assert!(ok, "{err}");
+    succeeded(plugin.call_with_args(&args, "DEL", "uid-pod", &netns, &conf));
     assert!(cgroup_attachments(pod_cgroup.path()).is_empty());
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
 }
@@ -703,8 +667,7 @@ fn a_linkerd_network_captures_linkerd_pods_with_proxy_inits_ports_and_exemptions
     }
 
     // The injected pod: captured, with the network's proxy-init flags.
-    let (ok, result) = plugin.call("ADD", "linkerd-pod", &netns, &injected);
-    assert!(ok, "{result}");
+    let result = succeeded(plugin.call("ADD", "linkerd-pod", &netns, &injected));
     assert_eq!(result, injected["prevResult"], "prevResult passed on");
     assert!(recorded(state.path()).contains("linkerd-pod"));
     // Outbound: an ordinary uid's connection (and root's: only uid 2102 is exempt) lands on
@@ -736,8 +699,7 @@ fn a_linkerd_network_captures_linkerd_pods_with_proxy_inits_ports_and_exemptions
     assert!(ok, "CHECK: {err}");
 
     // DEL releases it; again with no netns (containerd's second DEL): fine.
-    let (ok, err) = plugin.call("DEL", "linkerd-pod", &netns, &injected);
-    assert!(ok, "{err}");
+    succeeded(plugin.call("DEL", "linkerd-pod", &netns, &injected));
     assert_eq!(pod_links(&root, cookie), None);
     assert!(!recorded(state.path()).contains("linkerd-pod"));
     assert_peer(&pod.connect(APP_UID, svc), svc);
@@ -780,24 +742,17 @@ fn linkerd_annotations_override_the_networks_flags() {
     let plain = pod.peer(false, PLAIN_PORT);
     let ignored = pod.peer(false, IGNORED_OUTBOUND_PORT);
     let default_pod = ("default", "ann-pod");
+    let injected = |annotations: Value| linkerd_injected(root, state, annotations);
 
     // skip-outbound-ports replaces the network's list: 80 and 8080 direct, 4567 captured.
-    let skip = linkerd_injected(
-        root,
-        state,
-        json!({"config.linkerd.io/skip-outbound-ports": "80,8080"}),
-    );
+    let skip = injected(json!({"config.linkerd.io/skip-outbound-ports": "80,8080"}));
     while_added((&node, &plugin), &pod, default_pod, &skip, || {
         assert_peer(&pod.connect(APP_UID, svc), svc);
         assert_peer(&pod.connect(APP_UID, plain), plain);
         assert_outbound(&pod.connect(APP_UID, ignored), ignored);
     });
     // An empty annotation counts as absent: the network's list holds.
-    let empty = linkerd_injected(
-        root,
-        state,
-        json!({"config.linkerd.io/skip-outbound-ports": ""}),
-    );
+    let empty = injected(json!({"config.linkerd.io/skip-outbound-ports": ""}));
     while_added((&node, &plugin), &pod, default_pod, &empty, || {
         assert_outbound(&pod.connect(APP_UID, svc), svc);
         assert_peer(&pod.connect(APP_UID, ignored), ignored);
@@ -805,11 +760,7 @@ fn linkerd_annotations_override_the_networks_flags() {
 
     // skip-inbound-ports is appended to the network's list: 5000 and the control port
     // direct, 8080 still to 4143.
-    let skip_in = linkerd_injected(
-        root,
-        state,
-        json!({"config.linkerd.io/skip-inbound-ports": "5000"}),
-    );
+    let skip_in = injected(json!({"config.linkerd.io/skip-inbound-ports": "5000"}));
     while_added((&node, &plugin), &pod, default_pod, &skip_in, || {
         for port in [5000, CONTROL_PORT] {
             let dst = pod.pod_addr(false, port);
@@ -820,7 +771,7 @@ fn linkerd_annotations_override_the_networks_flags() {
     });
 
     // proxy-uid replaces the exempt uid: 3000's connections go direct, 2102's are captured.
-    let uid = linkerd_injected(root, state, json!({"config.linkerd.io/proxy-uid": "3000"}));
+    let uid = injected(json!({"config.linkerd.io/proxy-uid": "3000"}));
     while_added((&node, &plugin), &pod, default_pod, &uid, || {
         assert_peer(&pod.connect(3000, svc), svc);
         assert_outbound(&pod.connect(LINKERD_PROXY_UID, svc), svc);
@@ -828,22 +779,18 @@ fn linkerd_annotations_override_the_networks_flags() {
 
     // outbound-port replaces the outgoing port: sent to 4143 instead, where the inbound
     // listener reads the original destination.
-    let port = linkerd_injected(
-        root,
-        state,
-        json!({"config.linkerd.io/outbound-port": "4143"}),
-    );
+    let port = injected(json!({"config.linkerd.io/outbound-port": "4143"}));
     while_added((&node, &plugin), &pod, default_pod, &port, || {
         assert_inbound(&pod.connect(APP_UID, svc), svc);
     });
 
     // The control plane's namespace (`linkerd`) also skips 443 and 6443; others do not.
-    let injected = linkerd_injected(root, state, json!({}));
+    let marked = injected(json!({}));
     while_added(
         (&node, &plugin),
         &pod,
         ("linkerd", "ctl-pod"),
-        &injected,
+        &marked,
         || {
             for port in [443, 6443] {
                 let api = pod.peer(false, port);
@@ -852,13 +799,13 @@ fn linkerd_annotations_override_the_networks_flags() {
             assert_outbound(&pod.connect(APP_UID, svc), svc);
         },
     );
-    while_added((&node, &plugin), &pod, default_pod, &injected, || {
+    while_added((&node, &plugin), &pod, default_pod, &marked, || {
         let api = pod.peer(false, 443);
         assert_outbound(&pod.connect(APP_UID, api), api);
     });
 
     // linkerd-cni's settings object instead of `args`, as its installer writes it.
-    let mut settings = linkerd_injected(root, state, json!({}));
+    let mut settings = injected(json!({}));
     settings.as_object_mut().unwrap().remove("args");
     settings["linkerd"] = json!({
         "incoming-proxy-port": 4143,
@@ -882,7 +829,7 @@ fn linkerd_annotations_override_the_networks_flags() {
     // set up or recorded.
     let netns = pod.netns_path();
     for annotation in ["config.linkerd.io/proxy-uid", "config.linkerd.io/proxy-gid"] {
-        let bad = linkerd_injected(root, state, json!({ annotation: "not-a-number" }));
+        let bad = injected(json!({ annotation: "not-a-number" }));
         let (ok, err) = plugin.call("ADD", "bad-pod", &netns, &bad);
         assert!(!ok, "{annotation}: ADD must fail: {err}");
         assert_eq!(err["code"], 7, "{err}");
@@ -922,11 +869,9 @@ fn the_network_validator_passes_in_a_pod_a_linkerd_network_captured() {
         .cgroup(&topo.pod_cgroup)
         .spawn();
     validator::run(&topo, Addrs::ipv4()).assert_failed();
-    let (ok, result) = plugin.call("ADD", "validated", &netns, &injected);
-    assert!(ok, "{result}");
+    succeeded(plugin.call("ADD", "validated", &netns, &injected));
     validator::run(&topo, Addrs::ipv4()).assert_passed();
-    let (ok, err) = plugin.call("DEL", "validated", &netns, &injected);
-    assert!(ok, "{err}");
+    succeeded(plugin.call("DEL", "validated", &netns, &injected));
     validator::run(&topo, Addrs::ipv4()).assert_failed();
 }
 

@@ -158,11 +158,8 @@ impl Mesh for Istio {
         (vec![service], resolv_conf)
     }
 
-    fn apply_reference(&self, case: &Case, topo: &Topology) {
+    fn apply_reference(&self, case: &Case, topo: &Topology) -> String {
         apply_golden(&topo.pod, &case.rules.v4, Some(&case.rules.v6));
-    }
-
-    fn reference_state(&self, case: &Case, topo: &Topology) -> String {
         let tables: &[&str] = if case.dns.is_some() {
             &["nat", "raw"]
         } else {

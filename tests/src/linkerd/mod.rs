@@ -94,11 +94,8 @@ impl Mesh for Linkerd {
         (vec![start_peer(topo, &case.listeners().service_ports)], ())
     }
 
-    fn apply_reference(&self, case: &Case, topo: &Topology) {
+    fn apply_reference(&self, case: &Case, topo: &Topology) -> String {
         apply_reference(&topo.pod, case);
-    }
-
-    fn reference_state(&self, case: &Case, topo: &Topology) -> String {
         reference_rules_as_loaded(&topo.pod, case)
     }
 
