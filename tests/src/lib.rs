@@ -82,13 +82,17 @@ pub(crate) fn unique_name(hint: &str) -> String {
     format!("{NAME_PREFIX}-{}-{}-{hint}", std::process::id(), next_id())
 }
 
-/// The first line of a privileged test: returns from it (a skip, see [`require_root`])
-/// unless it runs as root, and points the kit at the `probe` binary cargo built for this
+/// The first line of a privileged test: returns from it (a skip, see [`require_root`] and
+/// [`require_tools`]) unless it runs as root (with the tools it names), and points the kit at the `probe` binary cargo built for this
 /// test run ([`use_probe_bin`]), so every test of a binary uses exactly that one.
 #[macro_export]
 macro_rules! privileged {
     () => {
-        if !$crate::require_root() {
+        $crate::privileged!("", &[]);
+    };
+    // A test that also runs outside tools: skipped as `require_tools` says without them.
+    ($test:expr, $tools:expr) => {
+        if !$crate::require_root() || !$crate::require_tools($test, $tools) {
             return;
         }
         $crate::use_probe_bin(env!("CARGO_BIN_EXE_probe"));

@@ -21,7 +21,7 @@ use redirector_tests::redirector::{
     pins_under, pod_links, redirector_bin, run_ok, PinRoot, STANDARD_INJECTION,
 };
 use redirector_tests::test_node::TestNode;
-use redirector_tests::{require_root, require_tools, use_probe_bin, ConnOutcome, APP_UID};
+use redirector_tests::{privileged, ConnOutcome, APP_UID};
 
 /// [`primary_network`], then `redirector-cni` with the default pod selection.
 fn chained_network(
@@ -56,29 +56,20 @@ fn linkerd_network(
     network
 }
 
-/// What every test here starts from (fields drop in this order): a node, its IPAM
-/// directory, forwarding on.
-type CriNode = (TestNode, StateDir, ForwardingGuard);
-
-/// Root and containerd checked, the probe binary set, forwarding on, and a node's pin
-/// root, node cgroup, daemon state directory and IPAM directory; `None` to skip.
-fn node_setup(hint: &str) -> Option<CriNode> {
-    if !require_root() || !require_tools("containerd pod", &["containerd", "runc"]) {
-        return None;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    Some((
+/// What every test here starts from (dropped in this order): a node, its IPAM directory,
+/// forwarding on.
+fn cri_node(hint: &str) -> (TestNode, StateDir, ForwardingGuard) {
+    (
         TestNode::new(hint),
         StateDir::new("ipam"),
         ForwardingGuard::new(),
-    ))
+    )
 }
 
 #[test]
 fn containerd_pods_are_captured_by_the_cni_plugin_with_no_init_container() {
-    let Some((TestNode { root, node, state }, ipam, _forwarding)) = node_setup("cri") else {
-        return;
-    };
+    privileged!("containerd pod", &["containerd", "runc"]);
+    let (TestNode { root, node, state }, ipam, _forwarding) = cri_node("cri");
     let daemon = Daemon::start(&root, &node, &state);
     let conflist = chained_network("1.0.0", 77, &ipam, &root, &state);
     let redirector = redirector_bin();
@@ -139,9 +130,8 @@ fn containerd_pods_are_captured_by_the_cni_plugin_with_no_init_container() {
 /// captured.
 #[test]
 fn a_rebooted_node_starts_pods_it_leaves_alone_and_holds_injected_ones_until_pinned() {
-    let Some((TestNode { root, node, state }, ipam, _forwarding)) = node_setup("crireboot") else {
-        return;
-    };
+    privileged!("containerd pod", &["containerd", "runc"]);
+    let (TestNode { root, node, state }, ipam, _forwarding) = cri_node("crireboot");
     let conflist = chained_network("0.3.1", 78, &ipam, &root, &state);
     let redirector = redirector_bin();
     let mut cri = Containerd::start(&conflist, &[("redirector-cni", redirector.as_path())]);
@@ -204,9 +194,8 @@ fn wait_for(daemon: &Daemon, what: &str, done: impl FnMut() -> bool) {
 /// connections of a repaired pod land on its proxy with their original destination.
 #[test]
 fn pods_started_before_the_plugin_are_repaired_through_the_cri() {
-    let Some((TestNode { root, node, state }, ipam, _forwarding)) = node_setup("crirepair") else {
-        return;
-    };
+    privileged!("containerd pod", &["containerd", "runc"]);
+    let (TestNode { root, node, state }, ipam, _forwarding) = cri_node("crirepair");
     let mut cri = Containerd::start(&primary_network("1.0.0", 79, &ipam), &[]);
     let parent = node.relative_path();
     // Before the plugin: a service with no sidecar, an injected pod, and pods the rules
@@ -309,9 +298,8 @@ fn pods_started_before_the_plugin_are_repaired_through_the_cri() {
 /// uncaptured. Removing the sandboxes leaves no pod state.
 #[test]
 fn containerd_starts_linkerd_pods_captured_by_a_linkerd_network() {
-    let Some((TestNode { root, node, state }, ipam, _forwarding)) = node_setup("crilk") else {
-        return;
-    };
+    privileged!("containerd pod", &["containerd", "runc"]);
+    let (TestNode { root, node, state }, ipam, _forwarding) = cri_node("crilk");
     let daemon = Daemon::start(&root, &node, &state);
     let conflist = linkerd_network(80, &ipam, &root, &state);
     let redirector = redirector_bin();
