@@ -411,3 +411,13 @@ pub fn within(timeout: Duration, mut done: impl FnMut() -> bool) -> Option<Durat
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// The process that gave `out` exited 0; its stderr is the message when it did not.
+#[track_caller]
+pub fn assert_success(out: &Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

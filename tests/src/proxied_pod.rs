@@ -4,7 +4,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 
 use crate::redirector::{install, PinRoot};
-use crate::{Cgroup, ChildGuard, ConnOutcome, ProbeServer, Topology, PROXY_UID};
+use crate::{Cgroup, ChildGuard, ConnOutcome, ProbeServer, Topology, APP_UID, PROXY_UID};
 
 pub const SERVICE_PORT: u16 = 80;
 
@@ -70,6 +70,21 @@ impl ProxiedPod {
 
     pub fn service(&self, v6: bool) -> SocketAddr {
         self.topo.service_addr(v6, SERVICE_PORT)
+    }
+
+    /// The app's connection (uid and gid 1000) to the service (`v6`: its IPv6 address)
+    /// lands on the proxy with the service as its original destination.
+    #[track_caller]
+    pub fn assert_app_proxied(&self, v6: bool) {
+        let dst = self.service(v6);
+        assert_proxied(&self.connect(APP_UID, APP_UID, dst), dst);
+    }
+
+    /// The app's connection to the service (`v6`: its IPv6 address) reaches it directly.
+    #[track_caller]
+    pub fn assert_app_direct(&self, v6: bool) {
+        let dst = self.service(v6);
+        assert_direct(&self.connect(APP_UID, APP_UID, dst), dst);
     }
 }
 

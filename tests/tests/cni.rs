@@ -182,8 +182,7 @@ fn add_captures_before_the_pod_runs_and_del_is_idempotent() {
     );
     succeeded(plugin.call("ADD", "c3", &netns, &excluded));
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
-    let v6 = pod.service(true);
-    assert_direct(&pod.connect(APP_UID, APP_UID, v6), v6);
+    pod.assert_app_direct(true);
     succeeded(plugin.call("DEL", "c3", &netns, &excluded));
 
     // A missing namespace is an error naming it; a bad flag in the network's args too.
@@ -450,8 +449,7 @@ fn gc_of_one_network_leaves_another_networks_pods() {
     ));
     assert!(!recorded(state.path()).contains("legacy-ctr"));
     for (id, _, pod) in pods.iter().filter(|(id, _, _)| *id != "a2-ctr") {
-        let dst = pod.service(false);
-        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+        pod.assert_app_proxied(false);
         assert!(recorded(state.path()).contains(id));
     }
 }

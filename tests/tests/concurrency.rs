@@ -54,8 +54,7 @@ fn assert_captured_once(pod: &ProxiedPod, root: &PinRoot) {
         pod.topo.pod_cgroup.path().display()
     );
     assert!(pod_links(root, pod.topo.pod.cookie()).is_some());
-    let dst = pod.service(false);
-    assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+    pod.assert_app_proxied(false);
 }
 
 /// Whichever way a race went, the pod is wholly captured or wholly not.

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use redirector_tests::bpftool::{pinned_map, wait_link_detached};
 use redirector_tests::daemon::{Daemon, StateDir};
-use redirector_tests::process::{within, StopOnDrop};
+use redirector_tests::process::{assert_success, within, StopOnDrop};
 use redirector_tests::redirector::{
     install, object_ids, pins_under, pod_links, MapChange, NextObject, STANDARD_INJECTION,
 };
@@ -67,8 +67,7 @@ fn daemon_captures_a_pod_by_its_namespace_and_releases_it() {
 
     daemon.add(&pod.topo.pod, "default/app", &STANDARD_INJECTION);
     for v6 in [false, true] {
-        let dst = pod.service(v6);
-        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+        pod.assert_app_proxied(v6);
     }
     assert_direct(&pod.connect(PROXY_UID, PROXY_UID, dst), dst);
     let cookie = pod.topo.pod.cookie();
@@ -105,11 +104,7 @@ fn daemon_captures_a_pod_by_its_namespace_and_releases_it() {
     assert_eq!(daemon.pod_names(), ["default/app"]);
 
     let out = daemon.pod(&["del", "--name", "default/app"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     assert!(daemon.pods().is_empty());
     assert_eq!(pod_links(&root, cookie), None);
@@ -130,11 +125,7 @@ fn daemon_captures_a_pod_by_its_namespace_and_releases_it() {
     ];
     args.extend_from_slice(&STANDARD_INJECTION);
     let out = daemon.pod(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     let other = SocketAddr::new(dst.ip(), 8080);
     assert_proxied(&pod.connect(APP_UID, APP_UID, other), other);
@@ -155,11 +146,7 @@ fn daemon_captures_a_pod_by_its_namespace_and_releases_it() {
         .arg(state.path())
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     assert!(!root.path().exists(), "the pin root is gone");
     assert_direct(&pod.connect(APP_UID, APP_UID, other), other);
 }
@@ -284,11 +271,9 @@ fn init_container_pods_and_daemon_pods_share_the_node() {
     assert_eq!(daemon.pod_names(), ["default/daemon"]);
     for pod in [&outside, &inside] {
         pod.install(&root, &["--cleanup-only"]);
-        let dst = pod.service(false);
-        assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
+        pod.assert_app_direct(false);
     }
-    let dst = by_daemon.service(false);
-    assert_proxied(&by_daemon.connect(APP_UID, APP_UID, dst), dst);
+    by_daemon.assert_app_proxied(false);
 }
 
 #[test]
@@ -359,8 +344,7 @@ fn a_pod_whose_namespace_goes_is_removed_while_the_daemon_runs() {
         std::thread::sleep(Duration::from_millis(200));
     }
     assert_eq!(pod_links(&root, gone_cookie), None);
-    let dst = kept.service(false);
-    assert_proxied(&kept.connect(APP_UID, APP_UID, dst), dst);
+    kept.assert_app_proxied(false);
 }
 
 #[test]

@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use redirector_tests::bpftool::{cgroup_attachments, loaded_ids};
+use redirector_tests::process::assert_success;
 use redirector_tests::redirector::{istio_iptables, pins_under, PinRoot, STANDARD_INJECTION};
 use redirector_tests::{privileged, Topology};
 
@@ -43,11 +44,7 @@ fn dry_run_prints_the_plan_and_changes_nothing() {
     let mut args: Vec<&str> = STANDARD_INJECTION.to_vec();
     args.extend(["--dry-run", "--redirect-dns", "--log_as_json"]);
     let out = istio_iptables(&topo.pod, &topo.pod_cgroup, &root, &args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let after = snapshot(&topo, root.path());
     for (kind, was, now) in [
         ("program", &before.progs, &after.progs),

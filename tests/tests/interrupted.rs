@@ -152,8 +152,7 @@ fn a_cleanup_killed_at_any_step_is_finished_by_the_next_run() {
             Vec::<u64>::new(),
             "step {step}: links left"
         );
-        let svc = pod.service(false);
-        assert_direct(&pod.connect(APP_UID, APP_UID, svc), svc);
+        pod.assert_app_direct(false);
         if killed.is_none() {
             break;
         }

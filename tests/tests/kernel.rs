@@ -258,7 +258,7 @@ fn a_netns_cookie_stamped_by_the_fallback_is_the_kernels() {
 fn with_every_fallback_forced_the_variants_capture_and_a_pod_needs_its_own_cgroup() {
     privileged!();
     use redirector_tests::redirector::{istio_iptables_command, run_ok};
-    use redirector_tests::{assert_proxied, ProxiedPod, APP_UID};
+    use redirector_tests::ProxiedPod;
     let pod = ProxiedPod::new("allfb");
     let root = PinRoot::new("allfb");
     run_ok(
@@ -275,8 +275,7 @@ fn with_every_fallback_forced_the_variants_capture_and_a_pod_needs_its_own_cgrou
         ])
     );
     for v6 in [false, true] {
-        let dst = pod.service(v6);
-        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+        pod.assert_app_proxied(v6);
     }
 
     let TestNode { root, node, state } = TestNode::new("allfbd");

@@ -8,9 +8,10 @@ use std::process::Command;
 
 use redirector_tests::bpftool::pinned_map;
 use redirector_tests::daemon::Daemon;
+use redirector_tests::process::assert_success;
 use redirector_tests::redirector::{object_ids, redirector_bin, PinRoot, STANDARD_INJECTION};
 use redirector_tests::test_node::TestNode;
-use redirector_tests::{assert_proxied, privileged, NetNs, ProxiedPod, APP_UID};
+use redirector_tests::{privileged, NetNs, ProxiedPod};
 
 /// The capacity of the node object's map `name`.
 fn capacity(root: &PinRoot, name: &str) -> u64 {
@@ -68,15 +69,10 @@ fn a_pod_past_the_capacity_is_added_once_the_node_is_sized_for_it() {
     assert_eq!(capacity(&root, "POD_CONFIG"), 5);
     assert_eq!(capacity(&root, "PORT_SETS"), 40);
     let out = add(&daemon, &fourth, "default/p3");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     assert_eq!(daemon.pod_names().len(), 4);
     for pod in &pods {
-        let dst = pod.service(false);
-        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+        pod.assert_app_proxied(false);
     }
 
     // An init container in the node cgroup uses the node's object, whatever its size.
@@ -107,8 +103,7 @@ fn a_pod_past_the_capacity_is_added_once_the_node_is_sized_for_it() {
     assert_eq!(capacity(&root, "POD_CONFIG"), 4096);
     assert_eq!(daemon.pod_names().len(), 4);
     for pod in pods.iter().chain([&init]) {
-        let dst = pod.service(false);
-        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+        pod.assert_app_proxied(false);
     }
     init.install(&root, &["--cleanup-only"]);
 }

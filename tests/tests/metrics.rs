@@ -13,7 +13,7 @@ use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::redirector::{object_ids, redirector_bin, PinRoot, STANDARD_INJECTION};
 use redirector_tests::scrapes::{adds_under_scrapes, MAX_AGE, SCRAPERS};
 use redirector_tests::test_node::TestNode;
-use redirector_tests::{assert_proxied, privileged, Cgroup, ProxiedPod, APP_UID};
+use redirector_tests::{privileged, Cgroup, ProxiedPod};
 
 /// Pods added with scrapes and without.
 const PODS: usize = 100;
@@ -45,8 +45,7 @@ fn decisions_are_node_totals_and_two_scrapes_within_a_second_are_one_snapshot() 
     let pod = ProxiedPod::under(&node, "msnap");
     daemon.add(&pod.topo.pod, "default/app", &STANDARD_INJECTION);
     for v6 in [false, true] {
-        let dst = pod.service(v6);
-        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+        pod.assert_app_proxied(v6);
     }
 
     // A snapshot made now (the last one, if any, is over a second old)...
@@ -65,8 +64,7 @@ fn decisions_are_node_totals_and_two_scrapes_within_a_second_are_one_snapshot() 
     assert_eq!(samples(&first, "redirector_pods "), ["redirector_pods 1"]);
 
     // ...is what a scrape within the second gets, though a decision was made since.
-    let dst = pod.service(false);
-    assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+    pod.assert_app_proxied(false);
     let second = scrape(&daemon);
     let within = asked.elapsed();
     assert!(
@@ -112,8 +110,7 @@ fn metrics_per_pod_names_each_pod() {
     let pod = ProxiedPod::under(&node, "mpod");
     daemon.add(&pod.topo.pod, "default/app", &STANDARD_INJECTION);
     for v6 in [false, true] {
-        let dst = pod.service(v6);
-        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+        pod.assert_app_proxied(v6);
     }
     // The first scrape since the add is over a second after the daemon's start.
     std::thread::sleep(MAX_AGE);

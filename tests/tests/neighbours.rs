@@ -11,6 +11,7 @@ use std::process::Command;
 
 use redirector_tests::bpftool::{cgroup_attachments, pinned_id};
 use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::process::assert_success;
 use redirector_tests::redirector::{
     istio_iptables, object_ids, pod_links, redirector_bin, run_ok, PinRoot, STANDARD_INJECTION,
 };
@@ -80,11 +81,7 @@ fn an_exclusive_program_at_an_ancestor_is_named_and_nothing_is_attached() {
         &root,
         &STANDARD_INJECTION,
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     assert!(pod_links(&root, pod.topo.pod.cookie()).is_some());
     connect4(&ancestor, &program, "detach", &[]);
 }
@@ -167,11 +164,7 @@ fn a_socket_load_balancer_above_an_init_container_pod_composes_with_the_redirect
     let root = PinRoot::new("lb");
     compose_with_a_socket_lb(&ancestor, &ancestor, &root, |topo| {
         let out = istio_iptables(&topo.pod, &topo.pod_cgroup, &root, &STANDARD_INJECTION);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_success(&out);
     });
 }
 

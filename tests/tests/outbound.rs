@@ -8,6 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use redirector_tests::bpftool::{cgroup_attachments, loaded_ids, pinned_id, wait_gone};
+use redirector_tests::process::assert_success;
 use redirector_tests::proxied_pod::SERVICE_PORT;
 use redirector_tests::redirector::{
     istio_iptables, object_ids, pins_under, pod_links, PinRoot, STANDARD_INJECTION,
@@ -20,14 +21,10 @@ fn app_connection_redirected_with_original_destination_v4_and_v6() {
     let pod = ProxiedPod::new("origdst");
     let root = PinRoot::new("origdst");
     // Before: straight to the service.
-    assert_direct(
-        &pod.connect(APP_UID, APP_UID, pod.service(false)),
-        pod.service(false),
-    );
+    pod.assert_app_direct(false);
     pod.install(&root, &STANDARD_INJECTION);
     for v6 in [false, true] {
-        let dst = pod.service(v6);
-        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+        pod.assert_app_proxied(v6);
     }
 }
 
@@ -57,20 +54,14 @@ fn excluded_cidr_and_excluded_port_pass_untouched() {
     let excluded = format!("{}/32", pod.topo.service_ip4());
     pod.install(&root, &["-i", "*", "-x", &excluded, "-o", "8080"]);
     // -x: the excluded address goes direct, on any port.
-    assert_direct(
-        &pod.connect(APP_UID, APP_UID, pod.service(false)),
-        pod.service(false),
-    );
+    pod.assert_app_direct(false);
     // -o: the excluded port goes direct, to any address.
     let other_8080 = SocketAddr::new(other, 8080);
     assert_direct(&pod.connect(APP_UID, APP_UID, other_8080), other_8080);
     // Everything else is captured; IPv6 is unaffected by an IPv4 exclusion.
     let other_80 = SocketAddr::new(other, SERVICE_PORT);
     assert_proxied(&pod.connect(APP_UID, APP_UID, other_80), other_80);
-    assert_proxied(
-        &pod.connect(APP_UID, APP_UID, pod.service(true)),
-        pod.service(true),
-    );
+    pod.assert_app_proxied(true);
 }
 
 #[test]
@@ -83,14 +74,8 @@ fn include_list_is_respected() {
     pod.install(&root, &["-i", "10.201.0.0/16"]);
     let other_80 = SocketAddr::new(other, SERVICE_PORT);
     assert_proxied(&pod.connect(APP_UID, APP_UID, other_80), other_80);
-    assert_direct(
-        &pod.connect(APP_UID, APP_UID, pod.service(false)),
-        pod.service(false),
-    );
-    assert_direct(
-        &pod.connect(APP_UID, APP_UID, pod.service(true)),
-        pod.service(true),
-    );
+    pod.assert_app_direct(false);
+    pod.assert_app_direct(true);
     // An empty -i captures nothing, as in istio (8080 is served on every service address).
     let other_8080 = SocketAddr::new(other, 8080);
     assert_proxied(&pod.connect(APP_UID, APP_UID, other_8080), other_8080);
@@ -118,23 +103,14 @@ fn two_pods_with_different_config_share_one_object_and_do_not_interfere() {
     assert_eq!(object_ids(&root).len(), 1, "one object for the node");
 
     // A: captured, proxy uid 1337 passes.
-    assert_proxied(
-        &a.connect(APP_UID, APP_UID, a.service(false)),
-        a.service(false),
-    );
+    a.assert_app_proxied(false);
     assert_direct(
         &a.connect(PROXY_UID, PROXY_UID, a.service(false)),
         a.service(false),
     );
     // B: its service address is excluded, and 1337 is not its proxy uid (4242 is).
-    assert_direct(
-        &b.connect(APP_UID, APP_UID, b.service(false)),
-        b.service(false),
-    );
-    assert_proxied(
-        &b.connect(APP_UID, APP_UID, b.service(true)),
-        b.service(true),
-    );
+    b.assert_app_direct(false);
+    b.assert_app_proxied(true);
     assert_proxied(
         &b.connect(PROXY_UID, PROXY_UID, b.service(true)),
         b.service(true),
@@ -207,11 +183,7 @@ fn cleanup_only_leaves_no_program_link_map_or_pin() {
         &root,
         &["--cleanup-only"],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
 
     assert!(
         !root.path().exists(),
@@ -226,8 +198,7 @@ fn cleanup_only_leaves_no_program_link_map_or_pin() {
             "{kind}s still loaded after cleanup: {left:?}"
         );
     }
-    let dst = pod.service(false);
-    assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
+    pod.assert_app_direct(false);
     // Cleaning up a clean pod is not an error.
     let again = istio_iptables(
         &pod.topo.pod,
@@ -285,8 +256,7 @@ fn invalid_values_exit_1_naming_the_flag_and_attach_nothing() {
             "{args:?}: attached"
         );
     }
-    let dst = pod.service(false);
-    assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
+    pod.assert_app_direct(false);
 }
 
 #[test]
@@ -299,17 +269,11 @@ fn traffic_leaving_through_an_excluded_interface_passes() {
     args.extend(["-c", "eth0"]);
     if pod.install_with_interfaces(&root, &args, "-c") {
         for v6 in [false, true] {
-            assert_direct(
-                &pod.connect(APP_UID, APP_UID, pod.service(v6)),
-                pod.service(v6),
-            );
+            pod.assert_app_direct(v6);
         }
     }
     pod.install(&root, &STANDARD_INJECTION);
-    assert_proxied(
-        &pod.connect(APP_UID, APP_UID, pod.service(false)),
-        pod.service(false),
-    );
+    pod.assert_app_proxied(false);
 }
 
 /// What `getpeername()` says on an app's socket connected to `dst` (`probe peername` in the
@@ -500,11 +464,7 @@ fn a_pod_pinned_by_an_earlier_release_is_kept_updated_and_moved_on_upgrade() {
 
     // A new object takes the pod over and pins its links the current way.
     let out = install_with_a_new_object(&pod, &root, &changed);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let pins = pins_under(root.path());
     assert_eq!(in_pod_dir(&root), 0, "{pins:?}");
     assert!(

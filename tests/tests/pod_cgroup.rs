@@ -71,8 +71,7 @@ fn programs_at_a_pods_cgroup_capture_it_and_no_other_pod() {
     let cookie = redirector::sys::netns::Netns::open(&pod.topo.pod.path())
         .expect("opening the pod's netns")
         .cookie();
-    let dst = pod.service(false);
-    assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
+    pod.assert_app_direct(false);
     assert!(attached_hooks(&programs, cgroup).unwrap().is_empty());
 
     // Attached at the pod's cgroup: captured, both families.
@@ -218,8 +217,7 @@ fn a_daemon_node_runs_no_program_for_a_pod_it_does_not_capture() {
         .success());
     std::thread::sleep(std::time::Duration::from_secs(3));
     assert_eq!(node_links(&root), NODE_PROGRAMS.len());
-    let init_dst = init.service(false);
-    assert_proxied(&init.connect(APP_UID, APP_UID, init_dst), init_dst);
+    init.assert_app_proxied(false);
     // It cleaned up too: the next collection removes the node's links.
     init.install(&root, &["--cleanup-only"]);
     let gone = redirector_tests::process::within(std::time::Duration::from_secs(30), || {
