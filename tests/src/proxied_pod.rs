@@ -4,6 +4,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 
 use crate::redirector::{install, PinRoot};
+use crate::twin_pods::start_proxy;
 use crate::{Cgroup, ChildGuard, ConnOutcome, ProbeServer, Topology, APP_UID, PROXY_UID};
 
 pub const SERVICE_PORT: u16 = 80;
@@ -34,12 +35,7 @@ impl ProxiedPod {
             .listen(topo.service_addr(true, SERVICE_PORT))
             .listen(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 8080))
             .start();
-        let proxy = ProbeServer::proxy(&topo.pod, "proxy")
-            .listen("127.0.0.1:15001".parse().unwrap())
-            .listen("[::1]:15001".parse().unwrap())
-            .cgroup(&topo.pod_cgroup)
-            .user(PROXY_UID, PROXY_UID)
-            .start();
+        let proxy = start_outbound_proxy(&topo, "proxy");
         ProxiedPod {
             topo,
             _service: service,
@@ -126,4 +122,11 @@ pub fn assert_all_proxied(outcomes: &[ConnOutcome], orig: SocketAddr) {
         escaped.len(),
         outcomes.len()
     );
+}
+
+/// istio's outbound listener's stand-in named `name`: `probe proxy` on 127.0.0.1:15001 and
+/// [::1]:15001, as uid 1337 in the pod's cgroup, reading SO_ORIGINAL_DST.
+pub fn start_outbound_proxy(topo: &Topology, name: &str) -> ChildGuard {
+    let addrs = ["127.0.0.1:15001", "[::1]:15001"].map(|a| a.parse().unwrap());
+    start_proxy(topo, name, addrs, (PROXY_UID, PROXY_UID))
 }

@@ -20,9 +20,10 @@ use redirector_tests::dns::{
     require_node, use_dnsprobe_bin, DnsClient, DnsMode, DnsServer, ResolvConf, DNS_PORT,
     DNS_PROXY_PORT, PROXY_ANSWER_V4, PROXY_ANSWER_V6,
 };
+use redirector_tests::proxied_pod::start_outbound_proxy;
 use redirector_tests::redirector::{install, pins_under, PinRoot, STANDARD_INJECTION};
 use redirector_tests::{
-    privileged, use_probe_bin, ChildGuard, ConnOutcome, ProbeServer, Topology, APP_UID, PROXY_UID,
+    privileged, use_probe_bin, ChildGuard, ConnOutcome, Topology, APP_UID, PROXY_UID,
 };
 
 /// What the real server (resolv.conf's, on the service's own addresses) answers.
@@ -60,12 +61,7 @@ impl DnsPod {
             .listen(SocketAddr::new(OTHER_V4.into(), DNS_PORT))
             .listen(SocketAddr::new(OTHER_V6.into(), DNS_PORT))
             .start();
-        let outbound = ProbeServer::proxy(&topo.pod, "outbound")
-            .listen("127.0.0.1:15001".parse().unwrap())
-            .listen("[::1]:15001".parse().unwrap())
-            .cgroup(&topo.pod_cgroup)
-            .user(PROXY_UID, PROXY_UID)
-            .start();
+        let outbound = start_outbound_proxy(&topo, "outbound");
         let dns_proxy =
             DnsServer::proxy(&topo.pod, "dns-proxy", topo.service_addr(false, DNS_PORT))
                 .listen_proxy_port()

@@ -19,6 +19,7 @@ use std::process::Output;
 use crate::conformance::cases::{Case, DnsSetup};
 use crate::dns::{require_node, DnsClient, DnsServer, ResolvConf, DNS_PORT};
 use crate::iptables::{apply_golden, saved_rules};
+use crate::proxied_pod::start_outbound_proxy;
 use crate::redirector::{istio_iptables_command, PinRoot};
 use crate::scenario::{
     AddrBook, DnsRequest, DnsScenario, Family, InboundScenario, Scenario, APP_PORTS, LOCAL_DNS_V4,
@@ -186,14 +187,12 @@ impl Mesh for Istio {
     /// The sidecar's two listeners and the app, in the pod's netns and cgroup, and a DNS
     /// case's DNS servers.
     fn start_servers(&self, case: &Case, topo: &Topology) -> Vec<ChildGuard> {
-        let proxy = (PROXY_UID, PROXY_UID);
-        let outbound = ["127.0.0.1:15001", "[::1]:15001"].map(|a| a.parse().unwrap());
         // All addresses, as envoy's virtualInbound listener: iptables' PREROUTING REDIRECT
         // sends inbound connections to the pod's address; OUTPUT REDIRECT to 127.0.0.1 / ::1.
         let inbound = Family::BOTH.map(|family| wildcard(family, 15006));
         let mut servers = vec![
-            start_proxy(topo, OUTBOUND_PROXY, outbound, proxy),
-            start_proxy(topo, INBOUND_PROXY, inbound, proxy),
+            start_outbound_proxy(topo, OUTBOUND_PROXY),
+            start_proxy(topo, INBOUND_PROXY, inbound, (PROXY_UID, PROXY_UID)),
             start_app(topo, &APP_PORTS),
         ];
         if let Some(dns) = &case.dns {
