@@ -100,15 +100,7 @@ impl Validation {
 /// Panics first unless the pod's namespace is sealed (see the module doc).
 pub fn run(topo: &Topology, addrs: Addrs) -> Validation {
     topo.assert_no_route_out(&[addrs.connect.ip()]);
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let out = Spawn::new(exe)
-        .args([
-            HELPER_TEST,
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+    let out = Spawn::helper(HELPER_TEST)
         .env(VALIDATE_ENV, format!("{} {}", addrs.listen, addrs.connect))
         .netns(&topo.pod)
         .cgroup(&topo.pod_cgroup)
