@@ -122,7 +122,7 @@ fn explain_matches_real_connections_and_status_counts_them() {
         redirected += usize::from(real == "outbound");
     }
     for port in [8080u16, 15021] {
-        let dst = SocketAddr::new(topo.pod_ip4().into(), port);
+        let dst = topo.pod_addr(false, port);
         let explain = explain(&["--inbound", "--dst", &dst.to_string()]);
         let real = real_landing(&connect_from(
             &topo.service,

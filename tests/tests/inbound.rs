@@ -41,14 +41,6 @@ fn from_outside(topo: &Topology, dst: SocketAddr) -> ConnOutcome {
     connect_from(&topo.service, None, APP_UID, APP_UID, dst, None)
 }
 
-fn pod_addr(topo: &Topology, v6: bool, port: u16) -> SocketAddr {
-    if v6 {
-        SocketAddr::new(topo.pod_ip6().into(), port)
-    } else {
-        SocketAddr::new(topo.pod_ip4().into(), port)
-    }
-}
-
 #[track_caller]
 fn assert_inbound_proxy(outcome: &ConnOutcome, orig: SocketAddr) {
     match outcome {
@@ -84,15 +76,15 @@ fn inbound_connections_reach_the_proxy_except_excluded_and_tunnel_ports() {
     let root = PinRoot::new("inbound");
     install(&topo.pod, &topo.pod_cgroup, &root, &STANDARD_INJECTION);
     for v6 in [false, true] {
-        let dst = pod_addr(&topo, v6, APP_PORT);
+        let dst = topo.pod_addr(v6, APP_PORT);
         assert_inbound_proxy(&from_outside(&topo, dst), dst);
         for port in [EXCLUDED_PORT, TUNNEL_PORT] {
-            let dst = pod_addr(&topo, v6, port);
+            let dst = topo.pod_addr(v6, port);
             assert_app(&from_outside(&topo, dst), dst);
         }
     }
     // Inside the pod, the app calling its own address is not inbound traffic.
-    let own = pod_addr(&topo, false, APP_PORT);
+    let own = topo.pod_addr(false, APP_PORT);
     assert_app(&topo.connect(APP_UID, APP_UID, own), own);
 }
 
@@ -109,9 +101,9 @@ fn inbound_port_list_captures_only_listed_ports() {
         &root,
         &["-b", &EXCLUDED_PORT.to_string()],
     );
-    let listed = pod_addr(&topo, false, EXCLUDED_PORT);
+    let listed = topo.pod_addr(false, EXCLUDED_PORT);
     assert_inbound_proxy(&from_outside(&topo, listed), listed);
-    let other = pod_addr(&topo, false, APP_PORT);
+    let other = topo.pod_addr(false, APP_PORT);
     assert_app(&from_outside(&topo, other), other);
 }
 
@@ -120,7 +112,7 @@ fn proxy_listener_is_found_before_after_and_across_restarts() {
     privileged!();
     let topo = Topology::new("inrestart");
     let _app = start_app(&topo);
-    let dst = pod_addr(&topo, false, APP_PORT);
+    let dst = topo.pod_addr(false, APP_PORT);
     // Listening before redirector ran: found in the pod's socket table.
     let proxy = start_inbound_proxy(&topo);
     let root = PinRoot::new("inrestart");
@@ -155,7 +147,7 @@ fn excluded_and_virtual_interfaces() {
         .user(PROXY_UID, PROXY_UID)
         .start();
     let root = PinRoot::new("iniface");
-    let dst = pod_addr(&topo, false, APP_PORT);
+    let dst = topo.pod_addr(false, APP_PORT);
     // -c: nothing arriving on the pod's eth0 is captured.
     let mut args: Vec<&str> = STANDARD_INJECTION.to_vec();
     args.extend(["-c", "eth0"]);
@@ -270,7 +262,7 @@ fn the_daemon_adds_an_address_the_pod_gained_after_setup() {
     let _app = start_app(&topo);
     let _proxy = start_inbound_proxy(&topo);
     daemon.add(&topo.pod, "default/later", &STANDARD_INJECTION);
-    let dst = pod_addr(&topo, false, APP_PORT);
+    let dst = topo.pod_addr(false, APP_PORT);
     assert_inbound_proxy(&from_outside(&topo, dst), dst);
 
     let later = later_address(&topo);

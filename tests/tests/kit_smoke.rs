@@ -3,7 +3,7 @@
 //!
 //! Run as root, one thread: `cargo test -p redirector-tests -- --test-threads=1`.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
@@ -35,14 +35,9 @@ fn pod_reaches_service_over_ipv4_and_ipv6() {
             panic!("{dst}: expected the service, got {outcome:?}");
         };
         assert_eq!((name.as_str(), *local), ("svc", dst));
-        let pod_ip: IpAddr = if v6 {
-            topo.pod_ip6().into()
-        } else {
-            topo.pod_ip4().into()
-        };
         assert_eq!(
             peer.ip(),
-            pod_ip,
+            topo.pod_addr(v6, 0).ip(),
             "{dst}: source should be the pod's address"
         );
     }

@@ -119,7 +119,7 @@ fn trace_shows_each_decision_and_switches_off_on_exit() {
     );
 
     // Inbound: a connection to the pod is steered to the inbound proxy.
-    let pod_dst = SocketAddr::new(topo.pod_ip4().into(), 8080);
+    let pod_dst = topo.pod_addr(false, 8080);
     assert!(matches!(
         connect_from(&topo.service, None, APP_UID, APP_UID, pod_dst, None),
         ConnOutcome::Proxied { .. }

@@ -88,12 +88,7 @@ impl MeshedPod {
 
     /// The pod's own address of the family `v6`, with `port`.
     pub fn pod_addr(&self, v6: bool, port: u16) -> SocketAddr {
-        let ip: IpAddr = if v6 {
-            self.topo.pod_ip6().into()
-        } else {
-            self.topo.pod_ip4().into()
-        };
-        SocketAddr::new(ip, port)
+        self.topo.pod_addr(v6, port)
     }
 
     /// A client of the pod (its netns and cgroup), as `uid` (and gid `uid`), connects to
