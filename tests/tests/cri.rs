@@ -66,14 +66,32 @@ fn cri_node(hint: &str) -> (TestNode, StateDir, ForwardingGuard) {
     )
 }
 
+/// Stops and removes `sandboxes` (CNI DEL, twice): the daemon has no pod left, and none
+/// of the pods of `cookies` any link.
+#[track_caller]
+fn remove_leaving_no_pod(
+    cri: &mut Containerd,
+    daemon: &Daemon,
+    root: &PinRoot,
+    sandboxes: &[&str],
+    cookies: &[u64],
+) {
+    for sandbox in sandboxes {
+        cri.remove_sandbox(sandbox);
+    }
+    assert!(daemon.pods().is_empty(), "{:?}", daemon.pod_names());
+    for cookie in cookies {
+        assert_eq!(pod_links(root, *cookie), None);
+    }
+}
+
 #[test]
 fn containerd_pods_are_captured_by_the_cni_plugin_with_no_init_container() {
     privileged!("containerd pod", &["containerd", "runc"]);
     let (TestNode { root, node, state }, ipam, _forwarding) = cri_node("cri");
     let daemon = Daemon::start(&root, &node, &state);
     let conflist = chained_network("1.0.0", 77, &ipam, &root, &state);
-    let redirector = redirector_bin();
-    let mut cri = Containerd::start(&conflist, &[("redirector-cni", redirector.as_path())]);
+    let mut cri = Containerd::start(&conflist, &[("redirector-cni", &redirector_bin())]);
     let parent = node.relative_path();
 
     // The service: a pod the mesh leaves alone.
@@ -95,15 +113,11 @@ fn containerd_pods_are_captured_by_the_cni_plugin_with_no_init_container() {
     assert_inbound_on_proxy(&mut cri, &svc_server, web_addr);
 
     // An annotation changes what is captured.
-    let excl = cri.run_sandbox(
-        "excl",
-        &[
-            (STATUS, "{}"),
-            ("traffic.sidecar.istio.io/excludeOutboundPorts", "8080"),
-        ],
-        &format!("{parent}/excl"),
-    );
-    let excl_app = cri.start_container(&excl, "app", &["sleep", "100000"], i64::from(APP_UID));
+    let excluded = [
+        (STATUS, "{}"),
+        ("traffic.sidecar.istio.io/excludeOutboundPorts", "8080"),
+    ];
+    let (excl, excl_app) = app_pod(&mut cri, "default", "excl", &excluded, &parent);
     assert_reaches_service(&mut cri, &excl_app, svc_addr);
 
     assert_eq!(
@@ -114,13 +128,13 @@ fn containerd_pods_are_captured_by_the_cni_plugin_with_no_init_container() {
 
     // Stopping and removing the sandboxes (CNI DEL, twice) leaves no pod state.
     let cookies = daemon.pod_cookies();
-    for sandbox in [&web.0, &excl.0, &svc.0] {
-        cri.remove_sandbox(sandbox);
-    }
-    assert!(daemon.pods().is_empty());
-    for cookie in cookies {
-        assert_eq!(pod_links(&root, cookie), None);
-    }
+    remove_leaving_no_pod(
+        &mut cri,
+        &daemon,
+        &root,
+        &[&web.0, &excl.0, &svc.0],
+        &cookies,
+    );
 }
 
 /// A node just rebooted: nothing pinned, no daemon yet, and a CNI 0.3.1 network (as
@@ -133,8 +147,7 @@ fn a_rebooted_node_starts_pods_it_leaves_alone_and_holds_injected_ones_until_pin
     privileged!("containerd pod", &["containerd", "runc"]);
     let (TestNode { root, node, state }, ipam, _forwarding) = cri_node("crireboot");
     let conflist = chained_network("0.3.1", 78, &ipam, &root, &state);
-    let redirector = redirector_bin();
-    let mut cri = Containerd::start(&conflist, &[("redirector-cni", redirector.as_path())]);
+    let mut cri = Containerd::start(&conflist, &[("redirector-cni", &redirector_bin())]);
     let parent = node.relative_path();
     assert_eq!(pins_under(root.path()), Vec::<std::path::PathBuf>::new());
 
@@ -171,11 +184,7 @@ fn a_rebooted_node_starts_pods_it_leaves_alone_and_holds_injected_ones_until_pin
     let cookies = daemon.pod_cookies();
     assert_eq!(cookies.len(), 1);
     left_alone.remove(&mut cri);
-    for sandbox in [&web.0, &svc.0] {
-        cri.remove_sandbox(sandbox);
-    }
-    assert!(daemon.pods().is_empty());
-    assert_eq!(pod_links(&root, cookies[0]), None);
+    remove_leaving_no_pod(&mut cri, &daemon, &root, &[&web.0, &svc.0], &cookies);
 }
 
 /// Waits until `done` holds; panics with `what` and the daemon's log. A repair round runs
@@ -302,8 +311,7 @@ fn containerd_starts_linkerd_pods_captured_by_a_linkerd_network() {
     let (TestNode { root, node, state }, ipam, _forwarding) = cri_node("crilk");
     let daemon = Daemon::start(&root, &node, &state);
     let conflist = linkerd_network(80, &ipam, &root, &state);
-    let redirector = redirector_bin();
-    let mut cri = Containerd::start(&conflist, &[("redirector-cni", redirector.as_path())]);
+    let mut cri = Containerd::start(&conflist, &[("redirector-cni", &redirector_bin())]);
     let parent = node.relative_path();
     let marked = (PROXY_VERSION, A_PROXY_VERSION);
 
@@ -341,12 +349,8 @@ fn containerd_starts_linkerd_pods_captured_by_a_linkerd_network() {
     assert_inbound_on_proxy(&mut cri, &svc_server, web_addr);
 
     // A Linkerd annotation on the pod changes what is captured.
-    let skip = cri.run_sandbox(
-        "skip",
-        &[marked, ("config.linkerd.io/skip-outbound-ports", "8080")],
-        &format!("{parent}/skip"),
-    );
-    let skip_app = cri.start_container(&skip, "app", &["sleep", "100000"], i64::from(APP_UID));
+    let skipping = [marked, ("config.linkerd.io/skip-outbound-ports", "8080")];
+    let (skip, skip_app) = app_pod(&mut cri, "default", "skip", &skipping, &parent);
     assert_reaches_service(&mut cri, &skip_app, svc_addr);
 
     // The pods left alone are still so, and only the two Linkerd pods are the node's.
@@ -361,11 +365,11 @@ fn containerd_starts_linkerd_pods_captured_by_a_linkerd_network() {
     for (sandbox, _) in &left_alone {
         cri.remove_sandbox(&sandbox.0);
     }
-    for sandbox in [&web.0, &skip.0, &svc.0] {
-        cri.remove_sandbox(sandbox);
-    }
-    assert!(daemon.pods().is_empty(), "{:?}", daemon.pod_names());
-    for cookie in cookies {
-        assert_eq!(pod_links(&root, cookie), None);
-    }
+    remove_leaving_no_pod(
+        &mut cri,
+        &daemon,
+        &root,
+        &[&web.0, &skip.0, &svc.0],
+        &cookies,
+    );
 }
