@@ -122,17 +122,11 @@ pub struct Row {
     pub iptables: String,
     /// `None` when only the reference side ran.
     pub redirector: Option<String>,
-    /// redirector's outcome differs from the reference's as the mesh's doc says it does.
-    pub documented: bool,
 }
 
 impl Row {
     pub fn reference_agrees(&self) -> bool {
         self.contract.as_ref().is_none_or(|c| *c == self.iptables)
-    }
-
-    pub fn redirector_agrees(&self) -> bool {
-        self.documented || self.redirector.as_ref().is_none_or(|r| *r == self.iptables)
     }
 }
 
@@ -160,19 +154,13 @@ pub fn run_case<M: Mesh>(mesh: &M, case: &M::Case, both: bool) -> CaseReport<M> 
         .enumerate()
         .map(|(i, ((who, dst), (iptables, contract)))| {
             let redirector = ours.as_ref().map(|(o, _)| o[i].0.clone());
-            let mut row = Row {
+            Row {
                 who,
                 dst,
                 contract,
                 iptables,
                 redirector,
-                documented: false,
-            };
-            row.documented = row
-                .redirector
-                .as_deref()
-                .is_some_and(|r| r != row.iptables && M::documented_difference(&row, r));
-            row
+            }
         })
         .collect();
     CaseReport {
@@ -227,11 +215,16 @@ impl<M: Mesh> CaseReport<M> {
             .unwrap_or_else(|| panic!("{}: no row {who} -> {dst}", M::name(&self.case)))
     }
 
+    /// redirector's outcome is the reference's, or differs only as the mesh documents.
+    pub fn redirector_agrees(row: &Row) -> bool {
+        row.redirector
+            .as_ref()
+            .is_none_or(|r| *r == row.iptables || M::documented_difference(row, r))
+    }
+
     pub fn mismatches(&self) -> Vec<&Row> {
-        self.rows
-            .iter()
-            .filter(|r| !r.redirector_agrees())
-            .collect()
+        let rows = self.rows.iter();
+        rows.filter(|r| !Self::redirector_agrees(r)).collect()
     }
 
     /// The case header and one line per row.
@@ -270,7 +263,7 @@ impl<M: Mesh> CaseReport<M> {
             if !row.reference_agrees() {
                 flags.push_str("  REFERENCE≠CONTRACT");
             }
-            if !row.redirector_agrees() {
+            if !Self::redirector_agrees(row) {
                 flags.push_str("  MISMATCH");
             }
             let _ = writeln!(
