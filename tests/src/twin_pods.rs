@@ -68,8 +68,6 @@ pub trait Mesh {
     /// The case's command line as the table's header and a failure show it.
     fn describe(case: &Self::Case) -> String;
     fn notes(case: &Self::Case) -> Vec<&str>;
-    /// (who, dst) of every row, in the order [`Mesh::connect`] returns outcomes.
-    fn labels(&self, case: &Self::Case) -> Vec<(String, String)>;
     /// The servers that run before the set-up (the peer) and the pod's own state.
     fn prepare(
         &self,
@@ -90,12 +88,8 @@ pub trait Mesh {
     ) -> String;
     /// The pod's proxy listeners and app.
     fn start_servers(&self, case: &Self::Case, topo: &Topology) -> Vec<ChildGuard>;
-    /// Every row's outcome, rendered, and what the contract expects where the mesh has one.
-    fn connect(
-        &self,
-        case: &Self::Case,
-        pod: &TwinPod<Self::PodState>,
-    ) -> Vec<(String, Option<String>)>;
+    /// Every row's connection, made in the pod.
+    fn connect(&self, case: &Self::Case, pod: &TwinPod<Self::PodState>) -> Vec<Outcome>;
     /// Whether redirector's outcome differs from the reference's only as documented.
     fn documented_difference(_row: &Row, _redirector: &str) -> bool {
         false
@@ -110,6 +104,28 @@ pub struct TwinPod<S> {
     _pins: Option<PinRoot>,
     pub state: S,
     pub topo: Topology,
+}
+
+/// One connection a side made: who made it to where, where it landed (rendered with
+/// [`crate::scenario::AddrBook::render`]), and what the mesh's contract expects, where it
+/// has one.
+pub struct Outcome {
+    pub who: String,
+    pub dst: String,
+    pub landing: String,
+    pub contract: Option<String>,
+}
+
+impl Outcome {
+    pub fn new(who: &str, dst: impl std::fmt::Display, landing: String) -> Self {
+        let (who, dst, contract) = (who.to_owned(), dst.to_string(), None);
+        Outcome {
+            who,
+            dst,
+            landing,
+            contract,
+        }
+    }
 }
 
 /// One connection's outcome: expected, and on each side that ran.
@@ -147,20 +163,15 @@ pub fn run_case<M: Mesh>(mesh: &M, case: &M::Case, both: bool) -> CaseReport<M> 
     let start = Instant::now();
     let (reference, iptables_rules) = run_side(mesh, case, Side::Iptables);
     let ours = both.then(|| run_side(mesh, case, Side::Redirector));
-    let rows = mesh
-        .labels(case)
+    let rows = reference
         .into_iter()
-        .zip(reference)
         .enumerate()
-        .map(|(i, ((who, dst), (iptables, contract)))| {
-            let redirector = ours.as_ref().map(|(o, _)| o[i].0.clone());
-            Row {
-                who,
-                dst,
-                contract,
-                iptables,
-                redirector,
-            }
+        .map(|(i, outcome)| Row {
+            who: outcome.who,
+            dst: outcome.dst,
+            contract: outcome.contract,
+            iptables: outcome.landing,
+            redirector: ours.as_ref().map(|(o, _)| o[i].landing.clone()),
         })
         .collect();
     CaseReport {
@@ -173,11 +184,7 @@ pub fn run_case<M: Mesh>(mesh: &M, case: &M::Case, both: bool) -> CaseReport<M> 
 }
 
 /// One side's outcomes in row order, and its log: the rules as loaded or redirector's.
-fn run_side<M: Mesh>(
-    mesh: &M,
-    case: &M::Case,
-    side: Side,
-) -> (Vec<(String, Option<String>)>, String) {
+fn run_side<M: Mesh>(mesh: &M, case: &M::Case, side: Side) -> (Vec<Outcome>, String) {
     let hint = match side {
         Side::Iptables => format!("{}ipt", M::PREFIX),
         Side::Redirector => format!("{}rdr", M::PREFIX),

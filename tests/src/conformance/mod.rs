@@ -26,7 +26,7 @@ use crate::scenario::{
     LOCAL_DNS_V6, POD_DNS_ANSWER, SERVICE_PORTS, SVC_DNS_ANSWER,
 };
 use crate::twin_pods::{
-    self, start_app, start_peer, start_proxy, wildcard, Mesh, Side, TwinPod, DNS_PROXY,
+    self, start_app, start_peer, start_proxy, wildcard, Mesh, Outcome, Side, TwinPod, DNS_PROXY,
     INBOUND_PROXY, OUTBOUND_PROXY,
 };
 use crate::{connect_from, Cgroup, ChildGuard, NetNs, Topology, APP_UID, PROXY_UID};
@@ -60,23 +60,6 @@ impl Scenarios {
             inbound: case.inbound_scenarios(),
             dns: case.dns_scenarios(),
         }
-    }
-
-    /// (who, what) of every row, in run order.
-    fn labels(&self) -> Vec<(String, String)> {
-        let outbound = self
-            .outbound
-            .iter()
-            .map(|s| (s.who.name.clone(), s.dst.to_string()));
-        let inbound = self
-            .inbound
-            .iter()
-            .map(|s| ("peer(inbound)".to_owned(), s.dst.to_string()));
-        let dns = self
-            .dns
-            .iter()
-            .map(|s| (s.who.name.clone(), s.request.to_string()));
-        outbound.chain(inbound).chain(dns).collect()
     }
 }
 
@@ -131,10 +114,6 @@ impl Mesh for Istio {
 
     fn notes(case: &Case) -> Vec<&str> {
         case.notes.iter().map(String::as_str).collect()
-    }
-
-    fn labels(&self, _: &Case) -> Vec<(String, String)> {
-        self.scenarios.labels()
     }
 
     fn prepare(
@@ -201,7 +180,7 @@ impl Mesh for Istio {
         servers
     }
 
-    fn connect(&self, _: &Case, pod: &TwinPod<Self::PodState>) -> Vec<(String, Option<String>)> {
+    fn connect(&self, _: &Case, pod: &TwinPod<Self::PodState>) -> Vec<Outcome> {
         let topo = &pod.topo;
         let book = AddrBook::of(topo);
         let mut outcomes = Vec::new();
@@ -210,13 +189,15 @@ impl Mesh for Istio {
             let bind = book.bind(&scenario.who, scenario.dst);
             let (uid, gid) = (scenario.who.uid, scenario.who.gid);
             let outcome = connect_from(topo, Some(&topo.pod_cgroup), uid, gid, dst, bind);
-            outcomes.push(book.render(&outcome.landing()));
+            let landing = book.render(&outcome.landing());
+            outcomes.push(Outcome::new(&scenario.who.name, scenario.dst, landing));
         }
         for scenario in &self.scenarios.inbound {
             // A client outside the pod: the service netns, no cgroup of the pod.
             let dst = book.resolve(scenario.dst);
             let outcome = connect_from(&topo.service, None, APP_UID, APP_UID, dst, None);
-            outcomes.push(book.render(&outcome.landing()));
+            let landing = book.render(&outcome.landing());
+            outcomes.push(Outcome::new("peer(inbound)", scenario.dst, landing));
         }
         let node = if self.scenarios.dns.is_empty() {
             None
@@ -224,6 +205,7 @@ impl Mesh for Istio {
             require_node()
         };
         for scenario in &self.scenarios.dns {
+            let label = |landing| Outcome::new(&scenario.who.name, scenario.request, landing);
             let (uid, gid) = (scenario.who.uid, scenario.who.gid);
             let client = DnsClient::new(topo, Some(&topo.pod_cgroup), uid, gid);
             let resolv_conf = || pod.state.as_ref().expect("a DNS case has a resolv.conf");
@@ -233,14 +215,14 @@ impl Mesh for Istio {
                 DnsRequest::CAres => match &node {
                     Some(node) => client.resolve_c_ares(node, &resolv_conf()[0]),
                     None => {
-                        outcomes.push("skipped(no node)".to_owned());
+                        outcomes.push(label("skipped(no node)".to_owned()));
                         continue;
                     }
                 },
             };
-            outcomes.push(book.render_dns(&outcome));
+            outcomes.push(label(book.render_dns(&outcome)));
         }
-        outcomes.into_iter().map(|o| (o, None)).collect()
+        outcomes
     }
 }
 

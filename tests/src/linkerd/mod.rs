@@ -36,8 +36,8 @@ use crate::linkerd::contract::Contract;
 use crate::redirector::{redirector_bin, PinRoot};
 use crate::scenario::{AddrBook, Family};
 use crate::twin_pods::{
-    self, start_app, start_peer, start_proxy, wildcard, Mesh, Row, Side, TwinPod, INBOUND_PROXY,
-    OUTBOUND_PROXY,
+    self, start_app, start_peer, start_proxy, wildcard, Mesh, Outcome, Row, Side, TwinPod,
+    INBOUND_PROXY, OUTBOUND_PROXY,
 };
 use crate::{connect_from, Cgroup, ChildGuard, NetNs, Topology, APP_UID};
 
@@ -78,18 +78,6 @@ impl Mesh for Linkerd {
         case.notes.clone()
     }
 
-    fn labels(&self, case: &Case) -> Vec<(String, String)> {
-        let outbound = case
-            .outbound_rows()
-            .into_iter()
-            .map(|r| (r.who.name, r.dst.to_string()));
-        let inbound = case
-            .inbound_rows()
-            .into_iter()
-            .map(|r| (r.from.label().to_owned(), r.dst.to_string()));
-        outbound.chain(inbound).collect()
-    }
-
     fn prepare(&self, case: &Case, _: Side, topo: &Topology, _: &str) -> (Vec<ChildGuard>, ()) {
         (vec![start_peer(topo, &case.listeners().service_ports)], ())
     }
@@ -109,7 +97,7 @@ impl Mesh for Linkerd {
         start_pod_servers(topo, case)
     }
 
-    fn connect(&self, case: &Case, pod: &TwinPod<()>) -> Vec<(String, Option<String>)> {
+    fn connect(&self, case: &Case, pod: &TwinPod<()>) -> Vec<Outcome> {
         let topo = &pod.topo;
         let book = AddrBook::of(topo);
         let state = case.capture();
@@ -123,8 +111,9 @@ impl Mesh for Linkerd {
             let (uid, gid) = (row.who.uid, row.who.gid);
             let dst = book.resolve(row.dst);
             let outcome = connect_from(topo, Some(&topo.pod_cgroup), uid, gid, dst, None);
-            let expected = contract.outbound(uid, gid, row.dst);
-            rows.push((book.render(&outcome.landing()), Some(expected)));
+            let mut landed = Outcome::new(&row.who.name, row.dst, book.render(&outcome.landing()));
+            landed.contract = Some(contract.outbound(uid, gid, row.dst));
+            rows.push(landed);
         }
         for row in case.inbound_rows() {
             // A client outside the pod: the peer's netns, no cgroup of the pod.
@@ -135,8 +124,10 @@ impl Mesh for Linkerd {
             };
             let dst = book.resolve(row.dst);
             let outcome = connect_from(&topo.service, None, APP_UID, APP_UID, dst, row.bind());
-            let expected = contract.inbound(source, row.dst);
-            rows.push((book.render(&outcome.landing()), Some(expected)));
+            let landing = book.render(&outcome.landing());
+            let mut landed = Outcome::new(row.from.label(), row.dst, landing);
+            landed.contract = Some(contract.inbound(source, row.dst));
+            rows.push(landed);
         }
         rows
     }
