@@ -2,6 +2,7 @@
 //! privileged tests.
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::process::Output;
 
 use crate::redirector::{install, PinRoot};
 use crate::twin_pods::start_proxy;
@@ -47,6 +48,11 @@ impl ProxiedPod {
     pub fn install(&self, root: &PinRoot, args: &[&str]) -> String {
         let out = install(&self.topo.pod, &self.topo.pod_cgroup, root, args);
         String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+
+    /// `redirector istio-iptables ARGS` for this pod, whatever its exit.
+    pub fn istio_iptables(&self, root: &PinRoot, args: &[&str]) -> Output {
+        crate::redirector::istio_iptables(&self.topo.pod, &self.topo.pod_cgroup, root, args)
     }
 
     /// [`crate::redirector::install_with_interfaces`] for this pod.

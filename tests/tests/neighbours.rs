@@ -52,12 +52,7 @@ fn an_exclusive_program_at_an_ancestor_is_named_and_nothing_is_attached() {
 
     let root = PinRoot::new("nbr");
     let pod = ProxiedPod::under(&ancestor, "nbrpod");
-    let out = istio_iptables(
-        &pod.topo.pod,
-        &pod.topo.pod_cgroup,
-        &root,
-        &STANDARD_INJECTION,
-    );
+    let out = pod.istio_iptables(&root, &STANDARD_INJECTION);
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("{}", stderr.lines().last().unwrap_or_default());
     assert_eq!(out.status.code(), Some(1), "{stderr}");
@@ -75,12 +70,7 @@ fn an_exclusive_program_at_an_ancestor_is_named_and_nothing_is_attached() {
     // Once the neighbour's program is attached with BPF_F_ALLOW_MULTI, the pod is set up.
     connect4(&ancestor, &program, "detach", &[]);
     connect4(&ancestor, &program, "attach", &["multi"]);
-    let out = istio_iptables(
-        &pod.topo.pod,
-        &pod.topo.pod_cgroup,
-        &root,
-        &STANDARD_INJECTION,
-    );
+    let out = pod.istio_iptables(&root, &STANDARD_INJECTION);
     assert_success(&out);
     assert!(pod_links(&root, pod.topo.pod.cookie()).is_some());
     connect4(&ancestor, &program, "detach", &[]);

@@ -177,12 +177,7 @@ fn cleanup_only_leaves_no_program_link_map_or_pin() {
     );
     assert!(progs.iter().all(|id| loaded_ids("prog").contains(id)));
 
-    let out = istio_iptables(
-        &pod.topo.pod,
-        &pod.topo.pod_cgroup,
-        &root,
-        &["--cleanup-only"],
-    );
+    let out = pod.istio_iptables(&root, &["--cleanup-only"]);
     assert_success(&out);
 
     assert!(
@@ -200,12 +195,7 @@ fn cleanup_only_leaves_no_program_link_map_or_pin() {
     }
     pod.assert_app_direct(false);
     // Cleaning up a clean pod is not an error.
-    let again = istio_iptables(
-        &pod.topo.pod,
-        &pod.topo.pod_cgroup,
-        &root,
-        &["--cleanup-only"],
-    );
+    let again = pod.istio_iptables(&root, &["--cleanup-only"]);
     assert!(again.status.success());
 }
 
@@ -387,12 +377,7 @@ fn a_failed_apply_leaves_the_pod_as_it_was() {
         .to_path_buf();
     let staging = object.join("staging").join(&connect4);
     std::fs::create_dir(&staging).unwrap();
-    let out = istio_iptables(
-        &pod.topo.pod,
-        &pod.topo.pod_cgroup,
-        &root,
-        &["-i", "*", "-o", "9999"],
-    );
+    let out = pod.istio_iptables(&root, &["-i", "*", "-o", "9999"]);
     assert_eq!(
         out.status.code(),
         Some(1),
