@@ -13,6 +13,10 @@
 //! - [`ProbeServer`], [`connect_from`], [`ConnOutcome`]: the `probe` binary, its servers and
 //!   clients, and what a connection landed on.
 //! - [`iptables`]: istio's reference rule sets applied inside a netns.
+//! - [`privileged!`]: the first line of a privileged test (root, tools, the probe binary).
+//! - [`test_node`]: a node of the test's own (pin root, node cgroup, state dir, daemon) and
+//!   the CNI plugin as a runtime calls it.
+//! - [`twin_pods`]: the differential harness of both conformance suites.
 //! - [`remove_stale_leftovers`]: what killed test processes could not clean up.
 
 pub mod bpftool;

@@ -131,7 +131,7 @@ pub fn assert_all_proxied(outcomes: &[ConnOutcome], orig: SocketAddr) {
 }
 
 /// istio's outbound listener's stand-in named `name`: `probe proxy` on 127.0.0.1:15001 and
-/// [::1]:15001, as uid 1337 in the pod's cgroup, reading SO_ORIGINAL_DST.
+/// `[::1]:15001`, as uid 1337 in the pod's cgroup, reading SO_ORIGINAL_DST.
 pub fn start_outbound_proxy(topo: &Topology, name: &str) -> ChildGuard {
     let addrs = ["127.0.0.1:15001", "[::1]:15001"].map(|a| a.parse().unwrap());
     start_proxy(topo, name, addrs, (PROXY_UID, PROXY_UID))
