@@ -315,6 +315,15 @@ impl<M: Mesh> CaseReport<M> {
         Some(out)
     }
 
+    /// Prints the table, then fails with [`CaseReport::failure`] if anything failed.
+    #[track_caller]
+    pub fn assert_conforms(&self) {
+        println!("{}", self.table());
+        if let Some(failure) = self.failure() {
+            panic!("{failure}");
+        }
+    }
+
     /// Everything that failed: the reference against the contract, then redirector against
     /// the reference, with the rules as loaded and redirector's log.
     pub fn failure(&self) -> Option<String> {

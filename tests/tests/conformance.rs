@@ -51,11 +51,7 @@ fn check(name: &str) {
             return;
         }
     }
-    let report = run_case(&case);
-    println!("{}", report.table());
-    if let Some(failure) = report.failure() {
-        panic!("{failure}");
-    }
+    run_case(&case).assert_conforms();
 }
 
 /// The interface list (`-c` or `-k`) of `case` that names an interface of the test pods
@@ -124,11 +120,7 @@ fn ipv6_passthrough_source_works_after_setup() {
         outbound: scenarios,
         ..Scenarios::default()
     };
-    let report = run_scenarios(&case, &scenarios, PassthroughV6::LeftToRedirector);
-    println!("{}", report.table());
-    if let Some(failure) = report.failure() {
-        panic!("{failure}");
-    }
+    run_scenarios(&case, &scenarios, PassthroughV6::LeftToRedirector).assert_conforms();
 }
 
 /// No case of the table is left without a test, and no test names a case not in it.

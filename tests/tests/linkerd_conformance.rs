@@ -24,11 +24,7 @@ use redirector_tests::{privileged, NetNs};
 /// differs (and every row where the reference strays from the contract).
 fn check(name: &str) {
     privileged!();
-    let report = run_case(&case(name));
-    println!("{}", report.table());
-    if let Some(failure) = report.failure() {
-        panic!("{failure}");
-    }
+    run_case(&case(name)).assert_conforms();
 }
 
 redirector_tests::case_tests! {
