@@ -22,9 +22,7 @@ use redirector_tests::dns::{
 };
 use redirector_tests::proxied_pod::start_outbound_proxy;
 use redirector_tests::redirector::{install, pins_under, PinRoot, STANDARD_INJECTION};
-use redirector_tests::{
-    privileged, use_probe_bin, ChildGuard, ConnOutcome, Topology, APP_UID, PROXY_UID,
-};
+use redirector_tests::{privileged, ChildGuard, ConnOutcome, Topology, APP_UID, PROXY_UID};
 
 /// What the real server (resolv.conf's, on the service's own addresses) answers.
 const REAL_V4: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
@@ -48,7 +46,6 @@ struct DnsPod {
 
 impl DnsPod {
     fn new(hint: &str) -> Self {
-        use_probe_bin(env!("CARGO_BIN_EXE_probe"));
         use_dnsprobe_bin(env!("CARGO_BIN_EXE_dnsprobe"));
         let topo = Topology::new(hint);
         topo.add_service_addr(OTHER_V4.into());
