@@ -343,6 +343,14 @@ impl Daemon {
         );
         serde_json::from_slice(&out.stdout).expect("pod list --json prints JSON")
     }
+
+    /// The network namespace cookie of every pod the daemon has.
+    pub fn pod_cookies(&self) -> Vec<u64> {
+        let pods = self.pods();
+        pods.iter()
+            .filter_map(|p| p["netns_cookie"].as_u64())
+            .collect()
+    }
 }
 
 /// A daemon killed by the test, to start again.

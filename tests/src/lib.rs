@@ -13,6 +13,10 @@
 //! - [`ProbeServer`], [`connect_from`], [`ConnOutcome`]: the `probe` binary, its servers and
 //!   clients, and what a connection landed on.
 //! - [`iptables`]: istio's reference rule sets applied inside a netns.
+//! - [`privileged!`]: the first line of a privileged test (root, tools, the probe binary).
+//! - [`test_node`]: a node of the test's own (pin root, node cgroup, state dir, daemon) and
+//!   the CNI plugin as a runtime calls it.
+//! - [`twin_pods`]: the differential harness of both conformance suites.
 //! - [`remove_stale_leftovers`]: what killed test processes could not clean up.
 
 pub mod bpftool;
@@ -38,7 +42,9 @@ pub mod scrapes;
 pub mod sockaddr;
 pub mod socket_lb;
 pub mod stale;
+pub mod test_node;
 pub mod topology;
+pub mod twin_pods;
 pub mod user_ns;
 
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -80,7 +86,24 @@ pub(crate) fn unique_name(hint: &str) -> String {
     format!("{NAME_PREFIX}-{}-{}-{hint}", std::process::id(), next_id())
 }
 
-/// Call first in every privileged test: `if !require_root() { return; }`.
+/// The first line of a privileged test: returns from it (a skip, see [`require_root`] and
+/// [`require_tools`]) unless it runs as root (with the tools it names), and points the kit at the `probe` binary cargo built for this
+/// test run ([`use_probe_bin`]), so every test of a binary uses exactly that one.
+#[macro_export]
+macro_rules! privileged {
+    () => {
+        $crate::privileged!("", &[]);
+    };
+    // A test that also runs outside tools: skipped as `require_tools` says without them.
+    ($test:expr, $tools:expr) => {
+        if !$crate::require_root() || !$crate::require_tools($test, $tools) {
+            return;
+        }
+        $crate::use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    };
+}
+
+/// Whether this privileged test may run: see [`privileged!`], which calls it.
 ///
 /// Without root the test is skipped with a note, except under CI (env `CI` set), where a
 /// privileged test that silently skips would hide a regression, so it panics instead.

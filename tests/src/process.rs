@@ -43,6 +43,20 @@ pub struct Spawn {
 }
 
 impl Spawn {
+    /// This test binary re-executed with only its ignored test `test` selected: a helper
+    /// process whose body is that test.
+    pub fn helper(test: &str) -> Self {
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let args = [
+            test,
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ];
+        Spawn::new(exe).args(args)
+    }
+
     pub fn new(program: impl AsRef<OsStr>) -> Self {
         Spawn {
             program: program.as_ref().to_owned(),
@@ -410,4 +424,14 @@ pub fn within(timeout: Duration, mut done: impl FnMut() -> bool) -> Option<Durat
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The process that gave `out` exited 0; its stderr is the message when it did not.
+#[track_caller]
+pub fn assert_success(out: &Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -2,9 +2,11 @@
 //! privileged tests.
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::process::Output;
 
 use crate::redirector::{install, PinRoot};
-use crate::{Cgroup, ChildGuard, ConnOutcome, ProbeServer, Topology, PROXY_UID};
+use crate::twin_pods::start_proxy;
+use crate::{Cgroup, ChildGuard, ConnOutcome, ProbeServer, Topology, APP_UID, PROXY_UID};
 
 pub const SERVICE_PORT: u16 = 80;
 
@@ -34,12 +36,7 @@ impl ProxiedPod {
             .listen(topo.service_addr(true, SERVICE_PORT))
             .listen(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 8080))
             .start();
-        let proxy = ProbeServer::proxy(&topo.pod, "proxy")
-            .listen("127.0.0.1:15001".parse().unwrap())
-            .listen("[::1]:15001".parse().unwrap())
-            .cgroup(&topo.pod_cgroup)
-            .user(PROXY_UID, PROXY_UID)
-            .start();
+        let proxy = start_outbound_proxy(&topo, "proxy");
         ProxiedPod {
             topo,
             _service: service,
@@ -51,6 +48,11 @@ impl ProxiedPod {
     pub fn install(&self, root: &PinRoot, args: &[&str]) -> String {
         let out = install(&self.topo.pod, &self.topo.pod_cgroup, root, args);
         String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+
+    /// `redirector istio-iptables ARGS` for this pod, whatever its exit.
+    pub fn istio_iptables(&self, root: &PinRoot, args: &[&str]) -> Output {
+        crate::redirector::istio_iptables(&self.topo.pod, &self.topo.pod_cgroup, root, args)
     }
 
     /// [`crate::redirector::install_with_interfaces`] for this pod.
@@ -70,6 +72,21 @@ impl ProxiedPod {
 
     pub fn service(&self, v6: bool) -> SocketAddr {
         self.topo.service_addr(v6, SERVICE_PORT)
+    }
+
+    /// The app's connection (uid and gid 1000) to the service (`v6`: its IPv6 address)
+    /// lands on the proxy with the service as its original destination.
+    #[track_caller]
+    pub fn assert_app_proxied(&self, v6: bool) {
+        let dst = self.service(v6);
+        assert_proxied(&self.connect(APP_UID, APP_UID, dst), dst);
+    }
+
+    /// The app's connection to the service (`v6`: its IPv6 address) reaches it directly.
+    #[track_caller]
+    pub fn assert_app_direct(&self, v6: bool) {
+        let dst = self.service(v6);
+        assert_direct(&self.connect(APP_UID, APP_UID, dst), dst);
     }
 }
 
@@ -111,4 +128,11 @@ pub fn assert_all_proxied(outcomes: &[ConnOutcome], orig: SocketAddr) {
         escaped.len(),
         outcomes.len()
     );
+}
+
+/// istio's outbound listener's stand-in named `name`: `probe proxy` on 127.0.0.1:15001 and
+/// `[::1]:15001`, as uid 1337 in the pod's cgroup, reading SO_ORIGINAL_DST.
+pub fn start_outbound_proxy(topo: &Topology, name: &str) -> ChildGuard {
+    let addrs = ["127.0.0.1:15001", "[::1]:15001"].map(|a| a.parse().unwrap());
+    start_proxy(topo, name, addrs, (PROXY_UID, PROXY_UID))
 }

@@ -120,9 +120,20 @@ fn set_int_opt(
 /// Binds `fd` to `addr` with `SO_REUSEADDR`, and `IPV6_V6ONLY` when `addr` is IPv6, so
 /// that IPv4 and IPv6 listeners on one port (or the wildcards) stand side by side.
 pub(crate) fn bind_family_apart(fd: &OwnedFd, addr: SocketAddr) -> io::Result<()> {
+    bind_reusable(fd, addr, true)
+}
+
+/// Binds `fd` to `addr` with `SO_REUSEADDR`; an IPv6 socket gets `IPV6_V6ONLY` = `v6only`.
+fn bind_reusable(fd: &OwnedFd, addr: SocketAddr, v6only: bool) -> io::Result<()> {
     set_int_opt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
     if addr.is_ipv6() {
-        set_int_opt(fd.as_raw_fd(), libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)?;
+        let v6only = v6only.into();
+        set_int_opt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_IPV6,
+            libc::IPV6_V6ONLY,
+            v6only,
+        )?;
     }
     let (raw, len) = to_raw(addr);
     // SAFETY: raw/len come from to_raw.
@@ -133,8 +144,18 @@ pub(crate) fn bind_family_apart(fd: &OwnedFd, addr: SocketAddr) -> io::Result<()
 /// `0.0.0.0:P` and `[::]:P` can be served side by side and an accepted socket's family always
 /// matches the connection's.
 pub fn listen_tcp(addr: SocketAddr) -> io::Result<TcpListener> {
+    listen_on(addr, true)
+}
+
+/// An AF_INET6 TCP listener on `addr` that also takes IPv4 (`IPV6_V6ONLY` off), as the
+/// Linkerd proxy's `[::]:4143`.
+pub fn listen_dual_stack(addr: SocketAddr) -> io::Result<TcpListener> {
+    listen_on(addr, false)
+}
+
+fn listen_on(addr: SocketAddr, v6only: bool) -> io::Result<TcpListener> {
     let fd = socket(&addr, libc::SOCK_STREAM)?;
-    bind_family_apart(&fd, addr)?;
+    bind_reusable(&fd, addr, v6only)?;
     // SAFETY: plain listen(2) on a socket we own.
     cvt(unsafe { libc::listen(fd.as_raw_fd(), 128) })?;
     Ok(TcpListener::from(fd))

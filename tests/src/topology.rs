@@ -105,6 +105,11 @@ impl Topology {
         PairAddresses::TOPOLOGY.service_addr(self.subnet, v6, port)
     }
 
+    /// The pod's address of the same family as `v6`, with `port`.
+    pub fn pod_addr(&self, v6: bool, port: u16) -> SocketAddr {
+        PairAddresses::TOPOLOGY.pod_addr(self.subnet, v6, port)
+    }
+
     /// Another address of the pod (/32 or /128 on its eth0), e.g. a second pod IP.
     pub fn add_pod_addr(&self, ip: IpAddr) {
         add_host_addr(&self.pod, POD_IFACE, ip);

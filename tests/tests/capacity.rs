@@ -7,7 +7,7 @@ use std::process::Output;
 use redirector_common::capacity;
 use redirector_tests::bpftool::cgroup_attachments;
 use redirector_tests::redirector::{istio_iptables, map_fill, status, PinRoot};
-use redirector_tests::{require_root, Topology};
+use redirector_tests::{privileged, Topology};
 
 fn fill(root: &PinRoot, map: &str) -> u64 {
     map_fill(root)
@@ -69,9 +69,7 @@ fn fill_until_refused(hint: &str, map: &str, capacity: u64, per_pod: u64, flag: 
 
 #[test]
 fn a_pod_whose_ports_do_not_fit_is_refused_and_rolled_back() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let per_pod = 10_000;
     let ports: Vec<String> = (1..=per_pod).map(|p| p.to_string()).collect();
     fill_until_refused(
@@ -86,9 +84,7 @@ fn a_pod_whose_ports_do_not_fit_is_refused_and_rolled_back() {
 
 #[test]
 fn a_pod_whose_cidrs_do_not_fit_is_refused_and_rolled_back() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let per_pod: u64 = 8_000;
     let cidrs: Vec<String> = (0..per_pod)
         .map(|i| format!("10.{}.{}.0/24", 100 + i / 256, i % 256))

@@ -11,9 +11,7 @@ use redirector_tests::churn::churn;
 use redirector_tests::redirector::{
     install, istio_iptables, map_fill, pins_under, pod_links, status, PinRoot, STANDARD_INJECTION,
 };
-use redirector_tests::{
-    assert_proxied, require_root, use_probe_bin, Cgroup, NetNs, ProxiedPod, APP_UID,
-};
+use redirector_tests::{assert_proxied, privileged, Cgroup, NetNs, ProxiedPod, APP_UID};
 
 /// Pods set up and deleted, and how many are alive at a time (besides the long-lived one).
 const PODS: usize = 2_000;
@@ -28,10 +26,7 @@ fn fills(root: &PinRoot) -> BTreeMap<String, u64> {
 
 #[test]
 fn pods_deleted_without_cleanup_go_with_later_setups() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
     let root = PinRoot::new("churn");
     let live = ProxiedPod::new("churnlive");
     live.install(&root, &STANDARD_INJECTION);
@@ -111,9 +106,7 @@ fn outbound_ports(ports: u16) -> Vec<String> {
 
 #[test]
 fn a_setup_a_map_has_no_room_for_first_removes_every_pod_that_is_gone() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let root = PinRoot::new("churnfull");
     let live = (NetNs::new("fulllive"), Cgroup::new("fulllive"));
     install(&live.0, &live.1, &root, &STANDARD_INJECTION);

@@ -2,15 +2,13 @@
 //! network configuration on stdin, against namespaces the test made, beside a daemon. In
 //! both dialects: istio's (the default) and Linkerd's (`"dialect": "linkerd"`).
 
-use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
 
 use redirector_tests::bpftool::cgroup_attachments;
-use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::daemon::Daemon;
 use redirector_tests::linkerd::cases::LINKERD_PROXY_UID;
 use redirector_tests::linkerd::meshed::{
     assert_app, assert_inbound, assert_outbound, assert_peer, MeshedPod, A_PROXY_VERSION,
@@ -18,131 +16,13 @@ use redirector_tests::linkerd::meshed::{
 };
 use redirector_tests::linkerd::validator::{self, Addrs};
 use redirector_tests::redirector::{
-    object_ids, pins_under, pod_links, redirector_bin, PinRoot, STANDARD_INJECTION,
+    object_ids, pins_under, pod_links, PinRoot, STANDARD_INJECTION,
 };
+use redirector_tests::test_node::{failed, succeeded, CniPlugin, TestNode};
 use redirector_tests::{
-    assert_direct, assert_proxied, connect_from, require_root, use_probe_bin, Cgroup, ProxiedPod,
-    Spawn, Topology, APP_UID,
+    assert_direct, assert_proxied, connect_from, privileged, Cgroup, ProxiedPod, Spawn, Topology,
+    APP_UID,
 };
-
-/// The binary under the name a runtime calls it by.
-struct Plugin {
-    path: PathBuf,
-    _dir: StateDir,
-}
-
-impl Plugin {
-    fn new() -> Self {
-        let dir = StateDir::new("cnibin");
-        let path = dir.path().join("redirector-cni");
-        std::os::unix::fs::symlink(redirector_bin(), &path).unwrap();
-        Plugin { path, _dir: dir }
-    }
-
-    /// Run `command` with the runtime's env for a pod of namespace `default` and `conf` on
-    /// stdin: success and stdout JSON.
-    fn call(&self, command: &str, container: &str, netns: &str, conf: &Value) -> (bool, Value) {
-        self.call_in("default", command, container, netns, conf)
-    }
-
-    /// [`Plugin::call`] for a pod of Kubernetes namespace `namespace` (`K8S_POD_NAMESPACE`).
-    fn call_in(
-        &self,
-        namespace: &str,
-        command: &str,
-        container: &str,
-        netns: &str,
-        conf: &Value,
-    ) -> (bool, Value) {
-        let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME=web");
-        self.call_with_args(&args, command, container, netns, conf)
-    }
-
-    /// [`Plugin::call`] with `CNI_ARGS` set to `args`.
-    fn call_with_args(
-        &self,
-        args: &str,
-        command: &str,
-        container: &str,
-        netns: &str,
-        conf: &Value,
-    ) -> (bool, Value) {
-        let env = [
-            ("CNI_COMMAND", command),
-            ("CNI_CONTAINERID", container),
-            ("CNI_NETNS", netns),
-            ("CNI_IFNAME", "eth0"),
-            ("CNI_PATH", "/opt/cni/bin"),
-            ("CNI_ARGS", args),
-        ];
-        let out = self.run(&env, &conf.to_string());
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let json = if stdout.trim().is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&stdout)
-                .unwrap_or_else(|e| panic!("{command}: stdout is not JSON ({e}): {stdout}"))
-        };
-        (out.status.success(), json)
-    }
-
-    /// `command` with `stdin` as is (not necessarily JSON) and a namespace that does not exist.
-    fn raw(&self, command: &str, stdin: &str) -> (bool, Value) {
-        let env = [
-            ("CNI_COMMAND", command),
-            ("CNI_CONTAINERID", "c0"),
-            ("CNI_NETNS", "/nonexistent"),
-            ("CNI_IFNAME", "eth0"),
-        ];
-        let out = self.run(&env, stdin);
-        let json = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-        (out.status.success(), json)
-    }
-
-    /// The plugin with only `env`, fed `stdin`. A plugin that rejects its environment exits
-    /// before reading stdin, so a broken pipe on the write is an answer, not a test failure.
-    fn run(&self, env: &[(&str, &str)], stdin: &str) -> std::process::Output {
-        let mut child = Command::new(&self.path)
-            .env_clear()
-            .envs(env.iter().copied())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("running redirector-cni");
-        match child.stdin.take().unwrap().write_all(stdin.as_bytes()) {
-            Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => panic!("writing stdin: {e}"),
-            _ => {}
-        }
-        child.wait_with_output().unwrap()
-    }
-}
-
-/// A node whose programs a daemon pinned (and then stopped: the plugin needs none), with
-/// the plugin, the node cgroup and a state directory.
-struct PinnedNode {
-    plugin: Plugin,
-    root: PinRoot,
-    node: Cgroup,
-    state: StateDir,
-}
-
-impl PinnedNode {
-    fn new(hint: &str) -> Self {
-        let (root, node, state) = (
-            PinRoot::new(hint),
-            Cgroup::new("node"),
-            StateDir::new("state"),
-        );
-        Daemon::start(&root, &node, &state).kill();
-        PinnedNode {
-            plugin: Plugin::new(),
-            root,
-            node,
-            state,
-        }
-    }
-}
 
 /// The annotation istio's injector sets on every pod it injected a sidecar into.
 const STATUS: &str = "sidecar.istio.io/status";
@@ -225,9 +105,8 @@ fn recorded(state: &Path) -> String {
 
 #[test]
 fn plugin_speaks_cni_version_and_errors() {
-    let plugin = Plugin::new();
-    let (ok, version) = plugin.raw("VERSION", "{}");
-    assert!(ok);
+    let plugin = CniPlugin::new();
+    let version = succeeded(plugin.raw("VERSION", "{}"));
     assert_eq!(version["cniVersion"], "1.1.0");
     assert_eq!(
         version["supportedVersions"],
@@ -235,73 +114,56 @@ fn plugin_speaks_cni_version_and_errors() {
         "{version}"
     );
     // Asked in the version a runtime's conflist names, VERSION answers in it.
-    let (ok, version) = plugin.raw("VERSION", r#"{"cniVersion":"0.3.1"}"#);
-    assert!(ok);
+    let version = succeeded(plugin.raw("VERSION", r#"{"cniVersion":"0.3.1"}"#));
     assert_eq!(version["cniVersion"], "0.3.1", "{version}");
-    let (ok, err) = plugin.raw("ADD", "{not json");
-    assert!(!ok);
+    let err = failed(plugin.raw("ADD", "{not json"));
     assert_eq!(err["code"], 6, "{err}");
-    let (ok, err) = plugin.raw(
+    let err = failed(plugin.raw(
         "EXPLODE",
         r#"{"cniVersion":"1.0.0","type":"redirector-cni"}"#,
-    );
-    assert!(!ok);
+    ));
     assert_eq!(err["code"], 4, "{err}");
-    let (ok, err) = plugin.raw("ADD", r#"{"cniVersion":"9.9.9","type":"redirector-cni"}"#);
-    assert!(!ok);
+    let err = failed(plugin.raw("ADD", r#"{"cniVersion":"9.9.9","type":"redirector-cni"}"#));
     assert_eq!(err["code"], 1, "{err}");
 }
 
 #[test]
 fn add_captures_before_the_pod_runs_and_del_is_idempotent() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let plugin = Plugin::new();
-    let root = PinRoot::new("cni");
-    let node = Cgroup::new("node");
-    let state = StateDir::new("state");
+    privileged!();
+    let plugin = CniPlugin::new();
+    let TestNode { root, node, state } = TestNode::new("cni");
 
     // Nothing pinned yet (no daemon has run): ADD says "try again later", STATUS 50.
     let pod = ProxiedPod::under(&node, "cnipod");
     let netns = pod.topo.pod.path().display().to_string();
     let conf = conf(root.path(), state.path(), json!({}));
-    let (ok, err) = plugin.call("ADD", "c1", &netns, &conf);
-    assert!(!ok);
+    let err = failed(plugin.call("ADD", "c1", &netns, &conf));
     assert_eq!(err["code"], 11, "{err}");
-    let (ok, err) = plugin.call("STATUS", "", "", &conf);
-    assert!(!ok);
+    let err = failed(plugin.call("STATUS", "", "", &conf));
     assert_eq!(err["code"], 50, "{err}");
 
     // A daemon runs once (pins the node's programs), then is killed: ADD needs no daemon.
     Daemon::start(&root, &node, &state).kill();
-    let (ok, _) = plugin.call("STATUS", "", "", &conf);
-    assert!(ok);
-    let (ok, result) = plugin.call("ADD", "c1", &netns, &conf);
-    assert!(ok, "{result}");
+    succeeded(plugin.call("STATUS", "", "", &conf));
+    let result = succeeded(plugin.call("ADD", "c1", &netns, &conf));
     assert_eq!(
         result, conf["prevResult"],
         "prevResult passed through unchanged"
     );
     let dst = pod.service(false);
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
-    let (ok, err) = plugin.call("CHECK", "c1", &netns, &conf);
-    assert!(ok, "{err}");
+    succeeded(plugin.call("CHECK", "c1", &netns, &conf));
 
     // A daemon started now lists the pod the plugin set up.
     let daemon = Daemon::start(&root, &node, &state);
     assert_eq!(daemon.pods()[0]["name"], "default/web");
 
     // DEL: the pod is released; again with no netns (containerd's second DEL): fine.
-    let (ok, err) = plugin.call("DEL", "c1", &netns, &conf);
-    assert!(ok, "{err}");
+    succeeded(plugin.call("DEL", "c1", &netns, &conf));
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     assert_eq!(pod_links(&root, pod.topo.pod.cookie()), None);
-    let (ok, err) = plugin.call("DEL", "c1", "", &conf);
-    assert!(ok, "{err}");
-    let (ok, err) = plugin.call("DEL", "unknown", "", &conf);
-    assert!(ok, "{err}");
+    succeeded(plugin.call("DEL", "c1", "", &conf));
+    succeeded(plugin.call("DEL", "unknown", "", &conf));
     assert!(daemon.pods().is_empty());
 
     // Annotations: opted out, nothing installed; a port excluded, that port passes.
@@ -310,8 +172,7 @@ fn add_captures_before_the_pod_runs_and_del_is_idempotent() {
         state.path(),
         json!({"sidecar.istio.io/inject": "false"}),
     );
-    let (ok, result) = plugin.call("ADD", "c2", &netns, &opted_out);
-    assert!(ok, "{result}");
+    succeeded(plugin.call("ADD", "c2", &netns, &opted_out));
     assert_eq!(pod_links(&root, pod.topo.pod.cookie()), None);
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     let excluded = self::conf(
@@ -319,25 +180,20 @@ fn add_captures_before_the_pod_runs_and_del_is_idempotent() {
         state.path(),
         json!({"traffic.sidecar.istio.io/excludeOutboundPorts": dst.port().to_string()}),
     );
-    let (ok, result) = plugin.call("ADD", "c3", &netns, &excluded);
-    assert!(ok, "{result}");
+    succeeded(plugin.call("ADD", "c3", &netns, &excluded));
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
-    let v6 = pod.service(true);
-    assert_direct(&pod.connect(APP_UID, APP_UID, v6), v6);
-    let (ok, _) = plugin.call("DEL", "c3", &netns, &excluded);
-    assert!(ok);
+    pod.assert_app_direct(true);
+    succeeded(plugin.call("DEL", "c3", &netns, &excluded));
 
     // A missing namespace is an error naming it; a bad flag in the network's args too.
-    let (ok, err) = plugin.call("ADD", "c4", "/run/netns/rdt-missing", &conf);
-    assert!(!ok);
+    let err = failed(plugin.call("ADD", "c4", "/run/netns/rdt-missing", &conf));
     assert!(
         err["msg"].as_str().unwrap().contains("rdt-missing"),
         "{err}"
     );
     let mut bad = conf.clone();
     bad["args"] = json!(["-p", "70000"]);
-    let (ok, err) = plugin.call("ADD", "c5", &netns, &bad);
-    assert!(!ok);
+    let err = failed(plugin.call("ADD", "c5", &netns, &bad));
     assert_eq!(err["code"], 7, "{err}");
     assert!(err["msg"].as_str().unwrap().contains("70000"), "{err}");
 }
@@ -345,7 +201,7 @@ fn add_captures_before_the_pod_runs_and_del_is_idempotent() {
 /// The pods a node just rebooted (nothing pinned, no daemon yet) sees through a CNI 0.3.1
 /// network: every pod the plugin leaves alone starts, a meshed one is held back (code 11)
 /// in the network's version, and DEL, GC and STATUS answer as they should.
-fn start_with_nothing_pinned(plugin: &Plugin, root: &PinRoot, state: &Path, netns: &str) {
+fn start_with_nothing_pinned(plugin: &CniPlugin, root: &PinRoot, state: &Path, netns: &str) {
     let unannotated = conf_031(root.path(), state, json!({}));
     let system = conf_031(root.path(), state, json!({ STATUS: "{}" }));
     let opted_out = conf_031(
@@ -395,22 +251,16 @@ fn start_with_nothing_pinned(plugin: &Plugin, root: &PinRoot, state: &Path, netn
     }
     let (ok, err) = plugin.call("GC", "", "", &gc_conf(root, state));
     assert!(ok, "GC: {err}");
-    let (ok, err) = plugin.call("STATUS", "", "", &unannotated);
-    assert!(!ok);
+    let err = failed(plugin.call("STATUS", "", "", &unannotated));
     assert_eq!(err["code"], 50, "{err}");
     assert_eq!(err["cniVersion"], "0.3.1", "{err}");
 }
 
 #[test]
 fn a_node_with_nothing_pinned_starts_every_pod_it_leaves_alone() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let plugin = Plugin::new();
-    let root = PinRoot::new("cniboot");
-    let node = Cgroup::new("node");
-    let state = StateDir::new("state");
+    privileged!();
+    let plugin = CniPlugin::new();
+    let TestNode { root, node, state } = TestNode::new("cniboot");
     let pod = ProxiedPod::under(&node, "bootpod");
     let netns = pod.topo.pod.path().display().to_string();
     let dst = pod.service(false);
@@ -427,24 +277,20 @@ fn a_node_with_nothing_pinned_starts_every_pod_it_leaves_alone() {
     // captured; the pods left alone stay so with the programs there.
     Daemon::start(&root, &node, &state).kill();
     let injected = conf_031(root.path(), state.path(), json!({ STATUS: "{}" }));
-    let (ok, result) = plugin.call("ADD", "meshed-pod", &netns, &injected);
-    assert!(ok, "{result}");
+    let result = succeeded(plugin.call("ADD", "meshed-pod", &netns, &injected));
     assert_eq!(result, injected["prevResult"]);
     assert_eq!(result["cniVersion"], "0.3.1");
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
     assert!(recorded(state.path()).contains("meshed-pod"));
-    let (ok, err) = plugin.call("DEL", "meshed-pod", &netns, &injected);
-    assert!(ok, "{err}");
+    succeeded(plugin.call("DEL", "meshed-pod", &netns, &injected));
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     assert_eq!(pod_links(&root, pod.topo.pod.cookie()), None);
 
     let unannotated = conf_031(root.path(), state.path(), json!({}));
-    let (ok, result) = plugin.call("ADD", "plain-pod", &netns, &unannotated);
-    assert!(ok, "{result}");
+    succeeded(plugin.call("ADD", "plain-pod", &netns, &unannotated));
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     let system = conf_031(root.path(), state.path(), json!({ STATUS: "{}" }));
-    let (ok, result) = plugin.call_in("kube-system", "ADD", "system-pod", &netns, &system);
-    assert!(ok, "{result}");
+    succeeded(plugin.call_in("kube-system", "ADD", "system-pod", &netns, &system));
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     assert_eq!(pod_links(&root, pod.topo.pod.cookie()), None);
 
@@ -467,8 +313,7 @@ fn a_node_with_nothing_pinned_starts_every_pod_it_leaves_alone() {
     // record; pods left alone still start.
     for command in ["DEL", "GC"] {
         Daemon::start(&root, &node, &state).kill();
-        let (ok, result) = plugin.call("ADD", "half-done", &netns, &injected);
-        assert!(ok, "{result}");
+        succeeded(plugin.call("ADD", "half-done", &netns, &injected));
         std::fs::remove_dir_all(root.path()).unwrap();
         assert!(recorded(state.path()).contains("half-done"));
         let (ok, err) = match command {
@@ -481,8 +326,7 @@ fn a_node_with_nothing_pinned_starts_every_pod_it_leaves_alone() {
             "{command} left the record"
         );
     }
-    let (ok, result) = plugin.call("ADD", "plain-pod", &netns, &unannotated);
-    assert!(ok, "{result}");
+    succeeded(plugin.call("ADD", "plain-pod", &netns, &unannotated));
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
 }
 
@@ -490,28 +334,22 @@ fn a_node_with_nothing_pinned_starts_every_pod_it_leaves_alone() {
 /// was set up in (a `/proc/<pid>/ns/net` path whose pid was reused): that pod stays.
 #[test]
 fn a_del_with_no_record_leaves_another_containers_pod_alone() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let pinned = PinnedNode::new("cnidel");
-    let (plugin, root, node, state) = (&pinned.plugin, &pinned.root, &pinned.node, &pinned.state);
+    privileged!();
+    let plugin = &CniPlugin::new();
+    let TestNode { root, node, state } = &TestNode::pinned("cnidel");
     let pod = ProxiedPod::under(node, "delpod");
     let netns = pod.topo.pod.path().display().to_string();
     let dst = pod.service(false);
     let conf = conf(root.path(), state.path(), json!({}));
-    let (ok, result) = plugin.call("ADD", "owner-ctr", &netns, &conf);
-    assert!(ok, "{result}");
+    succeeded(plugin.call("ADD", "owner-ctr", &netns, &conf));
 
-    let (ok, err) = plugin.call("DEL", "reused-pid-ctr", &netns, &conf);
-    assert!(ok, "{err}");
+    succeeded(plugin.call("DEL", "reused-pid-ctr", &netns, &conf));
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
     assert!(pod_links(root, pod.topo.pod.cookie()).is_some());
     assert!(recorded(state.path()).contains("owner-ctr"));
 
     // The owner's own DEL removes it.
-    let (ok, err) = plugin.call("DEL", "owner-ctr", &netns, &conf);
-    assert!(ok, "{err}");
+    succeeded(plugin.call("DEL", "owner-ctr", &netns, &conf));
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     assert_eq!(pod_links(root, pod.topo.pod.cookie()), None);
 }
@@ -540,12 +378,9 @@ fn forget_network(state: &Path, container: &str) {
 /// gone.
 #[test]
 fn gc_of_one_network_leaves_another_networks_pods() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let pinned = PinnedNode::new("cnigc");
-    let (plugin, root, node, state) = (&pinned.plugin, &pinned.root, &pinned.node, &pinned.state);
+    privileged!();
+    let plugin = &CniPlugin::new();
+    let TestNode { root, node, state } = &TestNode::pinned("cnigc");
     let first = conf(root.path(), state.path(), json!({}));
     let mut second = first.clone();
     second["name"] = json!("secondary");
@@ -579,26 +414,24 @@ fn gc_of_one_network_leaves_another_networks_pods() {
     };
 
     // The second network's GC knows only its own container: the first's pods stay.
-    let (ok, err) = plugin.call(
+    succeeded(plugin.call(
         "GC",
         "",
         "",
         &gc_of(root, state.path(), "secondary", &["b1-ctr"]),
-    );
-    assert!(ok, "{err}");
+    ));
     for id in ["a1-ctr", "a2-ctr", "b1-ctr", "legacy-ctr"] {
         captured(id, true);
     }
 
     // The first network's GC without a2: exactly a2 goes; the legacy record's namespace
     // is alive, so it stays.
-    let (ok, err) = plugin.call(
+    succeeded(plugin.call(
         "GC",
         "",
         "",
         &gc_of(root, state.path(), "pods", &["a1-ctr"]),
-    );
-    assert!(ok, "{err}");
+    ));
     captured("a2-ctr", false);
     for id in ["a1-ctr", "b1-ctr", "legacy-ctr"] {
         captured(id, true);
@@ -608,17 +441,15 @@ fn gc_of_one_network_leaves_another_networks_pods() {
     let mut pods = pods;
     let legacy = pods.pop().unwrap();
     drop(legacy);
-    let (ok, err) = plugin.call(
+    succeeded(plugin.call(
         "GC",
         "",
         "",
         &gc_of(root, state.path(), "pods", &["a1-ctr"]),
-    );
-    assert!(ok, "{err}");
+    ));
     assert!(!recorded(state.path()).contains("legacy-ctr"));
     for (id, _, pod) in pods.iter().filter(|(id, _, _)| *id != "a2-ctr") {
-        let dst = pod.service(false);
-        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+        pod.assert_app_proxied(false);
         assert!(recorded(state.path()).contains(id));
     }
 }
@@ -629,12 +460,9 @@ fn gc_of_one_network_leaves_another_networks_pods() {
 /// newer release's — and writes nothing.
 #[test]
 fn an_older_plugin_never_writes_for_a_newer_format() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let pinned = PinnedNode::new("cniskew");
-    let (plugin, root, node, state) = (&pinned.plugin, &pinned.root, &pinned.node, &pinned.state);
+    privileged!();
+    let plugin = &CniPlugin::new();
+    let TestNode { root, node, state } = &TestNode::pinned("cniskew");
     let pod = ProxiedPod::under(node, "skewpod");
     let netns = pod.topo.pod.path().display().to_string();
     let dst = pod.service(false);
@@ -649,8 +477,7 @@ fn an_older_plugin_never_writes_for_a_newer_format() {
     let object = root.path().join("objects").join(&object_ids(root)[0]);
     let marker = object.join(format!("format-{newer}"));
     std::fs::create_dir(&marker).unwrap();
-    let (ok, err) = plugin.call("ADD", "skew-ctr", &netns, &conf);
-    assert!(!ok);
+    let err = failed(plugin.call("ADD", "skew-ctr", &netns, &conf));
     assert_eq!(err["code"], 11, "{err}");
     let msg = err["msg"].as_str().unwrap();
     assert!(msg.contains(&ours) && msg.contains(&theirs), "{msg}");
@@ -676,8 +503,7 @@ fn an_older_plugin_never_writes_for_a_newer_format() {
     }])
     .to_string();
     std::fs::write(&shard, &written).unwrap();
-    let (ok, err) = plugin.call("ADD", "skew-ctr", &netns, &conf);
-    assert!(!ok);
+    let err = failed(plugin.call("ADD", "skew-ctr", &netns, &conf));
     assert_eq!(err["code"], 11, "{err}");
     let msg = err["msg"].as_str().unwrap();
     assert!(msg.contains(&ours) && msg.contains(&theirs), "{msg}");
@@ -690,8 +516,7 @@ fn an_older_plugin_never_writes_for_a_newer_format() {
     std::fs::remove_file(&shard).unwrap();
 
     // Formats this release writes: captured, the record marked with its format.
-    let (ok, result) = plugin.call("ADD", "skew-ctr", &netns, &conf);
-    assert!(ok, "{result}");
+    succeeded(plugin.call("ADD", "skew-ctr", &netns, &conf));
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
     let records = recorded(state.path());
     assert!(
@@ -704,11 +529,8 @@ fn an_older_plugin_never_writes_for_a_newer_format() {
 /// ADD attaches the programs there, at no other pod's cgroup and not at the node's.
 #[test]
 fn add_attaches_the_programs_at_the_cgroup_of_the_pods_uid() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let node = PinnedNode::new("cniuid");
+    privileged!();
+    let (node, plugin) = (TestNode::pinned("cniuid"), CniPlugin::new());
     let uid = "8c1f2a6e-93d4-4b7a-a0c2-5e6f7a8b9c0d";
     // The cgroupfs driver's layout for a Burstable pod.
     let qos = Cgroup::named_under(&node.node, "burstable");
@@ -718,10 +540,7 @@ fn add_attaches_the_programs_at_the_cgroup_of_the_pods_uid() {
     let netns = pod.topo.pod.path().display().to_string();
     let conf = conf(node.root.path(), node.state.path(), json!({}));
     let args = format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME=web;K8S_POD_UID={uid}");
-    let (ok, result) = node
-        .plugin
-        .call_with_args(&args, "ADD", "uid-pod", &netns, &conf);
-    assert!(ok, "{result}");
+    succeeded(plugin.call_with_args(&args, "ADD", "uid-pod", &netns, &conf));
     // The six TCP ones: this pod's DNS is not captured, so no UDP program.
     let attached = cgroup_attachments(pod_cgroup.path());
     assert_eq!(attached.len(), 6, "{attached:?}");
@@ -739,10 +558,7 @@ fn add_attaches_the_programs_at_the_cgroup_of_the_pods_uid() {
     let elsewhere = Cgroup::under(&node.node, "cniuidother");
     let from_elsewhere = connect_from(&pod.topo, Some(&elsewhere), APP_UID, APP_UID, dst, None);
     assert_direct(&from_elsewhere, dst);
-    let (ok, err) = node
-        .plugin
-        .call_with_args(&args, "DEL", "uid-pod", &netns, &conf);
-    assert!(ok, "{err}");
+    succeeded(plugin.call_with_args(&args, "DEL", "uid-pod", &netns, &conf));
     assert!(cgroup_attachments(pod_cgroup.path()).is_empty());
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
 }
@@ -772,14 +588,9 @@ fn linkerd_injected(root: &Path, state: &Path, annotations: Value) -> Value {
 /// releases the captured one.
 #[test]
 fn a_linkerd_network_captures_linkerd_pods_with_proxy_inits_ports_and_exemptions() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let plugin = Plugin::new();
-    let root = PinRoot::new("cnilk");
-    let node = Cgroup::new("node");
-    let state = StateDir::new("state");
+    privileged!();
+    let plugin = CniPlugin::new();
+    let TestNode { root, node, state } = TestNode::new("cnilk");
     let pod = MeshedPod::under(&node, "cnilkpod");
     let netns = pod.netns_path();
     let cookie = pod.topo.pod.cookie();
@@ -854,8 +665,7 @@ fn a_linkerd_network_captures_linkerd_pods_with_proxy_inits_ports_and_exemptions
     }
 
     // The injected pod: captured, with the network's proxy-init flags.
-    let (ok, result) = plugin.call("ADD", "linkerd-pod", &netns, &injected);
-    assert!(ok, "{result}");
+    let result = succeeded(plugin.call("ADD", "linkerd-pod", &netns, &injected));
     assert_eq!(result, injected["prevResult"], "prevResult passed on");
     assert!(recorded(state.path()).contains("linkerd-pod"));
     // Outbound: an ordinary uid's connection (and root's: only uid 2102 is exempt) lands on
@@ -887,8 +697,7 @@ fn a_linkerd_network_captures_linkerd_pods_with_proxy_inits_ports_and_exemptions
     assert!(ok, "CHECK: {err}");
 
     // DEL releases it; again with no netns (containerd's second DEL): fine.
-    let (ok, err) = plugin.call("DEL", "linkerd-pod", &netns, &injected);
-    assert!(ok, "{err}");
+    succeeded(plugin.call("DEL", "linkerd-pod", &netns, &injected));
     assert_eq!(pod_links(&root, cookie), None);
     assert!(!recorded(state.path()).contains("linkerd-pod"));
     assert_peer(&pod.connect(APP_UID, svc), svc);
@@ -900,17 +709,17 @@ fn a_linkerd_network_captures_linkerd_pods_with_proxy_inits_ports_and_exemptions
 /// ADD of `id` in `namespace` with `conf` into `pod`, then `check` while it is captured,
 /// then DEL, after which nothing of it is left.
 fn while_added(
-    node: &PinnedNode,
+    (node, plugin): (&TestNode, &CniPlugin),
     pod: &MeshedPod,
     (namespace, id): (&str, &str),
     conf: &Value,
     check: impl FnOnce(),
 ) {
     let netns = pod.netns_path();
-    let (ok, result) = node.plugin.call_in(namespace, "ADD", id, &netns, conf);
+    let (ok, result) = plugin.call_in(namespace, "ADD", id, &netns, conf);
     assert!(ok, "ADD {namespace}/{id}: {result}");
     check();
-    let (ok, err) = node.plugin.call_in(namespace, "DEL", id, &netns, conf);
+    let (ok, err) = plugin.call_in(namespace, "DEL", id, &netns, conf);
     assert!(ok, "DEL {namespace}/{id}: {err}");
     assert_eq!(pod_links(&node.root, pod.topo.pod.cookie()), None);
 }
@@ -923,48 +732,34 @@ fn while_added(
 /// naming the annotation, and sets nothing up.
 #[test]
 fn linkerd_annotations_override_the_networks_flags() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let node = PinnedNode::new("cnilkann");
+    privileged!();
+    let (node, plugin) = (TestNode::pinned("cnilkann"), CniPlugin::new());
     let pod = MeshedPod::under(&node.node, "cnilkann");
     let (root, state) = (node.root.path(), node.state.path());
     let svc = pod.peer(false, 80);
     let plain = pod.peer(false, PLAIN_PORT);
     let ignored = pod.peer(false, IGNORED_OUTBOUND_PORT);
     let default_pod = ("default", "ann-pod");
+    let injected = |annotations: Value| linkerd_injected(root, state, annotations);
 
     // skip-outbound-ports replaces the network's list: 80 and 8080 direct, 4567 captured.
-    let skip = linkerd_injected(
-        root,
-        state,
-        json!({"config.linkerd.io/skip-outbound-ports": "80,8080"}),
-    );
-    while_added(&node, &pod, default_pod, &skip, || {
+    let skip = injected(json!({"config.linkerd.io/skip-outbound-ports": "80,8080"}));
+    while_added((&node, &plugin), &pod, default_pod, &skip, || {
         assert_peer(&pod.connect(APP_UID, svc), svc);
         assert_peer(&pod.connect(APP_UID, plain), plain);
         assert_outbound(&pod.connect(APP_UID, ignored), ignored);
     });
     // An empty annotation counts as absent: the network's list holds.
-    let empty = linkerd_injected(
-        root,
-        state,
-        json!({"config.linkerd.io/skip-outbound-ports": ""}),
-    );
-    while_added(&node, &pod, default_pod, &empty, || {
+    let empty = injected(json!({"config.linkerd.io/skip-outbound-ports": ""}));
+    while_added((&node, &plugin), &pod, default_pod, &empty, || {
         assert_outbound(&pod.connect(APP_UID, svc), svc);
         assert_peer(&pod.connect(APP_UID, ignored), ignored);
     });
 
     // skip-inbound-ports is appended to the network's list: 5000 and the control port
     // direct, 8080 still to 4143.
-    let skip_in = linkerd_injected(
-        root,
-        state,
-        json!({"config.linkerd.io/skip-inbound-ports": "5000"}),
-    );
-    while_added(&node, &pod, default_pod, &skip_in, || {
+    let skip_in = injected(json!({"config.linkerd.io/skip-inbound-ports": "5000"}));
+    while_added((&node, &plugin), &pod, default_pod, &skip_in, || {
         for port in [5000, CONTROL_PORT] {
             let dst = pod.pod_addr(false, port);
             assert_app(&pod.connect_from_peer(dst), dst);
@@ -974,39 +769,41 @@ fn linkerd_annotations_override_the_networks_flags() {
     });
 
     // proxy-uid replaces the exempt uid: 3000's connections go direct, 2102's are captured.
-    let uid = linkerd_injected(root, state, json!({"config.linkerd.io/proxy-uid": "3000"}));
-    while_added(&node, &pod, default_pod, &uid, || {
+    let uid = injected(json!({"config.linkerd.io/proxy-uid": "3000"}));
+    while_added((&node, &plugin), &pod, default_pod, &uid, || {
         assert_peer(&pod.connect(3000, svc), svc);
         assert_outbound(&pod.connect(LINKERD_PROXY_UID, svc), svc);
     });
 
     // outbound-port replaces the outgoing port: sent to 4143 instead, where the inbound
     // listener reads the original destination.
-    let port = linkerd_injected(
-        root,
-        state,
-        json!({"config.linkerd.io/outbound-port": "4143"}),
-    );
-    while_added(&node, &pod, default_pod, &port, || {
+    let port = injected(json!({"config.linkerd.io/outbound-port": "4143"}));
+    while_added((&node, &plugin), &pod, default_pod, &port, || {
         assert_inbound(&pod.connect(APP_UID, svc), svc);
     });
 
     // The control plane's namespace (`linkerd`) also skips 443 and 6443; others do not.
-    let injected = linkerd_injected(root, state, json!({}));
-    while_added(&node, &pod, ("linkerd", "ctl-pod"), &injected, || {
-        for port in [443, 6443] {
-            let api = pod.peer(false, port);
-            assert_peer(&pod.connect(APP_UID, api), api);
-        }
-        assert_outbound(&pod.connect(APP_UID, svc), svc);
-    });
-    while_added(&node, &pod, default_pod, &injected, || {
+    let marked = injected(json!({}));
+    while_added(
+        (&node, &plugin),
+        &pod,
+        ("linkerd", "ctl-pod"),
+        &marked,
+        || {
+            for port in [443, 6443] {
+                let api = pod.peer(false, port);
+                assert_peer(&pod.connect(APP_UID, api), api);
+            }
+            assert_outbound(&pod.connect(APP_UID, svc), svc);
+        },
+    );
+    while_added((&node, &plugin), &pod, default_pod, &marked, || {
         let api = pod.peer(false, 443);
         assert_outbound(&pod.connect(APP_UID, api), api);
     });
 
     // linkerd-cni's settings object instead of `args`, as its installer writes it.
-    let mut settings = linkerd_injected(root, state, json!({}));
+    let mut settings = injected(json!({}));
     settings.as_object_mut().unwrap().remove("args");
     settings["linkerd"] = json!({
         "incoming-proxy-port": 4143,
@@ -1016,7 +813,7 @@ fn linkerd_annotations_override_the_networks_flags() {
         "outbound-ports-to-ignore": ["4567", "4568"],
         "ipv6": false,
     });
-    while_added(&node, &pod, default_pod, &settings, || {
+    while_added((&node, &plugin), &pod, default_pod, &settings, || {
         assert_outbound(&pod.connect(APP_UID, svc), svc);
         assert_peer(&pod.connect(LINKERD_PROXY_UID, svc), svc);
         assert_peer(&pod.connect(APP_UID, ignored), ignored);
@@ -1030,8 +827,8 @@ fn linkerd_annotations_override_the_networks_flags() {
     // set up or recorded.
     let netns = pod.netns_path();
     for annotation in ["config.linkerd.io/proxy-uid", "config.linkerd.io/proxy-gid"] {
-        let bad = linkerd_injected(root, state, json!({ annotation: "not-a-number" }));
-        let (ok, err) = node.plugin.call("ADD", "bad-pod", &netns, &bad);
+        let bad = injected(json!({ annotation: "not-a-number" }));
+        let (ok, err) = plugin.call("ADD", "bad-pod", &netns, &bad);
         assert!(!ok, "{annotation}: ADD must fail: {err}");
         assert_eq!(err["code"], 7, "{err}");
         let msg = err["msg"].as_str().unwrap_or_default();
@@ -1045,21 +842,19 @@ fn linkerd_annotations_override_the_networks_flags() {
             "{annotation}: recorded"
         );
         assert_peer(&pod.connect(APP_UID, svc), svc);
-        let (ok, err) = node.plugin.call("DEL", "bad-pod", &netns, &bad);
+        let (ok, err) = plugin.call("DEL", "bad-pod", &netns, &bad);
         assert!(ok, "DEL after a failed ADD: {err}");
     }
 }
 
-/// Linkerd's network validator (LINKERD.md §4) in a pod a Linkerd network captured: as
-/// uid 65534, its connection to 1.1.1.1:20001 comes back to its own listener on
-/// 0.0.0.0:4140 with its token. Before ADD and after DEL it fails (exit 95). The pod's
-/// namespace reaches only the test's peer namespace, which has no route to 1.1.1.1.
+/// Linkerd's network validator (docs/linkerd.md#how-linkerd-runs-it) in a pod a Linkerd network
+/// captured: as uid 65534, its connection to 1.1.1.1:20001 comes back to its own listener on
+/// 0.0.0.0:4140 with its token. Before ADD and after DEL it fails (exit 95). The pod's namespace
+/// reaches only the test's peer namespace, which has no route to 1.1.1.1.
 #[test]
 fn the_network_validator_passes_in_a_pod_a_linkerd_network_captured() {
-    if !require_root() {
-        return;
-    }
-    let node = PinnedNode::new("cnilkval");
+    privileged!();
+    let (node, plugin) = (TestNode::pinned("cnilkval"), CniPlugin::new());
     let topo = Topology::under(&node.node, "cnilkval");
     let netns = topo.pod.path().display().to_string();
     let injected = linkerd_injected(node.root.path(), node.state.path(), json!({}));
@@ -1072,11 +867,9 @@ fn the_network_validator_passes_in_a_pod_a_linkerd_network_captured() {
         .cgroup(&topo.pod_cgroup)
         .spawn();
     validator::run(&topo, Addrs::ipv4()).assert_failed();
-    let (ok, result) = node.plugin.call("ADD", "validated", &netns, &injected);
-    assert!(ok, "{result}");
+    succeeded(plugin.call("ADD", "validated", &netns, &injected));
     validator::run(&topo, Addrs::ipv4()).assert_passed();
-    let (ok, err) = node.plugin.call("DEL", "validated", &netns, &injected);
-    assert!(ok, "{err}");
+    succeeded(plugin.call("DEL", "validated", &netns, &injected));
     validator::run(&topo, Addrs::ipv4()).assert_failed();
 }
 

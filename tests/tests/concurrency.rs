@@ -9,9 +9,7 @@ use redirector_tests::bpftool::cgroup_attachments;
 use redirector_tests::redirector::{
     istio_iptables_command, pod_links, redirector_bin, status, PinRoot, STANDARD_INJECTION,
 };
-use redirector_tests::{
-    assert_direct, assert_proxied, require_root, use_probe_bin, ProxiedPod, APP_UID,
-};
+use redirector_tests::{assert_direct, assert_proxied, privileged, ProxiedPod, APP_UID};
 
 /// Links the standard injection attaches to the pod's cgroup.
 const CGROUP_LINKS: usize = 6;
@@ -56,8 +54,7 @@ fn assert_captured_once(pod: &ProxiedPod, root: &PinRoot) {
         pod.topo.pod_cgroup.path().display()
     );
     assert!(pod_links(root, pod.topo.pod.cookie()).is_some());
-    let dst = pod.service(false);
-    assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+    pod.assert_app_proxied(false);
 }
 
 /// Whichever way a race went, the pod is wholly captured or wholly not.
@@ -87,10 +84,7 @@ fn assert_whole(pod: &ProxiedPod, root: &PinRoot) -> bool {
 
 #[test]
 fn twenty_init_containers_at_once_each_capture_their_own_pod_once() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
     let root = PinRoot::new("many");
     let pods: Vec<ProxiedPod> = (0..20)
         .map(|i| ProxiedPod::new(&format!("many{i}")))
@@ -109,10 +103,7 @@ fn twenty_init_containers_at_once_each_capture_their_own_pod_once() {
 
 #[test]
 fn the_same_pod_applied_twice_at_once_is_captured_once() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
     let root = PinRoot::new("twice");
     let pod = ProxiedPod::new("twice");
     for round in 0..5 {
@@ -131,10 +122,7 @@ fn the_same_pod_applied_twice_at_once_is_captured_once() {
 
 #[test]
 fn cleanup_racing_apply_leaves_the_pod_whole_one_way_or_the_other() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
     let root = PinRoot::new("race");
     let pod = ProxiedPod::new("race");
     let mut outcomes = [0, 0];
@@ -153,10 +141,7 @@ fn cleanup_racing_apply_leaves_the_pod_whole_one_way_or_the_other() {
 
 #[test]
 fn gc_racing_apply_never_removes_a_live_pod() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
     let root = PinRoot::new("gcrace");
     let pods: Vec<ProxiedPod> = (0..4)
         .map(|i| ProxiedPod::new(&format!("gcrace{i}")))
@@ -182,10 +167,7 @@ fn gc_racing_apply_never_removes_a_live_pod() {
 /// later setup locks the new one: every pod ends captured exactly once, in one object.
 #[test]
 fn cleanup_of_the_last_pod_racing_new_pods_leaves_each_captured_once() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
     let root = PinRoot::new("lastpod");
     let last = ProxiedPod::new("lastpod");
     let pods: Vec<ProxiedPod> = (0..10)

@@ -22,19 +22,16 @@ use redirector_tests::conformance::{run_case, run_scenarios, PassthroughV6, Scen
 use redirector_tests::dns::use_dnsprobe_bin;
 use redirector_tests::golden_dir;
 use redirector_tests::iptables::golden;
+use redirector_tests::privileged;
 use redirector_tests::redirector::{
     fallback_in_use, install_with_interfaces, PinRoot, INGRESS_IFINDEX,
 };
 use redirector_tests::scenario::{Family, Scenario};
 use redirector_tests::topology::Topology;
-use redirector_tests::{require_root, use_probe_bin};
 
 /// Runs one case on both sides, prints its table, and fails listing every mismatch.
 fn check(name: &str) {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
     use_dnsprobe_bin(env!("CARGO_BIN_EXE_dnsprobe"));
     let case = case(name);
     if let Some(flag) = interface_list_of_the_pod(&case) {
@@ -54,11 +51,7 @@ fn check(name: &str) {
             return;
         }
     }
-    let report = run_case(&case);
-    println!("{}", report.table());
-    if let Some(failure) = report.failure() {
-        panic!("{failure}");
-    }
+    run_case(&case).assert_conforms();
 }
 
 /// The interface list (`-c` or `-k`) of `case` that names an interface of the test pods
@@ -74,20 +67,8 @@ fn interface_list_of_the_pod(case: &Case) -> Option<&'static str> {
     })
 }
 
-macro_rules! conformance_cases {
-    ($($test:ident => $case:literal,)*) => {
-        /// The cases a test below runs; must be exactly the case table.
-        const TESTED: &[&str] = &[$($case),*];
-        $(
-            #[test]
-            fn $test() {
-                check($case);
-            }
-        )*
-    };
-}
-
-conformance_cases! {
+redirector_tests::case_tests! {
+    check:
     standard_injection => "standard-injection",
     empty => "empty",
     inbound_ports_wildcard => "inbound-ports-wildcard",
@@ -127,10 +108,7 @@ conformance_cases! {
 /// inbound capture must also leave these pod-internal connections alone.
 #[test]
 fn ipv6_passthrough_source_works_after_setup() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
     let case = case("standard-injection");
     let scenarios: Vec<Scenario> = case
         .outbound_scenarios()
@@ -142,11 +120,7 @@ fn ipv6_passthrough_source_works_after_setup() {
         outbound: scenarios,
         ..Scenarios::default()
     };
-    let report = run_scenarios(&case, &scenarios, PassthroughV6::LeftToRedirector);
-    println!("{}", report.table());
-    if let Some(failure) = report.failure() {
-        panic!("{failure}");
-    }
+    run_scenarios(&case, &scenarios, PassthroughV6::LeftToRedirector).assert_conforms();
 }
 
 /// No case of the table is left without a test, and no test names a case not in it.

@@ -5,11 +5,10 @@
 
 use std::time::{Duration, Instant};
 
-use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::daemon::Daemon;
 use redirector_tests::redirector::{map_fill, pins_under, PinRoot, STANDARD_INJECTION};
-use redirector_tests::{
-    probe_bin, require_root, use_probe_bin, Cgroup, ProxiedPod, Spawn, APP_UID,
-};
+use redirector_tests::test_node::TestNode;
+use redirector_tests::{privileged, probe_bin, ProxiedPod, Spawn, APP_UID};
 
 /// Map fill by name, without the connection maps (they change with traffic).
 fn config_fill(root: &PinRoot) -> Vec<(String, u64)> {
@@ -21,17 +20,12 @@ fn config_fill(root: &PinRoot) -> Vec<(String, u64)> {
 
 #[test]
 fn a_daemon_in_a_crash_loop_lets_no_connection_escape_and_leaks_nothing() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
     let cycles: u32 = std::env::var("REDIRECTOR_CRASH_CYCLES")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
-    let root = PinRoot::new("crash");
-    let node = Cgroup::new("crashnode");
-    let state = StateDir::new("crashstate");
+    let TestNode { root, node, state } = TestNode::new("crash");
     let mut daemon = Daemon::start(&root, &node, &state);
     let pod = ProxiedPod::under(&node, "crashpod");
     let netns = pod.topo.pod.path().display().to_string();

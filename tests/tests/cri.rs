@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use redirector_tests::cri::pods::{
-    app_pod, assert_lands_on_proxy, assert_reaches_service, connect, linkerd_sidecar,
-    primary_network, serve, sidecar, LeftAlone, STATUS,
+    app_pod, assert_inbound_on_proxy, assert_lands_on_proxy, assert_reaches_service, connect,
+    linkerd_sidecar, meshed_web, primary_network, serve, sidecar, LeftAlone, STATUS,
 };
 use redirector_tests::cri::Containerd;
 use redirector_tests::daemon::{Daemon, StateDir};
@@ -20,7 +20,8 @@ use redirector_tests::process::within;
 use redirector_tests::redirector::{
     pins_under, pod_links, redirector_bin, run_ok, PinRoot, STANDARD_INJECTION,
 };
-use redirector_tests::{require_root, require_tools, use_probe_bin, Cgroup, ConnOutcome, APP_UID};
+use redirector_tests::test_node::TestNode;
+use redirector_tests::{privileged, ConnOutcome, APP_UID};
 
 /// [`primary_network`], then `redirector-cni` with the default pod selection.
 fn chained_network(
@@ -55,47 +56,42 @@ fn linkerd_network(
     network
 }
 
-/// What every test here starts from (fields drop in this order).
-struct NodeSetup {
-    ipam: StateDir,
-    state: StateDir,
-    node: Cgroup,
-    root: PinRoot,
-    _forwarding: ForwardingGuard,
+/// What every test here starts from (dropped in this order): a node, its IPAM directory,
+/// forwarding on.
+fn cri_node(hint: &str) -> (TestNode, StateDir, ForwardingGuard) {
+    (
+        TestNode::new(hint),
+        StateDir::new("ipam"),
+        ForwardingGuard::new(),
+    )
 }
 
-/// Root and containerd checked, the probe binary set, forwarding on, and a node's pin
-/// root, node cgroup, daemon state directory and IPAM directory; `None` to skip.
-fn node_setup(hint: &str) -> Option<NodeSetup> {
-    if !require_root() || !require_tools("containerd pod", &["containerd", "runc"]) {
-        return None;
+/// Stops and removes `sandboxes` (CNI DEL, twice): the daemon has no pod left, and none
+/// of the pods of `cookies` any link.
+#[track_caller]
+fn remove_leaving_no_pod(
+    cri: &mut Containerd,
+    daemon: &Daemon,
+    root: &PinRoot,
+    sandboxes: &[&str],
+    cookies: &[u64],
+) {
+    for sandbox in sandboxes {
+        cri.remove_sandbox(sandbox);
     }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    Some(NodeSetup {
-        _forwarding: ForwardingGuard::new(),
-        root: PinRoot::new(hint),
-        node: Cgroup::new("crinode"),
-        state: StateDir::new("cristate"),
-        ipam: StateDir::new("ipam"),
-    })
+    assert!(daemon.pods().is_empty(), "{:?}", daemon.pod_names());
+    for cookie in cookies {
+        assert_eq!(pod_links(root, *cookie), None);
+    }
 }
 
 #[test]
 fn containerd_pods_are_captured_by_the_cni_plugin_with_no_init_container() {
-    let Some(NodeSetup {
-        root,
-        node,
-        state,
-        ipam,
-        ..
-    }) = node_setup("cri")
-    else {
-        return;
-    };
+    privileged!("containerd pod", &["containerd", "runc"]);
+    let (TestNode { root, node, state }, ipam, _forwarding) = cri_node("cri");
     let daemon = Daemon::start(&root, &node, &state);
     let conflist = chained_network("1.0.0", 77, &ipam, &root, &state);
-    let redirector = redirector_bin();
-    let mut cri = Containerd::start(&conflist, &[("redirector-cni", redirector.as_path())]);
+    let mut cri = Containerd::start(&conflist, &[("redirector-cni", &redirector_bin())]);
     let parent = node.relative_path();
 
     // The service: a pod the mesh leaves alone.
@@ -107,46 +103,21 @@ fn containerd_pods_are_captured_by_the_cni_plugin_with_no_init_container() {
     let (svc_server, svc_addr) = serve(&mut cri, &svc);
 
     // The meshed pod: an app and a proxy (uid 1337), no init container.
-    let web = cri.run_sandbox("web", &[(STATUS, "{}")], &format!("{parent}/web"));
-    let app = cri.start_container(
-        &web,
-        "app",
-        &[
-            "probe",
-            "serve",
-            "--listen",
-            "0.0.0.0:8080",
-            "--name",
-            "app",
-        ],
-        i64::from(APP_UID),
-    );
-    let proxy = sidecar(&mut cri, &web);
-    let web_addr = SocketAddr::new(cri.sandbox_ip(&web.0), 8080);
+    let (web, app, proxy, web_addr) = meshed_web(&mut cri, &parent, &[(STATUS, "{}")], sidecar);
 
     // Outbound: the app's connection lands on the proxy with its original destination.
     assert_lands_on_proxy(&mut cri, &app, svc_addr);
     // The proxy's own traffic passes.
     assert_reaches_service(&mut cri, &proxy, svc_addr);
     // Inbound: a connection to the app's port lands on the proxy's -z listener.
-    let (_, out) = cri.exec(&svc_server, &["probe", "connect", &web_addr.to_string()]);
-    match ConnOutcome::parse(&out) {
-        ConnOutcome::Proxied { name, orig, .. } if name == "proxy" => {
-            assert_eq!(orig, Some(web_addr))
-        }
-        other => panic!("svc -> {web_addr}: expected the proxy's inbound listener, got {other:?}"),
-    }
+    assert_inbound_on_proxy(&mut cri, &svc_server, web_addr);
 
     // An annotation changes what is captured.
-    let excl = cri.run_sandbox(
-        "excl",
-        &[
-            (STATUS, "{}"),
-            ("traffic.sidecar.istio.io/excludeOutboundPorts", "8080"),
-        ],
-        &format!("{parent}/excl"),
-    );
-    let excl_app = cri.start_container(&excl, "app", &["sleep", "100000"], i64::from(APP_UID));
+    let excluded = [
+        (STATUS, "{}"),
+        ("traffic.sidecar.istio.io/excludeOutboundPorts", "8080"),
+    ];
+    let (excl, excl_app) = app_pod(&mut cri, "default", "excl", &excluded, &parent);
     assert_reaches_service(&mut cri, &excl_app, svc_addr);
 
     assert_eq!(
@@ -156,18 +127,14 @@ fn containerd_pods_are_captured_by_the_cni_plugin_with_no_init_container() {
     );
 
     // Stopping and removing the sandboxes (CNI DEL, twice) leaves no pod state.
-    let cookies: Vec<u64> = daemon
-        .pods()
-        .iter()
-        .filter_map(|p| p["netns_cookie"].as_u64())
-        .collect();
-    for sandbox in [&web.0, &excl.0, &svc.0] {
-        cri.remove_sandbox(sandbox);
-    }
-    assert!(daemon.pods().is_empty());
-    for cookie in cookies {
-        assert_eq!(pod_links(&root, cookie), None);
-    }
+    let cookies = daemon.pod_cookies();
+    remove_leaving_no_pod(
+        &mut cri,
+        &daemon,
+        &root,
+        &[&web.0, &excl.0, &svc.0],
+        &cookies,
+    );
 }
 
 /// A node just rebooted: nothing pinned, no daemon yet, and a CNI 0.3.1 network (as
@@ -177,19 +144,10 @@ fn containerd_pods_are_captured_by_the_cni_plugin_with_no_init_container() {
 /// captured.
 #[test]
 fn a_rebooted_node_starts_pods_it_leaves_alone_and_holds_injected_ones_until_pinned() {
-    let Some(NodeSetup {
-        root,
-        node,
-        state,
-        ipam,
-        ..
-    }) = node_setup("crireboot")
-    else {
-        return;
-    };
+    privileged!("containerd pod", &["containerd", "runc"]);
+    let (TestNode { root, node, state }, ipam, _forwarding) = cri_node("crireboot");
     let conflist = chained_network("0.3.1", 78, &ipam, &root, &state);
-    let redirector = redirector_bin();
-    let mut cri = Containerd::start(&conflist, &[("redirector-cni", redirector.as_path())]);
+    let mut cri = Containerd::start(&conflist, &[("redirector-cni", &redirector_bin())]);
     let parent = node.relative_path();
     assert_eq!(pins_under(root.path()), Vec::<std::path::PathBuf>::new());
 
@@ -223,18 +181,10 @@ fn a_rebooted_node_starts_pods_it_leaves_alone_and_holds_injected_ones_until_pin
     assert_eq!(daemon.pod_names(), ["default/web"]);
 
     // Removing the sandboxes (CNI DEL, twice) leaves no pod state.
-    let cookies: Vec<u64> = daemon
-        .pods()
-        .iter()
-        .filter_map(|p| p["netns_cookie"].as_u64())
-        .collect();
+    let cookies = daemon.pod_cookies();
     assert_eq!(cookies.len(), 1);
     left_alone.remove(&mut cri);
-    for sandbox in [&web.0, &svc.0] {
-        cri.remove_sandbox(sandbox);
-    }
-    assert!(daemon.pods().is_empty());
-    assert_eq!(pod_links(&root, cookies[0]), None);
+    remove_leaving_no_pod(&mut cri, &daemon, &root, &[&web.0, &svc.0], &cookies);
 }
 
 /// Waits until `done` holds; panics with `what` and the daemon's log. A repair round runs
@@ -253,16 +203,8 @@ fn wait_for(daemon: &Daemon, what: &str, done: impl FnMut() -> bool) {
 /// connections of a repaired pod land on its proxy with their original destination.
 #[test]
 fn pods_started_before_the_plugin_are_repaired_through_the_cri() {
-    let Some(NodeSetup {
-        root,
-        node,
-        state,
-        ipam,
-        ..
-    }) = node_setup("crirepair")
-    else {
-        return;
-    };
+    privileged!("containerd pod", &["containerd", "runc"]);
+    let (TestNode { root, node, state }, ipam, _forwarding) = cri_node("crirepair");
     let mut cri = Containerd::start(&primary_network("1.0.0", 79, &ipam), &[]);
     let parent = node.relative_path();
     // Before the plugin: a service with no sidecar, an injected pod, and pods the rules
@@ -365,20 +307,11 @@ fn pods_started_before_the_plugin_are_repaired_through_the_cri() {
 /// uncaptured. Removing the sandboxes leaves no pod state.
 #[test]
 fn containerd_starts_linkerd_pods_captured_by_a_linkerd_network() {
-    let Some(NodeSetup {
-        root,
-        node,
-        state,
-        ipam,
-        ..
-    }) = node_setup("crilk")
-    else {
-        return;
-    };
+    privileged!("containerd pod", &["containerd", "runc"]);
+    let (TestNode { root, node, state }, ipam, _forwarding) = cri_node("crilk");
     let daemon = Daemon::start(&root, &node, &state);
     let conflist = linkerd_network(80, &ipam, &root, &state);
-    let redirector = redirector_bin();
-    let mut cri = Containerd::start(&conflist, &[("redirector-cni", redirector.as_path())]);
+    let mut cri = Containerd::start(&conflist, &[("redirector-cni", &redirector_bin())]);
     let parent = node.relative_path();
     let marked = (PROXY_VERSION, A_PROXY_VERSION);
 
@@ -398,22 +331,7 @@ fn containerd_starts_linkerd_pods_captured_by_a_linkerd_network() {
     assert!(daemon.pods().is_empty(), "{:?}", daemon.pod_names());
 
     // The meshed pod: an app (uid 1000) and the proxy (uid 2102), no init container.
-    let web = cri.run_sandbox("web", &[marked], &format!("{parent}/web"));
-    let app = cri.start_container(
-        &web,
-        "app",
-        &[
-            "probe",
-            "serve",
-            "--listen",
-            "0.0.0.0:8080",
-            "--name",
-            "app",
-        ],
-        i64::from(APP_UID),
-    );
-    let proxy = linkerd_sidecar(&mut cri, &web);
-    let web_addr = SocketAddr::new(cri.sandbox_ip(&web.0), 8080);
+    let (web, app, proxy, web_addr) = meshed_web(&mut cri, &parent, &[marked], linkerd_sidecar);
 
     // Outbound: on the proxy's outbound listener, with the original destination.
     assert_lands_on_proxy(&mut cri, &app, svc_addr);
@@ -428,25 +346,11 @@ fn containerd_starts_linkerd_pods_captured_by_a_linkerd_network() {
     // The proxy's own traffic passes.
     assert_reaches_service(&mut cri, &proxy, svc_addr);
     // Inbound: a connection to the app's port lands on the proxy with the pod's address.
-    let (_, out) = cri.exec(&svc_server, &["probe", "connect", &web_addr.to_string()]);
-    match ConnOutcome::parse(&out) {
-        ConnOutcome::Proxied { name, orig, .. } if name == "proxy" => {
-            assert_eq!(
-                orig,
-                Some(web_addr),
-                "SO_ORIGINAL_DST of the inbound connection"
-            )
-        }
-        other => panic!("svc -> {web_addr}: expected the proxy's inbound listener, got {other:?}"),
-    }
+    assert_inbound_on_proxy(&mut cri, &svc_server, web_addr);
 
     // A Linkerd annotation on the pod changes what is captured.
-    let skip = cri.run_sandbox(
-        "skip",
-        &[marked, ("config.linkerd.io/skip-outbound-ports", "8080")],
-        &format!("{parent}/skip"),
-    );
-    let skip_app = cri.start_container(&skip, "app", &["sleep", "100000"], i64::from(APP_UID));
+    let skipping = [marked, ("config.linkerd.io/skip-outbound-ports", "8080")];
+    let (skip, skip_app) = app_pod(&mut cri, "default", "skip", &skipping, &parent);
     assert_reaches_service(&mut cri, &skip_app, svc_addr);
 
     // The pods left alone are still so, and only the two Linkerd pods are the node's.
@@ -456,20 +360,16 @@ fn containerd_starts_linkerd_pods_captured_by_a_linkerd_network() {
     assert_eq!(daemon.pod_names(), ["default/skip", "default/web"]);
 
     // Stopping and removing the sandboxes (CNI DEL, twice) leaves no pod state.
-    let cookies: Vec<u64> = daemon
-        .pods()
-        .iter()
-        .filter_map(|p| p["netns_cookie"].as_u64())
-        .collect();
+    let cookies = daemon.pod_cookies();
     assert_eq!(cookies.len(), 2);
     for (sandbox, _) in &left_alone {
         cri.remove_sandbox(&sandbox.0);
     }
-    for sandbox in [&web.0, &skip.0, &svc.0] {
-        cri.remove_sandbox(sandbox);
-    }
-    assert!(daemon.pods().is_empty(), "{:?}", daemon.pod_names());
-    for cookie in cookies {
-        assert_eq!(pod_links(&root, cookie), None);
-    }
+    remove_leaving_no_pod(
+        &mut cri,
+        &daemon,
+        &root,
+        &[&web.0, &skip.0, &svc.0],
+        &cookies,
+    );
 }

@@ -9,13 +9,14 @@ use std::time::Duration;
 
 use redirector_tests::bpftool::{pinned_map, wait_link_detached};
 use redirector_tests::daemon::{Daemon, StateDir};
-use redirector_tests::process::{within, StopOnDrop};
+use redirector_tests::process::{assert_success, within, StopOnDrop};
 use redirector_tests::redirector::{
-    install, object_ids, pins_under, pod_links, MapChange, NextObject, PinRoot, STANDARD_INJECTION,
+    install, object_ids, pins_under, pod_links, MapChange, NextObject, STANDARD_INJECTION,
 };
+use redirector_tests::test_node::TestNode;
 use redirector_tests::{
-    assert_all_proxied, assert_direct, assert_proxied, probe_bin, require_root, use_probe_bin,
-    Cgroup, ConnOutcome, NetNs, ProxiedPod, Spawn, Topology, APP_UID, PROXY_UID,
+    assert_all_proxied, assert_direct, assert_proxied, privileged, probe_bin, Cgroup, ConnOutcome,
+    NetNs, ProxiedPod, Spawn, Topology, APP_UID, PROXY_UID,
 };
 
 /// The app in `topo` connecting to `dst` again and again until `stop`, counting in `made`:
@@ -49,13 +50,8 @@ fn wait_connections(made: &AtomicUsize, count: usize) {
 
 #[test]
 fn daemon_captures_a_pod_by_its_namespace_and_releases_it() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let root = PinRoot::new("daemon");
-    let node = Cgroup::new("node");
-    let state = StateDir::new("state");
+    privileged!();
+    let TestNode { root, node, state } = TestNode::new("daemon");
     let daemon = Daemon::start_with(&root, &node, &state, &["--metrics-addr", "127.0.0.1:0"]);
     assert_eq!(daemon.http_get("/healthz").0, 200);
     assert_eq!(daemon.http_get("/readyz").0, 200);
@@ -71,8 +67,7 @@ fn daemon_captures_a_pod_by_its_namespace_and_releases_it() {
 
     daemon.add(&pod.topo.pod, "default/app", &STANDARD_INJECTION);
     for v6 in [false, true] {
-        let dst = pod.service(v6);
-        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+        pod.assert_app_proxied(v6);
     }
     assert_direct(&pod.connect(PROXY_UID, PROXY_UID, dst), dst);
     let cookie = pod.topo.pod.cookie();
@@ -109,11 +104,7 @@ fn daemon_captures_a_pod_by_its_namespace_and_releases_it() {
     assert_eq!(daemon.pod_names(), ["default/app"]);
 
     let out = daemon.pod(&["del", "--name", "default/app"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     assert!(daemon.pods().is_empty());
     assert_eq!(pod_links(&root, cookie), None);
@@ -134,11 +125,7 @@ fn daemon_captures_a_pod_by_its_namespace_and_releases_it() {
     ];
     args.extend_from_slice(&STANDARD_INJECTION);
     let out = daemon.pod(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     let other = SocketAddr::new(dst.ip(), 8080);
     assert_proxied(&pod.connect(APP_UID, APP_UID, other), other);
@@ -159,24 +146,15 @@ fn daemon_captures_a_pod_by_its_namespace_and_releases_it() {
         .arg(state.path())
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     assert!(!root.path().exists(), "the pin root is gone");
     assert_direct(&pod.connect(APP_UID, APP_UID, other), other);
 }
 
 #[test]
 fn killed_daemon_leaves_pods_captured_and_a_new_one_rebuilds_its_view() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let root = PinRoot::new("restart");
-    let node = Cgroup::new("node");
-    let state = StateDir::new("state");
+    privileged!();
+    let TestNode { root, node, state } = TestNode::new("restart");
     let mut daemon = Daemon::start(&root, &node, &state);
     let pod = ProxiedPod::under(&node, "rpod");
     let doomed = ProxiedPod::under(&node, "gone");
@@ -230,13 +208,8 @@ fn killed_daemon_leaves_pods_captured_and_a_new_one_rebuilds_its_view() {
 
 #[test]
 fn init_container_pods_and_daemon_pods_share_the_node() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let root = PinRoot::new("mixed");
-    let node = Cgroup::new("node");
-    let state = StateDir::new("state");
+    privileged!();
+    let TestNode { root, node, state } = TestNode::new("mixed");
     let daemon = Daemon::start(&root, &node, &state);
     let by_daemon = ProxiedPod::under(&node, "dmn");
     // An init-container pod outside the node cgroup: its own cgroup links.
@@ -298,22 +271,15 @@ fn init_container_pods_and_daemon_pods_share_the_node() {
     assert_eq!(daemon.pod_names(), ["default/daemon"]);
     for pod in [&outside, &inside] {
         pod.install(&root, &["--cleanup-only"]);
-        let dst = pod.service(false);
-        assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
+        pod.assert_app_direct(false);
     }
-    let dst = by_daemon.service(false);
-    assert_proxied(&by_daemon.connect(APP_UID, APP_UID, dst), dst);
+    by_daemon.assert_app_proxied(false);
 }
 
 #[test]
 fn a_new_object_replaces_the_node_programs_with_no_gap() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let root = PinRoot::new("upgrade");
-    let node = Cgroup::new("node");
-    let state = StateDir::new("state");
+    privileged!();
+    let TestNode { root, node, state } = TestNode::new("upgrade");
     let daemon = Daemon::start(&root, &node, &state);
     let pod = ProxiedPod::under(&node, "upod");
     daemon.add(&pod.topo.pod, "default/app", &STANDARD_INJECTION);
@@ -357,13 +323,8 @@ fn a_new_object_replaces_the_node_programs_with_no_gap() {
 
 #[test]
 fn a_pod_whose_namespace_goes_is_removed_while_the_daemon_runs() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let root = PinRoot::new("gcrun");
-    let node = Cgroup::new("node");
-    let state = StateDir::new("state");
+    privileged!();
+    let TestNode { root, node, state } = TestNode::new("gcrun");
     let daemon = Daemon::start_with(&root, &node, &state, &["--gc-interval", "1"]);
     let kept = ProxiedPod::under(&node, "kept");
     let gone = ProxiedPod::under(&node, "gone");
@@ -383,18 +344,13 @@ fn a_pod_whose_namespace_goes_is_removed_while_the_daemon_runs() {
         std::thread::sleep(Duration::from_millis(200));
     }
     assert_eq!(pod_links(&root, gone_cookie), None);
-    let dst = kept.service(false);
-    assert_proxied(&kept.connect(APP_UID, APP_UID, dst), dst);
+    kept.assert_app_proxied(false);
 }
 
 #[test]
 fn the_daemons_next_add_removes_pods_that_went_without_a_cleanup() {
-    if !require_root() {
-        return;
-    }
-    let root = PinRoot::new("gcadd");
-    let node = Cgroup::new("node");
-    let state = StateDir::new("state");
+    privileged!();
+    let TestNode { root, node, state } = TestNode::new("gcadd");
     // No periodic collection: only the adds remove what is gone.
     let daemon = Daemon::start_with(&root, &node, &state, &["--gc-interval", "0"]);
     let kept = (NetNs::new("kept"), Cgroup::under(&node, "kept"));
@@ -440,12 +396,8 @@ fn the_daemons_next_add_removes_pods_that_went_without_a_cleanup() {
 
 #[test]
 fn a_runtime_that_cannot_be_reached_leaves_the_daemon_serving() {
-    if !require_root() {
-        return;
-    }
-    let root = PinRoot::new("norepair");
-    let node = Cgroup::new("node");
-    let state = StateDir::new("state");
+    privileged!();
+    let TestNode { root, node, state } = TestNode::new("norepair");
     // The plugin is chained, so a repair round has rules; the runtime's socket is not there.
     let conf = StateDir::new("conf");
     let entry = serde_json::json!({"cniVersion": "1.0.0", "name": "k8s", "plugins": [
@@ -484,13 +436,9 @@ fn a_runtime_that_cannot_be_reached_leaves_the_daemon_serving() {
 
 #[test]
 fn bad_requests_get_clear_errors_and_change_nothing() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     use std::io::{BufRead, BufReader, Write};
-    let root = PinRoot::new("badreq");
-    let node = Cgroup::new("node");
-    let state = StateDir::new("state");
+    let TestNode { root, node, state } = TestNode::new("badreq");
     let daemon = Daemon::start(&root, &node, &state);
     let mut stream =
         std::os::unix::net::UnixStream::connect(state.path().join("redirector.sock")).unwrap();
@@ -561,13 +509,8 @@ fn counted(daemon: &Daemon, reason: &str) -> u64 {
 /// `SO_ORIGINAL_DST` and `getpeername`, and the counters carry over.
 #[test]
 fn an_upgrade_that_copies_maps_and_its_rollback_lose_no_connection() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let root = PinRoot::new("copyup");
-    let node = Cgroup::new("node");
-    let state = StateDir::new("state");
+    privileged!();
+    let TestNode { root, node, state } = TestNode::new("copyup");
     let daemon = Daemon::start(&root, &node, &state);
     let daemon_pod = ProxiedPod::under(&node, "copyd");
     daemon.add(&daemon_pod.topo.pod, "default/app", &STANDARD_INJECTION);

@@ -8,17 +8,15 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use redirector_tests::daemon::{ask, Daemon, StateDir};
-use redirector_tests::redirector::{redirector_bin, PinRoot};
-use redirector_tests::{require_root, Cgroup, Spawn, APP_UID};
+use redirector_tests::daemon::{ask, Daemon};
+use redirector_tests::redirector::redirector_bin;
+use redirector_tests::test_node::TestNode;
+use redirector_tests::{privileged, Spawn, APP_UID};
 
-/// A daemon and what it lives in; keep all four until the end of the test.
-fn start(hint: &str) -> (Daemon, PinRoot, Cgroup, StateDir) {
-    let root = PinRoot::new(hint);
-    let node = Cgroup::new(hint);
-    let state = StateDir::new(hint);
-    let daemon = Daemon::start(&root, &node, &state);
-    (daemon, root, node, state)
+/// A daemon and the node it lives in; keep both until the end of the test.
+fn start(hint: &str) -> (Daemon, TestNode) {
+    let node = TestNode::new(hint);
+    (node.daemon(), node)
 }
 
 /// The daemon answers `list` on a fresh connection. One that a client blocks never answers,
@@ -31,10 +29,8 @@ fn assert_serving(daemon: &Daemon) {
 
 #[test]
 fn callers_that_are_not_root_are_refused() {
-    if !require_root() {
-        return;
-    }
-    let (daemon, _root, _node, _state) = start("abuseuid");
+    privileged!();
+    let (daemon, _node) = start("abuseuid");
     let as_app = || {
         Spawn::new(redirector_bin())
             .args(["pod", "--socket"])
@@ -64,10 +60,8 @@ fn callers_that_are_not_root_are_refused() {
 
 #[test]
 fn bad_requests_change_nothing_and_name_what_is_wrong() {
-    if !require_root() {
-        return;
-    }
-    let (daemon, _root, _node, _state) = start("abusebad");
+    privileged!();
+    let (daemon, _node) = start("abusebad");
     let mut s = daemon.connect();
     for (request, expected) in [
         (
@@ -104,10 +98,8 @@ fn bad_requests_change_nothing_and_name_what_is_wrong() {
 
 #[test]
 fn oversized_endless_and_silent_clients_do_not_stop_the_others() {
-    if !require_root() {
-        return;
-    }
-    let (daemon, _root, _node, _state) = start("abusebig");
+    privileged!();
+    let (daemon, _node) = start("abusebig");
     let rss_before = daemon.rss_kib();
     // Silent: connects and sends nothing, for the whole test.
     let _silent: Vec<UnixStream> = (0..20).map(|_| daemon.connect()).collect();
@@ -145,10 +137,8 @@ fn oversized_endless_and_silent_clients_do_not_stop_the_others() {
 
 #[test]
 fn a_burst_of_requests_is_served_in_bounded_memory() {
-    if !require_root() {
-        return;
-    }
-    let (daemon, _root, _node, _state) = start("abuseburst");
+    privileged!();
+    let (daemon, _node) = start("abuseburst");
     let rss_before = daemon.rss_kib();
     // 2,000 requests pipelined on one connection, then every answer.
     let mut s = daemon.connect();

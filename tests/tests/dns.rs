@@ -20,10 +20,9 @@ use redirector_tests::dns::{
     require_node, use_dnsprobe_bin, DnsClient, DnsMode, DnsServer, ResolvConf, DNS_PORT,
     DNS_PROXY_PORT, PROXY_ANSWER_V4, PROXY_ANSWER_V6,
 };
+use redirector_tests::proxied_pod::start_outbound_proxy;
 use redirector_tests::redirector::{install, pins_under, PinRoot, STANDARD_INJECTION};
-use redirector_tests::{
-    require_root, use_probe_bin, ChildGuard, ConnOutcome, ProbeServer, Topology, APP_UID, PROXY_UID,
-};
+use redirector_tests::{privileged, ChildGuard, ConnOutcome, Topology, APP_UID, PROXY_UID};
 
 /// What the real server (resolv.conf's, on the service's own addresses) answers.
 const REAL_V4: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
@@ -47,7 +46,6 @@ struct DnsPod {
 
 impl DnsPod {
     fn new(hint: &str) -> Self {
-        use_probe_bin(env!("CARGO_BIN_EXE_probe"));
         use_dnsprobe_bin(env!("CARGO_BIN_EXE_dnsprobe"));
         let topo = Topology::new(hint);
         topo.add_service_addr(OTHER_V4.into());
@@ -60,12 +58,7 @@ impl DnsPod {
             .listen(SocketAddr::new(OTHER_V4.into(), DNS_PORT))
             .listen(SocketAddr::new(OTHER_V6.into(), DNS_PORT))
             .start();
-        let outbound = ProbeServer::proxy(&topo.pod, "outbound")
-            .listen("127.0.0.1:15001".parse().unwrap())
-            .listen("[::1]:15001".parse().unwrap())
-            .cgroup(&topo.pod_cgroup)
-            .user(PROXY_UID, PROXY_UID)
-            .start();
+        let outbound = start_outbound_proxy(&topo, "outbound");
         let dns_proxy =
             DnsServer::proxy(&topo.pod, "dns-proxy", topo.service_addr(false, DNS_PORT))
                 .listen_proxy_port()
@@ -160,9 +153,7 @@ fn real_answers() -> Vec<IpAddr> {
 
 #[test]
 fn app_queries_go_through_the_dns_proxy_and_the_resolvers_accept_the_replies() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let pod = DnsPod::new("dnsapp");
     let app = pod.app();
     let udp_conf = ResolvConf::new("dnsapp", &[pod.topo.service_ip4().into()], false);
@@ -216,9 +207,7 @@ fn is_link_of(pin: &std::path::Path, hooks: &[&str]) -> bool {
 /// 127.0.0.1:15053 and c-ares drops it.
 #[test]
 fn without_the_recvmsg_programs_replies_come_from_the_proxy_and_c_ares_drops_them() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let pod = DnsPod::new("dnsnorecv");
     let app = pod.app();
     let conf = ResolvConf::new("dnsnorecv", &[pod.topo.service_ip4().into()], false);
@@ -257,9 +246,7 @@ fn without_the_recvmsg_programs_replies_come_from_the_proxy_and_c_ares_drops_the
 
 #[test]
 fn proxy_owner_and_servers_not_in_resolv_conf_are_not_captured() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let pod = DnsPod::new("dnsowner");
     let real = pod.real(false);
     let other = SocketAddr::new(OTHER_V4.into(), DNS_PORT);
@@ -312,9 +299,7 @@ fn assert_outbound_proxy(outcome: &DnsOutcome, orig: SocketAddr) {
 
 #[test]
 fn ipv6_server_is_captured_and_its_address_restored() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let pod = DnsPod::new("dnsv6");
     let app = pod.app();
     let conf = ResolvConf::new("dnsv6", &[pod.topo.service_ip6().into()], false);
@@ -340,9 +325,7 @@ fn ipv6_server_is_captured_and_its_address_restored() {
 
 #[test]
 fn without_redirect_dns_nothing_of_dns_is_captured_and_switching_off_detaches() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let pod = DnsPod::new("dnsoff");
     let app = pod.app();
     let conf = ResolvConf::new("dnsoff", &[pod.topo.service_ip4().into()], false);

@@ -5,8 +5,9 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use redirector_tests::bpftool::{cgroup_attachments, loaded_ids};
+use redirector_tests::process::assert_success;
 use redirector_tests::redirector::{istio_iptables, pins_under, PinRoot, STANDARD_INJECTION};
-use redirector_tests::{require_root, Topology};
+use redirector_tests::{privileged, Topology};
 
 /// Everything of the kernel's that a run could change.
 #[derive(Debug, PartialEq, Eq)]
@@ -34,9 +35,7 @@ fn snapshot(topo: &Topology, root: &Path) -> KernelState {
 
 #[test]
 fn dry_run_prints_the_plan_and_changes_nothing() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let topo = Topology::new("dryrun");
     let root = PinRoot::new("dryrun");
     let before = snapshot(&topo, root.path());
@@ -45,11 +44,7 @@ fn dry_run_prints_the_plan_and_changes_nothing() {
     let mut args: Vec<&str> = STANDARD_INJECTION.to_vec();
     args.extend(["--dry-run", "--redirect-dns", "--log_as_json"]);
     let out = istio_iptables(&topo.pod, &topo.pod_cgroup, &root, &args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let after = snapshot(&topo, root.path());
     for (kind, was, now) in [
         ("program", &before.progs, &after.progs),
@@ -123,9 +118,7 @@ fn from_the_root_cgroup(topo: &Topology, root: &PinRoot, extra: &[&str]) -> std:
 
 #[test]
 fn from_the_root_cgroup_a_dry_run_prints_the_plan_and_an_apply_says_to_pass_cgroup() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let topo = Topology::new("rootcg");
     let root = PinRoot::new("rootcg");
 

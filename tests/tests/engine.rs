@@ -25,9 +25,7 @@ use redirector::{
 };
 use redirector_common::{PortKey, PortSet};
 use redirector_tests::redirector::{object_ids, PinRoot, STANDARD_INJECTION};
-use redirector_tests::{
-    assert_direct, assert_proxied, require_root, use_probe_bin, NetNs, ProxiedPod, APP_UID,
-};
+use redirector_tests::{privileged, require_root, use_probe_bin, NetNs, ProxiedPod};
 
 /// The network namespace inode of every thread of this process. A thread just joined may
 /// still be listed while it exits, with its namespaces already released (ENOENT): it has
@@ -143,8 +141,7 @@ fn one_process_sets_up_two_pods_at_once_without_changing_its_namespace() {
     assert_eq!(object_ids(&pins).len(), 1, "one object for both pods");
 
     for pod in &pods {
-        let dst = pod.service(false);
-        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+        pod.assert_app_proxied(false);
         // The same plan again is no change.
         assert!(matches!(
             pod.target().set_up(&root, &object, &maps),
@@ -156,8 +153,7 @@ fn one_process_sets_up_two_pods_at_once_without_changing_its_namespace() {
         let removed = teardown(&root, cookie_of(pod), &mut maps.lock().unwrap(), None)
             .expect("removing the pod");
         assert_eq!(removed.len(), 1);
-        let dst = pod.service(false);
-        assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
+        pod.assert_app_direct(false);
     }
     assert!(
         !pins.path().exists(),
@@ -172,9 +168,7 @@ fn own_namespace() -> u64 {
 
 #[test]
 fn work_in_a_namespace_runs_there_and_its_thread_comes_back_even_when_it_panics() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let pod = NetNs::new("engrun");
     let netns = Netns::open(&pod.path()).expect("opening the pod's namespace");
     let own = own_namespace();
@@ -225,8 +219,7 @@ fn maps_kept_open_follow_the_object_when_it_is_loaded_again() {
         Outcome::New(_)
     ));
     for pod in [&second, &third] {
-        let dst = pod.service(false);
-        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+        pod.assert_app_proxied(false);
     }
     for pod in [&second, &third] {
         teardown(&root, cookie_of(pod), &mut kept.lock().unwrap(), None).expect("removing the pod");
@@ -293,8 +286,7 @@ fn a_pod_found_by_its_keys_is_observed_and_removed_without_the_other_pods_entrie
         Some(&keys),
     )
     .expect("removing the pod");
-    let dst = one.service(false);
-    assert_direct(&one.connect(APP_UID, APP_UID, dst), dst);
+    one.assert_app_direct(false);
     let after = entries(&root, &other, Lookup::ReadThrough);
     assert_eq!(
         (after.ports, after.cidrs_v4, after.addrs, after.config),
@@ -305,8 +297,7 @@ fn a_pod_found_by_its_keys_is_observed_and_removed_without_the_other_pods_entrie
             other_before.config
         )
     );
-    let dst = other.service(false);
-    assert_proxied(&other.connect(APP_UID, APP_UID, dst), dst);
+    other.assert_app_proxied(false);
 
     // What its keys did not name, garbage collection finds: the pod is gone.
     let left = observe(

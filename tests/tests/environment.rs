@@ -9,7 +9,7 @@ use redirector_tests::bpftool::cgroup_attachments;
 use redirector_tests::redirector::{
     install, pins_under, redirector_bin, status, PinRoot, STANDARD_INJECTION,
 };
-use redirector_tests::{require_root, Topology};
+use redirector_tests::{privileged, Topology};
 
 fn apply_with(netns: &Path, cgroup: &Path, root: &Path) -> Output {
     Command::new(redirector_bin())
@@ -57,9 +57,7 @@ fn temp_dir(hint: &str) -> TempDir {
 
 #[test]
 fn a_pin_root_off_bpffs_or_on_a_read_only_one_is_refused() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let topo = Topology::new("envfs");
     let plain = temp_dir("notbpffs");
     let root = plain.0.join("redirector");
@@ -82,9 +80,7 @@ fn a_pin_root_off_bpffs_or_on_a_read_only_one_is_refused() {
 
 #[test]
 fn a_pod_cgroup_or_network_namespace_that_is_gone_is_refused() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let topo = Topology::new("envgone");
     let root = PinRoot::new("envgone");
     let gone_cgroup = topo.pod_cgroup.path().join("gone");
@@ -105,9 +101,7 @@ fn a_pod_cgroup_or_network_namespace_that_is_gone_is_refused() {
 
 #[test]
 fn foreign_files_under_the_pin_root_are_left_alone() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let topo = Topology::new("envforeign");
     let root = PinRoot::new("envforeign");
     std::fs::create_dir_all(root.path().join("objects")).unwrap();

@@ -6,8 +6,7 @@ use std::process::Command;
 
 use redirector_tests::redirector::{install, redirector_bin, run_ok, PinRoot};
 use redirector_tests::{
-    connect_from, require_root, use_probe_bin, ConnOutcome, ProbeServer, Topology, APP_UID,
-    PROXY_UID,
+    connect_from, privileged, ConnOutcome, ProbeServer, Topology, APP_UID, PROXY_UID,
 };
 
 fn redirector(args: &[&str]) -> String {
@@ -42,10 +41,7 @@ fn real_landing(outcome: &ConnOutcome) -> &'static str {
 
 #[test]
 fn explain_matches_real_connections_and_status_counts_them() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
     let topo = Topology::new("explain");
     let excluded: IpAddr = Ipv4Addr::new(10, 201, topo.subnet(), 3).into();
     topo.add_service_addr(excluded);
@@ -126,7 +122,7 @@ fn explain_matches_real_connections_and_status_counts_them() {
         redirected += usize::from(real == "outbound");
     }
     for port in [8080u16, 15021] {
-        let dst = SocketAddr::new(topo.pod_ip4().into(), port);
+        let dst = topo.pod_addr(false, port);
         let explain = explain(&["--inbound", "--dst", &dst.to_string()]);
         let real = real_landing(&connect_from(
             &topo.service,

@@ -8,7 +8,7 @@ use redirector_tests::bpftool::{loaded_ids, pinned_id, wait_gone};
 use redirector_tests::redirector::{
     install, pins_under, pod_links, redirector_bin, run_ok, status, PinRoot, STANDARD_INJECTION,
 };
-use redirector_tests::{require_root, Topology};
+use redirector_tests::{privileged, Topology};
 
 fn gc(root: &PinRoot) -> String {
     let out = run_ok(
@@ -22,9 +22,7 @@ fn gc(root: &PinRoot) -> String {
 
 #[test]
 fn gc_removes_pods_that_are_gone_and_keeps_live_ones() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let root = PinRoot::new("gc");
     let live = Topology::new("gclive");
     install(&live.pod, &live.pod_cgroup, &root, &STANDARD_INJECTION);

@@ -10,7 +10,7 @@ use redirector_tests::cri::pods::primary_network;
 use redirector_tests::cri::Containerd;
 use redirector_tests::daemon::StateDir;
 use redirector_tests::redirector::run_ok;
-use redirector_tests::{oci, require_root, require_tools};
+use redirector_tests::{oci, privileged, require_tools};
 
 fn stdout(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&run_ok(cmd).stdout).into_owned()
@@ -76,9 +76,7 @@ fn the_arm64_image_holds_a_static_aarch64_binary_that_starts_under_qemu_user() {
 
 #[test]
 fn podman_loads_the_hosts_platform_from_the_index() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let Some(image) = oci::release_image("image") else {
         return;
     };
@@ -112,9 +110,7 @@ fn podman_loads_the_hosts_platform_from_the_index() {
 
 #[test]
 fn containerd_imports_every_platform_of_the_index() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let Some(image) = oci::release_image("image") else {
         return;
     };

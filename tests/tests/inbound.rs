@@ -4,11 +4,12 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 
-use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::daemon::Daemon;
 use redirector_tests::redirector::{install, install_with_interfaces, PinRoot, STANDARD_INJECTION};
+use redirector_tests::test_node::TestNode;
 use redirector_tests::{
-    connect_from, require_root, use_probe_bin, Cgroup, ChildGuard, ConnOutcome, NetNs, ProbeServer,
-    Topology, APP_UID, PROXY_UID,
+    connect_from, privileged, ChildGuard, ConnOutcome, NetNs, ProbeServer, Topology, APP_UID,
+    PROXY_UID,
 };
 
 /// Ports the app serves in the pod: a normal one, one in `-d`, and the tunnel port.
@@ -40,14 +41,6 @@ fn from_outside(topo: &Topology, dst: SocketAddr) -> ConnOutcome {
     connect_from(&topo.service, None, APP_UID, APP_UID, dst, None)
 }
 
-fn pod_addr(topo: &Topology, v6: bool, port: u16) -> SocketAddr {
-    if v6 {
-        SocketAddr::new(topo.pod_ip6().into(), port)
-    } else {
-        SocketAddr::new(topo.pod_ip4().into(), port)
-    }
-}
-
 #[track_caller]
 fn assert_inbound_proxy(outcome: &ConnOutcome, orig: SocketAddr) {
     match outcome {
@@ -76,34 +69,28 @@ fn assert_app(outcome: &ConnOutcome, local: SocketAddr) {
 
 #[test]
 fn inbound_connections_reach_the_proxy_except_excluded_and_tunnel_ports() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
     let topo = Topology::new("inbound");
     let _app = start_app(&topo);
     let _proxy = start_inbound_proxy(&topo);
     let root = PinRoot::new("inbound");
     install(&topo.pod, &topo.pod_cgroup, &root, &STANDARD_INJECTION);
     for v6 in [false, true] {
-        let dst = pod_addr(&topo, v6, APP_PORT);
+        let dst = topo.pod_addr(v6, APP_PORT);
         assert_inbound_proxy(&from_outside(&topo, dst), dst);
         for port in [EXCLUDED_PORT, TUNNEL_PORT] {
-            let dst = pod_addr(&topo, v6, port);
+            let dst = topo.pod_addr(v6, port);
             assert_app(&from_outside(&topo, dst), dst);
         }
     }
     // Inside the pod, the app calling its own address is not inbound traffic.
-    let own = pod_addr(&topo, false, APP_PORT);
+    let own = topo.pod_addr(false, APP_PORT);
     assert_app(&topo.connect(APP_UID, APP_UID, own), own);
 }
 
 #[test]
 fn inbound_port_list_captures_only_listed_ports() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
     let topo = Topology::new("inlist");
     let _app = start_app(&topo);
     let _proxy = start_inbound_proxy(&topo);
@@ -114,21 +101,18 @@ fn inbound_port_list_captures_only_listed_ports() {
         &root,
         &["-b", &EXCLUDED_PORT.to_string()],
     );
-    let listed = pod_addr(&topo, false, EXCLUDED_PORT);
+    let listed = topo.pod_addr(false, EXCLUDED_PORT);
     assert_inbound_proxy(&from_outside(&topo, listed), listed);
-    let other = pod_addr(&topo, false, APP_PORT);
+    let other = topo.pod_addr(false, APP_PORT);
     assert_app(&from_outside(&topo, other), other);
 }
 
 #[test]
 fn proxy_listener_is_found_before_after_and_across_restarts() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
     let topo = Topology::new("inrestart");
     let _app = start_app(&topo);
-    let dst = pod_addr(&topo, false, APP_PORT);
+    let dst = topo.pod_addr(false, APP_PORT);
     // Listening before redirector ran: found in the pod's socket table.
     let proxy = start_inbound_proxy(&topo);
     let root = PinRoot::new("inrestart");
@@ -152,10 +136,7 @@ fn proxy_listener_is_found_before_after_and_across_restarts() {
 
 #[test]
 fn excluded_and_virtual_interfaces() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
     let topo = Topology::new("iniface");
     let _app = start_app(&topo);
     let _inbound = start_inbound_proxy(&topo);
@@ -166,7 +147,7 @@ fn excluded_and_virtual_interfaces() {
         .user(PROXY_UID, PROXY_UID)
         .start();
     let root = PinRoot::new("iniface");
-    let dst = pod_addr(&topo, false, APP_PORT);
+    let dst = topo.pod_addr(false, APP_PORT);
     // -c: nothing arriving on the pod's eth0 is captured.
     let mut args: Vec<&str> = STANDARD_INJECTION.to_vec();
     args.extend(["-c", "eth0"]);
@@ -243,10 +224,7 @@ fn assert_inbound_proxy_at(outcome: &ConnOutcome, ip: IpAddr, port: u16) {
 /// is refused, never served by the app past the sidecar.
 #[test]
 fn link_local_and_later_addresses_never_bypass_the_inbound_listener() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
     let topo = Topology::new("inll");
     add_link_local(&topo.pod, POD_LINK_LOCAL);
     add_link_local(&topo.service, PEER_LINK_LOCAL);
@@ -277,19 +255,14 @@ fn link_local_and_later_addresses_never_bypass_the_inbound_listener() {
 /// none is ever served by the app directly.
 #[test]
 fn the_daemon_adds_an_address_the_pod_gained_after_setup() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let node = Cgroup::new("node");
-    let root = PinRoot::new("inlater");
-    let state = StateDir::new("inlater");
+    privileged!();
+    let TestNode { root, node, state } = TestNode::new("inlater");
     let daemon = Daemon::start(&root, &node, &state);
     let topo = Topology::under(&node, "inlater");
     let _app = start_app(&topo);
     let _proxy = start_inbound_proxy(&topo);
     daemon.add(&topo.pod, "default/later", &STANDARD_INJECTION);
-    let dst = pod_addr(&topo, false, APP_PORT);
+    let dst = topo.pod_addr(false, APP_PORT);
     assert_inbound_proxy(&from_outside(&topo, dst), dst);
 
     let later = later_address(&topo);

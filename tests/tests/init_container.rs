@@ -6,7 +6,7 @@ use std::process::Command;
 
 use redirector_tests::bpftool::cgroup_attachments;
 use redirector_tests::redirector::{redirector_bin, PinRoot, STANDARD_INJECTION};
-use redirector_tests::{require_root, Topology};
+use redirector_tests::{privileged, Topology};
 
 /// The init container's cgroup, a child of the pod's; removed on drop (before the pod's).
 struct ChildCgroup(PathBuf);
@@ -43,9 +43,7 @@ fn run_in_child(topo: &Topology, root: &PinRoot, child: &ChildCgroup, cgroupns: 
 
 #[test]
 fn attaches_to_the_parent_of_its_own_cgroup_also_in_a_private_cgroup_namespace() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let topo = Topology::new("initctr");
     let child = ChildCgroup(topo.pod_cgroup.path().join("init"));
     std::fs::create_dir(&child.0).expect("creating the init container's cgroup");

@@ -14,7 +14,8 @@ use serde_json::Value;
 use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::linkerd::proxy_init::{PortRange, ProxyInitOptions};
 use redirector_tests::redirector::{redirector_bin, PinRoot};
-use redirector_tests::{require_root, Cgroup, Spawn};
+use redirector_tests::test_node::TestNode;
+use redirector_tests::{privileged, Cgroup, Spawn};
 
 /// flannel's conflist (cniVersion 0.3.1).
 const FLANNEL: &str = include_str!("../../redirector/src/install_cni/testdata/flannel.conflist");
@@ -88,9 +89,7 @@ fn stderr(out: &Output) -> String {
 
 #[test]
 fn install_chains_the_entry_once_and_bad_input_writes_nothing() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let dirs = CniDirs::new();
     // A bad flag for the pods: named, nothing written.
     std::fs::write(dirs.conflist(), FLANNEL).unwrap();
@@ -145,14 +144,12 @@ fn install_chains_the_entry_once_and_bad_input_writes_nothing() {
 }
 
 /// `--dialect linkerd`: the entry says so and carries the injector's proxy-init flags
-/// (LINKERD.md §3: ports 4143/4140, uid 2102, its ignore lists, IPv6 off), read here as
-/// proxy-init reads them; proxy-init flags given after `--` replace them, and one that
+/// (docs/linkerd.md#how-linkerd-runs-it: ports 4143/4140, uid 2102, its ignore lists, IPv6 off),
+/// read here as proxy-init reads them; proxy-init flags given after `--` replace them, and one that
 /// proxy-init refuses is named with nothing written.
 #[test]
 fn install_writes_a_linkerd_entry_with_the_injectors_flags() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let dirs = CniDirs::new();
     std::fs::write(dirs.conflist(), FLANNEL).unwrap();
 
@@ -255,9 +252,7 @@ impl Drop for ReadOnly {
 
 #[test]
 fn a_read_only_configuration_directory_is_an_error_naming_it() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let dirs = CniDirs::new();
     std::fs::write(dirs.conflist(), FLANNEL).unwrap();
     let _ro = ReadOnly::new(&dirs.conf_dir());
@@ -273,9 +268,7 @@ fn a_read_only_configuration_directory_is_an_error_naming_it() {
 
 #[test]
 fn the_watch_puts_the_entry_back_and_uninstall_restores_the_file() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let dirs = CniDirs::new();
     let watcher = Spawn::new(redirector_bin())
         .arg("install-cni")
@@ -353,16 +346,12 @@ fn daemon_uninstall(
 
 #[test]
 fn daemon_uninstall_takes_the_entry_out_before_the_pins() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let dirs = CniDirs::new();
     std::fs::write(dirs.conflist(), FLANNEL).unwrap();
     let out = dirs.install(&[]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let root = PinRoot::new("instcni");
-    let node = Cgroup::new("instcni");
-    let state = StateDir::new("instcnistate");
+    let TestNode { root, node, state } = TestNode::new("instcni");
     // Killed: it leaves its socket behind, which the uninstall removes too.
     let daemon = Daemon::start(&root, &node, &state);
     let socket = daemon.socket().to_path_buf();
@@ -383,12 +372,8 @@ fn daemon_uninstall_takes_the_entry_out_before_the_pins() {
 /// daemon's socket: only a socket no one answers on is removed.
 #[test]
 fn daemon_uninstall_keeps_the_socket_of_a_daemon_that_still_serves() {
-    if !require_root() {
-        return;
-    }
-    let root = PinRoot::new("instcnilive");
-    let node = Cgroup::new("instcnilive");
-    let state = StateDir::new("instcnilivestate");
+    privileged!();
+    let TestNode { root, node, state } = TestNode::new("instcnilive");
     let conf = StateDir::new("instcniliveconf");
     let daemon = Daemon::start(&root, &node, &state);
     let out = daemon_uninstall(daemon.socket(), &root, &node, &state, conf.path());

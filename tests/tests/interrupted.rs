@@ -13,9 +13,7 @@ use redirector_tests::bpftool::{cgroup_attachments, loaded_ids, wait_gone};
 use redirector_tests::redirector::{
     istio_iptables_command, pins_under, status, PinRoot, STANDARD_INJECTION,
 };
-use redirector_tests::{
-    assert_direct, assert_proxied, require_root, use_probe_bin, ProxiedPod, APP_UID,
-};
+use redirector_tests::{assert_direct, assert_proxied, privileged, ProxiedPod, APP_UID};
 
 const EXCLUDED: u16 = 8080;
 
@@ -86,10 +84,7 @@ fn assert_state(pod: &ProxiedPod, root: &PinRoot, excluded: bool, step: u32) {
 
 #[test]
 fn an_apply_killed_at_any_step_is_finished_by_the_next_run() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
     let root = PinRoot::new("killapply");
     let pod = ProxiedPod::new("killapply");
     pod.install(&root, &STANDARD_INJECTION);
@@ -126,10 +121,7 @@ fn an_apply_killed_at_any_step_is_finished_by_the_next_run() {
 
 #[test]
 fn a_cleanup_killed_at_any_step_is_finished_by_the_next_run() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
     let root = PinRoot::new("killclean");
     let pod = ProxiedPod::new("killclean");
     let mut steps = 0;
@@ -160,8 +152,7 @@ fn a_cleanup_killed_at_any_step_is_finished_by_the_next_run() {
             Vec::<u64>::new(),
             "step {step}: links left"
         );
-        let svc = pod.service(false);
-        assert_direct(&pod.connect(APP_UID, APP_UID, svc), svc);
+        pod.assert_app_direct(false);
         if killed.is_none() {
             break;
         }
@@ -172,10 +163,7 @@ fn a_cleanup_killed_at_any_step_is_finished_by_the_next_run() {
 
 #[test]
 fn the_first_pod_killed_while_the_object_loads_is_set_up_by_the_next_run() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
     let pod = ProxiedPod::new("killload");
     let mut steps = 0;
     for step in 1.. {

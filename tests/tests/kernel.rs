@@ -5,11 +5,12 @@
 
 use redirector::sys::kernel::{Release, FORCE_FALLBACKS_ENV};
 use redirector_tests::bpftool::cgroup_attachments;
-use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::daemon::Daemon;
 use redirector_tests::redirector::{
     istio_iptables, pins_under, redirector_bin, status, PinRoot, STANDARD_INJECTION,
 };
-use redirector_tests::{require_root, Cgroup, NetNs, Spawn, Topology};
+use redirector_tests::test_node::TestNode;
+use redirector_tests::{privileged, Cgroup, NetNs, Spawn, Topology};
 
 /// The required features (no fallback) `status` found missing: `name (Linux x.y)` each.
 fn missing_required(status: &serde_json::Value) -> Vec<String> {
@@ -30,9 +31,7 @@ fn missing_required(status: &serde_json::Value) -> Vec<String> {
 
 #[test]
 fn an_unsupported_kernel_is_refused_by_name_and_a_supported_one_is_used() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
     let release = release.trim();
     let topo = Topology::new("kernel");
@@ -64,9 +63,7 @@ fn an_unsupported_kernel_is_refused_by_name_and_a_supported_one_is_used() {
 /// every probe must agree with the release — both ways: on 5.10 the newer ones are absent.
 #[test]
 fn status_shows_each_feature_as_the_kernels_probe_found_it() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
     let running = Release::parse(release.trim()).expect("the running kernel's release");
     let root = PinRoot::new("probes");
@@ -92,9 +89,7 @@ fn status_shows_each_feature_as_the_kernels_probe_found_it() {
 /// context field past the end of the context. (So the yeses above are the kernel's.)
 #[test]
 fn a_probe_answers_no_for_what_no_kernel_has() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     use redirector::sys::kernel_probe::{attach, prog_type, run, Probe};
     let no_such_helper = Probe::Helper {
         prog_type: prog_type::SOCK_OPS,
@@ -132,9 +127,7 @@ fn memlock_soft_limit(pid: u32) -> Option<u64> {
 /// the limit is left as it was.
 #[test]
 fn a_forced_fallback_is_shown_and_used() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let root = PinRoot::new("forced");
     let out = redirector_tests::redirector::run_ok(
         std::process::Command::new(redirector_bin())
@@ -183,11 +176,7 @@ fn a_forced_fallback_is_shown_and_used() {
     limit.rlim_cur = low.min(saved.rlim_max);
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) }, 0);
     let started = |env: &[(&str, &str)]| {
-        let (root, node, state) = (
-            PinRoot::new("memlock"),
-            Cgroup::new("node"),
-            StateDir::new("state"),
-        );
+        let TestNode { root, node, state } = TestNode::new("memlock");
         let daemon = Daemon::start_with_env(&root, &node, &state, &[], env);
         let soft = memlock_soft_limit(daemon.pid());
         (soft, daemon, root, node, state)
@@ -219,9 +208,7 @@ fn a_forced_fallback_is_shown_and_used() {
 /// option, the one the unforced run finds the same way), and leaves nothing attached.
 #[test]
 fn a_netns_cookie_stamped_by_the_fallback_is_the_kernels() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let netns = NetNs::new("cookie");
     let cgroup = Cgroup::new("cookie");
     let root = PinRoot::new("cookie");
@@ -269,12 +256,9 @@ fn a_netns_cookie_stamped_by_the_fallback_is_the_kernels() {
 /// nothing of it is attached.
 #[test]
 fn with_every_fallback_forced_the_variants_capture_and_a_pod_needs_its_own_cgroup() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     use redirector_tests::redirector::{istio_iptables_command, run_ok};
-    use redirector_tests::{assert_proxied, use_probe_bin, ProxiedPod, APP_UID};
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    use redirector_tests::ProxiedPod;
     let pod = ProxiedPod::new("allfb");
     let root = PinRoot::new("allfb");
     run_ok(
@@ -291,15 +275,10 @@ fn with_every_fallback_forced_the_variants_capture_and_a_pod_needs_its_own_cgrou
         ])
     );
     for v6 in [false, true] {
-        let dst = pod.service(v6);
-        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+        pod.assert_app_proxied(v6);
     }
 
-    let (root, node, state) = (
-        PinRoot::new("allfbd"),
-        Cgroup::new("allfbnode"),
-        StateDir::new("allfbstate"),
-    );
+    let TestNode { root, node, state } = TestNode::new("allfbd");
     let daemon = Daemon::start_with_env(&root, &node, &state, &[], &[(FORCE_FALLBACKS_ENV, "all")]);
     let bare = NetNs::new("allfbbare");
     let netns = bare.path().display().to_string();

@@ -3,20 +3,15 @@
 //!
 //! Run as root, one thread: `cargo test -p redirector-tests -- --test-threads=1`.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
 use redirector_tests::iptables::{self, append_rules, apply_golden, golden};
 use redirector_tests::{
-    connect_from, require_root, use_probe_bin, wait_tcp_listening, ConnOutcome, Landing, NetNs,
-    ProbeServer, Spawn, Topology, APP_UID, PROXY_UID,
+    connect_from, privileged, wait_tcp_listening, ConnOutcome, Landing, NetNs, ProbeServer, Spawn,
+    Topology, APP_UID, PROXY_UID,
 };
-
-/// Use exactly the probe cargo built for this test run, never a stale build.
-fn use_this_builds_probe() {
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-}
 
 fn start_service(topo: &Topology, port: u16) -> redirector_tests::ChildGuard {
     ProbeServer::serve(&topo.service, "svc")
@@ -27,10 +22,7 @@ fn start_service(topo: &Topology, port: u16) -> redirector_tests::ChildGuard {
 
 #[test]
 fn pod_reaches_service_over_ipv4_and_ipv6() {
-    if !require_root() {
-        return;
-    }
-    use_this_builds_probe();
+    privileged!();
     let topo = Topology::new("reach");
     let _svc = start_service(&topo, 80);
     // Already ready (start() waited for it), so this only checks the ss-based helper.
@@ -43,14 +35,9 @@ fn pod_reaches_service_over_ipv4_and_ipv6() {
             panic!("{dst}: expected the service, got {outcome:?}");
         };
         assert_eq!((name.as_str(), *local), ("svc", dst));
-        let pod_ip: IpAddr = if v6 {
-            topo.pod_ip6().into()
-        } else {
-            topo.pod_ip4().into()
-        };
         assert_eq!(
             peer.ip(),
-            pod_ip,
+            topo.pod_addr(v6, 0).ip(),
             "{dst}: source should be the pod's address"
         );
     }
@@ -77,9 +64,7 @@ fn pod_reaches_service_over_ipv4_and_ipv6() {
 
 #[test]
 fn spawn_applies_cgroup_user_and_netns_before_exec() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let topo = Topology::new("spawn");
     let output = Spawn::new("sh")
         .args([
@@ -120,10 +105,7 @@ fn spawn_applies_cgroup_user_and_netns_before_exec() {
 /// the proxy with the service as its original destination; the proxy's own does not.
 #[test]
 fn iptables_capture_reaches_proxy_with_original_dst_v4() {
-    if !require_root() {
-        return;
-    }
-    use_this_builds_probe();
+    privileged!();
     let topo = Topology::new("ipt4");
     let (v4, v6) = golden("inbound-ports-wildcard");
     assert_eq!(v6, None, "inbound-ports-wildcard has no IPv6 section");
@@ -167,10 +149,7 @@ fn iptables_capture_reaches_proxy_with_original_dst_v4() {
 /// original destination and its own connection to it is not captured.
 #[test]
 fn ip6tables_capture_and_forwarding_proxy_v6() {
-    if !require_root() {
-        return;
-    }
-    use_this_builds_probe();
+    privileged!();
     let topo = Topology::new("ipt6");
     let (v4, v6) = golden("ipv6-empty-inbound-ports");
     let v6 = v6.expect("ipv6-empty-inbound-ports has an IPv6 section");
@@ -216,10 +195,7 @@ fn ip6tables_capture_and_forwarding_proxy_v6() {
 /// Guards undo everything on drop, also when the test body panics.
 #[test]
 fn guards_clean_up_even_on_panic() {
-    if !require_root() {
-        return;
-    }
-    use_this_builds_probe();
+    privileged!();
     let mut names = Vec::new();
     let mut cgroups = Vec::new();
     let mut pids = Vec::new();
@@ -276,10 +252,7 @@ fn guards_clean_up_even_on_panic() {
 /// OUTPUT is retried, not reported; its mapping is unit-tested in probe_protocol.)
 #[test]
 fn client_errors_are_distinguishable() {
-    if !require_root() {
-        return;
-    }
-    use_this_builds_probe();
+    privileged!();
     let topo = Topology::new("errs");
     // A SYN dropped at the service is never answered.
     topo.service.run(&[
@@ -302,9 +275,7 @@ fn client_errors_are_distinguishable() {
 /// The standard injection rule set derived from the goldens is accepted by both tools.
 #[test]
 fn standard_injection_applies() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let netns = NetNs::new("std");
     let (v4, v6) = iptables::standard_injection();
     apply_golden(&netns, &v4, Some(&v6));

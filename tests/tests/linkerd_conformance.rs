@@ -1,10 +1,10 @@
 //! The Linkerd conformance suite: for each proxy-init command line of the case table (the
-//! injector's defaults, port ranges, source subnets, listed ports, a gid, uid 0, IPv6 on and
-//! off, the dual-stack inbound listener, re-runs), the same connections run in a pod with
-//! the nat rules Linkerd's proxy-init writes, loaded by real `iptables-restore`, and in a
-//! pod set up by `redirector linkerd-proxy-init` with the same command line. Each must land
-//! on the same listener with the same SO_ORIGINAL_DST. The reference side is first checked
-//! against LINKERD.md §2, so a fault of the suite is told apart from one of redirector.
+//! injector's defaults, port ranges, source subnets, listed ports, a gid, uid 0, IPv6 on and off,
+//! the dual-stack inbound listener, re-runs), the same connections run in a pod with the nat rules
+//! Linkerd's proxy-init writes, loaded by real `iptables-restore`, and in a pod set up by
+//! `redirector linkerd-proxy-init` with the same command line. Each must land on the same listener
+//! with the same SO_ORIGINAL_DST. The reference side is first checked against
+//! docs/linkerd.md#what-is-captured, so a fault of the suite is told apart from one of redirector.
 //!
 //! Run as root, one thread:
 //! `cargo build -p redirector && cargo test -p redirector-tests --test linkerd_conformance
@@ -18,36 +18,17 @@ use redirector_tests::linkerd::{
     apply_reference, dual_stack, reference_rules_as_loaded, run_case, run_reference,
 };
 use redirector_tests::scenario::Family;
-use redirector_tests::{require_root, use_probe_bin, NetNs};
+use redirector_tests::{privileged, NetNs};
 
 /// Runs one case on both sides, prints its table, and fails listing every row that
 /// differs (and every row where the reference strays from the contract).
 fn check(name: &str) {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let report = run_case(&case(name));
-    println!("{}", report.table());
-    if let Some(failure) = report.failure() {
-        panic!("{failure}");
-    }
+    privileged!();
+    run_case(&case(name)).assert_conforms();
 }
 
-macro_rules! linkerd_cases {
-    ($($test:ident => $case:literal,)*) => {
-        /// The cases a test below runs; must be exactly the case table.
-        const TESTED: &[&str] = &[$($case),*];
-        $(
-            #[test]
-            fn $test() {
-                check($case);
-            }
-        )*
-    };
-}
-
-linkerd_cases! {
+redirector_tests::case_tests! {
+    check:
     defaults => "defaults",
     ipv6 => "ipv6",
     port_ranges => "port-ranges",
@@ -70,16 +51,13 @@ fn every_case_of_the_table_has_a_test() {
     assert_eq!(table, tested);
 }
 
-/// Linkerd's rules alone, under real iptables, do what LINKERD.md §2 says: every row of
-/// every case agrees with the contract, and for the injector's defaults, source subnets and
+/// Linkerd's rules alone, under real iptables, do what docs/linkerd.md#what-is-captured says: every
+/// row of every case agrees with the contract, and for the injector's defaults, source subnets and
 /// listed ports the key rows are written out here. This needs no redirector: it proves the
 /// reference half of the suite on its own.
 #[test]
 fn linkerd_rules_alone_follow_the_contract() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
 
     let defaults = run_reference(&case("defaults"));
     println!("{}", defaults.table());
@@ -155,9 +133,7 @@ fn linkerd_rules_alone_follow_the_contract() {
 /// captured) shows the same rules, chain by chain, in the same order.
 #[test]
 fn generated_rules_load_as_written() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     for case in cases() {
         let netns = NetNs::new("lkrules");
         apply_reference(&netns, &case);

@@ -1,19 +1,20 @@
-//! Linkerd's network validator (LINKERD.md §4) in a pod the node daemon captured in
-//! Linkerd's dialect (`redirector pod add --dialect linkerd`): one process as uid 65534,
-//! listening on the outbound proxy port, whose connection to an address no one in the pod
-//! owns must come back to that listener with its token. It is what a CNI-mode Linkerd pod
-//! runs before its proxy starts, and what decides whether the pod starts at all.
+//! Linkerd's network validator (docs/linkerd.md#how-linkerd-runs-it) in a pod the node daemon
+//! captured in Linkerd's dialect (`redirector pod add --dialect linkerd`): one process as uid
+//! 65534, listening on the outbound proxy port, whose connection to an address no one in the pod
+//! owns must come back to that listener with its token. It is what a CNI-mode Linkerd pod runs
+//! before its proxy starts, and what decides whether the pod starts at all.
 //!
 //! The connect addresses (1.1.1.1, fd00::1) are reached only from the kit's pod namespace,
 //! whose one link leads to the test's peer namespace, which has no route to them
 //! ([`redirector_tests::Topology::assert_no_route_out`], checked before every run): a
 //! connection that is not redirected fails inside the test's namespaces.
 
-use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::daemon::Daemon;
 use redirector_tests::linkerd::meshed::INJECTOR_FLAGS;
 use redirector_tests::linkerd::validator::{self, Addrs};
-use redirector_tests::redirector::{pod_links, PinRoot};
-use redirector_tests::{require_root, Cgroup, Topology};
+use redirector_tests::redirector::pod_links;
+use redirector_tests::test_node::TestNode;
+use redirector_tests::{privileged, Topology};
 
 /// The injector's flags with IPv6 captured too (`--ipv6=true`, proxy-init's default).
 fn with_ipv6() -> Vec<&'static str> {
@@ -31,12 +32,8 @@ fn with_ipv6() -> Vec<&'static str> {
 /// injector's IPv6 pair is `[::]:4140` and `[fd00::1]:20001`); released, it fails again.
 #[test]
 fn the_network_validator_passes_in_a_pod_the_daemon_captured_for_linkerd() {
-    if !require_root() {
-        return;
-    }
-    let root = PinRoot::new("lkval");
-    let node = Cgroup::new("node");
-    let state = StateDir::new("state");
+    privileged!();
+    let TestNode { root, node, state } = TestNode::new("lkval");
     let daemon = Daemon::start(&root, &node, &state);
     let topo = Topology::under(&node, "lkval");
     let name = "default/validated";

@@ -7,11 +7,11 @@
 use std::process::Command;
 
 use redirector_tests::bpftool::pinned_map;
-use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::daemon::Daemon;
+use redirector_tests::process::assert_success;
 use redirector_tests::redirector::{object_ids, redirector_bin, PinRoot, STANDARD_INJECTION};
-use redirector_tests::{
-    assert_proxied, require_root, use_probe_bin, Cgroup, NetNs, ProxiedPod, APP_UID,
-};
+use redirector_tests::test_node::TestNode;
+use redirector_tests::{privileged, NetNs, ProxiedPod};
 
 /// The capacity of the node object's map `name`.
 fn capacity(root: &PinRoot, name: &str) -> u64 {
@@ -36,13 +36,8 @@ fn add(daemon: &Daemon, netns: &NetNs, name: &str) -> std::process::Output {
 
 #[test]
 fn a_pod_past_the_capacity_is_added_once_the_node_is_sized_for_it() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let root = PinRoot::new("maxpods");
-    let node = Cgroup::new("node");
-    let state = StateDir::new("state");
+    privileged!();
+    let TestNode { root, node, state } = TestNode::new("maxpods");
     let daemon = Daemon::start_with(&root, &node, &state, &["--max-pods", "3"]);
     assert_eq!(capacity(&root, "POD_CONFIG"), 3);
     assert_eq!(capacity(&root, "LISTENERS"), 12);
@@ -74,15 +69,10 @@ fn a_pod_past_the_capacity_is_added_once_the_node_is_sized_for_it() {
     assert_eq!(capacity(&root, "POD_CONFIG"), 5);
     assert_eq!(capacity(&root, "PORT_SETS"), 40);
     let out = add(&daemon, &fourth, "default/p3");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     assert_eq!(daemon.pod_names().len(), 4);
     for pod in &pods {
-        let dst = pod.service(false);
-        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+        pod.assert_app_proxied(false);
     }
 
     // An init container in the node cgroup uses the node's object, whatever its size.
@@ -113,20 +103,15 @@ fn a_pod_past_the_capacity_is_added_once_the_node_is_sized_for_it() {
     assert_eq!(capacity(&root, "POD_CONFIG"), 4096);
     assert_eq!(daemon.pod_names().len(), 4);
     for pod in pods.iter().chain([&init]) {
-        let dst = pod.service(false);
-        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+        pod.assert_app_proxied(false);
     }
     init.install(&root, &["--cleanup-only"]);
 }
 
 #[test]
 fn no_pods_or_absurd_sizes_are_refused_with_nothing_pinned() {
-    if !require_root() {
-        return;
-    }
-    let root = PinRoot::new("maxbad");
-    let node = Cgroup::new("node");
-    let state = StateDir::new("state");
+    privileged!();
+    let TestNode { root, node, state } = TestNode::new("maxbad");
     let daemon = |value: Option<&str>, env: Option<&str>| {
         let mut cmd = Command::new(redirector_bin());
         cmd.arg("daemon")

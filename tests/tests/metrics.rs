@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::redirector::{object_ids, redirector_bin, PinRoot, STANDARD_INJECTION};
 use redirector_tests::scrapes::{adds_under_scrapes, MAX_AGE, SCRAPERS};
-use redirector_tests::{assert_proxied, require_root, use_probe_bin, Cgroup, ProxiedPod, APP_UID};
+use redirector_tests::test_node::TestNode;
+use redirector_tests::{privileged, Cgroup, ProxiedPod};
 
 /// Pods added with scrapes and without.
 const PODS: usize = 100;
@@ -38,19 +39,13 @@ fn samples<'a>(body: &'a str, metric: &str) -> Vec<&'a str> {
 
 #[test]
 fn decisions_are_node_totals_and_two_scrapes_within_a_second_are_one_snapshot() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let root = PinRoot::new("msnap");
-    let node = Cgroup::new("msnap");
-    let state = StateDir::new("msnap");
+    privileged!();
+    let TestNode { root, node, state } = TestNode::new("msnap");
     let daemon = Daemon::start_with(&root, &node, &state, &["--metrics-addr", "127.0.0.1:0"]);
     let pod = ProxiedPod::under(&node, "msnap");
     daemon.add(&pod.topo.pod, "default/app", &STANDARD_INJECTION);
     for v6 in [false, true] {
-        let dst = pod.service(v6);
-        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+        pod.assert_app_proxied(v6);
     }
 
     // A snapshot made now (the last one, if any, is over a second old)...
@@ -69,8 +64,7 @@ fn decisions_are_node_totals_and_two_scrapes_within_a_second_are_one_snapshot() 
     assert_eq!(samples(&first, "redirector_pods "), ["redirector_pods 1"]);
 
     // ...is what a scrape within the second gets, though a decision was made since.
-    let dst = pod.service(false);
-    assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+    pod.assert_app_proxied(false);
     let second = scrape(&daemon);
     let within = asked.elapsed();
     assert!(
@@ -105,13 +99,8 @@ fn decisions_are_node_totals_and_two_scrapes_within_a_second_are_one_snapshot() 
 
 #[test]
 fn metrics_per_pod_names_each_pod() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let root = PinRoot::new("mpod");
-    let node = Cgroup::new("mpod");
-    let state = StateDir::new("mpod");
+    privileged!();
+    let TestNode { root, node, state } = TestNode::new("mpod");
     let daemon = Daemon::start_with(
         &root,
         &node,
@@ -121,8 +110,7 @@ fn metrics_per_pod_names_each_pod() {
     let pod = ProxiedPod::under(&node, "mpod");
     daemon.add(&pod.topo.pod, "default/app", &STANDARD_INJECTION);
     for v6 in [false, true] {
-        let dst = pod.service(v6);
-        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+        pod.assert_app_proxied(v6);
     }
     // The first scrape since the add is over a second after the daemon's start.
     std::thread::sleep(MAX_AGE);
@@ -140,12 +128,8 @@ fn metrics_per_pod_names_each_pod() {
 
 #[test]
 fn probes_are_served_apart_from_the_metrics() {
-    if !require_root() {
-        return;
-    }
-    let root = PinRoot::new("mhealth");
-    let node = Cgroup::new("mhealth");
-    let state = StateDir::new("mhealth");
+    privileged!();
+    let TestNode { root, node, state } = TestNode::new("mhealth");
     let daemon = Daemon::start_with(
         &root,
         &node,
@@ -205,12 +189,8 @@ fn daemon_exits(root: &PinRoot, node: &Cgroup, state: &StateDir, extra: &[&str])
 
 #[test]
 fn a_bad_metrics_or_health_address_fails_the_start_naming_its_flag() {
-    if !require_root() {
-        return;
-    }
-    let root = PinRoot::new("maddr");
-    let node = Cgroup::new("maddr");
-    let state = StateDir::new("maddr");
+    privileged!();
+    let TestNode { root, node, state } = TestNode::new("maddr");
     for flag in ["--metrics-addr", "--health-addr"] {
         let (code, err) = daemon_exits(&root, &node, &state, &[flag, "localhost"]);
         assert_eq!(code, 1, "{err}");
@@ -232,9 +212,7 @@ fn a_bad_metrics_or_health_address_fails_the_start_naming_its_flag() {
 
 #[test]
 fn concurrent_scrapes_share_snapshots_and_keep_memory_bounded() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let run = adds_under_scrapes("mload", PODS, ROUNDS);
     eprintln!("{}", run.summary());
     assert!(

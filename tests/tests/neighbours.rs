@@ -11,13 +11,13 @@ use std::process::Command;
 
 use redirector_tests::bpftool::{cgroup_attachments, pinned_id};
 use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::process::assert_success;
 use redirector_tests::redirector::{
     istio_iptables, object_ids, pod_links, redirector_bin, run_ok, PinRoot, STANDARD_INJECTION,
 };
 use redirector_tests::socket_lb::SocketLb;
 use redirector_tests::{
-    require_root, use_probe_bin, Cgroup, ConnOutcome, ProbeServer, ProxiedPod, Topology, APP_UID,
-    PROXY_UID,
+    privileged, Cgroup, ConnOutcome, ProbeServer, ProxiedPod, Topology, APP_UID, PROXY_UID,
 };
 
 /// `bpftool cgroup <verb> <cgroup> connect4 pinned <program> <flags…>`.
@@ -32,10 +32,7 @@ fn connect4(cgroup: &Cgroup, program: &std::path::Path, verb: &str, flags: &[&st
 
 #[test]
 fn an_exclusive_program_at_an_ancestor_is_named_and_nothing_is_attached() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
     let ancestor = Cgroup::new("nbr");
     // A program to stand in for the neighbour's: one of redirector's own, loaded under a
     // pin root of its own by setting up another pod.
@@ -55,12 +52,7 @@ fn an_exclusive_program_at_an_ancestor_is_named_and_nothing_is_attached() {
 
     let root = PinRoot::new("nbr");
     let pod = ProxiedPod::under(&ancestor, "nbrpod");
-    let out = istio_iptables(
-        &pod.topo.pod,
-        &pod.topo.pod_cgroup,
-        &root,
-        &STANDARD_INJECTION,
-    );
+    let out = pod.istio_iptables(&root, &STANDARD_INJECTION);
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("{}", stderr.lines().last().unwrap_or_default());
     assert_eq!(out.status.code(), Some(1), "{stderr}");
@@ -78,17 +70,8 @@ fn an_exclusive_program_at_an_ancestor_is_named_and_nothing_is_attached() {
     // Once the neighbour's program is attached with BPF_F_ALLOW_MULTI, the pod is set up.
     connect4(&ancestor, &program, "detach", &[]);
     connect4(&ancestor, &program, "attach", &["multi"]);
-    let out = istio_iptables(
-        &pod.topo.pod,
-        &pod.topo.pod_cgroup,
-        &root,
-        &STANDARD_INJECTION,
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = pod.istio_iptables(&root, &STANDARD_INJECTION);
+    assert_success(&out);
     assert!(pod_links(&root, pod.topo.pod.cookie()).is_some());
     connect4(&ancestor, &program, "detach", &[]);
 }
@@ -166,28 +149,18 @@ fn compose_with_a_socket_lb(
 
 #[test]
 fn a_socket_load_balancer_above_an_init_container_pod_composes_with_the_redirect() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
     let ancestor = Cgroup::new("lbroot");
     let root = PinRoot::new("lb");
     compose_with_a_socket_lb(&ancestor, &ancestor, &root, |topo| {
         let out = istio_iptables(&topo.pod, &topo.pod_cgroup, &root, &STANDARD_INJECTION);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_success(&out);
     });
 }
 
 #[test]
 fn a_socket_load_balancer_above_the_daemons_node_composes_with_the_redirect() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
     let ancestor = Cgroup::new("lbroot");
     let node = Cgroup::under(&ancestor, "lbnode");
     let root = PinRoot::new("lbd");

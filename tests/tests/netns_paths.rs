@@ -9,8 +9,9 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 use redirector_tests::daemon::{Daemon, StateDir};
-use redirector_tests::redirector::{pins_under, redirector_bin, PinRoot, STANDARD_INJECTION};
-use redirector_tests::{require_root, Cgroup};
+use redirector_tests::privileged;
+use redirector_tests::redirector::{pins_under, redirector_bin, STANDARD_INJECTION};
+use redirector_tests::test_node::{CniPlugin, TestNode};
 
 /// `redirector ARGS` under `timeout 10`: a blocked open shows as exit 124.
 fn redirector(argv0: &Path, args: &[&str], env: &[(&str, &str)], stdin: &str) -> Output {
@@ -38,12 +39,8 @@ fn text(out: &Output) -> String {
 
 #[test]
 fn the_hosts_namespace_and_files_that_are_not_namespaces_are_refused_at_every_way_in() {
-    if !require_root() {
-        return;
-    }
-    let root = PinRoot::new("nspath");
-    let node = Cgroup::new("node");
-    let state = StateDir::new("state");
+    privileged!();
+    let TestNode { root, node, state } = TestNode::new("nspath");
     let files = StateDir::new("nsfiles");
     let fifo = files.path().join("fifo");
     let ok = Command::new("mkfifo")
@@ -113,9 +110,7 @@ fn the_hosts_namespace_and_files_that_are_not_namespaces_are_refused_at_every_wa
     assert!(daemon.pod_names().is_empty());
 
     // CNI ADD: an error result naming the path, nothing recorded.
-    let bin = StateDir::new("cnibin");
-    let plugin = bin.path().join("redirector-cni");
-    std::os::unix::fs::symlink(redirector_bin(), &plugin).unwrap();
+    let plugin = CniPlugin::new();
     let conf = serde_json::json!({
         "cniVersion": "1.0.0", "name": "nspath", "type": "redirector-cni",
         "pinRoot": root.path(), "stateDir": state.path(), "requireSidecarStatus": false,
@@ -123,7 +118,7 @@ fn the_hosts_namespace_and_files_that_are_not_namespaces_are_refused_at_every_wa
     });
     for (path, says) in cases {
         let out = redirector(
-            &plugin,
+            plugin.path(),
             &[],
             &[
                 ("CNI_COMMAND", "ADD"),

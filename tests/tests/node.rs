@@ -28,7 +28,7 @@ use redirector_tests::oci;
 use redirector_tests::podman::host::ForwardingGuard;
 use redirector_tests::process::within;
 use redirector_tests::redirector::{built_object, pins_under};
-use redirector_tests::{require_root, require_tools, use_probe_bin, Cgroup, APP_UID};
+use redirector_tests::{privileged, Cgroup, APP_UID};
 
 /// Where the DaemonSet's daemon pins and keeps its records: the defaults.
 const PIN_ROOT: &str = redirector::store::pins::DEFAULT_ROOT;
@@ -138,13 +138,10 @@ fn has_entry(conflist: &serde_json::Value) -> bool {
 }
 
 fn node_lifecycle(cni_version: &str, third_octet: u8) {
-    if !require_root() || !require_tools("containerd node", &["containerd", "runc", "ctr"]) {
-        return;
-    }
+    privileged!("containerd node", &["containerd", "runc", "ctr"]);
     let Some(image) = oci::release_image("node") else {
         return;
     };
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
     let _forwarding = ForwardingGuard::new();
     let host = HostState::claim();
     let _bpffs = SharedMount::new("/sys/fs/bpf");

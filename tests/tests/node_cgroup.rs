@@ -5,14 +5,13 @@
 use std::time::{Duration, Instant};
 
 use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::process::assert_success;
 use redirector_tests::redirector::{PinRoot, STANDARD_INJECTION};
-use redirector_tests::{require_root, Cgroup, NetNs, Spawn};
+use redirector_tests::{privileged, Cgroup, NetNs, Spawn};
 
 #[test]
 fn a_pod_outside_the_node_cgroup_is_reported_and_fails_its_check() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let root = PinRoot::new("ncg");
     let node = Cgroup::new("ncgnode");
     let elsewhere = Cgroup::new("ncgelsewhere");
@@ -42,11 +41,7 @@ fn a_pod_outside_the_node_cgroup_is_reported_and_fails_its_check() {
     daemon.add(&bad, "default/bad", &STANDARD_INJECTION);
 
     let out = daemon.pod(&["check", "--name", "default/good"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let out = daemon.pod(&["check", "--name", "default/bad"]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);

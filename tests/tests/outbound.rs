@@ -8,45 +8,30 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use redirector_tests::bpftool::{cgroup_attachments, loaded_ids, pinned_id, wait_gone};
+use redirector_tests::process::assert_success;
 use redirector_tests::proxied_pod::SERVICE_PORT;
 use redirector_tests::redirector::{
     istio_iptables, object_ids, pins_under, pod_links, PinRoot, STANDARD_INJECTION,
 };
-use redirector_tests::{
-    assert_direct, assert_proxied, require_root, use_probe_bin, ProxiedPod, APP_UID, PROXY_UID,
-};
-
-/// A pod with a service and a stand-in proxy, with this test binary's probe.
-fn pod(hint: &str) -> ProxiedPod {
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    ProxiedPod::new(hint)
-}
+use redirector_tests::{assert_direct, assert_proxied, privileged, ProxiedPod, APP_UID, PROXY_UID};
 
 #[test]
 fn app_connection_redirected_with_original_destination_v4_and_v6() {
-    if !require_root() {
-        return;
-    }
-    let pod = pod("origdst");
+    privileged!();
+    let pod = ProxiedPod::new("origdst");
     let root = PinRoot::new("origdst");
     // Before: straight to the service.
-    assert_direct(
-        &pod.connect(APP_UID, APP_UID, pod.service(false)),
-        pod.service(false),
-    );
+    pod.assert_app_direct(false);
     pod.install(&root, &STANDARD_INJECTION);
     for v6 in [false, true] {
-        let dst = pod.service(v6);
-        assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+        pod.assert_app_proxied(v6);
     }
 }
 
 #[test]
 fn proxy_uid_and_gid_are_not_redirected() {
-    if !require_root() {
-        return;
-    }
-    let pod = pod("owner");
+    privileged!();
+    let pod = ProxiedPod::new("owner");
     let root = PinRoot::new("owner");
     pod.install(&root, &STANDARD_INJECTION);
     let dst = pod.service(false);
@@ -61,52 +46,36 @@ fn proxy_uid_and_gid_are_not_redirected() {
 
 #[test]
 fn excluded_cidr_and_excluded_port_pass_untouched() {
-    if !require_root() {
-        return;
-    }
-    let pod = pod("exclude");
+    privileged!();
+    let pod = ProxiedPod::new("exclude");
     let other: IpAddr = Ipv4Addr::new(10, 201, pod.topo.subnet(), 3).into();
     pod.topo.add_service_addr(other);
     let root = PinRoot::new("exclude");
     let excluded = format!("{}/32", pod.topo.service_ip4());
     pod.install(&root, &["-i", "*", "-x", &excluded, "-o", "8080"]);
     // -x: the excluded address goes direct, on any port.
-    assert_direct(
-        &pod.connect(APP_UID, APP_UID, pod.service(false)),
-        pod.service(false),
-    );
+    pod.assert_app_direct(false);
     // -o: the excluded port goes direct, to any address.
     let other_8080 = SocketAddr::new(other, 8080);
     assert_direct(&pod.connect(APP_UID, APP_UID, other_8080), other_8080);
     // Everything else is captured; IPv6 is unaffected by an IPv4 exclusion.
     let other_80 = SocketAddr::new(other, SERVICE_PORT);
     assert_proxied(&pod.connect(APP_UID, APP_UID, other_80), other_80);
-    assert_proxied(
-        &pod.connect(APP_UID, APP_UID, pod.service(true)),
-        pod.service(true),
-    );
+    pod.assert_app_proxied(true);
 }
 
 #[test]
 fn include_list_is_respected() {
-    if !require_root() {
-        return;
-    }
-    let pod = pod("include");
+    privileged!();
+    let pod = ProxiedPod::new("include");
     let other: IpAddr = Ipv4Addr::new(10, 201, pod.topo.subnet(), 3).into();
     pod.topo.add_service_addr(other);
     let root = PinRoot::new("include");
     pod.install(&root, &["-i", "10.201.0.0/16"]);
     let other_80 = SocketAddr::new(other, SERVICE_PORT);
     assert_proxied(&pod.connect(APP_UID, APP_UID, other_80), other_80);
-    assert_direct(
-        &pod.connect(APP_UID, APP_UID, pod.service(false)),
-        pod.service(false),
-    );
-    assert_direct(
-        &pod.connect(APP_UID, APP_UID, pod.service(true)),
-        pod.service(true),
-    );
+    pod.assert_app_direct(false);
+    pod.assert_app_direct(true);
     // An empty -i captures nothing, as in istio (8080 is served on every service address).
     let other_8080 = SocketAddr::new(other, 8080);
     assert_proxied(&pod.connect(APP_UID, APP_UID, other_8080), other_8080);
@@ -116,11 +85,9 @@ fn include_list_is_respected() {
 
 #[test]
 fn two_pods_with_different_config_share_one_object_and_do_not_interfere() {
-    if !require_root() {
-        return;
-    }
-    let a = pod("poda");
-    let b = pod("podb");
+    privileged!();
+    let a = ProxiedPod::new("poda");
+    let b = ProxiedPod::new("podb");
     let root = PinRoot::new("twopods");
     let log_a = a.install(&root, &STANDARD_INJECTION);
     let excluded = format!("{}/32", b.topo.service_ip4());
@@ -136,23 +103,14 @@ fn two_pods_with_different_config_share_one_object_and_do_not_interfere() {
     assert_eq!(object_ids(&root).len(), 1, "one object for the node");
 
     // A: captured, proxy uid 1337 passes.
-    assert_proxied(
-        &a.connect(APP_UID, APP_UID, a.service(false)),
-        a.service(false),
-    );
+    a.assert_app_proxied(false);
     assert_direct(
         &a.connect(PROXY_UID, PROXY_UID, a.service(false)),
         a.service(false),
     );
     // B: its service address is excluded, and 1337 is not its proxy uid (4242 is).
-    assert_direct(
-        &b.connect(APP_UID, APP_UID, b.service(false)),
-        b.service(false),
-    );
-    assert_proxied(
-        &b.connect(APP_UID, APP_UID, b.service(true)),
-        b.service(true),
-    );
+    b.assert_app_direct(false);
+    b.assert_app_proxied(true);
     assert_proxied(
         &b.connect(PROXY_UID, PROXY_UID, b.service(true)),
         b.service(true),
@@ -162,10 +120,8 @@ fn two_pods_with_different_config_share_one_object_and_do_not_interfere() {
 
 #[test]
 fn pins_survive_the_loader_and_a_rerun_replaces_instead_of_doubling() {
-    if !require_root() {
-        return;
-    }
-    let pod = pod("rerun");
+    privileged!();
+    let pod = ProxiedPod::new("rerun");
     let root = PinRoot::new("rerun");
     pod.install(&root, &STANDARD_INJECTION);
     // The loader has exited; its pins hold the links.
@@ -200,10 +156,8 @@ fn pins_survive_the_loader_and_a_rerun_replaces_instead_of_doubling() {
 
 #[test]
 fn cleanup_only_leaves_no_program_link_map_or_pin() {
-    if !require_root() {
-        return;
-    }
-    let pod = pod("cleanup");
+    privileged!();
+    let pod = ProxiedPod::new("cleanup");
     let root = PinRoot::new("cleanup");
     pod.install(&root, &STANDARD_INJECTION);
     let pins = pins_under(root.path());
@@ -223,17 +177,8 @@ fn cleanup_only_leaves_no_program_link_map_or_pin() {
     );
     assert!(progs.iter().all(|id| loaded_ids("prog").contains(id)));
 
-    let out = istio_iptables(
-        &pod.topo.pod,
-        &pod.topo.pod_cgroup,
-        &root,
-        &["--cleanup-only"],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = pod.istio_iptables(&root, &["--cleanup-only"]);
+    assert_success(&out);
 
     assert!(
         !root.path().exists(),
@@ -248,24 +193,16 @@ fn cleanup_only_leaves_no_program_link_map_or_pin() {
             "{kind}s still loaded after cleanup: {left:?}"
         );
     }
-    let dst = pod.service(false);
-    assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
+    pod.assert_app_direct(false);
     // Cleaning up a clean pod is not an error.
-    let again = istio_iptables(
-        &pod.topo.pod,
-        &pod.topo.pod_cgroup,
-        &root,
-        &["--cleanup-only"],
-    );
+    let again = pod.istio_iptables(&root, &["--cleanup-only"]);
     assert!(again.status.success());
 }
 
 #[test]
 fn invalid_values_exit_1_naming_the_flag_and_attach_nothing() {
-    if !require_root() {
-        return;
-    }
-    let pod = pod("invalid");
+    privileged!();
+    let pod = ProxiedPod::new("invalid");
     let root = PinRoot::new("invalid");
     let cases: [(&[&str], &str, &str); 5] = [
         (
@@ -309,33 +246,24 @@ fn invalid_values_exit_1_naming_the_flag_and_attach_nothing() {
             "{args:?}: attached"
         );
     }
-    let dst = pod.service(false);
-    assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
+    pod.assert_app_direct(false);
 }
 
 #[test]
 fn traffic_leaving_through_an_excluded_interface_passes() {
-    if !require_root() {
-        return;
-    }
-    let pod = pod("excliface");
+    privileged!();
+    let pod = ProxiedPod::new("excliface");
     let root = PinRoot::new("excliface");
     // The pod's routes to the service leave through its eth0.
     let mut args: Vec<&str> = STANDARD_INJECTION.to_vec();
     args.extend(["-c", "eth0"]);
     if pod.install_with_interfaces(&root, &args, "-c") {
         for v6 in [false, true] {
-            assert_direct(
-                &pod.connect(APP_UID, APP_UID, pod.service(v6)),
-                pod.service(v6),
-            );
+            pod.assert_app_direct(v6);
         }
     }
     pod.install(&root, &STANDARD_INJECTION);
-    assert_proxied(
-        &pod.connect(APP_UID, APP_UID, pod.service(false)),
-        pod.service(false),
-    );
+    pod.assert_app_proxied(false);
 }
 
 /// What `getpeername()` says on an app's socket connected to `dst` (`probe peername` in the
@@ -358,10 +286,8 @@ fn peer_seen_by_app(pod: &ProxiedPod, dst: SocketAddr) -> String {
 
 #[test]
 fn a_redirected_socket_reports_its_original_peer() {
-    if !require_root() {
-        return;
-    }
-    let pod = pod("peername");
+    privileged!();
+    let pod = ProxiedPod::new("peername");
     let root = PinRoot::new("peername");
     pod.install(&root, &STANDARD_INJECTION);
     for v6 in [false, true] {
@@ -393,10 +319,8 @@ fn install_with_a_new_object(
 
 #[test]
 fn a_new_object_takes_over_the_pod_without_doubling() {
-    if !require_root() {
-        return;
-    }
-    let pod = pod("upgrade");
+    privileged!();
+    let pod = ProxiedPod::new("upgrade");
     let root = PinRoot::new("upgrade");
     pod.install(&root, &STANDARD_INJECTION);
     let dst = pod.service(false);
@@ -430,10 +354,8 @@ fn a_new_object_takes_over_the_pod_without_doubling() {
 
 #[test]
 fn a_failed_apply_leaves_the_pod_as_it_was() {
-    if !require_root() {
-        return;
-    }
-    let pod = pod("rollback");
+    privileged!();
+    let pod = ProxiedPod::new("rollback");
     let root = PinRoot::new("rollback");
     let other: IpAddr = Ipv4Addr::new(10, 201, pod.topo.subnet(), 3).into();
     pod.topo.add_service_addr(other);
@@ -455,12 +377,7 @@ fn a_failed_apply_leaves_the_pod_as_it_was() {
         .to_path_buf();
     let staging = object.join("staging").join(&connect4);
     std::fs::create_dir(&staging).unwrap();
-    let out = istio_iptables(
-        &pod.topo.pod,
-        &pod.topo.pod_cgroup,
-        &root,
-        &["-i", "*", "-o", "9999"],
-    );
+    let out = pod.istio_iptables(&root, &["-i", "*", "-o", "9999"]);
     assert_eq!(
         out.status.code(),
         Some(1),
@@ -502,10 +419,8 @@ fn pin_as_an_earlier_release(root: &PinRoot, cookie: u64) -> usize {
 
 #[test]
 fn a_pod_pinned_by_an_earlier_release_is_kept_updated_and_moved_on_upgrade() {
-    if !require_root() {
-        return;
-    }
-    let pod = pod("legacy");
+    privileged!();
+    let pod = ProxiedPod::new("legacy");
     let root = PinRoot::new("legacy");
     pod.install(&root, &STANDARD_INJECTION);
     let cookie = pod.topo.pod.cookie();
@@ -534,11 +449,7 @@ fn a_pod_pinned_by_an_earlier_release_is_kept_updated_and_moved_on_upgrade() {
 
     // A new object takes the pod over and pins its links the current way.
     let out = install_with_a_new_object(&pod, &root, &changed);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let pins = pins_under(root.path());
     assert_eq!(in_pod_dir(&root), 0, "{pins:?}");
     assert!(

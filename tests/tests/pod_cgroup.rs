@@ -11,12 +11,11 @@ use redirector::engine::pod_cgroup::{attach, attached_hooks, detach, NodeProgram
 use redirector::store::programs::NODE_PROGRAMS;
 use redirector::store::{ObjectId, ObjectPins};
 use redirector_tests::bpftool::{cgroup_attachments, program_runs, BpfStats};
-use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::daemon::Daemon;
 use redirector_tests::process::StopOnDrop;
 use redirector_tests::redirector::{object_ids, PinRoot, STANDARD_INJECTION};
-use redirector_tests::{
-    assert_direct, assert_proxied, require_root, use_probe_bin, Cgroup, ProxiedPod, APP_UID,
-};
+use redirector_tests::test_node::TestNode;
+use redirector_tests::{assert_direct, assert_proxied, privileged, Cgroup, ProxiedPod, APP_UID};
 
 /// The node's one object, as the engine names its pins.
 fn node_object(root: &PinRoot) -> ObjectPins {
@@ -59,13 +58,8 @@ fn connect_both(pod: &ProxiedPod, captured: bool) {
 
 #[test]
 fn programs_at_a_pods_cgroup_capture_it_and_no_other_pod() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let root = PinRoot::new("pcg");
-    let node = Cgroup::new("pcgnode");
-    let state = StateDir::new("pcgstate");
+    privileged!();
+    let TestNode { root, node, state } = TestNode::new("pcg");
     let daemon = Daemon::start(&root, &node, &state);
     // Both pods run outside the node cgroup: no program of the node's reaches them.
     let pod = ProxiedPod::new("pcgpod");
@@ -77,8 +71,7 @@ fn programs_at_a_pods_cgroup_capture_it_and_no_other_pod() {
     let cookie = redirector::sys::netns::Netns::open(&pod.topo.pod.path())
         .expect("opening the pod's netns")
         .cookie();
-    let dst = pod.service(false);
-    assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
+    pod.assert_app_direct(false);
     assert!(attached_hooks(&programs, cgroup).unwrap().is_empty());
 
     // Attached at the pod's cgroup: captured, both families.
@@ -120,12 +113,8 @@ fn programs_at_a_pods_cgroup_capture_it_and_no_other_pod() {
 
 #[test]
 fn attachments_go_with_the_pods_cgroup() {
-    if !require_root() {
-        return;
-    }
-    let root = PinRoot::new("pcggone");
-    let node = Cgroup::new("pcggonenode");
-    let state = StateDir::new("pcggonestate");
+    privileged!();
+    let TestNode { root, node, state } = TestNode::new("pcggone");
     let _daemon = Daemon::start(&root, &node, &state);
     let programs = NodePrograms::open(&node_object(&root)).expect("opening the node programs");
     let pod = Cgroup::new("pcggonepod");
@@ -164,13 +153,8 @@ fn pod_cgroups(daemon: &Daemon) -> Vec<(String, Option<String>)> {
 
 #[test]
 fn a_daemon_node_runs_no_program_for_a_pod_it_does_not_capture() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let root = PinRoot::new("pcgnode");
-    let node = Cgroup::new("pcgnode");
-    let state = StateDir::new("pcgnodestate");
+    privileged!();
+    let TestNode { root, node, state } = TestNode::new("pcgnode");
     let daemon = Daemon::start_with(&root, &node, &state, &["--gc-interval", "1"]);
     assert_eq!(node_links(&root), 0, "no pod relies on the node cgroup");
     // Both pods run below the node cgroup; one is captured.
@@ -233,8 +217,7 @@ fn a_daemon_node_runs_no_program_for_a_pod_it_does_not_capture() {
         .success());
     std::thread::sleep(std::time::Duration::from_secs(3));
     assert_eq!(node_links(&root), NODE_PROGRAMS.len());
-    let init_dst = init.service(false);
-    assert_proxied(&init.connect(APP_UID, APP_UID, init_dst), init_dst);
+    init.assert_app_proxied(false);
     // It cleaned up too: the next collection removes the node's links.
     init.install(&root, &["--cleanup-only"]);
     let gone = redirector_tests::process::within(std::time::Duration::from_secs(30), || {
@@ -259,13 +242,8 @@ fn a_daemon_node_runs_no_program_for_a_pod_it_does_not_capture() {
 
 #[test]
 fn pods_on_the_node_cgroup_move_to_their_own_with_no_connection_escaping() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let root = PinRoot::new("pcgmove");
-    let node = Cgroup::new("pcgmove");
-    let state = StateDir::new("pcgmovestate");
+    privileged!();
+    let TestNode { root, node, state } = TestNode::new("pcgmove");
     let daemon = Daemon::start(&root, &node, &state);
     // Set up while its namespace had no process (as a release before this one set up every
     // pod): it relies on the node cgroup's programs.

@@ -25,8 +25,8 @@ use redirector_tests::podman::{processes_mentioning, Podman};
 use redirector_tests::probe::protocol::parse_listening;
 use redirector_tests::redirector::{pins_under, redirector_bin, PinRoot, STANDARD_INJECTION};
 use redirector_tests::{
-    assert_direct, connect_from, probe_bin, require_root, require_tools, use_probe_bin,
-    ConnOutcome, NetNs, ProbeServer, APP_UID, PROXY_UID,
+    assert_direct, connect_from, privileged, probe_bin, ConnOutcome, NetNs, ProbeServer, APP_UID,
+    PROXY_UID,
 };
 
 /// redirector has no inbound capture yet (sk_lookup is being added). Until it has, the
@@ -45,11 +45,8 @@ const READY: Duration = Duration::from_secs(10);
 
 #[test]
 fn redirector_as_istio_init_in_a_podman_pod() {
-    if !require_root() || !require_tools("podman pod", &["podman"]) {
-        return;
-    }
+    privileged!("podman pod", &["podman"]);
     let started = Instant::now();
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
     for stale in Podman::remove_stale() {
         eprintln!("removed the leftovers of a killed run: {stale}");
     }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use redirector_tests::redirector::PinRoot;
-use redirector_tests::{require_root, skip, Cgroup, NetNs};
+use redirector_tests::{privileged, skip, Cgroup, NetNs};
 
 /// The binary `cargo xtask image` built (REDIRECTOR_SHIPPED_BIN), `None` to skip.
 fn shipped_bin() -> Option<PathBuf> {
@@ -20,9 +20,7 @@ fn shipped_bin() -> Option<PathBuf> {
 
 #[test]
 fn an_unknown_proxy_user_falls_back_to_1337_without_asking_the_hosts_nss_modules() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let Some(bin) = shipped_bin() else {
         return;
     };

@@ -10,16 +10,17 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::daemon::Daemon;
 use redirector_tests::dns::{use_dnsprobe_bin, DnsClient, DnsMode, ResolvConf, DNS_PORT};
 use redirector_tests::process::{within, ChildGuard, Spawn};
 use redirector_tests::redirector::{
     install, redirector_bin, run_ok, trace_switch_on, wait_for_trace_switch, PinRoot,
     STANDARD_INJECTION,
 };
+use redirector_tests::test_node::TestNode;
 use redirector_tests::{
-    assert_proxied, connect_from, require_root, use_probe_bin, Cgroup, ConnOutcome, ProbeServer,
-    ProxiedPod, Topology, APP_UID, PROXY_UID,
+    assert_proxied, connect_from, privileged, ConnOutcome, ProbeServer, ProxiedPod, Topology,
+    APP_UID, PROXY_UID,
 };
 
 /// Each wait here is for a step of milliseconds: 10 s is room for a loaded machine.
@@ -54,10 +55,7 @@ fn decision(tracer: &ChildGuard, what: &str, pred: impl Fn(&Value) -> bool) -> V
 
 #[test]
 fn trace_shows_each_decision_and_switches_off_on_exit() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+    privileged!();
     use_dnsprobe_bin(env!("CARGO_BIN_EXE_dnsprobe"));
     let topo = Topology::new("trace");
     let any4 = SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0);
@@ -121,7 +119,7 @@ fn trace_shows_each_decision_and_switches_off_on_exit() {
     );
 
     // Inbound: a connection to the pod is steered to the inbound proxy.
-    let pod_dst = SocketAddr::new(topo.pod_ip4().into(), 8080);
+    let pod_dst = topo.pod_addr(false, 8080);
     assert!(matches!(
         connect_from(&topo.service, None, APP_UID, APP_UID, pod_dst, None),
         ConnOutcome::Proxied { .. }
@@ -194,14 +192,9 @@ fn trace_shows_each_decision_and_switches_off_on_exit() {
 
 #[test]
 fn the_daemon_streams_a_pods_decisions_until_the_client_hangs_up() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     use std::io::{BufRead, BufReader, Write};
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let root = PinRoot::new("dtrace");
-    let node = Cgroup::new("node");
-    let state = StateDir::new("state");
+    let TestNode { root, node, state } = TestNode::new("dtrace");
     // Its gc runs every second while it streams: it must leave its own trace alone.
     let daemon = Daemon::start_with(&root, &node, &state, &["--gc-interval", "1"]);
     let pod = ProxiedPod::under(&node, "dtracepod");

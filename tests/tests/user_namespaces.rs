@@ -5,23 +5,19 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 
-use redirector_tests::daemon::{Daemon, StateDir};
-use redirector_tests::redirector::{PinRoot, STANDARD_INJECTION};
+use redirector_tests::daemon::Daemon;
+use redirector_tests::redirector::STANDARD_INJECTION;
+use redirector_tests::test_node::TestNode;
 use redirector_tests::user_ns::{UserNs, HOST_ID_BASE};
 use redirector_tests::{
-    connect_in_user_ns, require_root, use_probe_bin, Cgroup, ConnOutcome, NetNs, ProbeServer,
-    Topology, APP_UID, PROXY_UID,
+    connect_in_user_ns, privileged, Cgroup, ConnOutcome, NetNs, ProbeServer, Topology, APP_UID,
+    PROXY_UID,
 };
 
 #[test]
 fn a_user_namespaced_pods_proxy_is_passed_and_its_app_redirected() {
-    if !require_root() {
-        return;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
-    let node = Cgroup::new("node");
-    let root = PinRoot::new("userns");
-    let state = StateDir::new("userns");
+    privileged!();
+    let TestNode { root, node, state } = TestNode::new("userns");
     let daemon = Daemon::start(&root, &node, &state);
     let userns = UserNs::new();
     let topo = Topology::with_pod(

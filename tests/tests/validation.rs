@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use redirector_tests::redirector::{install, redirector_bin, PinRoot, STANDARD_INJECTION};
-use redirector_tests::{require_root, Spawn, Topology, PROXY_UID};
+use redirector_tests::{privileged, Spawn, Topology, PROXY_UID};
 
 /// `redirector istio-iptables --run-validation --skip-rule-apply` as uid/gid 1337 in the
 /// pod's netns and cgroup; returns the exit code and the log.
@@ -30,9 +30,7 @@ fn validate(topo: &Topology, extra: &[&str]) -> (Option<i32>, String) {
 
 #[test]
 fn validation_passes_on_a_pod_set_up_by_redirector() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let topo = Topology::new("valok");
     let root = PinRoot::new("valok");
     install(&topo.pod, &topo.pod_cgroup, &root, &STANDARD_INJECTION);
@@ -43,9 +41,7 @@ fn validation_passes_on_a_pod_set_up_by_redirector() {
 
 #[test]
 fn validation_fails_with_126_on_a_pod_without_capture() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let topo = Topology::new("valfail");
     let started = Instant::now();
     let (code, log) = validate(&topo, &[]);

@@ -63,48 +63,72 @@ pub fn app_pod(
     (sandbox, app)
 }
 
+/// The meshed pod `web` with `annotations` under `parent`: an app serving on 8080 (uid
+/// 1000) and the stand-in proxy `sidecar` starts, no init container. The sandbox, the app,
+/// the proxy and the app's address.
+pub fn meshed_web(
+    cri: &mut Containerd,
+    parent: &str,
+    annotations: &[(&str, &str)],
+    sidecar: fn(&mut Containerd, &Sandbox) -> String,
+) -> (Sandbox, String, String, SocketAddr) {
+    let web = cri.run_sandbox("web", annotations, &format!("{parent}/web"));
+    let serve = [
+        "probe",
+        "serve",
+        "--listen",
+        "0.0.0.0:8080",
+        "--name",
+        "app",
+    ];
+    let app = cri.start_container(&web, "app", &serve, i64::from(APP_UID));
+    let proxy = sidecar(cri, &web);
+    let addr = SocketAddr::new(cri.sandbox_ip(&web.0), 8080);
+    (web, app, proxy, addr)
+}
+
+/// A connection from the container `client` to `dst` lands on the proxy's inbound listener
+/// with `dst` as its original destination.
+#[track_caller]
+pub fn assert_inbound_on_proxy(cri: &mut Containerd, client: &str, dst: SocketAddr) {
+    let (_, out) = cri.exec(client, &["probe", "connect", &dst.to_string()]);
+    match ConnOutcome::parse(&out) {
+        ConnOutcome::Proxied { name, orig, .. } if name == "proxy" => {
+            assert_eq!(orig, Some(dst), "SO_ORIGINAL_DST of the inbound connection")
+        }
+        other => panic!("{client} -> {dst}: expected the proxy's inbound listener, got {other:?}"),
+    }
+}
+
 /// The stand-in sidecar in `sandbox`: `probe proxy` on 15001 and 15006, as uid 1337, once
 /// it listens on both.
 pub fn sidecar(cri: &mut Containerd, sandbox: &Sandbox) -> String {
-    let proxy = cri.start_container(
-        sandbox,
-        "proxy",
-        &[
-            "probe",
-            "proxy",
-            "--listen",
-            "127.0.0.1:15001",
-            "--listen",
-            "0.0.0.0:15006",
-            "--name",
-            "proxy",
-        ],
-        i64::from(PROXY_UID),
-    );
-    wait_listening(cri, &proxy, 2);
-    proxy
+    let listen = ["127.0.0.1:15001", "0.0.0.0:15006"];
+    proxy_container(cri, sandbox, "proxy", listen, PROXY_UID)
 }
 
 /// Linkerd's proxy stand-in in `sandbox`: `probe proxy` on 127.0.0.1:4140 (outbound) and
 /// 0.0.0.0:4143 (inbound), as uid 2102, once it listens on both. It reports itself as
 /// `proxy`, so [`assert_lands_on_proxy`] reads it.
 pub fn linkerd_sidecar(cri: &mut Containerd, sandbox: &Sandbox) -> String {
+    let listen = ["127.0.0.1:4140", "0.0.0.0:4143"];
     let uid = crate::linkerd::cases::LINKERD_PROXY_UID;
-    let proxy = cri.start_container(
-        sandbox,
-        "linkerd-proxy",
-        &[
-            "probe",
-            "proxy",
-            "--listen",
-            "127.0.0.1:4140",
-            "--listen",
-            "0.0.0.0:4143",
-            "--name",
-            "proxy",
-        ],
-        i64::from(uid),
-    );
+    proxy_container(cri, sandbox, "linkerd-proxy", listen, uid)
+}
+
+/// A container `name` in `sandbox` running `probe proxy` named `proxy` on `listen`, as
+/// `uid`, once it listens on both.
+fn proxy_container(
+    cri: &mut Containerd,
+    sandbox: &Sandbox,
+    name: &str,
+    [outbound, inbound]: [&str; 2],
+    uid: u32,
+) -> String {
+    let args = [
+        "probe", "proxy", "--listen", outbound, "--listen", inbound, "--name", "proxy",
+    ];
+    let proxy = cri.start_container(sandbox, name, &args, i64::from(uid));
     wait_listening(cri, &proxy, 2);
     proxy
 }

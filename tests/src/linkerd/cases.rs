@@ -1,5 +1,5 @@
-//! The cases of the Linkerd conformance suite: proxy-init command lines as Linkerd's
-//! injector writes them (LINKERD.md §3), with the ports each case probes, and the
+//! The cases of the Linkerd conformance suite: proxy-init command lines as Linkerd's injector
+//! writes them (docs/linkerd.md#how-linkerd-runs-it), with the ports each case probes, and the
 //! connections every case makes.
 //!
 //! Every case's command line is given to both sides unchanged: parsed here into the rules
@@ -368,7 +368,8 @@ pub fn cases() -> Vec<Case> {
         ))
         .note(
             "proxy-init itself fails this command line (each pass gets the other family's CIDR, \
-             LINKERD.md §1); the reference is each family's rules with that family's CIDRs",
+             docs/linkerd.md, \"Where behaviour differs\"); the reference is each family's \
+             rules with that family's CIDRs",
         ),
         Case::new(
             "listed-ports",

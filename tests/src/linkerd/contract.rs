@@ -1,8 +1,8 @@
-//! LINKERD.md §2 as code: where a connection of a pod captured by proxy-init should land,
-//! written as the suite renders a landing (`outbound orig=svc4:80`, `app@pod4:8080`,
-//! `refused`). The reference side of every case is checked against it row by row before
-//! anything is compared with redirector, so a reference that drifted from Linkerd's
-//! contract (a fault of the suite, not of redirector) is named as such.
+//! docs/linkerd.md#what-is-captured as code: where a connection of a pod captured by proxy-init
+//! should land, written as the suite renders a landing (`outbound orig=svc4:80`, `app@pod4:8080`,
+//! `refused`). The reference side of every case is checked against it row by row before anything is
+//! compared with redirector, so a reference that drifted from Linkerd's contract (a fault of the
+//! suite, not of redirector) is named as such.
 //!
 //! Outbound, first match wins: owner uid/gid (each only if > 0) → direct; a destination
 //! reached through `lo` (127/8, ::1, the pod's own addresses) → direct, for every uid; an
@@ -13,14 +13,14 @@
 //!
 //! A direct connection to a proxy listener still has an original destination under
 //! iptables: conntrack tracks every connection of a namespace with nat rules, so the proxy
-//! reads the address it was reached at (LINKERD.md §5).
+//! reads the address it was reached at (docs/linkerd.md#what-is-captured).
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use crate::conformance::{APP, INBOUND_PROXY, OUTBOUND_PROXY, SERVICE};
 use crate::linkerd::proxy_init::{CaptureState, InboundMode};
 use crate::scenario::{Dst, Host};
+use crate::twin_pods::{APP, INBOUND_PROXY, OUTBOUND_PROXY, SERVICE};
 
 /// The listeners of a case's pod and peer, by port.
 #[derive(Clone, Debug, PartialEq, Eq)]

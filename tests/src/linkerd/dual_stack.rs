@@ -1,7 +1,7 @@
 //! The Linkerd proxy's dual-stack inbound listener: one `[::]:<port>` socket without
 //! `IPV6_V6ONLY`, which accepts IPv4 clients as v4-mapped peers. For those the proxy asks
 //! `SO_ORIGINAL_DST` with `SOL_IP` on the AF_INET6 socket, for IPv6 clients with
-//! `SOL_IPV6` (LINKERD.md §5).
+//! `SOL_IPV6` (docs/linkerd.md#what-is-captured).
 //!
 //! `probe` binds every IPv6 listener `IPV6_V6ONLY`, so this listener runs in the test
 //! binary itself, re-executed with only its [`HELPER_TEST`] selected and [`LISTEN_ENV`]
@@ -11,12 +11,11 @@
 //! sent to the client too, with v4-mapped addresses written as IPv4.
 
 use std::io::Write;
-use std::net::{Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, RawFd};
+use std::net::{Ipv6Addr, Shutdown, SocketAddr, TcpStream};
 use std::time::Duration;
 
 use crate::probe::protocol::{emit, listening_line, parse_listening, proxied_line};
-use crate::sockaddr::to_raw;
+use crate::sockaddr::listen_dual_stack;
 use crate::{Cgroup, ChildGuard, NetNs, Spawn};
 
 /// The test (in every test binary that starts this listener) whose body is
@@ -34,15 +33,7 @@ pub fn start(
     name: &str,
     port: u16,
 ) -> ChildGuard {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let child = Spawn::new(exe)
-        .args([
-            HELPER_TEST,
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+    let child = Spawn::helper(HELPER_TEST)
         .env(LISTEN_ENV, format!("{name} {port}"))
         .netns(netns)
         .cgroup(cgroup)
@@ -79,19 +70,6 @@ pub fn serve_if_asked() {
     }
 }
 
-/// An AF_INET6 TCP listener on `addr` that also takes IPv4 (`IPV6_V6ONLY` off).
-fn listen_dual_stack(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    let fd = crate::sockaddr::socket(&addr, libc::SOCK_STREAM)?;
-    set_int(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
-    set_int(fd.as_raw_fd(), libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 0)?;
-    let (raw, len) = to_raw(addr);
-    // SAFETY: raw/len come from to_raw.
-    cvt(unsafe { libc::bind(fd.as_raw_fd(), (&raw const raw).cast(), len) })?;
-    // SAFETY: plain listen(2) on a socket we own.
-    cvt(unsafe { libc::listen(fd.as_raw_fd(), 128) })?;
-    Ok(TcpListener::from(fd))
-}
-
 fn answer(mut stream: TcpStream, name: &str) {
     let (Ok(local), Ok(peer)) = (stream.local_addr(), stream.peer_addr()) else {
         return; // Already reset by the client.
@@ -122,32 +100,6 @@ fn canonical(addr: SocketAddr) -> SocketAddr {
             None => addr,
         },
         SocketAddr::V4(_) => addr,
-    }
-}
-
-fn set_int(
-    fd: RawFd,
-    level: libc::c_int,
-    name: libc::c_int,
-    value: libc::c_int,
-) -> std::io::Result<()> {
-    // SAFETY: the pointer and length describe `value`.
-    cvt(unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            name,
-            (&raw const value).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    })
-}
-
-fn cvt(rc: libc::c_int) -> std::io::Result<()> {
-    if rc < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(())
     }
 }
 

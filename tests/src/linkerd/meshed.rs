@@ -12,10 +12,11 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use crate::conformance::{APP, INBOUND_PROXY, SERVICE};
 use crate::linkerd::cases::LINKERD_PROXY_UID;
 use crate::probe::connect_from;
-use crate::{Cgroup, ChildGuard, ConnOutcome, ProbeServer, Topology, APP_UID};
+use crate::scenario::Family;
+use crate::twin_pods::{start_app, start_peer, start_proxy, wildcard, APP, INBOUND_PROXY, SERVICE};
+use crate::{Cgroup, ChildGuard, ConnOutcome, Topology, APP_UID};
 
 /// The annotation Linkerd's injector sets on every pod it injected a proxy into.
 pub const PROXY_VERSION: &str = "linkerd.io/proxy-version";
@@ -31,8 +32,8 @@ pub const IGNORED_OUTBOUND_PORT: u16 = 4567;
 /// A plain port: captured both ways under the injector's flags.
 pub const PLAIN_PORT: u16 = 8080;
 
-/// The injector's proxy-init flags (LINKERD.md §3) without the iptables plumbing, which
-/// has no meaning for a node: what a Linkerd network's `args` carry.
+/// The injector's proxy-init flags (docs/linkerd.md#how-linkerd-runs-it) without the iptables
+/// plumbing, which has no meaning for a node: what a Linkerd network's `args` carry.
 pub const INJECTOR_FLAGS: [&str; 6] = [
     "--incoming-proxy-port=4143",
     "--outgoing-proxy-port=4140",
@@ -63,52 +64,17 @@ impl MeshedPod {
     /// The probe binary must be set first ([`crate::use_probe_bin`]).
     pub fn under(node: &Cgroup, hint: &str) -> Self {
         let topo = Topology::under(node, hint);
-        let wildcards = |ports: &[u16]| -> Vec<SocketAddr> {
-            ports
-                .iter()
-                .flat_map(|port| {
-                    [
-                        SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), *port),
-                        SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), *port),
-                    ]
-                })
-                .collect()
-        };
-        let listening = |mut server: ProbeServer, addrs: Vec<SocketAddr>| {
-            for addr in addrs {
-                server = server.listen(addr);
-            }
-            server
-        };
-        let proxy_uid = LINKERD_PROXY_UID;
-        let peer = listening(
-            ProbeServer::serve(&topo.service, SERVICE),
-            wildcards(&PEER_PORTS),
-        )
-        .start();
-        let outbound = ProbeServer::proxy(&topo.pod, OUTBOUND_PROXY)
-            .listen(SocketAddr::new(
-                Ipv4Addr::LOCALHOST.into(),
-                OUTGOING_PROXY_PORT,
-            ))
-            .listen(SocketAddr::new(
-                Ipv6Addr::LOCALHOST.into(),
-                OUTGOING_PROXY_PORT,
-            ))
-            .cgroup(&topo.pod_cgroup)
-            .user(proxy_uid, proxy_uid)
-            .start();
-        let inbound = listening(
-            ProbeServer::proxy(&topo.pod, INBOUND_PROXY),
-            wildcards(&[INCOMING_PROXY_PORT]),
-        )
-        .cgroup(&topo.pod_cgroup)
-        .user(proxy_uid, proxy_uid)
-        .start();
-        let app = listening(ProbeServer::serve(&topo.pod, APP), wildcards(&APP_PORTS))
-            .cgroup(&topo.pod_cgroup)
-            .user(APP_UID, APP_UID)
-            .start();
+        let owner = (LINKERD_PROXY_UID, LINKERD_PROXY_UID);
+        let peer = start_peer(&topo, &PEER_PORTS);
+        let loopback = [
+            Ipv4Addr::LOCALHOST.into(),
+            IpAddr::from(Ipv6Addr::LOCALHOST),
+        ];
+        let outbound = loopback.map(|ip| SocketAddr::new(ip, OUTGOING_PROXY_PORT));
+        let outbound = start_proxy(&topo, OUTBOUND_PROXY, outbound, owner);
+        let inbound = Family::BOTH.map(|family| wildcard(family, INCOMING_PROXY_PORT));
+        let inbound = start_proxy(&topo, INBOUND_PROXY, inbound, owner);
+        let app = start_app(&topo, &APP_PORTS);
         MeshedPod {
             _servers: vec![peer, outbound, inbound, app],
             topo,
@@ -122,12 +88,7 @@ impl MeshedPod {
 
     /// The pod's own address of the family `v6`, with `port`.
     pub fn pod_addr(&self, v6: bool, port: u16) -> SocketAddr {
-        let ip: IpAddr = if v6 {
-            self.topo.pod_ip6().into()
-        } else {
-            self.topo.pod_ip4().into()
-        };
-        SocketAddr::new(ip, port)
+        self.topo.pod_addr(v6, port)
     }
 
     /// A client of the pod (its netns and cgroup), as `uid` (and gid `uid`), connects to

@@ -5,12 +5,12 @@
 //! comparing where it landed (the outbound proxy on 4140, the inbound proxy on 4143, the
 //! app or the peer directly, or an error) and the `SO_ORIGINAL_DST` the proxy read.
 //!
-//! Each row also carries what LINKERD.md §2 says should happen ([`contract`]); the reference
-//! side must agree with it before its outcomes are worth comparing, and a disagreement
-//! there is reported as the suite's fault, not redirector's.
+//! Each row also carries what docs/linkerd.md#what-is-captured says should happen ([`contract`]);
+//! the reference side must agree with it before its outcomes are worth comparing, and a
+//! disagreement there is reported as the suite's fault, not redirector's.
 //!
 //! - [`proxy_init`]: proxy-init's flags and the rules it writes;
-//! - [`contract`]: LINKERD.md §2 as expected landings;
+//! - [`contract`]: docs/linkerd.md#what-is-captured as expected landings;
 //! - [`cases`]: the command lines and the connections each case makes;
 //! - [`dual_stack`]: the proxy's `[::]:4143` listener that also takes IPv4;
 //! - [`meshed`]: a pod Linkerd meshed, as a node (daemon or CNI plugin) captures it;
@@ -29,259 +29,75 @@ pub mod validator;
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::process::Command;
-use std::time::{Duration, Instant};
 
-use crate::conformance::{APP, INBOUND_PROXY, OUTBOUND_PROXY, SERVICE};
 use crate::iptables::{apply_golden, saved_rules};
 use crate::linkerd::cases::{Case, InboundListener};
-use crate::linkerd::contract::{Contract, Listeners};
+use crate::linkerd::contract::Contract;
 use crate::redirector::{redirector_bin, PinRoot};
 use crate::scenario::{AddrBook, Family};
-use crate::{connect_from, Cgroup, ChildGuard, NetNs, ProbeServer, Topology, APP_UID};
+use crate::twin_pods::{
+    self, start_app, start_peer, start_proxy, wildcard, Mesh, Outcome, Row, Side, TwinPod,
+    INBOUND_PROXY, OUTBOUND_PROXY,
+};
+use crate::{connect_from, Cgroup, ChildGuard, NetNs, Topology, APP_UID};
 
-/// Which implementation a pod is set up with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Side {
-    /// proxy-init's rules for the case, loaded with iptables-restore / ip6tables-restore.
-    Iptables,
-    /// `redirector linkerd-proxy-init <the case's flags>`.
-    Redirector,
-}
+/// Linkerd's suite in the twin-pod harness: the nat rules proxy-init writes for the case
+/// against `redirector linkerd-proxy-init` with the same command line, each row also
+/// checked against the contract.
+pub struct Linkerd;
 
-/// One connection's outcome: expected, and on each side that ran.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Row {
-    pub who: String,
-    pub dst: String,
-    /// What LINKERD.md §2 says.
-    pub contract: String,
-    pub iptables: String,
-    /// `None` when only the reference side ran.
-    pub redirector: Option<String>,
-}
-
-impl Row {
-    pub fn reference_agrees(&self) -> bool {
-        self.iptables == self.contract
-    }
-
-    pub fn redirector_agrees(&self) -> bool {
-        self.redirector
-            .as_ref()
-            .is_none_or(|r| *r == self.iptables || self.documented_difference(r))
-    }
-
-    /// docs/linkerd.md's one difference: an app dialling the proxy's outbound listener on
-    /// loopback itself reaches it with no original destination, where conntrack answers the
-    /// listener's own address (redirector answers a connection's own destination only at
-    /// the inbound port: elsewhere a redirected connection whose entry was lost would send
-    /// the proxy to itself).
-    fn documented_difference(&self, redirector: &str) -> bool {
-        let on_loopback = self.dst.starts_with("127.0.0.1:") || self.dst.starts_with("[::1]:");
-        on_loopback
-            && self.iptables == format!("outbound orig={}", self.dst)
-            && redirector == "outbound orig=none"
-    }
-}
-
-/// The rows of one case and what is needed to understand a mismatch.
-#[derive(Debug)]
-pub struct CaseReport {
-    pub case: Case,
-    pub rows: Vec<Row>,
-    /// `iptables-save -t nat` (and `ip6tables-save`) of the reference pod.
-    pub iptables_rules: String,
-    /// What `redirector linkerd-proxy-init` printed, per run.
-    pub redirector_log: String,
-    pub elapsed: Duration,
-}
-
-impl CaseReport {
-    /// The row of `who` (a client's name, `peer`, `peer@outside`) connecting to `dst` (as
-    /// rendered: `svc4:80`, `pod6:8080`); panics when the case has no such row.
-    pub fn row(&self, who: &str, dst: &str) -> &Row {
-        self.rows
-            .iter()
-            .find(|r| r.who == who && r.dst == dst)
-            .unwrap_or_else(|| panic!("{}: no row {who} -> {dst}", self.case.name))
-    }
-
-    /// The case header and one line per row.
-    pub fn table(&self) -> String {
-        let case = &self.case;
-        let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "== {}: {} run(s) {:?}; {} rows in {:.1} s",
-            case.name,
-            case.runs.len(),
-            case.runs,
-            self.rows.len(),
-            self.elapsed.as_secs_f64()
-        );
-        for note in &case.notes {
-            let _ = writeln!(out, "   note: {note}");
-        }
-        let _ = writeln!(
-            out,
-            "   {:<20} {:<13} {:<18} {:<30} {:<30} {:<30}",
-            "case", "who", "dst", "contract", "iptables", "redirector"
-        );
-        for row in &self.rows {
-            let mut flags = String::new();
-            if !row.reference_agrees() {
-                flags.push_str("  REFERENCE≠CONTRACT");
-            }
-            if !row.redirector_agrees() {
-                flags.push_str("  MISMATCH");
-            }
-            let _ = writeln!(
-                out,
-                "   {:<20} {:<13} {:<18} {:<30} {:<30} {:<30}{flags}",
-                case.name,
-                row.who,
-                row.dst,
-                row.contract,
-                row.iptables,
-                row.redirector.as_deref().unwrap_or("-"),
-            );
-        }
-        out
-    }
-
-    /// The rows where Linkerd's own rules under real iptables do not do what LINKERD.md §2
-    /// says: a fault of the suite (rules or contract), reported with the rules as loaded.
-    pub fn reference_failure(&self) -> Option<String> {
-        let wrong: Vec<&Row> = self.rows.iter().filter(|r| !r.reference_agrees()).collect();
-        if wrong.is_empty() {
-            return None;
-        }
-        let mut out = format!(
-            "{}: Linkerd's iptables rules disagree with LINKERD.md §2 in {} of {} rows \
-             (the suite's fault, not redirector's; runs {:?}):\n",
-            self.case.name,
-            wrong.len(),
-            self.rows.len(),
-            self.case.runs
-        );
-        for row in wrong {
-            let _ = writeln!(
-                out,
-                "  {} -> {}: contract {} | iptables {}",
-                row.who, row.dst, row.contract, row.iptables
-            );
-        }
-        let _ = write!(
-            out,
-            "reference nat rules as loaded:\n{}",
-            self.iptables_rules
-        );
-        Some(out)
-    }
-
-    /// Everything that failed: the reference against the contract, then redirector against
-    /// the reference, with the rules as loaded and redirector's log.
-    pub fn failure(&self) -> Option<String> {
-        let mismatches: Vec<&Row> = self
-            .rows
-            .iter()
-            .filter(|r| !r.redirector_agrees())
-            .collect();
-        let reference = self.reference_failure();
-        if mismatches.is_empty() {
-            return reference;
-        }
-        let mut out = reference.map(|r| r + "\n").unwrap_or_default();
-        let _ = writeln!(
-            out,
-            "{}: {} of {} connections differ between Linkerd's iptables rules and \
-             `redirector linkerd-proxy-init` (runs {:?}):",
-            self.case.name,
-            mismatches.len(),
-            self.rows.len(),
-            self.case.runs
-        );
-        for row in mismatches {
-            let _ = writeln!(
-                out,
-                "  {} -> {}: iptables {} | redirector {}",
-                row.who,
-                row.dst,
-                row.iptables,
-                row.redirector.as_deref().unwrap_or("-")
-            );
-        }
-        let _ = write!(
-            out,
-            "reference nat rules as loaded:\n{}redirector log:\n{}",
-            self.iptables_rules, self.redirector_log
-        );
-        Some(out)
-    }
-}
+pub type CaseReport = twin_pods::CaseReport<Linkerd>;
 
 /// Runs `case` on the reference side only (iptables), with the contract beside it.
 pub fn run_reference(case: &Case) -> CaseReport {
-    let start = Instant::now();
-    let reference = SideRun::run(case, Side::Iptables);
-    report(case, reference, None, start)
+    twin_pods::run_case(&Linkerd, case, false)
 }
 
 /// Runs `case` on both sides, one fresh pod each, one after the other.
 pub fn run_case(case: &Case) -> CaseReport {
-    let start = Instant::now();
-    let reference = SideRun::run(case, Side::Iptables);
-    let ours = SideRun::run(case, Side::Redirector);
-    report(case, reference, Some(ours), start)
+    twin_pods::run_case(&Linkerd, case, true)
 }
 
-fn report(case: &Case, reference: SideRun, ours: Option<SideRun>, start: Instant) -> CaseReport {
-    let labels = row_labels(case);
-    let rows = labels
-        .into_iter()
-        .enumerate()
-        .map(|(i, (who, dst))| Row {
-            who,
-            dst,
-            contract: reference.contract[i].clone(),
-            iptables: reference.outcomes[i].clone(),
-            redirector: ours.as_ref().map(|o| o.outcomes[i].clone()),
-        })
-        .collect();
-    CaseReport {
-        case: case.clone(),
-        rows,
-        iptables_rules: reference.log,
-        redirector_log: ours.map(|o| o.log).unwrap_or_default(),
-        elapsed: start.elapsed(),
+impl Mesh for Linkerd {
+    type Case = Case;
+    type PodState = ();
+    const PREFIX: &'static str = "lk";
+    const REFERENCE: &'static str = "Linkerd's iptables rules";
+    const UNDER_TEST: &'static str = "redirector linkerd-proxy-init";
+    const CONTRACT: &'static str = "docs/linkerd.md#what-is-captured";
+
+    fn name(case: &Case) -> &str {
+        case.name
     }
-}
 
-/// (who, dst) of every row, in run order.
-fn row_labels(case: &Case) -> Vec<(String, String)> {
-    let outbound = case
-        .outbound_rows()
-        .into_iter()
-        .map(|r| (r.who.name, r.dst.to_string()));
-    let inbound = case
-        .inbound_rows()
-        .into_iter()
-        .map(|r| (r.from.label().to_owned(), r.dst.to_string()));
-    outbound.chain(inbound).collect()
-}
+    fn describe(case: &Case) -> String {
+        format!("{} run(s) {:?}", case.runs.len(), case.runs)
+    }
 
-/// One side's outcomes and the contract's expectations, rendered with
-/// [`AddrBook::render`], in row order.
-struct SideRun {
-    outcomes: Vec<String>,
-    contract: Vec<String>,
-    /// The rules as loaded (reference) or redirector's log.
-    log: String,
-}
+    fn notes(case: &Case) -> Vec<&str> {
+        case.notes.clone()
+    }
 
-impl SideRun {
-    fn run(case: &Case, side: Side) -> Self {
-        let pod = LinkerdPod::new(case, side);
+    fn prepare(&self, case: &Case, _: Side, topo: &Topology, _: &str) -> (Vec<ChildGuard>, ()) {
+        (vec![start_peer(topo, &case.listeners().service_ports)], ())
+    }
+
+    fn apply_reference(&self, case: &Case, topo: &Topology) -> String {
+        apply_reference(&topo.pod, case);
+        reference_rules_as_loaded(&topo.pod, case)
+    }
+
+    fn install(&self, case: &Case, topo: &Topology, pins: &PinRoot, _: &()) -> String {
+        let log = install(&topo.pod, &topo.pod_cgroup, pins, case);
+        assert_no_nat_rules(&topo.pod, case, &log);
+        log
+    }
+
+    fn start_servers(&self, case: &Case, topo: &Topology) -> Vec<ChildGuard> {
+        start_pod_servers(topo, case)
+    }
+
+    fn connect(&self, case: &Case, pod: &TwinPod<()>) -> Vec<Outcome> {
         let topo = &pod.topo;
         let book = AddrBook::of(topo);
         let state = case.capture();
@@ -290,13 +106,14 @@ impl SideRun {
             state: &state,
             listeners: &listeners,
         };
-        let (mut outcomes, mut expected) = (Vec::new(), Vec::new());
+        let mut rows = Vec::new();
         for row in case.outbound_rows() {
             let (uid, gid) = (row.who.uid, row.who.gid);
             let dst = book.resolve(row.dst);
             let outcome = connect_from(topo, Some(&topo.pod_cgroup), uid, gid, dst, None);
-            outcomes.push(book.render(&outcome.landing()));
-            expected.push(contract.outbound(uid, gid, row.dst));
+            let mut landed = Outcome::new(&row.who.name, row.dst, book.render(&outcome.landing()));
+            landed.contract = Some(contract.outbound(uid, gid, row.dst));
+            rows.push(landed);
         }
         for row in case.inbound_rows() {
             // A client outside the pod: the peer's netns, no cgroup of the pod.
@@ -307,58 +124,24 @@ impl SideRun {
             };
             let dst = book.resolve(row.dst);
             let outcome = connect_from(&topo.service, None, APP_UID, APP_UID, dst, row.bind());
-            outcomes.push(book.render(&outcome.landing()));
-            expected.push(contract.inbound(source, row.dst));
+            let landing = book.render(&outcome.landing());
+            let mut landed = Outcome::new(row.from.label(), row.dst, landing);
+            landed.contract = Some(contract.inbound(source, row.dst));
+            rows.push(landed);
         }
-        SideRun {
-            outcomes,
-            contract: expected,
-            log: pod.log.clone(),
-        }
+        rows
     }
-}
 
-/// A pod set up for one side of a case. Fields drop in declaration order: the processes
-/// first, then the pins (which detaches redirector's programs), then the namespaces and
-/// the cgroup.
-struct LinkerdPod {
-    _servers: Vec<ChildGuard>,
-    _pins: Option<PinRoot>,
-    topo: Topology,
-    log: String,
-}
-
-impl LinkerdPod {
-    fn new(case: &Case, side: Side) -> Self {
-        let hint = match side {
-            Side::Iptables => "lkipt",
-            Side::Redirector => "lkrdr",
-        };
-        let topo = Topology::new(hint);
-        topo.add_service_addr(crate::scenario::OUTSIDE_V4.into());
-        topo.add_service_addr(crate::scenario::OUTSIDE_V6.into());
-        let mut servers = vec![start_peer(&topo, &case.listeners())];
-        // Set up first, as the init container (or the CNI plugin) runs before the proxy
-        // and the app.
-        let (pins, log) = match side {
-            Side::Iptables => {
-                apply_reference(&topo.pod, case);
-                (None, reference_rules_as_loaded(&topo.pod, case))
-            }
-            Side::Redirector => {
-                let pins = PinRoot::new(hint);
-                let log = install(&topo.pod, &topo.pod_cgroup, &pins, case);
-                assert_no_nat_rules(&topo.pod, case, &log);
-                (Some(pins), log)
-            }
-        };
-        servers.extend(start_pod_servers(&topo, case));
-        LinkerdPod {
-            _servers: servers,
-            _pins: pins,
-            topo,
-            log,
-        }
+    /// docs/linkerd.md's one difference: an app dialling the proxy's outbound listener on
+    /// loopback itself reaches it with no original destination, where conntrack answers the
+    /// listener's own address (redirector answers a connection's own destination only at
+    /// the inbound port: elsewhere a redirected connection whose entry was lost would send
+    /// the proxy to itself).
+    fn documented_difference(row: &Row, redirector: &str) -> bool {
+        let on_loopback = row.dst.starts_with("127.0.0.1:") || row.dst.starts_with("[::1]:");
+        on_loopback
+            && row.iptables == format!("outbound orig={}", row.dst)
+            && redirector == "outbound orig=none"
     }
 }
 
@@ -443,25 +226,6 @@ fn install(netns: &NetNs, cgroup: &Cgroup, root: &PinRoot, case: &Case) -> Strin
     log
 }
 
-fn wildcard(family: Family, port: u16) -> SocketAddr {
-    match family {
-        Family::V4 => SocketAddr::new([0, 0, 0, 0].into(), port),
-        Family::V6 => SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port),
-    }
-}
-
-/// The peer: answers on the case's service ports on all its addresses (the outside ones
-/// included), both families.
-fn start_peer(topo: &Topology, listeners: &Listeners) -> ChildGuard {
-    let mut peer = ProbeServer::serve(&topo.service, SERVICE);
-    for port in &listeners.service_ports {
-        for family in Family::BOTH {
-            peer = peer.listen(wildcard(family, *port));
-        }
-    }
-    peer.start()
-}
-
 /// The proxy's two listeners (as the case's proxy owner) and the app (uid 1000), in the
 /// pod's netns and cgroup. The proxy listens as Linkerd's does: outbound on 127.0.0.1 (and
 /// ::1 where IPv6 is captured), inbound on every address of the captured families.
@@ -469,31 +233,18 @@ fn start_pod_servers(topo: &Topology, case: &Case) -> Vec<ChildGuard> {
     let state = case.capture();
     let owner = case.proxy_owner();
     let (v4, v6) = (&state.v4, state.v6.as_ref());
-    let mut outbound = ProbeServer::proxy(&topo.pod, OUTBOUND_PROXY).listen(SocketAddr::new(
+    let outbound = [Some(SocketAddr::new(
         [127, 0, 0, 1].into(),
         v4.outgoing_proxy_port,
-    ));
-    if let Some(v6) = v6 {
-        outbound = outbound.listen(SocketAddr::new(
-            Ipv6Addr::LOCALHOST.into(),
-            v6.outgoing_proxy_port,
-        ));
-    }
-    let outbound = outbound
-        .cgroup(&topo.pod_cgroup)
-        .user(owner.0, owner.1)
-        .start();
+    ))]
+    .into_iter()
+    .chain([v6.map(|v6| SocketAddr::new(Ipv6Addr::LOCALHOST.into(), v6.outgoing_proxy_port))]);
+    let outbound = start_proxy(topo, OUTBOUND_PROXY, outbound.flatten(), owner);
     let inbound = match case.inbound_listener {
         InboundListener::PerFamily => {
-            let mut inbound = ProbeServer::proxy(&topo.pod, INBOUND_PROXY)
-                .listen(wildcard(Family::V4, v4.incoming_proxy_port));
-            if let Some(v6) = v6 {
-                inbound = inbound.listen(wildcard(Family::V6, v6.incoming_proxy_port));
-            }
-            inbound
-                .cgroup(&topo.pod_cgroup)
-                .user(owner.0, owner.1)
-                .start()
+            let v4 = wildcard(Family::V4, v4.incoming_proxy_port);
+            let v6 = v6.map(|v6| wildcard(Family::V6, v6.incoming_proxy_port));
+            start_proxy(topo, INBOUND_PROXY, [v4].into_iter().chain(v6), owner)
         }
         InboundListener::DualStack => {
             assert_eq!(
@@ -511,12 +262,6 @@ fn start_pod_servers(topo: &Topology, case: &Case) -> Vec<ChildGuard> {
             )
         }
     };
-    let mut app = ProbeServer::serve(&topo.pod, APP);
-    for port in &case.listeners().app_ports {
-        for family in Family::BOTH {
-            app = app.listen(wildcard(family, *port));
-        }
-    }
-    let app = app.cgroup(&topo.pod_cgroup).user(APP_UID, APP_UID).start();
+    let app = start_app(topo, &case.listeners().app_ports);
     vec![outbound, inbound, app]
 }

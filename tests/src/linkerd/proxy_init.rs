@@ -20,10 +20,11 @@
 //! COMMIT                                           REDIRECT all (or only the -r ports)
 //! ```
 //!
-//! One deliberate difference: proxy-init gives both passes the whole `--subnets-to-ignore`
-//! list, so with `--ipv6=true` any CIDR fails the pass of the other family (exit 1,
-//! LINKERD.md §1, a defect redirector improves on). Each family's rules here keep only the
-//! CIDRs of that family: what proxy-init writes when the list holds only that family's.
+//! One deliberate difference: proxy-init gives both passes the whole `--subnets-to-ignore` list, so
+//! with `--ipv6=true` any CIDR fails the pass of the other family (exit 1,
+//! docs/linkerd.md#where-behaviour-differs-from-proxy-inits-iptables-rules, a defect redirector
+//! improves on). Each family's rules here keep only the CIDRs of that family: what proxy-init
+//! writes when the list holds only that family's.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -629,7 +630,7 @@ pub fn rules_by_chain(text: &str) -> std::collections::BTreeMap<String, Vec<Stri
 mod tests {
     use super::*;
 
-    /// The injector's command line (LINKERD.md §3), IPv6 off.
+    /// The injector's command line (docs/linkerd.md#how-linkerd-runs-it), IPv6 off.
     const INJECTOR: &[&str] = &[
         "--firewall-bin-path",
         "iptables-nft",

@@ -1,9 +1,8 @@
-//! Linkerd's network validator (LINKERD.md §4), as the injector runs it in a CNI-mode pod
-//! before the proxy starts: one process, uid 65534, in the pod, that listens on the
-//! outbound proxy port, connects to an address nothing in the pod owns, and passes only
-//! if that connection brings back the random token its own listener writes to every
-//! client. Exit 0 when it does, 95 otherwise (also after 10 s), like
-//! `linkerd-network-validator`.
+//! Linkerd's network validator (docs/linkerd.md#how-linkerd-runs-it), as the injector runs it in a
+//! CNI-mode pod before the proxy starts: one process, uid 65534, in the pod, that listens on the
+//! outbound proxy port, connects to an address nothing in the pod owns, and passes only if that
+//! connection brings back the random token its own listener writes to every client. Exit 0 when it
+//! does, 95 otherwise (also after 10 s), like `linkerd-network-validator`.
 //!
 //! As [`super::dual_stack`]'s listener, it runs in the test binary itself, re-executed with
 //! only its [`HELPER_TEST`] selected and [`VALIDATE_ENV`] set, in the pod's netns and
@@ -101,15 +100,7 @@ impl Validation {
 /// Panics first unless the pod's namespace is sealed (see the module doc).
 pub fn run(topo: &Topology, addrs: Addrs) -> Validation {
     topo.assert_no_route_out(&[addrs.connect.ip()]);
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let out = Spawn::new(exe)
-        .args([
-            HELPER_TEST,
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+    let out = Spawn::helper(HELPER_TEST)
         .env(VALIDATE_ENV, format!("{} {}", addrs.listen, addrs.connect))
         .netns(&topo.pod)
         .cgroup(&topo.pod_cgroup)
