@@ -24,7 +24,7 @@ pub const APP: &str = "app";
 pub const SERVICE: &str = "svc";
 pub const DNS_PROXY: &str = "dns-proxy";
 
-/// One `#[test]` per case of a suite's table, each running `$check(case name)`, and
+/// One test function per case of a suite's table, each running `$check(case name)`, and
 /// `TESTED`: the cases they run, which a test holds to be exactly the table.
 #[macro_export]
 macro_rules! case_tests {
