@@ -416,13 +416,10 @@ const INSTALL_HEALTH: &str = "127.0.0.1:15016";
 /// as its init container runs it, fails it closed (exit 126).
 #[test]
 fn a_node_the_daemonset_cannot_serve_keeps_starting_pods_and_fails_meshed_ones_closed() {
-    if !require_root() || !require_tools("containerd node", &["containerd", "runc", "ctr"]) {
-        return;
-    }
+    privileged!("containerd node", &["containerd", "runc", "ctr"]);
     let Some(image) = oci::release_image("node") else {
         return;
     };
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
     let _forwarding = ForwardingGuard::new();
     let host = HostState::claim();
     let _bpffs = SharedMount::new("/sys/fs/bpf");

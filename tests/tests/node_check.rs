@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use redirector_tests::cgroup::cgroup2_root;
 use redirector_tests::daemon::{http_get, StateDir};
 use redirector_tests::redirector::{redirector_bin, PinRoot};
-use redirector_tests::{require_root, Cgroup, ChildGuard, Spawn};
+use redirector_tests::test_node::{CniPlugin, TestNode};
+use redirector_tests::{privileged, Cgroup, ChildGuard, Spawn};
 
 /// One way to make this node unservable: extra arguments and env for every command, and
 /// the reason it must be named by.
@@ -69,9 +70,7 @@ fn check(args: &[String], env: &[(&str, &str)]) -> Output {
 
 #[test]
 fn check_passes_here_and_fails_naming_the_reason_on_each_unservable_node() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let root = PinRoot::new("check");
     let conf = StateDir::new("check-conf");
     let off_bpffs = StateDir::new("check-notbpffs");
@@ -182,9 +181,7 @@ fn stop(mut child: ChildGuard) {
 
 #[test]
 fn a_daemon_on_a_node_it_cannot_serve_stays_up_not_ready_and_pins_nothing() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let off_bpffs = StateDir::new("daemon-notbpffs");
     for node in unservable_nodes(off_bpffs.path()) {
         let root = PinRoot::new("unservable");
@@ -275,9 +272,7 @@ fn chained(conf: &Path) -> bool {
 
 #[test]
 fn install_cni_on_a_node_it_cannot_serve_takes_its_entry_out_and_stays_up_not_ready() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let off_bpffs = StateDir::new("cni-notbpffs");
     for node in unservable_nodes(off_bpffs.path()) {
         let conf = StateDir::new("unservable-cni-conf");
@@ -323,9 +318,7 @@ fn install_cni_on_a_node_it_cannot_serve_takes_its_entry_out_and_stays_up_not_re
 
 #[test]
 fn the_daemon_finds_the_kubepods_cgroup_under_either_driver() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     assert!(
         std::env::var_os("REDIRECTOR_CGROUP").is_none(),
         "the tests run with REDIRECTOR_CGROUP unset"
@@ -365,10 +358,6 @@ fn the_daemon_finds_the_kubepods_cgroup_under_either_driver() {
 /// `redirector-cni` called as a runtime calls it, for a pod the injector marked, in
 /// `netns`: success and the answer's JSON.
 fn plugin(command: &str, root: &Path, state: &Path, netns: &Path) -> (bool, serde_json::Value) {
-    use std::io::Write as _;
-    let dir = StateDir::new("unservable-cnibin");
-    let path = dir.path().join("redirector-cni");
-    std::os::unix::fs::symlink(redirector_bin(), &path).unwrap();
     let conf = serde_json::json!({
         "cniVersion": "1.0.0",
         "name": "pods",
@@ -378,43 +367,15 @@ fn plugin(command: &str, root: &Path, state: &Path, netns: &Path) -> (bool, serd
         "runtimeConfig": {
             "io.kubernetes.cri.pod-annotations": {"sidecar.istio.io/status": "{}"}
         },
-        "prevResult": {
-            "cniVersion": "1.0.0",
-            "ips": [{"address": "10.1.2.3/24"}]
-        }
+        "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": "10.1.2.3/24"}]}
     });
-    let mut child = std::process::Command::new(&path)
-        .env_clear()
-        .env("CNI_COMMAND", command)
-        .env("CNI_CONTAINERID", "c-unservable")
-        .env("CNI_NETNS", netns)
-        .env("CNI_IFNAME", "eth0")
-        .env("CNI_ARGS", "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(conf.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let json = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
-    (out.status.success(), json)
+    CniPlugin::new().call(command, "c-unservable", &netns.display().to_string(), &conf)
 }
 
 #[test]
 fn the_plugin_answers_a_gone_node_cgroup_as_a_node_not_served_yet() {
-    if !require_root() {
-        return;
-    }
-    let root = PinRoot::new("gonenode");
-    let node = Cgroup::new("gonenode");
-    let state = StateDir::new("gonenode-state");
-    redirector_tests::daemon::Daemon::start(&root, &node, &state).kill();
+    privileged!();
+    let TestNode { root, node, state } = TestNode::pinned("gonenode");
     // The state directory outlives the daemon's cgroup.
     let gone = node.path().to_path_buf();
     drop(node);
@@ -434,9 +395,7 @@ fn the_plugin_answers_a_gone_node_cgroup_as_a_node_not_served_yet() {
 
 #[test]
 fn where_the_daemon_found_the_node_unservable_the_plugin_is_ready_and_captures_nothing() {
-    if !require_root() {
-        return;
-    }
+    privileged!();
     let root = PinRoot::new("markednode");
     let state = StateDir::new("markednode-state");
     let conf = StateDir::new("markednode-conf");
