@@ -112,10 +112,9 @@ pub fn run(args: &DaemonArgs) -> anyhow::Result<()> {
     }
     // Decided once, at start: a node that cannot be served keeps this container up,
     // not ready, with nothing pinned (install-cni, judging the same node, chains nothing).
-    let options = args.node.options(
-        config.pin_root.clone(),
-        Some(args.runtime.cni_conf_dir.clone()),
-    );
+    // The CNI directory is install-cni's to judge: the daemon serves pods through its API
+    // on a node with no CNI configuration at all.
+    let options = args.node.options(config.pin_root.clone(), None);
     let report = assess(&options);
     let records = Records::new(&config.state_dir);
     match (report.verdict(), report.node_cgroup) {
