@@ -137,47 +137,99 @@ fn has_entry(conflist: &serde_json::Value) -> bool {
         .is_some_and(|p| p.iter().any(|p| p["type"] == "redirector-cni"))
 }
 
-fn node_lifecycle(cni_version: &str, third_octet: u8) {
-    privileged!("containerd node", &["containerd", "runc", "ctr"]);
-    let Some(image) = oci::release_image("node") else {
-        return;
-    };
-    let _forwarding = ForwardingGuard::new();
-    let host = HostState::claim();
-    let _bpffs = SharedMount::new("/sys/fs/bpf");
-    // `ip netns add` makes /run/netns a shared mount of its own, as on a node whose runtime
-    // keeps its namespaces there (the DaemonSet mounts it HostToContainer).
-    let _netns = NetNs::new("nodenetns");
-    let kubepods = Cgroup::named_at_root("kubepods");
-    let ipam = StateDir::new("ipam");
-    let work = StateDir::new("images");
-    let primary = primary_network(cni_version, third_octet, &ipam);
-    let mut cri = Containerd::start(&primary, &[]);
-    let conflist = cri.conf_dir().join("10-test.conflist");
-    let plugin = cri.bin_dir().join("redirector-cni");
+/// What a node test holds on this host while it runs, given back on drop (fields drop in
+/// order): the kubepods cgroup, a network namespace (`ip netns add` makes /run/netns a
+/// shared mount of its own, as on a node whose runtime keeps its namespaces there: the
+/// DaemonSet mounts it HostToContainer), /sys/fs/bpf shared, the host's pin root and state
+/// directory, IP forwarding.
+struct NodeHost {
+    kubepods: Cgroup,
+    _netns: NetNs,
+    _bpffs: SharedMount,
+    host: HostState,
+    _forwarding: ForwardingGuard,
+}
 
-    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
-    let ds = DaemonSet::load(&deploy.join("daemonset.yaml"));
+impl NodeHost {
+    fn claim(netns_hint: &str) -> Self {
+        let _forwarding = ForwardingGuard::new();
+        let host = HostState::claim();
+        let _bpffs = SharedMount::new("/sys/fs/bpf");
+        let _netns = NetNs::new(netns_hint);
+        NodeHost {
+            kubepods: Cgroup::named_at_root("kubepods"),
+            _netns,
+            _bpffs,
+            host,
+            _forwarding,
+        }
+    }
+}
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+/// The test's containerd over the `primary` network with the release image imported, and
+/// the DaemonSet, which must run that image: the runtime, the DaemonSet, the image's name.
+fn containerd_with_daemonset(
+    primary: &serde_json::Value,
+    image: &Path,
+) -> (Containerd, DaemonSet, String) {
+    let cri = Containerd::start(primary, &[]);
+    let ds = DaemonSet::load(&deploy_dir().join("daemonset.yaml"));
     let release = ds.image().to_owned();
     assert_eq!(
         release,
-        oci::reference(&image),
+        oci::reference(image),
         "the DaemonSet runs the image `cargo xtask image` builds"
     );
-    cri.import(&image);
-    let node = Node {
+    cri.import(image);
+    (cri, ds, release)
+}
+
+/// The node as the test lays it out: the host's paths but the runtime's (the CNI
+/// directories and the socket directory are the test containerd's) and `extra_paths`;
+/// pods under `parent`; `env` set on every container.
+fn node_of(
+    cri: &Containerd,
+    parent: &str,
+    extra_paths: &[(&str, &Path)],
+    env: &[(&str, &str)],
+) -> Node {
+    Node {
         host_paths: [
             ("/etc/cni/net.d", cri.conf_dir()),
             ("/opt/cni/bin", cri.bin_dir()),
             ("/run/containerd", cri.dir().to_path_buf()),
         ]
         .into_iter()
+        .chain(extra_paths.iter().map(|(p, ours)| (*p, ours.to_path_buf())))
         .map(|(path, ours)| (PathBuf::from(path), ours))
         .collect(),
-        cgroup_parent: kubepods.relative_path(),
-        node_env: Vec::new(),
+        cgroup_parent: parent.to_owned(),
+        node_env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    }
+}
+
+fn node_lifecycle(cni_version: &str, third_octet: u8) {
+    privileged!("containerd node", &["containerd", "runc", "ctr"]);
+    let Some(image) = oci::release_image("node") else {
+        return;
     };
+    let held = NodeHost::claim("nodenetns");
+    let (host, kubepods) = (&held.host, &held.kubepods);
+    let ipam = StateDir::new("ipam");
+    let work = StateDir::new("images");
+    let primary = primary_network(cni_version, third_octet, &ipam);
+    let (mut cri, ds, release) = containerd_with_daemonset(&primary, &image);
+    let conflist = cri.conf_dir().join("10-test.conflist");
+    let plugin = cri.bin_dir().join("redirector-cni");
     let parent = kubepods.relative_path();
+    let node = node_of(&cri, &parent, &[], &[]);
 
     // The install step refuses bad input with exit 1, naming it, and writes nothing.
     std::fs::write(cri.conf_dir().join("05-broken.conflist"), "{\"plugins\": [").unwrap();
@@ -339,7 +391,7 @@ fn node_lifecycle(cni_version: &str, third_octet: u8) {
 
     // Uninstall: the DaemonSet deleted, then the Job's two steps.
     ds.delete(&mut cri, pod);
-    let uninstall = DaemonSet::load(&deploy.join("uninstall.yaml"));
+    let uninstall = DaemonSet::load(&deploy_dir().join("uninstall.yaml"));
     assert_eq!(
         uninstall.image(),
         release,
@@ -420,38 +472,18 @@ fn a_node_the_daemonset_cannot_serve_keeps_starting_pods_and_fails_meshed_ones_c
     let Some(image) = oci::release_image("node") else {
         return;
     };
-    let _forwarding = ForwardingGuard::new();
-    let host = HostState::claim();
-    let _bpffs = SharedMount::new("/sys/fs/bpf");
-    let _netns = NetNs::new("unservnetns");
-    let kubepods = Cgroup::named_at_root("kubepods");
+    let held = NodeHost::claim("unservnetns");
+    let (host, kubepods) = (&held.host, &held.kubepods);
     let ipam = StateDir::new("ipam");
     // A tmpfs, shared as bpffs is: the daemon's mount of it is Bidirectional.
     let not_bpffs = StateDir::on_tmpfs("notbpffs");
     let _not_bpffs_shared = SharedMount::new(&not_bpffs.path().display().to_string());
     let primary = primary_network("1.0.0", 83, &ipam);
-    let mut cri = Containerd::start(&primary, &[]);
+    let (mut cri, ds, release) = containerd_with_daemonset(&primary, &image);
     let conflist = cri.conf_dir().join("10-test.conflist");
-    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
-    let ds = DaemonSet::load(&deploy.join("daemonset.yaml"));
-    let release = ds.image().to_owned();
-    cri.import(&image);
     let parent = kubepods.relative_path();
-    let node = |extra_paths: &[(&str, &Path)], env: &[(&str, &str)]| Node {
-        host_paths: [
-            ("/etc/cni/net.d", cri.conf_dir()),
-            ("/opt/cni/bin", cri.bin_dir()),
-            ("/run/containerd", cri.dir().to_path_buf()),
-        ]
-        .into_iter()
-        .chain(extra_paths.iter().map(|(p, ours)| (*p, ours.to_path_buf())))
-        .map(|(path, ours)| (PathBuf::from(path), ours))
-        .collect(),
-        cgroup_parent: parent.clone(),
-        node_env: env
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
+    let node = |extra_paths: &[(&str, &Path)], env: &[(&str, &str)]| {
+        node_of(&cri, &parent, extra_paths, env)
     };
     let gone = kubepods
         .path()
