@@ -294,6 +294,18 @@ mod tests {
     }
 
     #[test]
+    fn the_unused_tproxy_settings_are_the_same_in_both_dialects() {
+        let istio = pod_spec(&flags(Dialect::Istio, &[])).unwrap().capture;
+        let linkerd = pod_spec(&flags(Dialect::Linkerd, &["-p", "4143", "-o", "4140"]))
+            .unwrap()
+            .capture;
+        assert_eq!(
+            (linkerd.tproxy_mark, linkerd.tproxy_route_table),
+            (istio.tproxy_mark, istio.tproxy_route_table)
+        );
+    }
+
+    #[test]
     fn a_dialect_is_named_in_lowercase() {
         assert_eq!(
             serde_json::to_string(&Dialect::Linkerd).unwrap(),

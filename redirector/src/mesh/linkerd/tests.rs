@@ -145,17 +145,6 @@ fn the_injectors_command_line_gives_linkerds_spec() {
 }
 
 #[test]
-fn unused_tproxy_settings_match_istios_defaults() {
-    let istio = crate::mesh::istio::parse_istio_iptables(["istio-iptables"], &no_env()).unwrap();
-    let linkerd = parse(PORTS);
-    assert_eq!(linkerd.capture.tproxy_mark, istio.capture.tproxy_mark);
-    assert_eq!(
-        linkerd.capture.tproxy_route_table,
-        istio.capture.tproxy_route_table
-    );
-}
-
-#[test]
 fn without_ignore_lists_or_ids_nothing_is_exempt() {
     let c = parse(PORTS).capture;
     assert_eq!(c.proxy_uids, Vec::<u32>::new());
