@@ -80,6 +80,8 @@ fn check_passes_here_and_fails_naming_the_reason_on_each_unservable_node() {
     ];
     let out = check(&base, &[]);
     let text = String::from_utf8_lossy(&out.stdout);
+    // Shown with --nocapture: what the check finds on the kernel the suite runs on.
+    eprintln!("redirector check on this machine:\n{text}");
     assert!(out.status.success(), "{text}");
     for line in [
         "pass  kernel",
