@@ -200,6 +200,7 @@ impl Aliases {
         self.of.shrink_to(self.of.len() * 2);
     }
 
+    #[cfg(test)]
     fn len(&self) -> usize {
         self.of.len()
     }
