@@ -11,6 +11,8 @@
 //! `--modes` measures only those data-path modes (e.g. to compare two redirector builds
 //! through `REDIRECTOR_BIN`, one without `redirector trace`).
 //! Prints a Markdown report; writes `bench.json` and `bench.svg` to DIR.
+//!
+//! `bench soak [--minutes N] [--pods N] …` runs the daemon's soak instead ([`soak`]).
 
 mod cpu;
 mod datapath;
@@ -21,6 +23,7 @@ mod scale;
 mod scrapes;
 mod sequence;
 mod setup;
+mod soak;
 mod stats;
 mod wrk;
 
@@ -109,6 +112,9 @@ fn machine() -> String {
 }
 
 fn main() -> ExitCode {
+    if std::env::args().nth(1).as_deref() == Some("soak") {
+        return soak_main();
+    }
     let opts = match parse_args() {
         Ok(o) => o,
         Err(e) => {
@@ -188,4 +194,23 @@ fn main() -> ExitCode {
         svg_path.display()
     );
     ExitCode::SUCCESS
+}
+
+/// `bench soak …`: the daemon under pod churn ([`soak`]); exits 1 when the verdict fails.
+fn soak_main() -> ExitCode {
+    let opts = match soak::parse_args(std::env::args().skip(2)) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("bench soak: {e}");
+            return ExitCode::from(64);
+        }
+    };
+    if !redirector_tests::require_root() {
+        return ExitCode::from(1);
+    }
+    if soak::run(&opts) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
 }

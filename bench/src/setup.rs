@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use redirector_tests::cgroup::Cgroup;
 use redirector_tests::churn::churn;
+use redirector_tests::cni_caller::{CniCaller, CniPod};
 use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::iptables::standard_injection;
 use redirector_tests::redirector::{
@@ -249,10 +250,7 @@ fn daemon_sequence(pods: usize, client: Client, kept: &mut Kept) -> Sequence {
         .iter()
         .map(|uid| Cgroup::named_under(&node, &format!("pod{uid}")))
         .collect();
-    let cni_dir = StateDir::new("bdcni");
-    let plugin = cni_dir.path().join("redirector-cni");
-    let binary = std::fs::canonicalize(redirector_bin()).expect("the redirector binary");
-    std::os::unix::fs::symlink(binary, &plugin).unwrap();
+    let cni = CniCaller::new(&root, &state, &socket);
     let mut api = matches!(client, Client::Api).then(|| Api::connect(&socket));
     let mut seq = Sequence {
         mode: client.name(),
@@ -278,38 +276,12 @@ fn daemon_sequence(pods: usize, client: Client, kept: &mut Kept) -> Sequence {
                 timed(&mut cmd, None)
             }
             (Client::CniAdd, _) => {
-                let conf = serde_json::json!({
-                    "cniVersion": "1.0.0",
-                    "name": "pods",
-                    "type": "redirector-cni",
-                    "socket": socket,
-                    "pinRoot": root.path(),
-                    "stateDir": state.path(),
-                    "args": STANDARD_INJECTION,
-                    "runtimeConfig": {
-                        "io.kubernetes.cri.pod-annotations": {"sidecar.istio.io/status": "{}"}
-                    },
-                    "prevResult": {
-                        "cniVersion": "1.0.0",
-                        "interfaces": [{"name": "eth0", "sandbox": ns.path()}],
-                        "ips": [{"address": format!("10.1.{}.{}/16", i / 250, i % 250 + 1), "interface": 0}]
-                    }
-                });
-                let mut cmd = Command::new(&plugin);
-                cmd.env_clear()
-                    .env("CNI_COMMAND", "ADD")
-                    .env("CNI_CONTAINERID", format!("bench{i}"))
-                    .env("CNI_NETNS", ns.path())
-                    .env("CNI_IFNAME", "eth0")
-                    .env("CNI_PATH", "/opt/cni/bin")
-                    .env(
-                        "CNI_ARGS",
-                        format!(
-                            "K8S_POD_NAMESPACE=bench;K8S_POD_NAME=p{i};K8S_POD_UID={}",
-                            uids[i]
-                        ),
-                    );
-                timed(&mut cmd, Some(&conf.to_string()))
+                let pod = CniPod {
+                    uid: uids[i].clone(),
+                    ..CniPod::numbered("bench", i, ns.path())
+                };
+                let (mut cmd, conf) = cni.command("ADD", &pod);
+                timed(&mut cmd, Some(&conf))
             }
             (Client::Api, Some(api)) => {
                 let req = serde_json::json!({
@@ -335,9 +307,7 @@ fn daemon_sequence(pods: usize, client: Client, kept: &mut Kept) -> Sequence {
         seq.removal_s = Some(start.elapsed().as_secs_f64());
     }
     drop(api);
-    kept.push(Box::new((
-        daemon, made, cgroups, root, node, state, cni_dir,
-    )));
+    kept.push(Box::new((daemon, made, cgroups, root, node, state, cni)));
     seq
 }
 

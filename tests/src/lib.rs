@@ -22,6 +22,7 @@
 pub mod bpftool;
 pub mod cgroup;
 pub mod churn;
+pub mod cni_caller;
 pub mod conformance;
 pub mod cri;
 pub mod daemon;

@@ -18,7 +18,8 @@ fn is_stale(name: &str) -> bool {
     owner_pid(name).is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
 }
 
-/// Deletes stale kit-made network namespaces and cgroups; returns what it removed.
+/// Deletes stale kit-made network namespaces, cgroups, pin roots and state directories;
+/// returns what it removed.
 /// Meant for a test runner (e.g. xtask) before a run, not for tests themselves.
 pub fn remove_stale_leftovers() -> Vec<String> {
     let mut removed = Vec::new();
@@ -45,6 +46,41 @@ pub fn remove_stale_leftovers() -> Vec<String> {
             };
             if is_stale(&name) && crate::cgroup::remove_tree(&entry.path()).is_ok() {
                 removed.push(format!("cgroup {}", entry.path().display()));
+            }
+        }
+    }
+    removed.extend(remove_stale_dirs());
+    removed
+}
+
+/// Stale kit-made pin roots (bpffs: removing the pins detaches their links) and state
+/// directories (a tmpfs mounted on one is unmounted first).
+fn remove_stale_dirs() -> Vec<String> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let mounted: Vec<&str> = (mounts.lines())
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .collect();
+    let mut removed = Vec::new();
+    for parent in [Path::new("/sys/fs/bpf").to_path_buf(), std::env::temp_dir()] {
+        let Ok(entries) = std::fs::read_dir(&parent) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(name) = entry.file_name().into_string() else {
+                continue;
+            };
+            let path = entry.path();
+            if !is_stale(&name) || !path.is_dir() {
+                continue;
+            }
+            if mounted.iter().any(|m| Path::new(m) == path) {
+                let unmounted = std::process::Command::new("umount").arg(&path).status();
+                if !unmounted.is_ok_and(|s| s.success()) {
+                    continue;
+                }
+            }
+            if std::fs::remove_dir_all(&path).is_ok() {
+                removed.push(format!("directory {}", path.display()));
             }
         }
     }

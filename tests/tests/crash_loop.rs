@@ -1,7 +1,8 @@
 //! The daemon killed (SIGKILL) and restarted again and again while an app in a captured
 //! pod connects without pause: no connection reaches the service uncaptured, the pod is
 //! never lost, and no link, pin or map entry piles up. `REDIRECTOR_CRASH_CYCLES` sets the
-//! number of cycles (default 20; `cargo xtask soak`-style runs use 100).
+//! number of cycles (default 20; 100 for a long run). `cargo xtask soak` is the daemon's
+//! other long run: one daemon under hours of pod churn, its memory held flat.
 
 use std::time::{Duration, Instant};
 

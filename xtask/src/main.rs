@@ -7,6 +7,7 @@ mod docs_check;
 mod image;
 mod results;
 mod run;
+mod soak;
 mod vm;
 mod workspace;
 
@@ -67,6 +68,11 @@ enum Command {
         #[arg(long, value_name = "NAME,...")]
         modes: Option<String>,
     },
+    /// Bootstrap, then run the shipped daemon under pod churn (CNI, API and init-container
+    /// pods, 50 alive at a time) and print per minute what it holds; ends with a verdict:
+    /// its RSS after warm-up, fds, threads, pins, map entries, failures. Writes
+    /// target/soak/soak.md.
+    Soak(soak::SoakArgs),
     /// Build the static release binary and write the node image as an OCI archive
     /// (target/image/redirector-<version>.oci.tar, `localhost/redirector:<version>`), with
     /// nothing pulled: load it with `podman load -i` or `ctr -n k8s.io images import`.
@@ -159,6 +165,10 @@ fn main() -> Result<()> {
                 args.extend(["--modes".to_string(), modes]);
             }
             run::bench(&args)
+        }
+        Command::Soak(args) => {
+            bootstrap::all()?;
+            soak::run(&args)
         }
         Command::Image => {
             bootstrap::all()?;

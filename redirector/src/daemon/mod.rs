@@ -6,6 +6,7 @@
 
 pub mod api;
 mod decision_totals;
+mod heap;
 pub mod http;
 pub mod metrics;
 mod new_addrs;
@@ -201,6 +202,7 @@ async fn serve(config: DaemonConfig, metrics: Arc<Metrics>) -> anyhow::Result<()
         tokio::spawn(repair_rounds(repair, pods, owner, metrics));
     }
     tokio::spawn(adopt_new_addresses(Arc::clone(&pods), Arc::clone(&owner)));
+    tokio::spawn(heap::trim_now_and_then());
     let mut gc = config.gc_interval.map(|every| {
         let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -177,6 +177,33 @@ impl Aliases {
         }
         self.of.insert(cookie, aliases);
     }
+
+    /// The aliases of exactly `records` (every record there is, just read): pods removed
+    /// by another process (the CNI plugin's DEL, a gc) are forgotten here too, so a
+    /// long-lived daemon holds hints for the pods that exist, not for every pod it ever saw.
+    fn remember_only(&mut self, records: &[PodRecord]) {
+        let listed: std::collections::HashSet<NetnsCookie> =
+            records.iter().map(PodRecord::cookie).collect();
+        let gone: Vec<NetnsCookie> = (self.of.keys())
+            .filter(|c| !listed.contains(c))
+            .copied()
+            .collect();
+        for cookie in gone {
+            self.forget(cookie);
+        }
+        for record in records {
+            self.remember(record);
+        }
+        // The tables shrink back after a burst of pods: their capacity is not kept for the
+        // most pods the node ever held at once.
+        self.cookie.shrink_to(self.cookie.len() * 2);
+        self.of.shrink_to(self.of.len() * 2);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.of.len()
+    }
 }
 
 impl Records {
@@ -440,9 +467,7 @@ impl Records {
             }
         };
         records.sort_by_key(|r: &PodRecord| r.netns_cookie);
-        for record in &records {
-            self.remember(record);
-        }
+        self.aliases().remember_only(&records);
         Ok(records)
     }
 
@@ -784,6 +809,32 @@ mod tests {
             });
         });
         assert_eq!(Records::new(&scratch.0).all().unwrap().len(), 1600);
+    }
+
+    #[test]
+    fn pods_another_process_removed_are_forgotten_at_the_next_listing() {
+        let scratch = Scratch::new("forgotten");
+        // The daemon lists; the plugin (another `Records`) adds and removes pods.
+        let daemon = Records::new(&scratch.0);
+        let plugin = Records::new(&scratch.0);
+        let live = record(1, "live");
+        plugin.save(&live).unwrap();
+        for i in 0..5_000 {
+            let pod = record(100 + i, &format!("churn{i}"));
+            plugin.save(&pod).unwrap();
+            if i % 50 == 0 {
+                assert!(daemon.all().unwrap().len() >= 2);
+            }
+            plugin.remove(pod.cookie()).unwrap();
+        }
+        assert_eq!(daemon.all().unwrap(), vec![live.clone()]);
+        assert_eq!(daemon.aliases().len(), 1, "aliases of pods that are gone");
+        assert!(
+            daemon.aliases().cookie.capacity() < 64,
+            "tables kept at their peak"
+        );
+        // The one pod left is still found by its aliases.
+        assert_eq!(daemon.find(Some("default/live"), None).unwrap(), Some(live));
     }
 
     #[test]
