@@ -71,7 +71,7 @@ enum Command {
     /// Bootstrap, then run the shipped daemon under pod churn (CNI, API and init-container
     /// pods, 50 alive at a time) and print per minute what it holds; ends with a verdict:
     /// its RSS after warm-up, fds, threads, pins, map entries, failures. Writes
-    /// target/soak/soak.md.
+    /// its table under target/soak/.
     Soak(soak::SoakArgs),
     /// Build the static release binary and write the node image as an OCI archive
     /// (target/image/redirector-<version>.oci.tar, `localhost/redirector:<version>`), with

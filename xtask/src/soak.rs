@@ -45,7 +45,7 @@ impl SoakArgs {
 }
 
 /// Builds the shipped (static release) redirector and the bench and the probe, then runs
-/// `bench soak`, writing its table to target/soak/soak.md.
+/// `bench soak`, which writes its table under target/soak/.
 pub fn run(args: &SoakArgs) -> Result<()> {
     let redirector = crate::image::static_release_binary(crate::arch::Arch::Amd64)?;
     for package in ["redirector-tests", "redirector-bench"] {
