@@ -1322,7 +1322,7 @@ mod tests {
         f.edit(
             "README.md",
             "bench --quick",
-            "bench --fast\ncargo xtask soak",
+            "bench --fast\ncargo xtask fuzz",
         );
         let found = f.findings();
         assert_eq!(found.len(), 2, "{found:?}");
@@ -1331,7 +1331,7 @@ mod tests {
             "{found:?}"
         );
         assert!(
-            found[1].starts_with("README.md:8: `cargo xtask soak`:"),
+            found[1].starts_with("README.md:8: `cargo xtask fuzz`:"),
             "{found:?}"
         );
     }
@@ -1360,7 +1360,7 @@ mod tests {
         f.edit(
             "core/src/lib.rs",
             "fn f() {}",
-            "// Longer runs: `cargo xtask soak`.\nfn f() {}",
+            "// Longer runs: `cargo xtask fuzz`.\nfn f() {}",
         );
         f.edit(
             "docs/guide.md",
@@ -1375,7 +1375,7 @@ mod tests {
         );
         assert!(
             found[1]
-                .starts_with("core/src/lib.rs:2: names `cargo xtask soak`, which does not exist"),
+                .starts_with("core/src/lib.rs:2: names `cargo xtask fuzz`, which does not exist"),
             "{found:?}"
         );
     }
