@@ -469,10 +469,9 @@ pub fn ask(stream: &mut UnixStream, request: &str) -> serde_json::Value {
 /// `GET path` from the HTTP server at `addr` (loopback): its status and body.
 pub fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
     let mut stream = std::net::TcpStream::connect(addr)?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
+    // One write: a request in one segment, as a real client sends it.
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes())?;
     let mut response = String::new();
     stream.read_to_string(&mut response)?;
     let status = response
