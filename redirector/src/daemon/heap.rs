@@ -6,8 +6,36 @@
 //! that ran on a blocking thread leaves its peak resident, and the resident size creeps up
 //! as the peaks meet other threads' arenas. `malloc_trim` returns the free pages of every
 //! arena, so the resident size follows what the daemon holds, not its history.
+//!
+//! Trimming alone leaves two slower creeps, both glibc's defaults: every thread that first
+//! allocates while the others' arenas are busy gets an arena of its own (up to eight per
+//! CPU), and the tokio blocking pool's threads come and go, so the arenas — each with its
+//! own fragments — multiply over days; and the threshold above which a block is mapped on
+//! its own rises with every such block freed, so a large rendering later lands in an
+//! arena and fragments it. [`settle`] fixes both before the first thread starts: one arena
+//! (the daemon allocates little, its threads seldom contend) and a fixed mapping threshold.
 
 use std::time::Duration;
+
+/// Blocks of at least this size are mapped on their own and unmapped when freed: a
+/// `/metrics` rendering, a collection's listing. Fixed, so that it does not rise.
+const MMAP_THRESHOLD: i32 = 128 * 1024;
+
+/// One arena for every thread, and a fixed mapping threshold (glibc); nothing elsewhere.
+/// Called at the start, before any other thread runs.
+pub fn settle() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets the allocator's parameters; called before other threads
+    // exist. A refused parameter (0) leaves glibc's default, which is only slower to settle.
+    unsafe {
+        if libc::mallopt(libc::M_ARENA_MAX, 1) == 0 {
+            tracing::debug!("the allocator kept its arena limit");
+        }
+        if libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 0 {
+            tracing::debug!("the allocator kept its mapping threshold");
+        }
+    }
+}
 
 /// How often free pages are returned: the walk over the arenas takes well under a
 /// millisecond on a heap this size.

@@ -139,6 +139,7 @@ fn refuse_fewer_pods_than_installed(
 
 /// Run until SIGTERM or SIGINT, then exit leaving every pod captured.
 pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
+    heap::settle();
     crate::sys::kernel::check_running()?;
     let metrics = Arc::new(Metrics::new(config.metrics_per_pod));
     start_http(&config, &metrics)?;
