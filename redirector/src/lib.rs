@@ -31,3 +31,4 @@ pub mod pods;
 pub mod store;
 pub mod sys;
 pub mod trace;
+pub mod zds;
