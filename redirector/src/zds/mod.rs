@@ -3,5 +3,6 @@
 //! enrolled pod with its network namespace, then each pod as it comes and goes, each
 //! request answered by an ack.
 
+pub mod agent;
 pub mod seqpacket;
 pub mod wire;

@@ -174,7 +174,9 @@ impl Conn {
     /// Sends one message, with `fd` beside it if given.
     pub async fn send(&self, bytes: &[u8], fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
         self.0
-            .async_io(Interest::WRITABLE, |sock| send_now(sock.as_raw_fd(), bytes, fd))
+            .async_io(Interest::WRITABLE, |sock| {
+                send_now(sock.as_raw_fd(), bytes, fd)
+            })
             .await
     }
 

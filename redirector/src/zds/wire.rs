@@ -152,10 +152,7 @@ mod tests {
         // add = 1 (len 15): uid = 1 "u1", workload_info = 2 (len 9): 1 "p", 2 "n", 3 "s".
         assert_eq!(
             add.to_bytes(),
-            [
-                0x0a, 15, 0x0a, 2, b'u', b'1', 0x12, 9, 0x0a, 1, b'p', 0x12, 1, b'n', 0x1a, 1,
-                b's'
-            ]
+            [0x0a, 15, 0x0a, 2, b'u', b'1', 0x12, 9, 0x0a, 1, b'p', 0x12, 1, b'n', 0x1a, 1, b's']
         );
         // del = 2, its uid field 2.
         let del = Request::Del(DelWorkload { uid: "u1".into() });
