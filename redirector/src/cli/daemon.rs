@@ -85,6 +85,10 @@ pub struct DaemonArgs {
         value_parser = crate::store::sizing::parse_max_pods
     )]
     max_pods: crate::store::PodCapacity,
+    /// Serve istio ambient's ztunnel as its node agent: listen here (a unix seqpacket
+    /// socket; ztunnel's INPOD_UDS) and send it the node's ambient pods over ZDS.
+    #[arg(long, value_name = "PATH", env = "REDIRECTOR_ZTUNNEL_SOCKET")]
+    ztunnel_socket: Option<PathBuf>,
     /// Seconds between looks at the node's pods for repair (one is made at start).
     #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     repair_interval: u64,
@@ -103,6 +107,7 @@ pub fn run(args: &DaemonArgs) -> anyhow::Result<()> {
             .then(|| std::time::Duration::from_secs(args.gc_interval)),
         repair: repair_config(args),
         max_pods: args.max_pods,
+        ztunnel_socket: args.ztunnel_socket.clone(),
     };
     if args.uninstall {
         for change in crate::install_cni::unchain_all(&args.runtime.cni_conf_dir)? {

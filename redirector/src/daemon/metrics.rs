@@ -23,6 +23,7 @@ use redirector_common::{Reason, COUNTER_SLOTS};
 
 use crate::node_check::Unservable;
 use crate::pods::{records::PodRecord, Pods};
+use crate::zds::agent::Agent;
 
 use super::{
     decision_totals::DecisionTotals,
@@ -56,6 +57,11 @@ struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MapLabels {
     object: String,
     map: String,
@@ -73,6 +79,8 @@ pub struct Metrics {
     pods: OnceLock<Arc<Pods>>,
     /// Why the node cannot be served, when the daemon found it so at start.
     unservable: OnceLock<Unservable>,
+    /// The ZDS agent, with `--ztunnel-socket`.
+    ztunnel: OnceLock<Agent>,
     /// Decisions by pod (`--metrics-per-pod`) rather than node-wide.
     per_pod: bool,
     snapshots: Snapshots<NodeWalk>,
@@ -98,6 +106,7 @@ impl Metrics {
             uncaptured: Gauge::default(),
             pods: OnceLock::new(),
             unservable: OnceLock::new(),
+            ztunnel: OnceLock::new(),
             per_pod,
             snapshots: Snapshots::new(NodeWalk::default()),
         }
@@ -131,6 +140,11 @@ impl Metrics {
     /// The node cannot be served: never ready, and `/metrics` says why.
     pub fn unservable_node(&self, why: Unservable) {
         let _ = self.unservable.set(why);
+    }
+
+    /// ztunnel is served: `/metrics` says whether it is connected.
+    pub fn ztunnel(&self, agent: Agent) {
+        let _ = self.ztunnel.set(agent);
     }
 
     /// Why the node cannot be served, if the daemon found it so.
@@ -178,6 +192,18 @@ impl Metrics {
             "1, by reason, when the daemon found at start that this node cannot be served: nothing is pinned or chained, and pods start without capture",
             unservable,
         );
+        if let Some(agent) = self.ztunnel.get() {
+            let state = Family::<StateLabels, Gauge>::default();
+            let labels = StateLabels {
+                state: agent.ztunnel().label().to_owned(),
+            };
+            state.get_or_create(&labels).set(1);
+            registry.register(
+                "ztunnel",
+                "1 for ztunnel's state on the ZDS socket: away (not connected), syncing (the snapshot of the node's pods not yet acknowledged), synced",
+                state,
+            );
+        }
         if let Some(pods) = self.pods.get() {
             register_pods(&mut registry, pods, self.per_pod, walk)?;
         }

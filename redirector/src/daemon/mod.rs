@@ -16,6 +16,7 @@ pub mod repair;
 mod requests;
 mod snapshot;
 mod trace;
+mod ztunnel;
 
 use std::{
     net::SocketAddr,
@@ -66,6 +67,8 @@ pub struct DaemonConfig {
     pub repair: Option<repair::RepairConfig>,
     /// The pods the node's object is sized for (`--max-pods`).
     pub max_pods: crate::store::PodCapacity,
+    /// Where ztunnel (istio ambient) connects for the node's pods, if anywhere.
+    pub ztunnel_socket: Option<PathBuf>,
 }
 
 /// Start-up: the object (the pinned one if the node has it), the node-level links, and
@@ -190,6 +193,9 @@ async fn serve(config: DaemonConfig, metrics: Arc<Metrics>) -> anyhow::Result<()
     let start_config = config.clone();
     let pods = tokio::task::spawn_blocking(move || start(&start_config)).await??;
     let pods = Arc::new(pods);
+    if let Some(socket) = &config.ztunnel_socket {
+        metrics.ztunnel(ztunnel::start(socket, pods.records.clone())?);
+    }
     metrics.ready(Arc::clone(&pods));
     let listener = bind(&config.socket)?;
     info!("ready: serving on {}", config.socket.display());

@@ -24,6 +24,7 @@ use serde_json::{Map, Value};
 pub use self::common::RunOptions;
 pub use self::error::MeshError;
 use crate::engine::spec::{CaptureConfig, PodSpec};
+use crate::zds::{agent::Workload, wire::WorkloadInfo};
 
 /// A pod's annotations (or labels), by key.
 pub type Annotations = BTreeMap<String, String>;
@@ -91,6 +92,23 @@ pub trait Mesh: Sync {
     /// The chained plugin's rules: the flags of `pod` on `network`, or why the pod is left
     /// alone.
     fn node_flags(&self, network: &Network<'_>, pod: &PodMeta<'_>) -> Selected;
+
+    /// For a mesh whose node proxy (ztunnel) is told of its pods: the pod's uid and
+    /// workload, read from its recorded flags. Meshes with a proxy in every pod have none.
+    fn ztunnel_workload(&self, _args: &[String]) -> Option<(String, WorkloadInfo)> {
+        None
+    }
+}
+
+/// The pod's workload as ztunnel is told of it, if its mesh has a ztunnel; `netns` is
+/// where its network namespace is.
+pub fn ztunnel_workload(flags: &PodFlags, netns: &std::path::Path) -> Option<Workload> {
+    let (uid, info) = flags.dialect.mesh().ztunnel_workload(&flags.args)?;
+    Some(Workload {
+        uid,
+        info,
+        netns: netns.to_path_buf(),
+    })
 }
 
 /// A pod as a node's rules see it.

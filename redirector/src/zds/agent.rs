@@ -37,7 +37,9 @@ pub struct Workload {
 
 /// Where the agent finds the enrolled pods when ztunnel connects.
 pub trait Enrolled: Send + Sync + 'static {
-    fn snapshot(&self) -> Vec<Workload>;
+    /// Every enrolled pod. An error ends the connection before any snapshot is sent: an
+    /// empty or partial one would have ztunnel drain the pods it left out.
+    fn snapshot(&self) -> Result<Vec<Workload>, String>;
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +63,8 @@ pub enum ZdsError {
     HungUp,
     #[error("ztunnel said hello in version {0}, not 1")]
     Version(i32),
+    #[error("reading the enrolled pods: {0}")]
+    Snapshot(String),
     #[error("the connection is dropped after: {0}")]
     Dropped(String),
     #[error("the ZDS agent has stopped")]
@@ -82,6 +86,17 @@ pub enum Ztunnel {
 enum Command {
     Add(Workload, oneshot::Sender<Result<(), ZdsError>>),
     Del(String, oneshot::Sender<Result<(), ZdsError>>),
+}
+
+impl Ztunnel {
+    /// Its name in metrics and logs.
+    pub fn label(self) -> &'static str {
+        match self {
+            Ztunnel::Away => "away",
+            Ztunnel::Syncing(_) => "syncing",
+            Ztunnel::Synced(_) => "synced",
+        }
+    }
 }
 
 impl Command {
@@ -247,7 +262,7 @@ impl Server {
         if version != Version::V1 as i32 {
             return Err(ZdsError::Version(version));
         }
-        let snapshot = self.enrolled.snapshot();
+        let snapshot = self.enrolled.snapshot().map_err(ZdsError::Snapshot)?;
         let count = snapshot.len();
         for workload in snapshot {
             let result = match File::open(&workload.netns) {

@@ -13,8 +13,12 @@ const BOUND: Duration = Duration::from_millis(300);
 struct Pods(Mutex<Vec<Workload>>);
 
 impl Enrolled for Pods {
-    fn snapshot(&self) -> Vec<Workload> {
-        self.0.lock().unwrap().clone()
+    fn snapshot(&self) -> Result<Vec<Workload>, String> {
+        let pods = self.0.lock().unwrap().clone();
+        match pods.iter().any(|pod| pod.uid == "unreadable") {
+            true => Err("the records cannot be read".to_owned()),
+            false => Ok(pods),
+        }
     }
 }
 
@@ -262,4 +266,11 @@ async fn a_stale_socket_is_replaced_and_anything_else_refused() {
         .err()
         .expect("refused");
     assert_eq!(err.kind(), std::io::ErrorKind::AlreadyExists, "{err}");
+}
+
+#[tokio::test]
+async fn no_snapshot_is_sent_when_the_pods_cannot_be_read() {
+    let setup = setup("unreadable", vec![pod("a", HERE), pod("unreadable", HERE)]);
+    let ztunnel = FakeZtunnel::connect(&setup.socket, Version::V1).await;
+    assert!(ztunnel.hung_up().await, "hung up before any request");
 }
