@@ -17,6 +17,7 @@
 //! - [`test_node`]: a node of the test's own (pin root, node cgroup, state dir, daemon) and
 //!   the CNI plugin as a runtime calls it.
 //! - [`twin_pods`]: the differential harness of both conformance suites.
+//! - [`ztunnel`]: a stand-in for istio ambient's ztunnel on a node agent's ZDS socket.
 //! - [`remove_stale_leftovers`]: what killed test processes could not clean up.
 
 pub mod bpftool;
@@ -47,6 +48,7 @@ pub mod test_node;
 pub mod topology;
 pub mod twin_pods;
 pub mod user_ns;
+pub mod ztunnel;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 

@@ -190,11 +190,16 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 async fn serve(config: DaemonConfig, metrics: Arc<Metrics>) -> anyhow::Result<()> {
+    let ztunnel = config
+        .ztunnel_socket
+        .as_deref()
+        .map(ztunnel::bind)
+        .transpose()?;
     let start_config = config.clone();
     let pods = tokio::task::spawn_blocking(move || start(&start_config)).await??;
     let pods = Arc::new(pods);
-    if let Some(socket) = &config.ztunnel_socket {
-        metrics.ztunnel(ztunnel::start(socket, pods.records.clone())?);
+    if let Some(bound) = ztunnel {
+        metrics.ztunnel(ztunnel::serve(bound, pods.records.clone()));
     }
     metrics.ready(Arc::clone(&pods));
     let listener = bind(&config.socket)?;

@@ -6,7 +6,7 @@ use std::{path::Path, sync::Arc, time::Duration};
 
 use crate::{
     pods::records::Records,
-    zds::agent::{Agent, Enrolled, Workload},
+    zds::agent::{Agent, Bound, Enrolled, Workload},
 };
 
 /// How long ztunnel has to answer a request (and, once more, to connect): an enrollment
@@ -26,13 +26,23 @@ impl Enrolled for RecordedPods {
     }
 }
 
-/// Listens for ztunnel at `socket`.
-pub fn start(socket: &Path, records: Records) -> anyhow::Result<Agent> {
+/// Listens for ztunnel at `socket`, before the start-up: a path that cannot be a socket
+/// fails the start having changed nothing.
+pub fn bind(socket: &Path) -> anyhow::Result<Bound> {
     use anyhow::Context as _;
+    let context = || {
+        format!(
+            "listening for ztunnel at --ztunnel-socket {}",
+            socket.display()
+        )
+    };
     if let Some(dir) = socket.parent() {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("creating {} for --ztunnel-socket", dir.display()))?;
+        std::fs::create_dir_all(dir).with_context(context)?;
     }
-    Agent::start(socket, Arc::new(RecordedPods(records)), ACK_WITHIN)
-        .with_context(|| format!("listening for ztunnel at --ztunnel-socket {}", socket.display()))
+    Bound::bind(socket).with_context(context)
+}
+
+/// Serves ztunnel the node's pods, as the records have them.
+pub fn serve(bound: Bound, records: Records) -> Agent {
+    bound.serve(Arc::new(RecordedPods(records)), ACK_WITHIN)
 }

@@ -124,23 +124,7 @@ impl Agent {
         enrolled: Arc<dyn Enrolled>,
         ack_within: Duration,
     ) -> std::io::Result<Agent> {
-        remove_stale_socket(socket)?;
-        let listener = Listener::bind(socket)?;
-        info!("ZDS: waiting for ztunnel on {}", socket.display());
-        let (commands, queue) = mpsc::channel(64);
-        let ztunnel = Arc::new(Mutex::new(Ztunnel::Away));
-        let server = Server {
-            listener,
-            enrolled,
-            ack_within,
-            ztunnel: Arc::clone(&ztunnel),
-        };
-        tokio::spawn(server.run(queue));
-        Ok(Agent {
-            commands,
-            ztunnel,
-            ack_within,
-        })
+        Ok(Bound::bind(socket)?.serve(enrolled, ack_within))
     }
 
     pub fn ztunnel(&self) -> Ztunnel {
@@ -204,6 +188,46 @@ fn remove_stale_socket(socket: &Path) -> std::io::Result<()> {
         )),
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(err) => Err(err),
+    }
+}
+
+/// The agent's socket, listening before the agent serves: a bad path fails the start
+/// before anything else is done, and ztunnel's connection waits in the backlog until the
+/// pods it is to be sent are known.
+pub struct Bound {
+    listener: Listener,
+    socket: PathBuf,
+}
+
+impl Bound {
+    /// Listens at `socket` (a stale socket file there is replaced). Call inside a tokio
+    /// runtime.
+    pub fn bind(socket: &Path) -> std::io::Result<Bound> {
+        remove_stale_socket(socket)?;
+        Ok(Bound {
+            listener: Listener::bind(socket)?,
+            socket: socket.to_path_buf(),
+        })
+    }
+
+    /// Serves ztunnel from a task of the current runtime. `ack_within` bounds every answer
+    /// awaited.
+    pub fn serve(self, enrolled: Arc<dyn Enrolled>, ack_within: Duration) -> Agent {
+        info!("ZDS: waiting for ztunnel on {}", self.socket.display());
+        let (commands, queue) = mpsc::channel(64);
+        let ztunnel = Arc::new(Mutex::new(Ztunnel::Away));
+        let server = Server {
+            listener: self.listener,
+            enrolled,
+            ack_within,
+            ztunnel: Arc::clone(&ztunnel),
+        };
+        tokio::spawn(server.run(queue));
+        Agent {
+            commands,
+            ztunnel,
+            ack_within,
+        }
     }
 }
 

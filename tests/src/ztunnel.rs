@@ -1,0 +1,177 @@
+//! A stand-in for istio ambient's ztunnel, as far as ZDS goes: it connects to a node
+//! agent's socket, says hello, keeps every request it is sent (with the inode of the
+//! network namespace an add carries) and answers each as told. The capture side (its
+//! listeners in the pods' namespaces) is not here yet.
+
+use std::{
+    os::unix::fs::MetadataExt as _,
+    path::Path,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use prost::Message as _;
+use redirector::zds::{
+    seqpacket::Conn,
+    wire::{Ack, Request, Response, Version, WorkloadRequest, WorkloadResponse, ZdsHello},
+};
+
+/// A request as the stand-in saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Seen {
+    /// An add, with the (device, inode) of the namespace it came with.
+    Add {
+        uid: String,
+        netns: (u64, u64),
+    },
+    Keep(String),
+    Del(String),
+    SnapshotSent,
+}
+
+/// How the stand-in answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    Ack,
+    Refuse(String),
+    /// Never: a ztunnel that hangs.
+    Silence,
+}
+
+pub struct StandInZtunnel {
+    seen: Arc<Mutex<Vec<Seen>>>,
+    answer: Arc<Mutex<Answer>>,
+    /// Dropping it ends the connection.
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl StandInZtunnel {
+    /// Connects to the agent at `socket` (waiting up to 30 s for it to listen) and says
+    /// hello in version 1.
+    pub fn connect(socket: &Path) -> StandInZtunnel {
+        let (seen, answer) = (Arc::default(), Arc::new(Mutex::new(Answer::Ack)));
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let (ready, connected) = std::sync::mpsc::channel();
+        let socket = socket.to_path_buf();
+        let thread = {
+            let (seen, answer) = (Arc::clone(&seen), Arc::clone(&answer));
+            std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a runtime for the stand-in ztunnel");
+                runtime.block_on(async move {
+                    let conn = connect_when_listening(&socket).await;
+                    let hello = ZdsHello {
+                        version: Version::V1 as i32,
+                    };
+                    conn.send(&hello.encode_to_vec(), None)
+                        .await
+                        .expect("hello");
+                    ready.send(()).expect("the test waits");
+                    tokio::select! {
+                        _ = serve(&conn, &seen, &answer) => {}
+                        _ = stopped => {}
+                    }
+                });
+            })
+        };
+        connected
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the stand-in ztunnel connected");
+        StandInZtunnel {
+            seen,
+            answer,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    /// How it answers from now on.
+    pub fn answer(&self, answer: Answer) {
+        *self.answer.lock().unwrap() = answer;
+    }
+
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// Waits up to 30 s for what it has seen to satisfy `done`; what it has seen then.
+    pub fn wait_for(&self, what: &str, done: impl Fn(&[Seen]) -> bool) -> Vec<Seen> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let seen = self.seen();
+            if done(&seen) {
+                return seen;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: the stand-in saw {seen:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// How many snapshots it has been sent whole.
+    pub fn snapshots(&self) -> usize {
+        self.seen()
+            .iter()
+            .filter(|seen| **seen == Seen::SnapshotSent)
+            .count()
+    }
+}
+
+impl Drop for StandInZtunnel {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+async fn connect_when_listening(socket: &Path) -> Conn {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match Conn::connect(socket) {
+            Ok(conn) => return conn,
+            Err(err) if Instant::now() > deadline => {
+                panic!("connecting to {}: {err}", socket.display())
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+/// Requests until the agent hangs up.
+async fn serve(conn: &Conn, seen: &Mutex<Vec<Seen>>, answer: &Mutex<Answer>) {
+    while let Ok(Some(packet)) = conn.recv().await {
+        let request = WorkloadRequest::decode(&packet.bytes[..]).expect("a ZDS request");
+        let saw = match request.payload.expect("a request with a payload") {
+            Request::Add(add) => {
+                let netns = std::fs::File::from(packet.fd.expect("an add carries its netns"));
+                let meta = netns.metadata().expect("the netns fd");
+                Seen::Add {
+                    uid: add.uid,
+                    netns: (meta.dev(), meta.ino()),
+                }
+            }
+            Request::Keep(keep) => Seen::Keep(keep.uid),
+            Request::Del(del) => Seen::Del(del.uid),
+            Request::SnapshotSent(_) => Seen::SnapshotSent,
+        };
+        seen.lock().unwrap().push(saw);
+        let error = match answer.lock().unwrap().clone() {
+            Answer::Ack => String::new(),
+            Answer::Refuse(why) => why,
+            Answer::Silence => continue,
+        };
+        let ack = WorkloadResponse {
+            payload: Some(Response::Ack(Ack { error })),
+        };
+        if conn.send(&ack.encode_to_vec(), None).await.is_err() {
+            return;
+        }
+    }
+}
