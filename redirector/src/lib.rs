@@ -8,6 +8,7 @@
 //! - [`engine`]: a pod set up in steps, each its own module: facts → plan → observe → diff
 //!   → apply, and the removal of pods (gc); it knows pods by their network namespace and
 //!   cgroup, never by a mesh's flag syntax.
+//! - [`zds`]: the node agent's side of ZDS, istio ambient's protocol with ztunnel.
 //! - [`cri`]: a client of the container runtime's CRI socket (the node's sandboxes, the
 //!   runtime's version).
 //! - [`node_check`]: whether this node can be served, decided once at start by the
