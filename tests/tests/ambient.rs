@@ -1,14 +1,24 @@
 //! Istio ambient: the daemon as ztunnel's node agent (`--ztunnel-socket`), with a
 //! stand-in ztunnel on its ZDS socket — a snapshot sent on every connection, the state
-//! shown in `/metrics`, a daemon killed and restarted taking its socket back.
+//! shown in `/metrics`, a daemon killed and restarted taking its socket back — and the
+//! route that brings an app's replies back to ztunnel's transparent sockets.
 
+use std::net::{IpAddr, SocketAddr};
 use std::process::Command;
+use std::time::{Duration, Instant};
+
+use redirector::sys::{
+    netns::Netns,
+    reply_route::{self, REPLY_MARK},
+};
+use socket2::{Domain, Socket, Type};
 
 use redirector_tests::{
     daemon::{Daemon, StateDir},
     privileged,
     redirector::redirector_bin,
     test_node::TestNode,
+    topology::Topology,
     ztunnel::{Seen, StandInZtunnel},
 };
 
@@ -26,14 +36,14 @@ fn ztunnel_state(daemon: &Daemon) -> String {
 }
 
 fn wait_state(daemon: &Daemon, state: &str) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(30);
     while ztunnel_state(daemon) != state {
         assert!(
-            std::time::Instant::now() < deadline,
+            Instant::now() < deadline,
             "ztunnel is {} in /metrics, not {state}",
             ztunnel_state(daemon)
         );
-        std::thread::sleep(std::time::Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -115,4 +125,83 @@ fn a_ztunnel_socket_path_that_is_not_a_socket_fails_the_start_having_pinned_noth
     );
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "not a socket");
     assert!(!node.root.path().exists(), "nothing pinned");
+}
+
+/// What the app saw of a connection a transparent socket made: its peer, its mark.
+#[derive(Debug)]
+struct Accepted {
+    peer: IpAddr,
+    mark: u32,
+}
+
+/// In the calling thread's namespace: the app listening at `app`, and a ztunnel-like
+/// socket — `IP_TRANSPARENT`, bound to `client` (not an address of the namespace), marked
+/// `mark` — connecting to it. The app's side, or the connect's error (its SYN-ACK lost).
+fn transparent_connect(app: SocketAddr, client: IpAddr, mark: u32) -> std::io::Result<Accepted> {
+    let domain = Domain::for_address(app);
+    let listener = Socket::new(domain, Type::STREAM, None)?;
+    listener.set_reuse_address(true)?;
+    listener.bind(&app.into())?;
+    listener.listen(4)?;
+    let socket = Socket::new(domain, Type::STREAM, None)?;
+    if app.is_ipv4() {
+        socket.set_ip_transparent_v4(true)?;
+    } else {
+        socket.set_ip_transparent_v6(true)?;
+    }
+    socket.set_mark(mark)?;
+    socket.bind(&SocketAddr::new(client, 0).into())?;
+    socket.connect_timeout(&app.into(), Duration::from_secs(2))?;
+    let (accepted, peer) = listener.accept()?;
+    Ok(Accepted {
+        peer: peer.as_socket().expect("an inet peer").ip(),
+        mark: accepted.mark()?,
+    })
+}
+
+#[test]
+fn the_reply_route_brings_the_apps_replies_back_to_a_transparent_socket() {
+    privileged!();
+    let topology = Topology::new("ambient-reply");
+    let pod = Netns::open(&topology.pod.path()).expect("the pod's namespace");
+    let clients = [
+        (
+            topology.pod_addr(false, 8080),
+            IpAddr::from([10, 251, 7, 9]),
+        ),
+        (
+            topology.pod_addr(true, 8080),
+            IpAddr::from([0xfd00, 0x251, 0, 0, 0, 0, 0, 9]),
+        ),
+    ];
+    let connect = |app, client, mark| {
+        pod.run(move || transparent_connect(app, client, mark))
+            .expect("entering the pod's namespace")
+    };
+    for (app, client) in clients {
+        // Without the route back, the app's SYN-ACK leaves by the default route.
+        let lost = connect(app, client, REPLY_MARK);
+        assert!(lost.is_err(), "{app} from {client}: {lost:?}");
+    }
+    for _ in 0..2 {
+        // Twice: a second install finds everything in place.
+        pod.run(reply_route::install)
+            .expect("entering the pod's namespace")
+            .expect("the route back");
+    }
+    for (app, client) in clients {
+        let accepted = connect(app, client, REPLY_MARK).expect("connected");
+        assert_eq!(accepted.peer, client, "the app sees the client's address");
+        assert_eq!(
+            accepted.mark, REPLY_MARK,
+            "the app's socket carries the mark"
+        );
+        // ztunnel's other sockets keep 1337: not routed back.
+        let other = connect(app, client, 1337);
+        assert!(other.is_err(), "{app} from {client} marked 1337: {other:?}");
+    }
+    let rules = topology.pod.run(&["ip", "rule", "show"]);
+    assert!(rules.contains("fwmark 0x111/0xfff lookup 100"), "{rules}");
+    let table = topology.pod.run(&["ip", "route", "show", "table", "100"]);
+    assert!(table.contains("local default dev lo"), "{table}");
 }

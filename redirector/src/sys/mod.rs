@@ -13,5 +13,6 @@ pub(crate) mod netlink;
 pub mod netns;
 pub mod netns_cookie;
 pub mod pod_cgroup;
+pub mod reply_route;
 pub(crate) mod sock_diag;
 pub mod user_ns;
