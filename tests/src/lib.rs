@@ -12,7 +12,8 @@
 //! - [`Spawn`], [`ChildGuard`]: processes inside them (netns, cgroup, uid/gid set before exec).
 //! - [`ProbeServer`], [`connect_from`], [`ConnOutcome`]: the `probe` binary, its servers and
 //!   clients, and what a connection landed on.
-//! - [`iptables`]: istio's reference rule sets applied inside a netns.
+//! - [`iptables`]: istio's reference rule sets applied inside a netns; [`istio_cni`]:
+//!   istio-cni's in-pod rules for an ambient pod.
 //! - [`privileged!`]: the first line of a privileged test (root, tools, the probe binary).
 //! - [`test_node`]: a node of the test's own (pin root, node cgroup, state dir, daemon) and
 //!   the CNI plugin as a runtime calls it.
@@ -29,6 +30,7 @@ pub mod cri;
 pub mod daemon;
 pub mod dns;
 pub mod iptables;
+pub mod istio_cni;
 pub mod kubelet;
 pub mod linkerd;
 pub mod netns;

@@ -1,10 +1,10 @@
-//! A stand-in for istio ambient's ztunnel, as far as ZDS goes: it connects to a node
-//! agent's socket, says hello, keeps every request it is sent (with the inode of the
-//! network namespace an add carries) and answers each as told. The capture side (its
-//! listeners in the pods' namespaces) is not here yet.
+//! A stand-in for istio ambient's ztunnel on a node agent's ZDS socket: [`connect`] and
+//! [`serve`] speak the protocol (the `standin-ztunnel` binary opens its listeners in each
+//! pod it is sent); [`StandInZtunnel`] keeps every request it is sent (an add's network
+//! namespace by device and inode) and answers each as the test says.
 
 use std::{
-    os::unix::fs::MetadataExt as _,
+    os::{fd::OwnedFd, unix::fs::MetadataExt as _},
     path::Path,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -29,7 +29,25 @@ pub enum Seen {
     SnapshotSent,
 }
 
-/// How the stand-in answers.
+impl Seen {
+    fn of(request: Request, fd: Option<OwnedFd>) -> Seen {
+        match request {
+            Request::Add(add) => {
+                let netns = std::fs::File::from(fd.expect("an add carries its netns"));
+                let meta = netns.metadata().expect("the netns fd");
+                Seen::Add {
+                    uid: add.uid,
+                    netns: (meta.dev(), meta.ino()),
+                }
+            }
+            Request::Keep(keep) => Seen::Keep(keep.uid),
+            Request::Del(del) => Seen::Del(del.uid),
+            Request::SnapshotSent(_) => Seen::SnapshotSent,
+        }
+    }
+}
+
+/// How a request is answered.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Answer {
     Ack,
@@ -38,6 +56,48 @@ pub enum Answer {
     Silence,
 }
 
+/// Connects to the agent at `socket` (waiting up to 30 s for it to listen) and says hello
+/// in version 1.
+pub async fn connect(socket: &Path) -> Conn {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let conn = loop {
+        match Conn::connect(socket) {
+            Ok(conn) => break conn,
+            Err(err) if Instant::now() > deadline => {
+                panic!("connecting to {}: {err}", socket.display())
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    let hello = ZdsHello {
+        version: Version::V1 as i32,
+    };
+    conn.send(&hello.encode_to_vec(), None)
+        .await
+        .expect("hello");
+    conn
+}
+
+/// Handles the agent's requests until it hangs up, each answered as `handle` says.
+pub async fn serve(conn: &Conn, mut handle: impl FnMut(Request, Option<OwnedFd>) -> Answer) {
+    while let Ok(Some(packet)) = conn.recv().await {
+        let request = WorkloadRequest::decode(&packet.bytes[..]).expect("a ZDS request");
+        let request = request.payload.expect("a request with a payload");
+        let error = match handle(request, packet.fd) {
+            Answer::Ack => String::new(),
+            Answer::Refuse(why) => why,
+            Answer::Silence => continue,
+        };
+        let ack = WorkloadResponse {
+            payload: Some(Response::Ack(Ack { error })),
+        };
+        if conn.send(&ack.encode_to_vec(), None).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A ztunnel that only speaks ZDS, from a thread of the test.
 pub struct StandInZtunnel {
     seen: Arc<Mutex<Vec<Seen>>>,
     answer: Arc<Mutex<Answer>>,
@@ -47,10 +107,10 @@ pub struct StandInZtunnel {
 }
 
 impl StandInZtunnel {
-    /// Connects to the agent at `socket` (waiting up to 30 s for it to listen) and says
-    /// hello in version 1.
+    /// Connected to the agent at `socket` (see [`connect`]), acking every request.
     pub fn connect(socket: &Path) -> StandInZtunnel {
-        let (seen, answer) = (Arc::default(), Arc::new(Mutex::new(Answer::Ack)));
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let answer = Arc::new(Mutex::new(Answer::Ack));
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let (ready, connected) = std::sync::mpsc::channel();
         let socket = socket.to_path_buf();
@@ -62,16 +122,14 @@ impl StandInZtunnel {
                     .build()
                     .expect("a runtime for the stand-in ztunnel");
                 runtime.block_on(async move {
-                    let conn = connect_when_listening(&socket).await;
-                    let hello = ZdsHello {
-                        version: Version::V1 as i32,
-                    };
-                    conn.send(&hello.encode_to_vec(), None)
-                        .await
-                        .expect("hello");
+                    let conn = connect(&socket).await;
                     ready.send(()).expect("the test waits");
+                    let record = |request, fd| {
+                        seen.lock().unwrap().push(Seen::of(request, fd));
+                        answer.lock().unwrap().clone()
+                    };
                     tokio::select! {
-                        _ = serve(&conn, &seen, &answer) => {}
+                        _ = serve(&conn, record) => {}
                         _ = stopped => {}
                     }
                 });
@@ -112,14 +170,6 @@ impl StandInZtunnel {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-
-    /// How many snapshots it has been sent whole.
-    pub fn snapshots(&self) -> usize {
-        self.seen()
-            .iter()
-            .filter(|seen| **seen == Seen::SnapshotSent)
-            .count()
-    }
 }
 
 impl Drop for StandInZtunnel {
@@ -127,51 +177,6 @@ impl Drop for StandInZtunnel {
         drop(self.stop.take());
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
-        }
-    }
-}
-
-async fn connect_when_listening(socket: &Path) -> Conn {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match Conn::connect(socket) {
-            Ok(conn) => return conn,
-            Err(err) if Instant::now() > deadline => {
-                panic!("connecting to {}: {err}", socket.display())
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    }
-}
-
-/// Requests until the agent hangs up.
-async fn serve(conn: &Conn, seen: &Mutex<Vec<Seen>>, answer: &Mutex<Answer>) {
-    while let Ok(Some(packet)) = conn.recv().await {
-        let request = WorkloadRequest::decode(&packet.bytes[..]).expect("a ZDS request");
-        let saw = match request.payload.expect("a request with a payload") {
-            Request::Add(add) => {
-                let netns = std::fs::File::from(packet.fd.expect("an add carries its netns"));
-                let meta = netns.metadata().expect("the netns fd");
-                Seen::Add {
-                    uid: add.uid,
-                    netns: (meta.dev(), meta.ino()),
-                }
-            }
-            Request::Keep(keep) => Seen::Keep(keep.uid),
-            Request::Del(del) => Seen::Del(del.uid),
-            Request::SnapshotSent(_) => Seen::SnapshotSent,
-        };
-        seen.lock().unwrap().push(saw);
-        let error = match answer.lock().unwrap().clone() {
-            Answer::Ack => String::new(),
-            Answer::Refuse(why) => why,
-            Answer::Silence => continue,
-        };
-        let ack = WorkloadResponse {
-            payload: Some(Response::Ack(Ack { error })),
-        };
-        if conn.send(&ack.encode_to_vec(), None).await.is_err() {
-            return;
         }
     }
 }

@@ -7,19 +7,28 @@ use std::net::{IpAddr, SocketAddr};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
 use redirector::sys::{
     netns::Netns,
     reply_route::{self, REPLY_MARK},
 };
+use redirector::zds::{
+    self,
+    agent::{Agent, Workload},
+    wire::WorkloadInfo,
+};
 use socket2::{Domain, Socket, Type};
 
 use redirector_tests::{
+    bin_path, connect_from,
     daemon::{Daemon, StateDir},
-    privileged,
+    istio_cni, privileged,
     redirector::redirector_bin,
     test_node::TestNode,
     topology::Topology,
     ztunnel::{Seen, StandInZtunnel},
+    Cgroup, ConnOutcome, NetNs, ProbeServer, Spawn,
 };
 
 /// The `redirector_ztunnel` series the daemon's `/metrics` shows at 1.
@@ -204,4 +213,107 @@ fn the_reply_route_brings_the_apps_replies_back_to_a_transparent_socket() {
     assert!(rules.contains("fwmark 0x111/0xfff lookup 100"), "{rules}");
     let table = topology.pod.run(&["ip", "route", "show", "table", "100"]);
     assert!(table.contains("local default dev lo"), "{table}");
+}
+
+/// The node agent's part played by the test: the pods it enrolls.
+struct Enrolled(Vec<Workload>);
+
+impl zds::agent::Enrolled for Enrolled {
+    fn snapshot(&self) -> Result<Vec<Workload>, String> {
+        Ok(self.0.clone())
+    }
+}
+
+#[test]
+fn istio_cnis_rules_send_a_pods_traffic_through_the_stand_in_ztunnel() {
+    privileged!();
+    let topology = Topology::new("amb-ref");
+    istio_cni::apply(&topology.pod);
+    let families = [false, true];
+    let service_addrs: Vec<_> = families.map(|v6| topology.service_addr(v6, 80)).into();
+    let app_addrs: Vec<_> = families.map(|v6| topology.pod_addr(v6, 8080)).into();
+    let mut service = ProbeServer::serve(&topology.service, "svc");
+    for addr in &service_addrs {
+        service = service.listen(*addr);
+    }
+    let _service = service.start();
+    let mut app = ProbeServer::serve(&topology.pod, "app").cgroup(&topology.pod_cgroup);
+    for addr in &app_addrs {
+        app = app.listen(*addr);
+    }
+    let _app = app.start();
+
+    // The agent, in the test; ztunnel in a namespace and cgroup of its own.
+    let zds_dir = StateDir::new("amb-ref-zds");
+    let socket = zds_dir.path().join("ztunnel.sock");
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime for the agent");
+    let pod = Workload {
+        uid: "amb-ref-uid".to_owned(),
+        info: WorkloadInfo {
+            name: "app".to_owned(),
+            namespace: "default".to_owned(),
+            service_account: "default".to_owned(),
+        },
+        netns: topology.pod.path(),
+    };
+    let _agent = {
+        let _entered = runtime.enter();
+        Agent::start(
+            &socket,
+            Arc::new(Enrolled(vec![pod])),
+            Duration::from_secs(5),
+        )
+        .expect("the agent listens")
+    };
+    let ztunnel_ns = NetNs::new("amb-ref-zt");
+    let ztunnel_cgroup = Cgroup::new("amb-ref-zt");
+    let ztunnel = Spawn::new(bin_path("standin-ztunnel"))
+        .arg("--zds")
+        .arg(&socket)
+        .netns(&ztunnel_ns)
+        .cgroup(&ztunnel_cgroup)
+        .spawn();
+    ztunnel.wait_line("the pod in the snapshot", Duration::from_secs(30), |line| {
+        line == "added amb-ref-uid"
+    });
+
+    for (service, app) in service_addrs.iter().zip(&app_addrs) {
+        let out = connect_from(
+            &topology.pod,
+            Some(&topology.pod_cgroup),
+            1000,
+            1000,
+            *service,
+            None,
+        );
+        assert!(
+            matches!(&out, ConnOutcome::Served { name, .. } if name == "svc"),
+            "outbound to {service}: {out:?}"
+        );
+        ztunnel.wait_line("the outbound connection", Duration::from_secs(10), |line| {
+            proxied(line, "outbound") == Some((app.ip(), *service))
+        });
+
+        let client = service.ip();
+        let out = connect_from(&topology.service, None, 0, 0, *app, None);
+        match &out {
+            ConnOutcome::Served { name, peer, .. } => {
+                assert_eq!(name, "app", "inbound to {app}: {out:?}");
+                assert_eq!(peer.ip(), client, "the app sees the client's address");
+            }
+            _ => panic!("inbound to {app}: {out:?}"),
+        }
+        ztunnel.wait_line("the inbound connection", Duration::from_secs(10), |line| {
+            proxied(line, "inbound") == Some((client, *app))
+        });
+    }
+}
+
+/// A stand-in ztunnel's line `KIND PEER ORIGINAL`: the peer's address and the original
+/// destination.
+fn proxied(line: &str, kind: &str) -> Option<(IpAddr, SocketAddr)> {
+    let mut words = line.split_whitespace();
+    (words.next()? == kind).then_some(())?;
+    let peer: SocketAddr = words.next()?.parse().ok()?;
+    Some((peer.ip(), words.next()?.parse().ok()?))
 }

@@ -1,0 +1,199 @@
+//! `standin-ztunnel`: istio ambient's ztunnel as far as the capture goes, for the tests.
+//! It connects to a node agent's ZDS socket and, for every pod it is sent, listens inside
+//! the pod's network namespace as ztunnel does — outbound 15001 and inbound 15006 on `[::]`,
+//! every socket marked 1337 — while its process stays in its own cgroup. A connection on
+//! 15001 is sent on to its original destination (`SO_ORIGINAL_DST`, else the local
+//! address); one on 15006 to its original destination from the client's own address
+//! (`IP_TRANSPARENT`), as ztunnel's transparent upstreams are. Each connection is printed
+//! on stdout, `outbound PEER ORIGINAL` or `inbound PEER ORIGINAL`, the witness a test reads;
+//! `added UID` and `deleted UID` follow the agent's requests.
+//!
+//! ```text
+//! standin-ztunnel --zds PATH
+//! ```
+
+use std::{
+    collections::HashMap,
+    io::{self, Write as _},
+    net::{IpAddr, Ipv6Addr, SocketAddr},
+    os::fd::{AsRawFd as _, OwnedFd},
+    path::PathBuf,
+    sync::Arc,
+};
+
+use redirector::zds::wire::Request;
+use redirector_tests::{
+    sockaddr::original_dst_at,
+    ztunnel::{connect, serve, Answer},
+};
+use socket2::{Domain, Socket, Type};
+use tokio::{
+    net::{TcpListener, TcpSocket, TcpStream},
+    task::JoinHandle,
+};
+
+const OUTBOUND: u16 = 15001;
+const INBOUND: u16 = 15006;
+const HBONE: u16 = 15008;
+/// The mark on every ztunnel socket.
+const MARK: u32 = 1337;
+
+fn main() -> io::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let zds = match args.as_slice() {
+        [flag, path] if flag == "--zds" => PathBuf::from(path),
+        _ => {
+            eprintln!("usage: standin-ztunnel --zds PATH");
+            std::process::exit(2);
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let conn = connect(&zds).await;
+        let mut pods: HashMap<String, Vec<JoinHandle<()>>> = HashMap::new();
+        serve(&conn, |request, fd| match request {
+            Request::Add(add) => {
+                let netns = Arc::new(fd.expect("an add carries the pod's netns"));
+                match listen_in(&netns) {
+                    Ok(tasks) => {
+                        if let Some(old) = pods.insert(add.uid.clone(), tasks) {
+                            old.iter().for_each(JoinHandle::abort);
+                        }
+                        say(&format!("added {}", add.uid));
+                        Answer::Ack
+                    }
+                    Err(err) => Answer::Refuse(format!("listening in the pod: {err}")),
+                }
+            }
+            Request::Del(del) => {
+                if let Some(tasks) = pods.remove(&del.uid) {
+                    tasks.iter().for_each(JoinHandle::abort);
+                }
+                say(&format!("deleted {}", del.uid));
+                Answer::Ack
+            }
+            Request::Keep(_) | Request::SnapshotSent(_) => Answer::Ack,
+        })
+        .await;
+    });
+    Ok(())
+}
+
+fn say(line: &str) {
+    let mut out = io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// `work` on a thread of its own inside the namespace `netns`: the sockets it makes
+/// belong to that namespace, the process to its own cgroup.
+fn in_netns<T: Send + 'static>(
+    netns: &Arc<OwnedFd>,
+    work: impl FnOnce() -> io::Result<T> + Send + 'static,
+) -> io::Result<T> {
+    let netns = Arc::clone(netns);
+    std::thread::spawn(move || {
+        // SAFETY: setns(2) on this thread alone, with an open namespace fd.
+        if unsafe { libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        work()
+    })
+    .join()
+    .map_err(|_| io::Error::other("the namespace thread panicked"))?
+}
+
+/// The pod's listeners, each served by a task.
+fn listen_in(netns: &Arc<OwnedFd>) -> io::Result<Vec<JoinHandle<()>>> {
+    let mut tasks = Vec::new();
+    for port in [OUTBOUND, INBOUND] {
+        let listener = in_netns(netns, move || {
+            let socket = Socket::new(Domain::IPV6, Type::STREAM, None)?;
+            socket.set_only_v6(false)?;
+            socket.set_reuse_address(true)?;
+            socket.set_reuse_port(true)?;
+            socket.set_mark(MARK)?;
+            socket.bind(&SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)).into())?;
+            socket.listen(128)?;
+            socket.set_nonblocking(true)?;
+            Ok(std::net::TcpListener::from(socket))
+        })?;
+        let listener = TcpListener::from_std(listener)?;
+        let netns = Arc::clone(netns);
+        tasks.push(tokio::spawn(async move {
+            while let Ok((client, peer)) = listener.accept().await {
+                tokio::spawn(proxy(client, peer, port, Arc::clone(&netns)));
+            }
+        }));
+    }
+    Ok(tasks)
+}
+
+/// The address as IPv4 where it is an IPv4-mapped one (a dual-stack socket's view).
+fn unmapped(addr: SocketAddr) -> SocketAddr {
+    match addr.ip() {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(v4.into(), addr.port()),
+            None => addr,
+        },
+        IpAddr::V4(_) => addr,
+    }
+}
+
+async fn proxy(client: TcpStream, peer: SocketAddr, port: u16, netns: Arc<OwnedFd>) {
+    let peer = unmapped(peer);
+    let Ok(client) = client.into_std() else {
+        return;
+    };
+    // As ztunnel asks: at SOL_IP, then SOL_IPV6 (a dual-stack socket's IPv4 connection
+    // answers only the first), else the local address.
+    let original = original_dst_at(&client, libc::SOL_IP)
+        .or_else(|_| original_dst_at(&client, libc::SOL_IPV6))
+        .ok()
+        .or_else(|| client.local_addr().ok())
+        .map(unmapped);
+    let Ok(client) = TcpStream::from_std(client) else {
+        return;
+    };
+    let Some(original) = original else {
+        return;
+    };
+    // ztunnel refuses a call to itself.
+    let to_itself = [OUTBOUND, INBOUND, HBONE].contains(&original.port())
+        || (port == OUTBOUND && original.ip().is_loopback());
+    if to_itself {
+        return;
+    }
+    let inbound = port == INBOUND;
+    say(&format!(
+        "{} {peer} {original}",
+        if inbound { "inbound" } else { "outbound" }
+    ));
+    let transparent_from = inbound.then_some(peer.ip());
+    let Ok(upstream) = in_netns(&netns, move || upstream_socket(original, transparent_from)) else {
+        return;
+    };
+    let Ok(upstream) = TcpSocket::from_std_stream(upstream).connect(original).await else {
+        return;
+    };
+    let (mut client, mut upstream) = (client, upstream);
+    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+}
+
+/// A socket marked as ztunnel's, bound to `from` (not an address of the pod) where given.
+fn upstream_socket(to: SocketAddr, from: Option<IpAddr>) -> io::Result<std::net::TcpStream> {
+    let socket = Socket::new(Domain::for_address(to), Type::STREAM, None)?;
+    socket.set_mark(MARK)?;
+    if let Some(from) = from {
+        if to.is_ipv4() {
+            socket.set_ip_transparent_v4(true)?;
+        } else {
+            socket.set_ip_transparent_v6(true)?;
+        }
+        socket.bind(&SocketAddr::new(from, 0).into())?;
+    }
+    socket.set_nonblocking(true)?;
+    Ok(socket.into())
+}
