@@ -57,7 +57,7 @@ pub fn install() -> Result<(), ReplyRouteError> {
             family: name,
             source,
         })?;
-        add(&local_route(family)?).map_err(|source| ReplyRouteError::Route {
+        add(&local_route(family)).map_err(|source| ReplyRouteError::Route {
             family: name,
             source,
         })?;
@@ -78,6 +78,9 @@ fn attribute(body: &mut Vec<u8>, kind: u16, value: u32) {
     body.extend_from_slice(&kind.to_ne_bytes());
     body.extend_from_slice(&value.to_ne_bytes());
 }
+
+/// `lo`'s index, the same in every network namespace.
+const LOOPBACK_IFINDEX: u32 = 1;
 
 const CREATE: u16 = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
 
@@ -100,21 +103,13 @@ fn rule(family: u8) -> Vec<u8> {
 }
 
 /// `ip route add local default dev lo table REPLY_TABLE`.
-fn local_route(family: u8) -> Result<Vec<u8>, ReplyRouteError> {
+fn local_route(family: u8) -> Vec<u8> {
     const RTM_NEWROUTE: u16 = 24;
     const RTPROT_STATIC: u8 = 4;
     const RT_SCOPE_HOST: u8 = 254;
     const RTN_LOCAL: u8 = 2;
     const RTA_OIF: u16 = 4;
     const RTA_TABLE: u16 = 15;
-    // SAFETY: a NUL-terminated name.
-    let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
-    if lo == 0 {
-        return Err(ReplyRouteError::Route {
-            family: "lo",
-            source: io::Error::last_os_error(),
-        });
-    }
     // struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags.
     let mut body = vec![
         family,
@@ -127,7 +122,7 @@ fn local_route(family: u8) -> Result<Vec<u8>, ReplyRouteError> {
         RTN_LOCAL,
     ];
     body.extend_from_slice(&0u32.to_ne_bytes());
-    attribute(&mut body, RTA_OIF, lo);
+    attribute(&mut body, RTA_OIF, LOOPBACK_IFINDEX);
     attribute(&mut body, RTA_TABLE, REPLY_TABLE);
-    Ok(netlink::message(RTM_NEWROUTE, CREATE, &body))
+    netlink::message(RTM_NEWROUTE, CREATE, &body)
 }
