@@ -1,7 +1,7 @@
 //! The agent: listens for ztunnel, sends it the snapshot of enrolled pods on every
 //! connection, then each pod enrolled or gone, awaiting ztunnel's ack for every request.
-//! One ztunnel at a time: a new connection (ztunnel restarted or upgraded) replaces the
-//! old one and is sent a fresh snapshot.
+//! One ztunnel at a time: a new connection (ztunnel restarted, or upgraded while the old
+//! one still runs) replaces the old one and is sent a fresh snapshot.
 
 use std::{
     fs::File,
@@ -231,6 +231,14 @@ impl Bound {
     }
 }
 
+/// How a connection ended without an error.
+enum Ended {
+    /// Another ztunnel connected.
+    Replaced(Conn),
+    /// The agent's handles are all gone.
+    Stopped,
+}
+
 struct Server {
     listener: Listener,
     enrolled: Arc<dyn Enrolled>,
@@ -244,14 +252,18 @@ impl Server {
     }
 
     async fn run(self, mut queue: mpsc::Receiver<Command>) {
+        let mut replacing = None;
         loop {
-            let conn = match self.listener.accept().await {
-                Ok(conn) => conn,
-                Err(err) => {
-                    warn!("ZDS: accepting ztunnel: {err}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
+            let conn = match replacing.take() {
+                Some(conn) => conn,
+                None => match self.listener.accept().await {
+                    Ok(conn) => conn,
+                    Err(err) => {
+                        warn!("ZDS: accepting ztunnel: {err}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
             };
             let peer = match conn.peer() {
                 Ok(peer) => peer,
@@ -265,20 +277,31 @@ impl Server {
             let ended = self.session(&conn, peer, &mut queue).await;
             self.set(Ztunnel::Away);
             match ended {
-                Ok(()) | Err(ZdsError::HungUp) => info!("ZDS: ztunnel (pid {}) left", peer.pid),
+                Ok(Ended::Replaced(next)) => {
+                    info!(
+                        "ZDS: a new ztunnel connected; the one of pid {} is let go",
+                        peer.pid
+                    );
+                    replacing = Some(next);
+                }
+                Ok(Ended::Stopped) | Err(ZdsError::HungUp) => {
+                    info!("ZDS: ztunnel (pid {}) left", peer.pid)
+                }
                 Err(err) => warn!("ZDS: ztunnel (pid {}) dropped: {err}", peer.pid),
             }
         }
     }
 
-    /// One connection: hello, the snapshot, then the commands until it ends. A request
-    /// left unanswered ends it too (a late ack would answer the next request).
+    /// One connection: hello, the snapshot, then the commands until it ends — ztunnel
+    /// hangs up, a request is left unanswered (a late ack would answer the next request),
+    /// or another ztunnel connects (an upgrade starts the new one before the old one
+    /// stops): the newest is the one told of the pods.
     async fn session(
         &self,
         conn: &Conn,
         peer: Peer,
         queue: &mut mpsc::Receiver<Command>,
-    ) -> Result<(), ZdsError> {
+    ) -> Result<Ended, ZdsError> {
         let hello = self.receive(conn, "hello").await?;
         let version = ZdsHello::decode(&hello[..])
             .map_err(WireError::from)?
@@ -313,7 +336,14 @@ impl Server {
             let command = tokio::select! {
                 command = queue.recv() => match command {
                     Some(command) => command,
-                    None => return Ok(()),
+                    None => return Ok(Ended::Stopped),
+                },
+                next = self.listener.accept() => match next {
+                    Ok(next) => return Ok(Ended::Replaced(next)),
+                    Err(err) => {
+                        warn!("ZDS: accepting ztunnel: {err}");
+                        continue;
+                    }
                 },
                 // ztunnel speaks only when asked: anything else is its end.
                 unasked = conn.recv() => return match unasked? {

@@ -274,3 +274,22 @@ async fn no_snapshot_is_sent_when_the_pods_cannot_be_read() {
     let ztunnel = FakeZtunnel::connect(&setup.socket, Version::V1).await;
     assert!(ztunnel.hung_up().await, "hung up before any request");
 }
+
+#[tokio::test]
+async fn a_second_ztunnel_replaces_the_first() {
+    let setup = setup("upgrade", vec![pod("a", HERE)]);
+    let old = FakeZtunnel::connect(&setup.socket, Version::V1).await;
+    assert_eq!(old.take_snapshot().await, ["add a"]);
+    synced(&setup.agent).await;
+    // The new one connects while the old one still runs: it is sent the snapshot, the old
+    // one is let go, and pods from then on go to the new one.
+    let new = FakeZtunnel::connect(&setup.socket, Version::V1).await;
+    assert_eq!(new.take_snapshot().await, ["add a"]);
+    assert!(old.hung_up().await, "the old one is let go");
+    let agent = setup.agent.clone();
+    let added = tokio::spawn(async move { agent.add(pod("b", HERE)).await });
+    let (request, _) = new.next().await;
+    assert_eq!(request, add(&pod("b", HERE)));
+    new.ack("").await;
+    added.await.unwrap().expect("acked by the new one");
+}
