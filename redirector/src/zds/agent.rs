@@ -158,15 +158,16 @@ impl Agent {
         what: &str,
     ) -> Result<(), ZdsError> {
         let (reply, answer) = oneshot::channel();
-        self.commands
-            .send(command(reply))
-            .await
-            .map_err(|_| ZdsError::Stopped)?;
-        // Connecting, the snapshot and this request's own answer.
+        let command = command(reply);
+        // Room in the queue, connecting, the snapshot and this request's own answer.
         let within = self.ack_within * 2;
-        match timeout(within, answer).await {
+        let asked = async {
+            self.commands.send(command).await.map_err(|_| ())?;
+            answer.await.map_err(|_| ())
+        };
+        match timeout(within, asked).await {
             Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(ZdsError::Stopped),
+            Ok(Err(())) => Err(ZdsError::Stopped),
             Err(_) if self.ztunnel() == Ztunnel::Away => Err(ZdsError::NotConnected(within)),
             Err(_) => Err(ZdsError::NoAnswer {
                 what: what.to_owned(),

@@ -293,3 +293,22 @@ async fn a_second_ztunnel_replaces_the_first() {
     new.ack("").await;
     added.await.unwrap().expect("acked by the new one");
 }
+
+#[tokio::test]
+async fn adds_past_the_queue_without_ztunnel_fail_and_do_not_hang() {
+    let setup = setup("full", vec![]);
+    let adds: Vec<_> = (0..100)
+        .map(|n| {
+            let agent = setup.agent.clone();
+            tokio::spawn(async move { agent.add(pod(&format!("p{n}"), HERE)).await })
+        })
+        .collect();
+    for add in adds {
+        // Far past the bound: an add waiting for room in the queue would wait for ever.
+        let done = timeout(Duration::from_secs(30), add)
+            .await
+            .expect("not hung");
+        let err = done.unwrap().expect_err("nobody to take it");
+        assert!(matches!(err, ZdsError::NotConnected(_)), "{err}");
+    }
+}
