@@ -317,3 +317,115 @@ fn proxied(line: &str, kind: &str) -> Option<(IpAddr, SocketAddr)> {
     let peer: SocketAddr = words.next()?.parse().ok()?;
     Some((peer.ip(), words.next()?.parse().ok()?))
 }
+
+/// The workloads file of a real ztunnel (`LOCAL_XDS_PATH`): each pod with its address, over
+/// HBONE, on node `node`.
+fn ztunnel_workloads(pods: &[(&str, IpAddr)]) -> String {
+    let mut yaml = String::from("workloads:\n");
+    for (name, ip) in pods {
+        yaml.push_str(&format!(
+            "- uid: {name}-uid\n  name: {name}\n  namespace: default\n  serviceAccount: default\n  workloadIps: [\"{ip}\"]\n  protocol: HBONE\n  node: node\n  network: \"\"\n  services: {{}}\n"
+        ));
+    }
+    yaml
+}
+
+/// istio's own ztunnel, built from istio/ztunnel (`--no-default-features --features
+/// tls-ring,testing`) and named by `ZTUNNEL_BIN`: two pods enrolled by the agent, under
+/// istio-cni's rules, and a connection from one to the other through HBONE, counted by
+/// ztunnel. CI cannot fetch ztunnel; the stand-in is its partner there.
+#[test]
+#[ignore = "needs ZTUNNEL_BIN, a ztunnel built from istio/ztunnel"]
+fn a_real_ztunnel_carries_pod_to_pod_through_hbone_under_istio_cnis_rules() {
+    privileged!();
+    let ztunnel_bin = std::env::var("ZTUNNEL_BIN").expect("ZTUNNEL_BIN");
+    let topology = Topology::new("amb-real");
+    // The pod `a` in the topology's pod namespace, `b` in its other one.
+    let (a, b) = (&topology.pod, &topology.service);
+    let (a_ip, b_ip) = (topology.pod_ip4(), topology.service_ip4());
+    istio_cni::apply(a);
+    istio_cni::apply(b);
+    let b_cgroup = Cgroup::new("amb-real-b");
+    let _app = ProbeServer::serve(b, "app")
+        .listen(SocketAddr::new(b_ip.into(), 8080))
+        .cgroup(&b_cgroup)
+        .start();
+
+    let dir = StateDir::new("amb-real-zds");
+    let socket = dir.path().join("ztunnel.sock");
+    let workloads = dir.path().join("workloads.yaml");
+    std::fs::write(
+        &workloads,
+        ztunnel_workloads(&[("a", a_ip.into()), ("b", b_ip.into())]),
+    )
+    .unwrap();
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime for the agent");
+    let pod = |name: &str, netns: &NetNs| Workload {
+        uid: format!("{name}-uid"),
+        info: WorkloadInfo {
+            name: name.to_owned(),
+            namespace: "default".to_owned(),
+            service_account: "default".to_owned(),
+        },
+        netns: netns.path(),
+    };
+    let agent = {
+        let _entered = runtime.enter();
+        Agent::start(
+            &socket,
+            Arc::new(Enrolled(vec![pod("a", a), pod("b", b)])),
+            Duration::from_secs(10),
+        )
+        .expect("the agent listens")
+    };
+    let ztunnel_ns = NetNs::new("amb-real-zt");
+    let ztunnel_cgroup = Cgroup::new("amb-real-zt");
+    let ztunnel = Spawn::new(&ztunnel_bin)
+        .env("INPOD_UDS", &socket)
+        .env("XDS_ADDRESS", "")
+        .env("LOCAL_XDS_PATH", &workloads)
+        .env("FAKE_CA", "true")
+        .env("NODE_NAME", "node")
+        .env("RUST_LOG", "info")
+        .netns(&ztunnel_ns)
+        .cgroup(&ztunnel_cgroup)
+        .spawn();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !matches!(agent.ztunnel(), zds::agent::Ztunnel::Synced(_)) {
+        assert!(Instant::now() < deadline, "ztunnel: {}", ztunnel.stderr());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let a_cgroup = Cgroup::new("amb-real-a");
+    let out = connect_from(
+        a,
+        Some(&a_cgroup),
+        1000,
+        1000,
+        SocketAddr::new(b_ip.into(), 8080),
+        None,
+    );
+    match &out {
+        ConnOutcome::Served { name, peer, .. } => {
+            assert_eq!(name, "app", "{out:?}");
+            assert_eq!(
+                peer.ip(),
+                IpAddr::from(a_ip),
+                "the app sees pod a's address"
+            );
+        }
+        _ => panic!("a → b: {out:?}\nztunnel: {}", ztunnel.stderr()),
+    }
+    let metrics = ztunnel_ns.run(&["curl", "-s", "http://127.0.0.1:15020/metrics"]);
+    let opened: Vec<_> = metrics
+        .lines()
+        .filter(|l| l.starts_with("istio_tcp_connections_opened_total"))
+        .collect();
+    eprintln!("{}", opened.join("\n"));
+    assert!(
+        opened
+            .iter()
+            .any(|l| l.contains("reporter=\"destination\"")),
+        "{metrics}"
+    );
+}
