@@ -429,3 +429,61 @@ fn a_real_ztunnel_carries_pod_to_pod_through_hbone_under_istio_cnis_rules() {
         "{metrics}"
     );
 }
+
+/// istio's own ztunnel (`ZTUNNEL_BIN`, as above) on the daemon's socket: synced, and ready
+/// by its own readiness probe, which waits for a snapshot.
+#[test]
+#[ignore = "needs ZTUNNEL_BIN, a ztunnel built from istio/ztunnel"]
+fn a_real_ztunnel_is_synced_and_ready_on_the_daemons_socket() {
+    privileged!();
+    let ztunnel_bin = std::env::var("ZTUNNEL_BIN").expect("ZTUNNEL_BIN");
+    let node = TestNode::new("amb-real-daemon");
+    let run = StateDir::new("amb-real-run");
+    let socket = run.path().join("ztunnel.sock");
+    let workloads = run.path().join("workloads.yaml");
+    std::fs::write(&workloads, "workloads: []\n").unwrap();
+    let daemon = Daemon::start_with(
+        &node.root,
+        &node.node,
+        &node.state,
+        &[
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--ztunnel-socket",
+            &socket.display().to_string(),
+        ],
+    );
+    let ztunnel_ns = NetNs::new("amb-real-dzt");
+    let ztunnel_cgroup = Cgroup::new("amb-real-dzt");
+    let ztunnel = Spawn::new(&ztunnel_bin)
+        .env("INPOD_UDS", &socket)
+        .env("XDS_ADDRESS", "")
+        .env("LOCAL_XDS_PATH", &workloads)
+        .env("FAKE_CA", "true")
+        .env("NODE_NAME", "node")
+        .netns(&ztunnel_ns)
+        .cgroup(&ztunnel_cgroup)
+        .spawn();
+    wait_state(&daemon, "synced");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ready = ztunnel_ns.run(&[
+            "curl",
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "http://127.0.0.1:15021/healthz/ready",
+        ]);
+        if ready.trim() == "200" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not ready ({ready}): {}",
+            ztunnel.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
