@@ -13,7 +13,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, ensure, Context as _, Result};
-use oci_archive::{digest, header};
+use oci_archive::header;
 use serde_json::json;
 
 use crate::arch::Arch;
@@ -220,6 +220,8 @@ fn archive_bytes(images: &[(Arch, Vec<u8>)], reference: &str, version: &str) -> 
 
 #[cfg(test)]
 mod tests {
+    use oci_archive::digest;
+
     use super::*;
 
     fn entries(archive: &[u8]) -> Vec<(String, Vec<u8>)> {
