@@ -131,6 +131,20 @@ pub fn archive(images: &[Image], reference: &str) -> io::Result<Vec<u8>> {
     tar.into_inner()
 }
 
+/// Every file of a tar archive (an image archive, a layer) with its name, in order.
+pub fn files(archive: impl io::Read) -> io::Result<Vec<(String, Vec<u8>)>> {
+    let mut tar = tar::Archive::new(archive);
+    let mut files = Vec::new();
+    for entry in tar.entries()? {
+        let mut entry = entry?;
+        let name = entry.path()?.display().to_string();
+        let mut bytes = Vec::new();
+        io::Read::read_to_end(&mut entry, &mut bytes)?;
+        files.push((name, bytes));
+    }
+    Ok(files)
+}
+
 /// Where the layout keeps the blob `digest`.
 pub fn blob_name(digest: &str) -> String {
     format!("blobs/sha256/{}", digest.trim_start_matches("sha256:"))
@@ -139,20 +153,6 @@ pub fn blob_name(digest: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn entries(archive: &[u8]) -> Vec<(String, Vec<u8>)> {
-        let mut tar = tar::Archive::new(archive);
-        tar.entries()
-            .unwrap()
-            .map(|e| {
-                let mut e = e.unwrap();
-                let name = e.path().unwrap().display().to_string();
-                let mut bytes = Vec::new();
-                io::Read::read_to_end(&mut e, &mut bytes).unwrap();
-                (name, bytes)
-            })
-            .collect()
-    }
 
     #[test]
     fn the_archive_is_an_oci_layout_of_one_index_with_a_manifest_per_platform() {
@@ -169,7 +169,7 @@ mod tests {
             },
         ];
         let archive = archive(&images, "localhost/redirector:9.9.9").unwrap();
-        let entries = entries(&archive);
+        let entries = files(archive.as_slice()).unwrap();
         let blob = |digest: &str| {
             let name = blob_name(digest);
             let (_, bytes) = entries.iter().find(|(n, _)| *n == name).expect(&name);

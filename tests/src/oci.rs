@@ -88,25 +88,16 @@ struct Layout {
 
 impl Layout {
     fn read(archive: &Path) -> Layout {
-        let files =
-            Self::files(archive).unwrap_or_else(|e| panic!("reading {}: {e}", archive.display()));
+        let files = std::fs::File::open(archive)
+            .and_then(oci_archive::files)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", archive.display()))
+            .into_iter()
+            .map(|(name, bytes)| (name.trim_start_matches("./").to_owned(), bytes))
+            .collect();
         Layout {
             archive: archive.to_path_buf(),
             files,
         }
-    }
-
-    fn files(archive: &Path) -> std::io::Result<HashMap<String, Vec<u8>>> {
-        let mut tar = tar::Archive::new(std::fs::File::open(archive)?);
-        let mut files = HashMap::new();
-        for entry in tar.entries()? {
-            let mut entry = entry?;
-            let name = entry.path()?.display().to_string();
-            let mut bytes = Vec::new();
-            std::io::Read::read_to_end(&mut entry, &mut bytes)?;
-            files.insert(name.trim_start_matches("./").to_owned(), bytes);
-        }
-        Ok(files)
     }
 
     fn file(&self, name: &str) -> &[u8] {

@@ -224,20 +224,6 @@ mod tests {
 
     use super::*;
 
-    fn entries(archive: &[u8]) -> Vec<(String, Vec<u8>)> {
-        let mut tar = tar::Archive::new(archive);
-        tar.entries()
-            .unwrap()
-            .map(|e| {
-                let mut e = e.unwrap();
-                let name = e.path().unwrap().display().to_string();
-                let mut bytes = Vec::new();
-                std::io::Read::read_to_end(&mut e, &mut bytes).unwrap();
-                (name, bytes)
-            })
-            .collect()
-    }
-
     #[test]
     fn an_executable_is_checked_for_its_machine_and_static_linking() {
         // A minimal ELF header: 64-bit, little-endian, ET_EXEC, no program headers.
@@ -274,7 +260,11 @@ mod tests {
         let one = archive_bytes(&[(Arch::Arm64, layer_one.clone())], "r:1", "1").unwrap();
         let two = archive_bytes(&[(Arch::Arm64, layer_two)], "r:1", "1").unwrap();
         assert_eq!(digest(&one), digest(&two));
-        let names: Vec<_> = entries(&layer_one).into_iter().map(|(n, _)| n).collect();
+        let names: Vec<_> = oci_archive::files(layer_one.as_slice())
+            .unwrap()
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
         for name in [
             BINARY,
             "usr/local/bin/istio-iptables",
