@@ -1,4 +1,4 @@
-//! kubelet's part for one DaemonSet or Job: its manifest parsed (serde_yaml) and turned into the
+//! kubelet's part for one DaemonSet or Job: its manifest parsed (serde_yaml_ng) and turned into the
 //! CRI calls kubelet would make on the tests' containerd — the pod sandbox (host network,
 //! host pid), each container with its image, command, args, env, privileged security
 //! context and hostPath mounts (with their types and propagation), and the readiness
@@ -54,7 +54,7 @@ struct PodSpec {
     #[allow(dead_code)]
     priority_class_name: Option<String>,
     #[allow(dead_code)]
-    tolerations: Option<serde_yaml::Value>,
+    tolerations: Option<serde_yaml_ng::Value>,
     termination_grace_period_seconds: Option<u64>,
     // A Job's: the test runs it once and reads the exit codes.
     #[allow(dead_code)]
@@ -85,7 +85,7 @@ pub struct Container {
     // Ports of a host-network pod are the node's: nothing to set up.
     #[serde(default)]
     #[allow(dead_code)]
-    ports: Vec<serde_yaml::Value>,
+    ports: Vec<serde_yaml_ng::Value>,
     readiness_probe: Option<Probe>,
     liveness_probe: Option<Probe>,
     #[serde(default)]
@@ -173,7 +173,7 @@ impl DaemonSet {
     pub fn load(path: &Path) -> Self {
         let text = std::fs::read_to_string(path)
             .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-        let manifest: Manifest = serde_yaml::from_str(&text).unwrap_or_else(|e| {
+        let manifest: Manifest = serde_yaml_ng::from_str(&text).unwrap_or_else(|e| {
             panic!("{} is not a DaemonSet this kit knows: {e}", path.display())
         });
         assert!(

@@ -40,7 +40,7 @@ fn the_arm64_image_holds_a_static_aarch64_binary_that_starts_under_qemu_user() {
     let mut versions = Vec::new();
     for (arch, machine) in [("amd64", 62), ("arm64", 183)] {
         let rootfs = work.path().join(arch);
-        let (reference, config) = oci::unpack_platform(&image, arch, work.path(), &rootfs);
+        let (reference, config) = oci::unpack_platform(&image, arch, &rootfs);
         assert!(
             reference.starts_with("localhost/redirector:"),
             "{reference}"
@@ -129,9 +129,8 @@ fn containerd_imports_every_platform_of_the_index() {
     assert!(imported.contains(&reference), "{imported}");
     // Every platform's manifest, config and layer is in the content store.
     let content = cri.ctr(&["content", "ls", "--quiet"]);
-    let work = StateDir::new("image-index");
     for arch in ["amd64", "arm64"] {
-        for digest in oci::platform_blobs(&image, arch, work.path()) {
+        for digest in oci::platform_blobs(&image, arch) {
             assert!(
                 content.lines().any(|l| l.trim() == digest),
                 "linux/{arch}: {digest} not imported:\n{content}"

@@ -2,7 +2,8 @@
 //! concurrent scrapes are all answered, keep the daemon's memory bounded and do not slow
 //! pod adds grossly (by how much is the bench's figure); by
 //! default decisions are the node's totals, with no pod named; per-pod series only with
-//! `--metrics-per-pod`; the probes on an address of their own; a bad address refused,
+//! `--metrics-per-pod`; a scrape parsed by the Prometheus project's parser for the format
+//! its content type names; the probes on an address of their own; a bad address refused,
 //! naming its flag.
 
 use std::net::TcpListener;
@@ -124,6 +125,89 @@ fn metrics_per_pod_names_each_pod() {
         [format!("{redirected} 2")],
         "{body}"
     );
+}
+
+/// Parses a scrape (stdin) with the Prometheus project's own parser for the format its
+/// content type (argv[1]) names, and prints each sample as `family type sample value`.
+const PARSE_SCRAPE: &str = r#"
+import sys
+from prometheus_client import parser as text
+from prometheus_client.openmetrics import parser as openmetrics
+media = sys.argv[1].split(";")[0].strip()
+parse = {"text/plain": text, "application/openmetrics-text": openmetrics}.get(media)
+if parse is None:
+    sys.exit("no parser for " + sys.argv[1])
+for family in parse.text_string_to_metric_families(sys.stdin.read()):
+    for s in family.samples:
+        labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+        print(family.name, family.type, f"{s.name}{{{labels}}}", float(s.value))
+"#;
+
+/// Debian's python3-prometheus-client, for the system's Python.
+const PYTHON: &str = "/usr/bin/python3";
+const PROMETHEUS_CLIENT: &str =
+    "/usr/lib/python3/dist-packages/prometheus_client/openmetrics/parser.py";
+
+/// GET `/metrics` from `addr`: the response's Content-Type and body.
+fn scrape_with_type(addr: &str) -> (String, String) {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").expect("a head and a body");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let content_type = head
+        .lines()
+        .find_map(|l| {
+            l.split_once(':')
+                .filter(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+        })
+        .map(|(_, v)| v.trim().to_owned())
+        .unwrap_or_else(|| panic!("no content type: {head}"));
+    (content_type, body.to_owned())
+}
+
+#[test]
+fn a_scrape_parses_as_the_format_its_content_type_names() {
+    privileged!();
+    if !std::path::Path::new(PROMETHEUS_CLIENT).is_file()
+        && !redirector_tests::skip("the scrape's parse: python3-prometheus-client not installed")
+    {
+        return;
+    }
+    let TestNode { root, node, state } = TestNode::new("mparse");
+    let daemon = Daemon::start_with(&root, &node, &state, &["--metrics-addr", "127.0.0.1:0"]);
+    let pod = ProxiedPod::under(&node, "mparse");
+    daemon.add(&pod.topo.pod, "default/app", &STANDARD_INJECTION);
+    pod.assert_app_proxied(false);
+    std::thread::sleep(MAX_AGE);
+    let (content_type, body) = scrape_with_type(&daemon.metrics_addr());
+    let mut python = Command::new(PYTHON)
+        .args(["-c", PARSE_SCRAPE, &content_type])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running python3");
+    std::io::Write::write_all(&mut python.stdin.take().unwrap(), body.as_bytes()).unwrap();
+    let out = python.wait_with_output().unwrap();
+    let (parsed, err) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{content_type}: {err}\n{body}");
+    // Counters are counter families whose samples end in _total, as the format says.
+    for line in [
+        "redirector_decisions counter redirector_decisions_total{reason=\"redirected\"} 1.0",
+        "redirector_pods gauge redirector_pods{} 1.0",
+    ] {
+        assert!(
+            parsed.lines().any(|l| l == line),
+            "{line:?} not parsed from the {content_type} scrape:\n{parsed}\n{body}"
+        );
+    }
 }
 
 #[test]

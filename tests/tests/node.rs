@@ -106,7 +106,7 @@ impl Drop for SharedMount {
 /// named by REDIRECTOR_EBPF_OBJECT in the image's environment. Its reference.
 fn next_image(base: &Path, work: &Path) -> (PathBuf, String) {
     let rootfs = work.join("next-rootfs");
-    let (reference, mut config) = oci::unpack(base, work, &rootfs);
+    let (reference, mut config) = oci::unpack(base, &rootfs);
     let object = "/usr/local/lib/redirector/next.o";
     let mut bytes = std::fs::read(built_object()).unwrap();
     bytes.push(0);

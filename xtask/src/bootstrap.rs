@@ -11,7 +11,7 @@ use anyhow::{bail, Context as _, Result};
 
 /// Debian packages the tests and demo use, with what proves each is installed: a binary on
 /// PATH, or an absolute path for files installed elsewhere.
-const PACKAGES: [(&str, &str); 17] = [
+const PACKAGES: [(&str, &str); 18] = [
     ("bpftool", "bpftool"),
     ("iptables", "iptables-restore"),
     ("iproute2", "ip"),
@@ -41,6 +41,12 @@ const PACKAGES: [(&str, &str); 17] = [
     // c-ares (node's dns.Resolver) checks that a DNS reply comes from the server it asked:
     // the strict client of the DNS tests.
     ("nodejs", "node"),
+    // The Prometheus project's own parsers, OpenMetrics and the older text format, for the
+    // metrics test's scrape (tests/tests/metrics.rs), run by Debian's python3.
+    (
+        "python3-prometheus-client",
+        "/usr/lib/python3/dist-packages/prometheus_client/openmetrics/parser.py",
+    ),
 ];
 
 /// bpf-linker version that builds against the nightly toolchain's LLVM here.

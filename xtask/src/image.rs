@@ -13,8 +13,8 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, ensure, Context as _, Result};
+use oci_archive::header;
 use serde_json::json;
-use sha2::{Digest as _, Sha256};
 
 use crate::arch::Arch;
 use crate::workspace::{cargo, output, status, target_dir};
@@ -201,165 +201,28 @@ fn layer(binary: &Path) -> Result<Vec<u8>> {
     Ok(tar.into_inner()?)
 }
 
-fn header(kind: tar::EntryType, mode: u32) -> tar::Header {
-    let mut header = tar::Header::new_ustar();
-    header.set_entry_type(kind);
-    header.set_mode(mode);
-    header.set_uid(0);
-    header.set_gid(0);
-    header.set_mtime(0);
-    header.set_size(0);
-    header
-}
-
-fn digest(bytes: &[u8]) -> String {
-    format!("sha256:{:x}", Sha256::digest(bytes))
-}
-
-/// The OCI image layout (oci-layout, index.json, blobs) as one tar archive. index.json
-/// names one image index (by `reference`) that holds a manifest per architecture, as a
-/// registry's multi-platform image does: runtimes pick the node's own, and
-/// `ctr images import --all-platforms` keeps them all.
+/// The archive of one image per architecture, named `reference` (oci_archive lays it out).
 fn archive_bytes(images: &[(Arch, Vec<u8>)], reference: &str, version: &str) -> Result<Vec<u8>> {
-    let mut blobs: Vec<Vec<u8>> = Vec::new();
-    let mut manifests = Vec::new();
-    for (arch, layer) in images {
-        let config = serde_json::to_vec(&json!({
-            "architecture": arch.name(),
-            "os": "linux",
-            "config": {
+    let images: Vec<oci_archive::Image> = images
+        .iter()
+        .map(|(arch, layer)| oci_archive::Image {
+            architecture: arch.name(),
+            config: json!({
                 "Entrypoint": [format!("/{BINARY}")],
                 "Env": ["PATH=/usr/local/bin"],
                 "Labels": {"org.opencontainers.image.version": version},
-            },
-            "rootfs": {"type": "layers", "diff_ids": [digest(layer)]},
-        }))?;
-        let manifest = serde_json::to_vec(&json!({
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": {
-                "mediaType": "application/vnd.oci.image.config.v1+json",
-                "digest": digest(&config),
-                "size": config.len(),
-            },
-            "layers": [{
-                "mediaType": "application/vnd.oci.image.layer.v1.tar",
-                "digest": digest(layer),
-                "size": layer.len(),
-            }],
-        }))?;
-        manifests.push(json!({
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "digest": digest(&manifest),
-            "size": manifest.len(),
-            "platform": {"architecture": arch.name(), "os": "linux"},
-        }));
-        blobs.extend([layer.clone(), config, manifest]);
-    }
-    let image_index = serde_json::to_vec(&json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.index.v1+json",
-        "manifests": manifests,
-    }))?;
-    // containerd names the image by its own annotation, podman by the OCI one; both get
-    // the full reference so that neither prefixes a registry.
-    let index = serde_json::to_vec(&json!({
-        "schemaVersion": 2,
-        "manifests": [{
-            "mediaType": "application/vnd.oci.image.index.v1+json",
-            "digest": digest(&image_index),
-            "size": image_index.len(),
-            "annotations": {
-                "io.containerd.image.name": reference,
-                "org.opencontainers.image.ref.name": reference,
-            },
-        }],
-    }))?;
-    blobs.push(image_index);
-    let mut tar = tar::Builder::new(Vec::new());
-    let mut add = |name: &str, bytes: &[u8]| -> Result<()> {
-        let mut header = header(tar::EntryType::Regular, 0o644);
-        header.set_size(bytes.len() as u64);
-        tar.append_data(&mut header, name, bytes)?;
-        Ok(())
-    };
-    add("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#)?;
-    add("index.json", &index)?;
-    let mut written = std::collections::BTreeSet::new();
-    for blob in &blobs {
-        let digest = digest(blob);
-        // Two architectures may share a blob (the same bytes): it is stored once.
-        if written.insert(digest.clone()) {
-            add(
-                &format!("blobs/sha256/{}", &digest["sha256:".len()..]),
-                blob,
-            )?;
-        }
-    }
-    Ok(tar.into_inner()?)
+            }),
+            layer: layer.clone(),
+        })
+        .collect();
+    Ok(oci_archive::archive(&images, reference)?)
 }
 
 #[cfg(test)]
 mod tests {
+    use oci_archive::digest;
+
     use super::*;
-
-    fn entries(archive: &[u8]) -> Vec<(String, Vec<u8>)> {
-        let mut tar = tar::Archive::new(archive);
-        tar.entries()
-            .unwrap()
-            .map(|e| {
-                let mut e = e.unwrap();
-                let name = e.path().unwrap().display().to_string();
-                let mut bytes = Vec::new();
-                std::io::Read::read_to_end(&mut e, &mut bytes).unwrap();
-                (name, bytes)
-            })
-            .collect()
-    }
-
-    #[test]
-    fn the_archive_is_an_oci_layout_of_one_index_with_a_manifest_per_architecture() {
-        let images = vec![
-            (Arch::Amd64, b"amd64 layer".to_vec()),
-            (Arch::Arm64, b"arm64 layer".to_vec()),
-        ];
-        let archive = archive_bytes(&images, "localhost/redirector:9.9.9", "9.9.9").unwrap();
-        let entries = entries(&archive);
-        let blob = |digest: &str| {
-            let name = format!("blobs/sha256/{}", &digest["sha256:".len()..]);
-            let (_, bytes) = entries.iter().find(|(n, _)| *n == name).expect(&name);
-            assert_eq!(super::digest(bytes), digest);
-            serde_json::from_slice::<serde_json::Value>(bytes).unwrap_or_else(|_| {
-                serde_json::Value::String(String::from_utf8_lossy(bytes).into_owned())
-            })
-        };
-        let index: serde_json::Value =
-            serde_json::from_slice(&entries.iter().find(|(n, _)| n == "index.json").unwrap().1)
-                .unwrap();
-        let entry = &index["manifests"][0];
-        assert_eq!(index["manifests"].as_array().unwrap().len(), 1);
-        assert_eq!(
-            entry["annotations"]["io.containerd.image.name"],
-            "localhost/redirector:9.9.9"
-        );
-        assert_eq!(
-            entry["mediaType"],
-            "application/vnd.oci.image.index.v1+json"
-        );
-        let image_index = blob(entry["digest"].as_str().unwrap());
-        let manifests = image_index["manifests"].as_array().unwrap();
-        assert_eq!(manifests.len(), 2);
-        for (m, (arch, layer)) in manifests.iter().zip(&images) {
-            assert_eq!(m["platform"]["architecture"], arch.name());
-            assert_eq!(m["platform"]["os"], "linux");
-            let manifest = blob(m["digest"].as_str().unwrap());
-            let layer_digest = manifest["layers"][0]["digest"].as_str().unwrap();
-            assert_eq!(blob(layer_digest), String::from_utf8_lossy(layer).as_ref());
-            let config = blob(manifest["config"]["digest"].as_str().unwrap());
-            assert_eq!(config["architecture"], arch.name());
-            assert_eq!(config["rootfs"]["diff_ids"][0], layer_digest);
-        }
-    }
 
     #[test]
     fn an_executable_is_checked_for_its_machine_and_static_linking() {
@@ -397,7 +260,11 @@ mod tests {
         let one = archive_bytes(&[(Arch::Arm64, layer_one.clone())], "r:1", "1").unwrap();
         let two = archive_bytes(&[(Arch::Arm64, layer_two)], "r:1", "1").unwrap();
         assert_eq!(digest(&one), digest(&two));
-        let names: Vec<_> = entries(&layer_one).into_iter().map(|(n, _)| n).collect();
+        let names: Vec<_> = oci_archive::files(layer_one.as_slice())
+            .unwrap()
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
         for name in [
             BINARY,
             "usr/local/bin/istio-iptables",

@@ -5,6 +5,7 @@ mod arch;
 mod bootstrap;
 mod docs_check;
 mod image;
+mod msrv;
 mod results;
 mod run;
 mod soak;
@@ -33,7 +34,8 @@ enum Command {
     /// lines, and the files the code's comments cite.
     Docs,
     /// Bootstrap, build redirector, then run the checks `cargo xtask test` begins with: the
-    /// docs check, `cargo fmt --all --check`, and clippy with warnings denied.
+    /// docs check, `cargo fmt --all --check`, clippy with warnings denied, and the build with
+    /// the oldest Rust the workspace names (`rust-version`).
     Check,
     /// Bootstrap, build, then check (the docs, `cargo fmt --check`, clippy) and run the
     /// unit tests and the privileged integration tests.

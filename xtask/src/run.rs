@@ -41,8 +41,9 @@ pub fn build_redirector() -> Result<()> {
 }
 
 /// The checks before the tests, each counted as a test: the docs check, `cargo fmt
-/// --check`, and clippy with warnings denied (the host crates, then the eBPF crate for its
-/// target on nightly, as `redirector/build.rs` builds it).
+/// --check`, clippy with warnings denied (the host crates, then the eBPF crate for its
+/// target on nightly, as `redirector/build.rs` builds it), and `cargo check` with the
+/// toolchain `rust-version` names.
 fn checks() -> Counts {
     let mut counts = Counts::default();
     let mut record = |name: &str, result: Result<()>| match result {
@@ -75,6 +76,7 @@ fn checks() -> Counts {
         .env_remove("RUSTC")
         .env_remove("RUSTC_WORKSPACE_WRAPPER");
     record("clippy (eBPF)", status(ebpf));
+    record("the rust-version build", crate::msrv::check());
     println!("{}", counts.summary("checks"));
     counts
 }

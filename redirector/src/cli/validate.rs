@@ -7,8 +7,7 @@
 
 use std::{
     io,
-    net::{Ipv4Addr, TcpListener, TcpStream},
-    os::fd::AsRawFd,
+    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -16,10 +15,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use redirector_common::{
-    decision::INBOUND_PASSTHROUGH_V4,
-    kernel_abi::{SOL_IP, SO_ORIGINAL_DST},
-};
+use redirector_common::decision::INBOUND_PASSTHROUGH_V4;
+use socket2::{Domain, SockRef, Socket, Type};
 
 /// istio-iptables' exit code when validation fails.
 pub const EXIT_VALIDATION_FAILED: u8 = 126;
@@ -36,21 +33,10 @@ pub enum ValidationError {
     NotCaptured { probe_port: u16, timeout: Duration },
 }
 
-/// The port of a connection's SO_ORIGINAL_DST (the same offset in sockaddr_in and _in6).
+/// The port of a connection's SO_ORIGINAL_DST (asked at SOL_IP: the listeners are IPv4).
 fn original_dst_port(stream: &TcpStream) -> Option<u16> {
-    let mut buf = [0u8; 128];
-    let mut len = buf.len() as libc::socklen_t;
-    // SAFETY: the buffer and its length describe `buf`.
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            SOL_IP,
-            SO_ORIGINAL_DST,
-            buf.as_mut_ptr().cast(),
-            &mut len,
-        )
-    };
-    (rc == 0 && len >= 4).then(|| u16::from_be_bytes([buf[2], buf[3]]))
+    let addr = SockRef::from(stream).original_dst_v4().ok()?;
+    addr.as_socket().map(|a| a.port())
 }
 
 fn serve(listener: TcpListener, probe_port: u16, passed: Arc<AtomicBool>) {
@@ -61,54 +47,11 @@ fn serve(listener: TcpListener, probe_port: u16, passed: Arc<AtomicBool>) {
     }
 }
 
+/// One connection from 127.0.0.1 to the passthrough address at `probe_port`.
 fn dial(probe_port: u16) -> io::Result<()> {
-    // SAFETY: plain socket calls on a descriptor handed to TcpStream right away.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a new socket owned by nobody else; the stream closes it.
-    let stream = unsafe { <TcpStream as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    let bind = libc::sockaddr_in {
-        sin_family: libc::AF_INET as u16,
-        sin_port: 0,
-        sin_addr: libc::in_addr {
-            s_addr: u32::from_ne_bytes([127, 0, 0, 1]),
-        },
-        sin_zero: [0; 8],
-    };
-    // SAFETY: `bind` is a valid sockaddr_in of the length given.
-    if unsafe {
-        libc::bind(
-            fd,
-            (&raw const bind).cast(),
-            size_of::<libc::sockaddr_in>() as u32,
-        )
-    } != 0
-    {
-        return Err(io::Error::last_os_error());
-    }
-    let dst = libc::sockaddr_in {
-        sin_family: libc::AF_INET as u16,
-        sin_port: probe_port.to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from_ne_bytes(PASSTHROUGH.octets()),
-        },
-        sin_zero: [0; 8],
-    };
-    // SAFETY: `dst` is a valid sockaddr_in of the length given.
-    if unsafe {
-        libc::connect(
-            fd,
-            (&raw const dst).cast(),
-            size_of::<libc::sockaddr_in>() as u32,
-        )
-    } != 0
-    {
-        return Err(io::Error::last_os_error());
-    }
-    drop(stream);
-    Ok(())
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+    socket.bind(&SocketAddr::from((Ipv4Addr::LOCALHOST, 0)).into())?;
+    socket.connect(&SocketAddr::from((PASSTHROUGH, probe_port)).into())
 }
 
 /// Run the validation; Ok when capture was observed within `timeout`.

@@ -149,12 +149,15 @@ async fn serve(listeners: Vec<(Server, TcpListener)>, metrics: Arc<Metrics>) {
     while servers.join_next().await.is_some() {}
 }
 
-/// Prometheus' text exposition format.
-const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// What prometheus-client writes: OpenMetrics 1.0 text (counters as `<name>_total` samples
+/// of a `<name>` family, `# EOF` last). Served as such rather than rewritten into the older
+/// Prometheus text format: Prometheus and the agents that scrape it parse OpenMetrics, and
+/// read as the older format its counters would become untyped families.
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 async fn scrape(State(metrics): State<Arc<Metrics>>) -> Response {
     match metrics.scrape().await {
-        Ok(body) => ([(header::CONTENT_TYPE, TEXT_FORMAT)], body).into_response(),
+        Ok(body) => ([(header::CONTENT_TYPE, OPENMETRICS)], body).into_response(),
         Err(why) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{why}\n")).into_response(),
     }
 }

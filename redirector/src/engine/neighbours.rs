@@ -17,11 +17,9 @@ use crate::{
         programs::{AttachTarget, POD_PROGRAMS},
         ObjectPins,
     },
+    sys::bpf_sys::{BPF_F_ALLOW_MULTI, BPF_F_ALLOW_OVERRIDE},
     sys::fs_kind::is_cgroup2_dir,
 };
-
-const BPF_F_ALLOW_OVERRIDE: u32 = 1;
-const BPF_F_ALLOW_MULTI: u32 = 2;
 
 /// A program attached at an ancestor that keeps the kernel from attaching below it.
 #[derive(Debug, Clone, PartialEq, Eq)]

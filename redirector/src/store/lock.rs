@@ -1,10 +1,6 @@
 //! The node lock: every writer under a pin root holds it.
 
-use std::{
-    fs, io,
-    os::{fd::AsRawFd, unix::fs::MetadataExt},
-    path::Path,
-};
+use std::{fs, io, os::unix::fs::MetadataExt, path::Path};
 
 use super::pins::PinRoot;
 use crate::sys::fs_error::{fs_err, FsError};
@@ -73,7 +69,8 @@ impl NodeLock {
 /// How many times [`NodeLock::acquire`] tries before it gives up.
 const MOST_ATTEMPTS: u32 = 1000;
 
-/// An exclusive `flock` on a directory, held for the life of the value.
+/// An exclusive lock on a directory (`flock`, which `File::lock` is on Linux), held for the
+/// life of the value.
 pub struct DirLock {
     dir: fs::File,
 }
@@ -81,10 +78,7 @@ pub struct DirLock {
 impl DirLock {
     pub fn acquire(dir: &Path) -> Result<Self, FsError> {
         let file = fs::File::open(dir).map_err(fs_err("opening", dir))?;
-        // SAFETY: flock on a file descriptor we own.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(fs_err("locking", dir)(io::Error::last_os_error()));
-        }
+        file.lock().map_err(fs_err("locking", dir))?;
         Ok(DirLock { dir: file })
     }
 

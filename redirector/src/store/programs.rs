@@ -1,21 +1,7 @@
 //! The programs of the eBPF object and where each one attaches.
 
+use crate::sys::bpf_sys::attach_type;
 use crate::sys::kernel::keys;
-
-/// `enum bpf_attach_type` values (include/uapi/linux/bpf.h).
-pub mod attach_type {
-    pub const CGROUP_SOCK_OPS: u32 = 3;
-    pub const SK_LOOKUP: u32 = 36;
-    pub const CGROUP_INET4_CONNECT: u32 = 10;
-    pub const CGROUP_INET6_CONNECT: u32 = 11;
-    pub const CGROUP_UDP4_SENDMSG: u32 = 14;
-    pub const CGROUP_UDP6_SENDMSG: u32 = 15;
-    pub const CGROUP_UDP4_RECVMSG: u32 = 19;
-    pub const CGROUP_UDP6_RECVMSG: u32 = 20;
-    pub const CGROUP_GETSOCKOPT: u32 = 21;
-    pub const CGROUP_INET4_GETPEERNAME: u32 = 29;
-    pub const CGROUP_INET6_GETPEERNAME: u32 = 30;
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProgramKind {

@@ -1,8 +1,16 @@
-//! The few bpf(2) commands aya 0.14 does not expose for our use: creating a cgroup link
-//! or netns link for any attach type (aya cannot turn a `CgroupSockoptLink` into a pinnable
-//! link) and
-//! pinning/opening objects by path, reading a hash map in batches, walking its keys
-//! from a given one, and reading and writing entries as bytes of the map's own sizes.
+//! The few bpf(2) commands aya 0.14 does not expose for our use: loading a program from
+//! raw instructions (the kernel probes), creating a cgroup link or netns link for any
+//! attach type (aya cannot turn a `CgroupSockoptLink` into a pinnable link), updating and
+//! detaching links, attaching at a cgroup with `BPF_F_REPLACE`, asking a cgroup which
+//! programs it runs, pinning/opening objects by path, reading a hash map in batches,
+//! walking its keys from a given one, and reading and writing entries as bytes of the
+//! map's own sizes.
+//!
+//! One entry point, [`bpf`], takes the kernel's own `union bpf_attr`; each command below
+//! fills in its own member of it. The kernel's definitions (`union bpf_attr`, the commands,
+//! `struct bpf_prog_info`, `struct bpf_link_info`, `struct bpf_insn`, the program and
+//! attach types) are aya-obj's bindings generated from the kernel's headers, for every
+//! architecture.
 
 use std::{
     ffi::CString,
@@ -12,36 +20,112 @@ use std::{
     path::Path,
 };
 
-const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
-const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
-const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
-const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
-const BPF_PROG_LOAD: libc::c_long = 5;
-const BPF_OBJ_PIN: libc::c_long = 6;
-const BPF_OBJ_GET: libc::c_long = 7;
-const BPF_PROG_ATTACH: libc::c_long = 8;
-const BPF_PROG_DETACH: libc::c_long = 9;
-const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
-const BPF_PROG_QUERY: libc::c_long = 16;
-const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
-const BPF_LINK_CREATE: libc::c_long = 28;
-const BPF_LINK_UPDATE: libc::c_long = 29;
-const BPF_LINK_DETACH: libc::c_long = 34;
-const BPF_LINK_TYPE_CGROUP: u32 = 3;
-const BPF_LINK_TYPE_NETNS: u32 = 5;
+use aya_obj::generated::{
+    bpf_attach_type, bpf_attr, bpf_cmd, bpf_func_id, bpf_insn, bpf_link_info, bpf_link_type,
+    bpf_prog_info, bpf_prog_type, BPF_ALU, BPF_ALU64, BPF_CALL, BPF_EXIT, BPF_F_REPLACE, BPF_JMP,
+    BPF_JMP32, BPF_JNE, BPF_K, BPF_LDX, BPF_MEM, BPF_MOV, BPF_RSH, BPF_STX, BPF_W, BPF_X,
+};
 
-/// `union bpf_attr`, zero-filled beyond what a command uses (the kernel requires it).
-#[repr(C, align(8))]
-struct BpfAttr([u32; 32]);
+/// How a program was attached at a cgroup (BPF_PROG_QUERY's flags).
+pub use aya_obj::generated::{BPF_F_ALLOW_MULTI, BPF_F_ALLOW_OVERRIDE};
 
-fn bpf(cmd: libc::c_long, attr: &mut BpfAttr) -> io::Result<libc::c_long> {
-    // SAFETY: `attr` is a valid, fully initialised buffer of the size we pass.
+/// `enum bpf_prog_type` values this crate loads or probes.
+pub mod prog_type {
+    use super::bpf_prog_type as t;
+    pub const SOCKET_FILTER: u32 = t::BPF_PROG_TYPE_SOCKET_FILTER as u32;
+    pub const CGROUP_SOCK: u32 = t::BPF_PROG_TYPE_CGROUP_SOCK as u32;
+    pub const SOCK_OPS: u32 = t::BPF_PROG_TYPE_SOCK_OPS as u32;
+    pub const CGROUP_SOCK_ADDR: u32 = t::BPF_PROG_TYPE_CGROUP_SOCK_ADDR as u32;
+    pub const CGROUP_SOCKOPT: u32 = t::BPF_PROG_TYPE_CGROUP_SOCKOPT as u32;
+    pub const SK_LOOKUP: u32 = t::BPF_PROG_TYPE_SK_LOOKUP as u32;
+}
+
+/// `enum bpf_attach_type` values of the hooks this crate attaches to or probes.
+pub mod attach_type {
+    use super::bpf_attach_type as t;
+    /// No expected attach type, for a program type that has none (a socket filter).
+    pub const NONE: u32 = 0;
+    pub const CGROUP_INET_SOCK_CREATE: u32 = t::BPF_CGROUP_INET_SOCK_CREATE as u32;
+    pub const CGROUP_SOCK_OPS: u32 = t::BPF_CGROUP_SOCK_OPS as u32;
+    pub const CGROUP_INET4_CONNECT: u32 = t::BPF_CGROUP_INET4_CONNECT as u32;
+    pub const CGROUP_INET6_CONNECT: u32 = t::BPF_CGROUP_INET6_CONNECT as u32;
+    pub const CGROUP_UDP4_SENDMSG: u32 = t::BPF_CGROUP_UDP4_SENDMSG as u32;
+    pub const CGROUP_UDP6_SENDMSG: u32 = t::BPF_CGROUP_UDP6_SENDMSG as u32;
+    pub const CGROUP_UDP4_RECVMSG: u32 = t::BPF_CGROUP_UDP4_RECVMSG as u32;
+    pub const CGROUP_UDP6_RECVMSG: u32 = t::BPF_CGROUP_UDP6_RECVMSG as u32;
+    pub const CGROUP_GETSOCKOPT: u32 = t::BPF_CGROUP_GETSOCKOPT as u32;
+    pub const CGROUP_INET4_GETPEERNAME: u32 = t::BPF_CGROUP_INET4_GETPEERNAME as u32;
+    pub const CGROUP_INET6_GETPEERNAME: u32 = t::BPF_CGROUP_INET6_GETPEERNAME as u32;
+    pub const SK_LOOKUP: u32 = t::BPF_SK_LOOKUP as u32;
+}
+
+/// `BPF_FUNC_*` helper ids the probes use.
+pub mod helper {
+    use super::bpf_func_id as f;
+    pub const GET_NETNS_COOKIE: i32 = f::BPF_FUNC_get_netns_cookie as i32;
+    /// Came with memcg accounting of BPF memory (5.11): libbpf's sign of it too.
+    pub const KTIME_GET_COARSE_NS: i32 = f::BPF_FUNC_ktime_get_coarse_ns as i32;
+}
+
+/// The instruction codes of the programs built here from raw instructions.
+pub mod op {
+    use super::*;
+    /// `r_dst = imm`
+    pub const MOV64_IMM: u8 = (BPF_ALU64 | BPF_MOV | BPF_K) as u8;
+    /// `r_dst = r_src`
+    pub const MOV64_REG: u8 = (BPF_ALU64 | BPF_MOV | BPF_X) as u8;
+    /// `w_dst = imm` (zero-extended)
+    pub const MOV32_IMM: u8 = (BPF_ALU | BPF_MOV | BPF_K) as u8;
+    /// `r_dst >>= imm`
+    pub const RSH64_IMM: u8 = (BPF_ALU64 | BPF_RSH | BPF_K) as u8;
+    pub const EXIT: u8 = (BPF_JMP | BPF_EXIT) as u8;
+    /// Call helper `imm`.
+    pub const CALL: u8 = (BPF_JMP | BPF_CALL) as u8;
+    /// `if r_dst != imm goto +off`
+    pub const JNE_IMM: u8 = (BPF_JMP | BPF_JNE | BPF_K) as u8;
+    /// `if (u32)r_dst != imm goto +off`
+    pub const JNE32_IMM: u8 = (BPF_JMP32 | BPF_JNE | BPF_K) as u8;
+    /// `r_dst = *(u32 *)(r_src + off)`
+    pub const LDX_W: u8 = (BPF_LDX | BPF_MEM | BPF_W) as u8;
+    /// `*(u32 *)(r_dst + off) = r_src`
+    pub const STX_W: u8 = (BPF_STX | BPF_MEM | BPF_W) as u8;
+}
+
+/// One instruction (`struct bpf_insn`; its register nibbles a bitfield, laid out by the
+/// bindings for the target's byte order).
+pub fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> bpf_insn {
+    bpf_insn {
+        code,
+        _bitfield_align_1: [],
+        _bitfield_1: bpf_insn::new_bitfield_1(dst, src),
+        off,
+        imm,
+    }
+}
+
+/// A `union bpf_attr` of zeroes: the kernel requires the bytes a command does not use to
+/// be zero, and each member, all plain integers, is valid as zeroes.
+fn attr() -> bpf_attr {
+    // SAFETY: all-zero bytes are a valid value of every member (integers and arrays of them).
+    unsafe { std::mem::zeroed() }
+}
+
+/// A pointer as a `__aligned_u64` field of `union bpf_attr` holds it.
+fn ptr<T: ?Sized>(p: *const T) -> u64 {
+    p.cast::<u8>() as usize as u64
+}
+
+/// bpf(2): `cmd` with `attr`, whose member for `cmd` the caller filled in; any pointer in
+/// it must be valid for the call, for what the command reads or writes there.
+fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<libc::c_long> {
+    // SAFETY: `attr` is a whole, initialised `union bpf_attr` of the size passed; the buffers
+    // its pointers name are the caller's, alive for the call.
     let ret = unsafe {
         libc::syscall(
             libc::SYS_bpf,
-            cmd,
-            attr as *mut BpfAttr,
-            size_of::<BpfAttr>() as u32,
+            cmd as libc::c_long,
+            attr as *mut bpf_attr,
+            size_of::<bpf_attr>() as u32,
         )
     };
     if ret < 0 {
@@ -51,53 +135,58 @@ fn bpf(cmd: libc::c_long, attr: &mut BpfAttr) -> io::Result<libc::c_long> {
     }
 }
 
-/// A `__aligned_u64` field (pointer, flags) at 32-bit word `word`, as the kernel reads it:
-/// in native byte order (its low half first only on a little-endian host).
-fn set_ptr(attr: &mut BpfAttr, word: usize, ptr: u64) {
-    let b = ptr.to_ne_bytes();
-    attr.0[word] = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
-    attr.0[word + 1] = u32::from_ne_bytes([b[4], b[5], b[6], b[7]]);
+/// [`bpf`] for a command whose answer is a new file descriptor.
+fn bpf_fd(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<OwnedFd> {
+    let fd = bpf(cmd, attr)?;
+    // SAFETY: the kernel returned a new file descriptor that we now own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
-/// Loads a program of `prog_type` for `expected_attach_type` from raw instructions (`struct
-/// bpf_insn` each, as the kernel reads them), licensed GPL: a feature probe. When the
-/// verifier refuses it, its log is in `log` (level 1).
+/// A file descriptor as `union bpf_attr` holds it.
+fn fd(fd: BorrowedFd<'_>) -> u32 {
+    fd.as_raw_fd() as u32
+}
+
+/// Loads a program of `prog_type` for `expected_attach_type` from raw instructions,
+/// licensed GPL and named `name` (at most 15 bytes; empty for none): a feature probe, or a
+/// stand-in in the tests. When the verifier refuses it, its log is in `log` (level 1).
 pub fn prog_load(
     prog_type: u32,
     expected_attach_type: u32,
-    insns: &[u64],
+    insns: &[bpf_insn],
+    name: &str,
     log: &mut [u8],
 ) -> io::Result<OwnedFd> {
     let license = c"GPL";
-    let mut attr = BpfAttr([0; 32]);
-    attr.0[0] = prog_type;
-    attr.0[1] = insns.len() as u32;
-    set_ptr(&mut attr, 2, insns.as_ptr() as u64);
-    set_ptr(&mut attr, 4, license.as_ptr() as u64);
+    let mut attr = attr();
+    attr.__bindgen_anon_3.prog_type = prog_type;
+    attr.__bindgen_anon_3.insn_cnt = insns.len() as u32;
+    attr.__bindgen_anon_3.insns = ptr(insns.as_ptr());
+    attr.__bindgen_anon_3.license = ptr(license.as_ptr());
     if !log.is_empty() {
-        attr.0[6] = 1; // log_level
-        attr.0[7] = log.len() as u32;
-        set_ptr(&mut attr, 8, log.as_mut_ptr() as u64);
+        attr.__bindgen_anon_3.log_level = 1;
+        attr.__bindgen_anon_3.log_size = log.len() as u32;
+        attr.__bindgen_anon_3.log_buf = ptr(log.as_mut_ptr());
     }
-    attr.0[17] = expected_attach_type;
-    let fd = bpf(BPF_PROG_LOAD, &mut attr)?;
-    // SAFETY: the kernel returned a new file descriptor that we now own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    // The name keeps its last byte for the NUL.
+    let mut prog_name = [0 as libc::c_char; 16];
+    for (to, from) in prog_name[..15].iter_mut().zip(name.bytes()) {
+        *to = from as libc::c_char;
+    }
+    attr.__bindgen_anon_3.prog_name = prog_name;
+    attr.__bindgen_anon_3.expected_attach_type = expected_attach_type;
+    bpf_fd(bpf_cmd::BPF_PROG_LOAD, &mut attr)
 }
 
 /// Whether the kernel has BPF_LINK_CREATE: asked with no program, it answers EBADF when it
 /// knows the command and EINVAL when it does not.
 pub fn link_create_known() -> io::Result<bool> {
-    let mut attr = BpfAttr([0; 32]);
-    attr.0[0] = u32::MAX; // prog_fd -1
-    attr.0[1] = u32::MAX; // target_fd -1
-    match bpf(BPF_LINK_CREATE, &mut attr) {
-        Ok(fd) => {
-            // Not expected with no program; close whatever came back.
-            // SAFETY: the kernel returned a new file descriptor that we now own.
-            drop(unsafe { OwnedFd::from_raw_fd(fd as i32) });
-            Ok(true)
-        }
+    let mut attr = attr();
+    attr.link_create.__bindgen_anon_1.prog_fd = u32::MAX; // -1
+    attr.link_create.__bindgen_anon_2.target_fd = u32::MAX;
+    match bpf_fd(bpf_cmd::BPF_LINK_CREATE, &mut attr) {
+        // Not expected with no program; what came back is closed.
+        Ok(_) => Ok(true),
         Err(e) if e.raw_os_error() == Some(libc::EBADF) => Ok(true),
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(false),
         Err(e) => Err(e),
@@ -123,24 +212,17 @@ pub fn hash_entries(
     loop {
         keys.resize((entries + per_call) * key_size, 0);
         values.resize((entries + per_call) * value_size, 0);
-        let mut attr = BpfAttr([0; 32]);
-        set_ptr(
-            &mut attr,
-            0,
-            start.as_ref().map_or(0, |s| s as *const u64 as u64),
-        );
-        set_ptr(&mut attr, 2, &raw mut next as u64);
-        set_ptr(&mut attr, 4, keys[entries * key_size..].as_mut_ptr() as u64);
-        set_ptr(
-            &mut attr,
-            6,
-            values[entries * value_size..].as_mut_ptr() as u64,
-        );
-        attr.0[8] = per_call as u32;
-        attr.0[9] = map.as_raw_fd() as u32;
-        let result = bpf(BPF_MAP_LOOKUP_BATCH, &mut attr);
+        let mut attr = attr();
+        attr.batch.in_batch = start.as_ref().map_or(0, |s| ptr(s));
+        attr.batch.out_batch = ptr(&raw mut next);
+        attr.batch.keys = ptr(keys[entries * key_size..].as_mut_ptr());
+        attr.batch.values = ptr(values[entries * value_size..].as_mut_ptr());
+        attr.batch.count = per_call as u32;
+        attr.batch.map_fd = fd(map);
+        let result = bpf(bpf_cmd::BPF_MAP_LOOKUP_BATCH, &mut attr);
         // The kernel writes back how many entries it filled.
-        entries += attr.0[8] as usize;
+        // SAFETY: the member just written, integers only.
+        entries += unsafe { attr.batch.count } as usize;
         keys.truncate(entries * key_size);
         values.truncate(entries * value_size);
         match result {
@@ -152,20 +234,46 @@ pub fn hash_entries(
     }
 }
 
+/// BPF_MAP_* on one element: `key` (null for none), and `value` as the command reads or
+/// writes it (for GET_NEXT_KEY, the next key).
+fn map_elem(
+    cmd: bpf_cmd,
+    map: BorrowedFd<'_>,
+    key: *const u8,
+    value: *const u8,
+    flags: u64,
+) -> io::Result<()> {
+    let mut attr = attr();
+    attr.__bindgen_anon_2.map_fd = fd(map);
+    attr.__bindgen_anon_2.key = ptr(key);
+    attr.__bindgen_anon_2.__bindgen_anon_1.value = ptr(value);
+    attr.__bindgen_anon_2.flags = flags;
+    bpf(cmd, &mut attr).map(drop)
+}
+
+/// `Ok(false)` for ENOENT: no such key, or no key after it.
+fn found(result: io::Result<()>) -> io::Result<bool> {
+    match result {
+        Ok(()) => Ok(true),
+        Err(err) if err.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+        Err(err) => Err(err),
+    }
+}
+
 /// The key after `key` in the map's own order (its first key for `None`, or when `key` is
 /// not in it any more); `Ok(None)` after the last. Each call is one bpf call, whatever the
 /// size of the map.
 pub fn next_key<K: bytemuck::Pod>(map: BorrowedFd<'_>, key: Option<&K>) -> io::Result<Option<K>> {
     let mut next = K::zeroed();
-    let mut attr = BpfAttr([0; 32]);
-    attr.0[0] = map.as_raw_fd() as u32;
-    set_ptr(&mut attr, 2, key.map_or(0, |k| k as *const K as u64));
-    set_ptr(&mut attr, 4, &raw mut next as u64);
-    match bpf(BPF_MAP_GET_NEXT_KEY, &mut attr) {
-        Ok(_) => Ok(Some(next)),
-        Err(err) if err.raw_os_error() == Some(libc::ENOENT) => Ok(None),
-        Err(err) => Err(err),
-    }
+    let key = key.map_or(std::ptr::null(), |k| bytemuck::bytes_of(k).as_ptr());
+    let asked = map_elem(
+        bpf_cmd::BPF_MAP_GET_NEXT_KEY,
+        map,
+        key,
+        bytemuck::bytes_of_mut(&mut next).as_mut_ptr(),
+        0,
+    );
+    Ok(found(asked)?.then_some(next))
 }
 
 /// The key after `key` (the first for `None`) as bytes: `key_size` of them.
@@ -175,30 +283,29 @@ pub fn next_key_bytes(
     key_size: usize,
 ) -> io::Result<Option<Vec<u8>>> {
     let mut next = vec![0u8; key_size];
-    let mut attr = BpfAttr([0; 32]);
-    attr.0[0] = map.as_raw_fd() as u32;
-    set_ptr(&mut attr, 2, key.map_or(0, |k| k.as_ptr() as u64));
-    set_ptr(&mut attr, 4, next.as_mut_ptr() as u64);
-    match bpf(BPF_MAP_GET_NEXT_KEY, &mut attr) {
-        Ok(_) => Ok(Some(next)),
-        Err(err) if err.raw_os_error() == Some(libc::ENOENT) => Ok(None),
-        Err(err) => Err(err),
-    }
+    let key = key.map_or(std::ptr::null(), <[u8]>::as_ptr);
+    let asked = map_elem(
+        bpf_cmd::BPF_MAP_GET_NEXT_KEY,
+        map,
+        key,
+        next.as_mut_ptr(),
+        0,
+    );
+    Ok(found(asked)?.then_some(next))
 }
 
 /// The value of `key` into `value`, which holds the map's whole value (every CPU's, for a
 /// per-CPU map); `Ok(false)` when the key is not in the map. The key must be the map's key
 /// size.
 pub fn lookup_bytes(map: BorrowedFd<'_>, key: &[u8], value: &mut [u8]) -> io::Result<bool> {
-    let mut attr = BpfAttr([0; 32]);
-    attr.0[0] = map.as_raw_fd() as u32;
-    set_ptr(&mut attr, 2, key.as_ptr() as u64);
-    set_ptr(&mut attr, 4, value.as_mut_ptr() as u64);
-    match bpf(BPF_MAP_LOOKUP_ELEM, &mut attr) {
-        Ok(_) => Ok(true),
-        Err(err) if err.raw_os_error() == Some(libc::ENOENT) => Ok(false),
-        Err(err) => Err(err),
-    }
+    let asked = map_elem(
+        bpf_cmd::BPF_MAP_LOOKUP_ELEM,
+        map,
+        key.as_ptr(),
+        value.as_mut_ptr(),
+        0,
+    );
+    found(asked)
 }
 
 /// Write `value` (the map's whole value) at `key`, with `BPF_ANY`/`BPF_EXIST`-style flags.
@@ -208,22 +315,26 @@ pub fn lookup_bytes(map: BorrowedFd<'_>, key: &[u8], value: &mut [u8]) -> io::Re
 /// percpu allocator's atomic pool) are refilled in the background, and a run of thousands
 /// of adds can find them empty for a moment with plenty of memory free.
 pub fn update_bytes(map: BorrowedFd<'_>, key: &[u8], value: &[u8], flags: u64) -> io::Result<()> {
-    let mut attr = BpfAttr([0; 32]);
-    attr.0[0] = map.as_raw_fd() as u32;
-    set_ptr(&mut attr, 2, key.as_ptr() as u64);
-    set_ptr(&mut attr, 4, value.as_ptr() as u64);
-    set_ptr(&mut attr, 6, flags);
+    let update = || {
+        map_elem(
+            bpf_cmd::BPF_MAP_UPDATE_ELEM,
+            map,
+            key.as_ptr(),
+            value.as_ptr(),
+            flags,
+        )
+    };
     let mut wait = std::time::Duration::from_micros(50);
     for _ in 0..ENOMEM_RETRIES {
-        match bpf(BPF_MAP_UPDATE_ELEM, &mut attr) {
+        match update() {
             Err(err) if err.raw_os_error() == Some(libc::ENOMEM) => {
                 std::thread::sleep(wait);
                 wait *= 2;
             }
-            other => return other.map(drop),
+            other => return other,
         }
     }
-    bpf(BPF_MAP_UPDATE_ELEM, &mut attr).map(drop)
+    update()
 }
 
 /// How many times [`update_bytes`] tries again after ENOMEM (about 400 ms in all).
@@ -231,17 +342,20 @@ const ENOMEM_RETRIES: u32 = 13;
 
 /// Remove `key`; NotFound when it was not there.
 pub fn delete_bytes(map: BorrowedFd<'_>, key: &[u8]) -> io::Result<()> {
-    let mut attr = BpfAttr([0; 32]);
-    attr.0[0] = map.as_raw_fd() as u32;
-    set_ptr(&mut attr, 2, key.as_ptr() as u64);
-    bpf(BPF_MAP_DELETE_ELEM, &mut attr).map(drop)
+    map_elem(
+        bpf_cmd::BPF_MAP_DELETE_ELEM,
+        map,
+        key.as_ptr(),
+        std::ptr::null(),
+        0,
+    )
 }
 
 /// Detach a link from its hook now; the link object lives on until its last reference goes.
 pub fn link_detach(link: BorrowedFd<'_>) -> io::Result<()> {
-    let mut attr = BpfAttr([0; 32]);
-    attr.0[0] = link.as_raw_fd() as u32;
-    bpf(BPF_LINK_DETACH, &mut attr).map(drop)
+    let mut attr = attr();
+    attr.link_detach.link_fd = fd(link);
+    bpf(bpf_cmd::BPF_LINK_DETACH, &mut attr).map(drop)
 }
 
 /// An LPM-trie key as the kernel reads it: the prefix length, then the data, unpadded.
@@ -291,22 +405,20 @@ fn c_path(path: &Path) -> io::Result<CString> {
 }
 
 /// Pin a BPF object (program, map or link) at `path` on bpffs.
-pub fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
+pub fn obj_pin(object: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
     let path = c_path(path)?;
-    let mut attr = BpfAttr([0; 32]);
-    set_ptr(&mut attr, 0, path.as_ptr() as u64);
-    attr.0[2] = fd.as_raw_fd() as u32;
-    bpf(BPF_OBJ_PIN, &mut attr).map(drop)
+    let mut attr = attr();
+    attr.__bindgen_anon_4.pathname = ptr(path.as_ptr());
+    attr.__bindgen_anon_4.bpf_fd = fd(object);
+    bpf(bpf_cmd::BPF_OBJ_PIN, &mut attr).map(drop)
 }
 
 /// Open the BPF object pinned at `path`.
 pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
     let path = c_path(path)?;
-    let mut attr = BpfAttr([0; 32]);
-    set_ptr(&mut attr, 0, path.as_ptr() as u64);
-    let fd = bpf(BPF_OBJ_GET, &mut attr)?;
-    // SAFETY: the kernel returned a new file descriptor that we now own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    let mut attr = attr();
+    attr.__bindgen_anon_4.pathname = ptr(path.as_ptr());
+    bpf_fd(bpf_cmd::BPF_OBJ_GET, &mut attr)
 }
 
 /// The programs attached directly at `cgroup` for `attach_type` (not its ancestors'), and
@@ -314,20 +426,43 @@ pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
 pub fn cgroup_programs(cgroup: BorrowedFd<'_>, attach_type: u32) -> io::Result<(u32, Vec<u32>)> {
     const MOST: usize = 64;
     let mut ids = [0u32; MOST];
-    let mut attr = BpfAttr([0; 32]);
-    attr.0[0] = cgroup.as_raw_fd() as u32;
-    attr.0[1] = attach_type;
-    set_ptr(&mut attr, 4, ids.as_mut_ptr() as u64);
-    attr.0[6] = MOST as u32;
-    bpf(BPF_PROG_QUERY, &mut attr)?;
-    let count = (attr.0[6] as usize).min(MOST);
-    Ok((attr.0[3], ids[..count].to_vec()))
+    let mut attr = attr();
+    attr.query.__bindgen_anon_1.target_fd = fd(cgroup);
+    attr.query.attach_type = attach_type;
+    attr.query.prog_ids = ptr(ids.as_mut_ptr());
+    attr.query.__bindgen_anon_2.prog_cnt = MOST as u32;
+    bpf(bpf_cmd::BPF_PROG_QUERY, &mut attr)?;
+    // SAFETY: the member just written (and written back by the kernel), integers only.
+    let (flags, count) = unsafe {
+        (
+            attr.query.attach_flags,
+            attr.query.__bindgen_anon_2.prog_cnt,
+        )
+    };
+    Ok((flags, ids[..(count as usize).min(MOST)].to_vec()))
 }
 
-/// `BPF_F_ALLOW_MULTI`: a cgroup's programs for one hook run together, and with its
-/// ancestors' (nearest the socket first).
-pub const BPF_F_ALLOW_MULTI: u32 = 1 << 1;
-const BPF_F_REPLACE: u32 = 1 << 2;
+/// BPF_PROG_ATTACH or BPF_PROG_DETACH of `prog` at `cgroup`.
+fn prog_attachment(
+    cmd: bpf_cmd,
+    prog: BorrowedFd<'_>,
+    cgroup: BorrowedFd<'_>,
+    attach_type: u32,
+    flags: u32,
+    replace: Option<BorrowedFd<'_>>,
+) -> io::Result<()> {
+    let mut attr = attr();
+    attr.__bindgen_anon_5.__bindgen_anon_1.target_fd = fd(cgroup);
+    attr.__bindgen_anon_5.attach_bpf_fd = fd(prog);
+    attr.__bindgen_anon_5.attach_type = attach_type;
+    let mut flags = flags;
+    if let Some(old) = replace {
+        flags |= BPF_F_REPLACE;
+        attr.__bindgen_anon_5.replace_bpf_fd = fd(old);
+    }
+    attr.__bindgen_anon_5.attach_flags = flags;
+    bpf(cmd, &mut attr).map(drop)
+}
 
 /// Attach `prog` at `cgroup` without a link (BPF_PROG_ATTACH, `BPF_F_ALLOW_MULTI`): the
 /// attachment lives as long as the cgroup, pinned nowhere. With `replace`, `prog` takes
@@ -339,16 +474,14 @@ pub fn prog_attach(
     attach_type: u32,
     replace: Option<BorrowedFd<'_>>,
 ) -> io::Result<()> {
-    let mut attr = BpfAttr([0; 32]);
-    attr.0[0] = cgroup.as_raw_fd() as u32;
-    attr.0[1] = prog.as_raw_fd() as u32;
-    attr.0[2] = attach_type;
-    attr.0[3] = BPF_F_ALLOW_MULTI;
-    if let Some(old) = replace {
-        attr.0[3] |= BPF_F_REPLACE;
-        attr.0[4] = old.as_raw_fd() as u32;
-    }
-    bpf(BPF_PROG_ATTACH, &mut attr).map(drop)
+    prog_attachment(
+        bpf_cmd::BPF_PROG_ATTACH,
+        prog,
+        cgroup,
+        attach_type,
+        BPF_F_ALLOW_MULTI,
+        replace,
+    )
 }
 
 /// Detach `prog`, attached at `cgroup` with [`prog_attach`].
@@ -357,11 +490,7 @@ pub fn prog_detach(
     cgroup: BorrowedFd<'_>,
     attach_type: u32,
 ) -> io::Result<()> {
-    let mut attr = BpfAttr([0; 32]);
-    attr.0[0] = cgroup.as_raw_fd() as u32;
-    attr.0[1] = prog.as_raw_fd() as u32;
-    attr.0[2] = attach_type;
-    bpf(BPF_PROG_DETACH, &mut attr).map(drop)
+    prog_attachment(bpf_cmd::BPF_PROG_DETACH, prog, cgroup, attach_type, 0, None)
 }
 
 /// Attach `prog` to `target` (a cgroup or network namespace fd) with a BPF link; the link
@@ -371,80 +500,62 @@ pub fn link_create(
     target: BorrowedFd<'_>,
     attach_type: u32,
 ) -> io::Result<OwnedFd> {
-    let mut attr = BpfAttr([0; 32]);
-    attr.0[0] = prog.as_raw_fd() as u32;
-    attr.0[1] = target.as_raw_fd() as u32;
-    attr.0[2] = attach_type;
-    let fd = bpf(BPF_LINK_CREATE, &mut attr)?;
-    // SAFETY: the kernel returned a new file descriptor that we now own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    let mut attr = attr();
+    attr.link_create.__bindgen_anon_1.prog_fd = fd(prog);
+    attr.link_create.__bindgen_anon_2.target_fd = fd(target);
+    attr.link_create.attach_type = attach_type;
+    bpf_fd(bpf_cmd::BPF_LINK_CREATE, &mut attr)
 }
 
 /// Replace the program of `link` with `prog` in place: atomic, the hook never runs without
 /// a program.
 pub fn link_update(link: BorrowedFd<'_>, prog: BorrowedFd<'_>) -> io::Result<()> {
-    let mut attr = BpfAttr([0; 32]);
-    attr.0[0] = link.as_raw_fd() as u32;
-    attr.0[1] = prog.as_raw_fd() as u32;
-    bpf(BPF_LINK_UPDATE, &mut attr).map(drop)
+    let mut attr = attr();
+    attr.link_update.link_fd = fd(link);
+    attr.link_update.__bindgen_anon_1.new_prog_fd = fd(prog);
+    bpf(bpf_cmd::BPF_LINK_UPDATE, &mut attr).map(drop)
 }
 
-/// `struct bpf_link_info` of a link, as 64-bit words: type and id, prog_id and padding,
-/// then the per-type union (BPF_OBJ_GET_INFO_BY_FD).
-fn link_info(link: BorrowedFd<'_>) -> io::Result<[u64; 8]> {
-    let mut info = [0u64; 8];
-    let mut attr = BpfAttr([0; 32]);
-    attr.0[0] = link.as_raw_fd() as u32;
-    attr.0[1] = size_of_val(&info) as u32;
-    set_ptr(&mut attr, 2, info.as_mut_ptr() as u64);
-    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+/// BPF_OBJ_GET_INFO_BY_FD: the kernel's `struct bpf_prog_info` or `struct bpf_link_info`
+/// of `object`. A kernel older than the bindings fills in what it knows, the rest stays
+/// zero.
+fn info_by_fd<I: Copy>(object: BorrowedFd<'_>) -> io::Result<I> {
+    // SAFETY: the info structs are integers and arrays of them (and unions of such):
+    // all-zero bytes are a valid value.
+    let mut info: I = unsafe { std::mem::zeroed() };
+    let mut attr = attr();
+    attr.info.bpf_fd = fd(object);
+    attr.info.info_len = size_of::<I>() as u32;
+    attr.info.info = ptr(&raw mut info);
+    bpf(bpf_cmd::BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
     Ok(info)
-}
-
-/// The `__u32` field at byte `offset` of a [`link_info`]: by its bytes, not by truncating
-/// a word, which would read the field's neighbour on a big-endian host.
-fn link_info_u32(info: &[u64; 8], offset: usize) -> u32 {
-    let bytes = bytemuck::bytes_of(info);
-    u32::from_ne_bytes(bytes[offset..offset + 4].try_into().expect("4 bytes"))
 }
 
 /// The program with kernel id `id`, as a new file descriptor (BPF_PROG_GET_FD_BY_ID).
 pub fn program_by_id(id: u32) -> io::Result<OwnedFd> {
-    const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
-    let mut attr = BpfAttr([0; 32]);
-    attr.0[0] = id;
-    let fd = bpf(BPF_PROG_GET_FD_BY_ID, &mut attr)?;
-    // SAFETY: the kernel returned a new file descriptor that we now own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    let mut attr = attr();
+    attr.__bindgen_anon_6.__bindgen_anon_1.prog_id = id;
+    bpf_fd(bpf_cmd::BPF_PROG_GET_FD_BY_ID, &mut attr)
 }
 
 /// A program's kernel id and the name it was loaded with (`struct bpf_prog_info`'s `id`
 /// and `name`: at most 15 bytes).
 pub fn program_id_and_name(prog: BorrowedFd<'_>) -> io::Result<(u32, String)> {
-    // type, id, tag[8], two lengths, two pointers, load time, uid, map count, map ids:
-    // the name follows, at byte 64.
-    let mut info = [0u8; 80];
-    let mut attr = BpfAttr([0; 32]);
-    attr.0[0] = prog.as_raw_fd() as u32;
-    attr.0[1] = info.len() as u32;
-    set_ptr(&mut attr, 2, info.as_mut_ptr() as u64);
-    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
-    let id = u32::from_ne_bytes([info[4], info[5], info[6], info[7]]);
-    let name = &info[64..];
-    let end = name.iter().position(|b| *b == 0).unwrap_or(name.len());
-    Ok((id, String::from_utf8_lossy(&name[..end]).into_owned()))
+    let info: bpf_prog_info = info_by_fd(prog)?;
+    let name: Vec<u8> = info
+        .name
+        .iter()
+        .map(|&c| c as u8)
+        .take_while(|&b| b != 0)
+        .collect();
+    Ok((info.id, String::from_utf8_lossy(&name).into_owned()))
 }
 
 /// The program a link runs, as a new file descriptor (BPF_OBJ_GET_INFO_BY_FD for its
 /// program id, then BPF_PROG_GET_FD_BY_ID).
 pub fn link_program_fd(link: BorrowedFd<'_>) -> io::Result<OwnedFd> {
-    const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
-    let info = link_info(link)?;
-    let mut attr = BpfAttr([0; 32]);
-    attr.0[0] = link_info_u32(&info, 8); // prog_id
-    let fd = bpf(BPF_PROG_GET_FD_BY_ID, &mut attr)?;
-    // SAFETY: the kernel returned a new file descriptor that we now own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    let info: bpf_link_info = info_by_fd(link)?;
+    program_by_id(info.prog_id)
 }
 
 /// What a pinned link is attached to.
@@ -462,17 +573,24 @@ impl LinkTarget {
     pub fn attached(self) -> bool {
         !matches!(self, LinkTarget::Cgroup(0) | LinkTarget::Netns(0))
     }
+
+    fn of(info: &bpf_link_info) -> LinkTarget {
+        const CGROUP: u32 = bpf_link_type::BPF_LINK_TYPE_CGROUP as u32;
+        const NETNS: u32 = bpf_link_type::BPF_LINK_TYPE_NETNS as u32;
+        // SAFETY: the union member the link's type names, integers only.
+        unsafe {
+            match info.type_ {
+                CGROUP => LinkTarget::Cgroup(info.__bindgen_anon_1.cgroup.cgroup_id),
+                NETNS => LinkTarget::Netns(info.__bindgen_anon_1.netns.netns_ino),
+                _ => LinkTarget::Other,
+            }
+        }
+    }
 }
 
 /// The target of a link, from the kernel (BPF_OBJ_GET_INFO_BY_FD).
 pub fn link_target(link: BorrowedFd<'_>) -> io::Result<LinkTarget> {
-    let info = link_info(link)?;
-    // type at 0; the union at 16: cgroup.cgroup_id (u64) or netns.netns_ino (u32).
-    Ok(match link_info_u32(&info, 0) {
-        BPF_LINK_TYPE_CGROUP => LinkTarget::Cgroup(info[2]),
-        BPF_LINK_TYPE_NETNS => LinkTarget::Netns(link_info_u32(&info, 16)),
-        _ => LinkTarget::Other,
-    })
+    Ok(LinkTarget::of(&info_by_fd(link)?))
 }
 
 /// The target of the link pinned at `path`.
@@ -482,18 +600,62 @@ pub fn pinned_link_target(path: &Path) -> io::Result<LinkTarget> {
 
 #[cfg(test)]
 mod tests {
+    use std::mem::offset_of;
+
+    use aya_obj::generated::{
+        bpf_attr__bindgen_ty_10 as Query, bpf_attr__bindgen_ty_3 as Batch,
+        bpf_attr__bindgen_ty_4 as ProgLoad, bpf_attr__bindgen_ty_6 as ProgAttach,
+    };
+
     use super::*;
 
+    /// The members' fields sit where the kernel's ABI puts them (by 32-bit word), as the
+    /// commands used them before the bindings laid them out.
     #[test]
-    fn u64_fields_are_written_and_u32_fields_read_in_native_byte_order() {
-        let mut attr = BpfAttr([0; 32]);
-        set_ptr(&mut attr, 2, 0x0102_0304_0506_0708);
-        let bytes = bytemuck::bytes_of(&attr.0);
-        assert_eq!(bytes[8..16], 0x0102_0304_0506_0708_u64.to_ne_bytes());
+    fn bpf_attr_members_are_laid_out_as_the_kernel_reads_them() {
+        assert_eq!(offset_of!(ProgLoad, insns), 2 * 4);
+        assert_eq!(offset_of!(ProgLoad, log_buf), 8 * 4);
+        assert_eq!(offset_of!(ProgLoad, prog_name), 12 * 4);
+        assert_eq!(offset_of!(ProgLoad, expected_attach_type), 17 * 4);
+        assert_eq!(offset_of!(Batch, count), 8 * 4);
+        assert_eq!(offset_of!(Batch, map_fd), 9 * 4);
+        assert_eq!(offset_of!(Query, attach_flags), 3 * 4);
+        assert_eq!(offset_of!(Query, prog_ids), 4 * 4);
+        assert_eq!(offset_of!(ProgAttach, replace_bpf_fd), 4 * 4);
+        assert_eq!(offset_of!(bpf_prog_info, name), 64);
+        assert_eq!(offset_of!(bpf_link_info, prog_id), 8);
+        assert_eq!(offset_of!(bpf_link_info, __bindgen_anon_1), 16);
+    }
 
-        let mut info = [0u64; 8];
-        bytemuck::bytes_of_mut(&mut info)[16..20].copy_from_slice(&0xabcd_u32.to_ne_bytes());
-        assert_eq!(link_info_u32(&info, 16), 0xabcd);
-        assert_eq!(link_info_u32(&info, 20), 0);
+    #[test]
+    fn instructions_are_laid_out_as_struct_bpf_insn() {
+        // r2 = *(u32 *)(r1 + 64): code 0x61, dst 2 / src 1, off 64, imm 0.
+        let read = insn(op::LDX_W, 2, 1, 64, 0);
+        // SAFETY: `struct bpf_insn` is 8 bytes of integers, no padding.
+        let bytes: [u8; 8] = unsafe { std::mem::transmute(read) };
+        assert_eq!(bytes[0], 0x61);
+        if cfg!(target_endian = "little") {
+            assert_eq!(bytes[1], 0x12);
+        }
+        assert_eq!(i16::from_ne_bytes([bytes[2], bytes[3]]), 64);
+        let call = insn(op::CALL, 0, 0, 0, helper::GET_NETNS_COOKIE);
+        assert_eq!((call.code, call.imm), (0x85, 122));
+        assert_eq!(
+            [op::MOV64_IMM, op::MOV32_IMM, op::JNE32_IMM, op::EXIT],
+            [0xb7, 0xb4, 0x56, 0x95]
+        );
+    }
+
+    #[test]
+    fn a_link_target_is_read_from_the_member_its_type_names() {
+        // SAFETY: integers only: all-zero bytes are a valid value.
+        let mut info: bpf_link_info = unsafe { std::mem::zeroed() };
+        info.type_ = bpf_link_type::BPF_LINK_TYPE_CGROUP as u32;
+        info.__bindgen_anon_1.cgroup.cgroup_id = 0x1_0000_0002;
+        assert_eq!(LinkTarget::of(&info), LinkTarget::Cgroup(0x1_0000_0002));
+        info.type_ = bpf_link_type::BPF_LINK_TYPE_NETNS as u32;
+        info.__bindgen_anon_1.netns.netns_ino = 4026531840;
+        assert_eq!(LinkTarget::of(&info), LinkTarget::Netns(4026531840));
+        assert!(!LinkTarget::Netns(0).attached());
     }
 }

@@ -11,12 +11,15 @@ use std::{
 
 use redirector_common::NetnsCookie;
 
-use crate::sys::bpf_sys;
-use crate::sys::kernel::{fallback_forced_for, keys};
-use crate::sys::kernel_probe::{
-    attach, helper, insn, prog_type, verifier_note, CALL, EXIT, JNE_IMM, LDX_W, MOV64_IMM,
-    MOV64_REG, RSH64_IMM, STX_W,
+use aya_obj::generated::bpf_insn;
+
+use crate::sys::bpf_sys::{
+    self, attach_type as attach, helper, insn,
+    op::{CALL, EXIT, JNE_IMM, LDX_W, MOV64_IMM, MOV64_REG, RSH64_IMM, STX_W},
+    prog_type,
 };
+use crate::sys::kernel::{fallback_forced_for, keys};
+use crate::sys::kernel_probe::verifier_note;
 
 /// The cookie of the calling thread's network namespace.
 pub fn of_current_thread() -> io::Result<NetnsCookie> {
@@ -51,7 +54,7 @@ const SK_PRIORITY: i16 = 20;
 
 /// The stamp: on a raw socket of [`STAMPED_PROTOCOL`] only, the namespace's cookie into the
 /// socket's mark (low half) and priority (high half); every socket allowed.
-fn stamp_instructions() -> [u64; 11] {
+fn stamp_instructions() -> [bpf_insn; 11] {
     let (socket_type, netns_cookie) = (libc::SOCK_RAW, helper::GET_NETNS_COOKIE);
     [
         insn(MOV64_REG, 6, 1, 0, 0),              // r6 = ctx (a call clobbers r1)
@@ -82,6 +85,7 @@ fn stamp_program() -> io::Result<BorrowedFd<'static>> {
         prog_type::CGROUP_SOCK,
         attach::CGROUP_INET_SOCK_CREATE,
         &stamp_instructions(),
+        "",
         &mut log,
     )
     .map_err(|e| {
@@ -182,14 +186,13 @@ mod tests {
     #[test]
     fn skips_in_the_stamp_land_on_allow() {
         let program = stamp_instructions();
-        let allow = insn(MOV64_IMM, 0, 0, 0, 1);
+        let allow = |i: &bpf_insn| i.code == MOV64_IMM && i.dst_reg() == 0 && i.imm == 1;
         for (at, instruction) in program.iter().enumerate() {
-            let bytes = instruction.to_ne_bytes();
-            if bytes[0] == JNE_IMM {
-                let off = i16::from_ne_bytes([bytes[2], bytes[3]]);
-                assert_eq!(program[at + 1 + off as usize], allow, "the jump at {at}");
+            if instruction.code == JNE_IMM {
+                let to = at + 1 + instruction.off as usize;
+                assert!(allow(&program[to]), "the jump at {at}");
             }
         }
-        assert_eq!(program[program.len() - 2], allow);
+        assert!(allow(&program[program.len() - 2]));
     }
 }

@@ -592,18 +592,16 @@ fn resolve(name: &str, family: libc::c_int) -> Result<String, String> {
         // SAFETY: `cur` is a node of the list getaddrinfo returned.
         let ai = unsafe { &*cur };
         if !ai.ai_addr.is_null() {
-            // SAFETY: all-zero is valid; the copy is bounded by ai_addrlen.
-            let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
             let len = (ai.ai_addrlen as usize).min(size_of::<libc::sockaddr_storage>());
-            // SAFETY: ai_addr points to ai_addrlen valid bytes; storage has room for len.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    ai.ai_addr.cast::<u8>(),
-                    (&raw mut storage).cast(),
-                    len,
-                )
+            // SAFETY: ai_addr points to ai_addrlen valid bytes; the storage has room for len.
+            let copied = unsafe {
+                socket2::SockAddr::try_init(|storage, storage_len| {
+                    std::ptr::copy_nonoverlapping(ai.ai_addr.cast::<u8>(), storage.cast(), len);
+                    *storage_len = len as libc::socklen_t;
+                    Ok(())
+                })
             };
-            if let Some(addr) = sockaddr::from_raw(&storage) {
+            if let Some(addr) = copied.ok().and_then(|(_, a)| a.as_socket()) {
                 if !addrs.contains(&addr.ip()) {
                     addrs.push(addr.ip());
                 }

@@ -9,9 +9,9 @@ use crate::sockaddr::{bind_family_apart, socket};
 /// A UDP socket bound to `addr` with `SO_REUSEADDR`; IPv6 ones are `IPV6_V6ONLY`, so a
 /// server can listen on `127.0.0.1:P` and `[::1]:P` (or the wildcards) side by side.
 pub fn bind_udp(addr: SocketAddr) -> io::Result<UdpSocket> {
-    let fd = socket(&addr, libc::SOCK_DGRAM)?;
-    bind_family_apart(&fd, addr)?;
-    Ok(UdpSocket::from(fd))
+    let socket = socket(&addr, socket2::Type::DGRAM)?;
+    bind_family_apart(&socket, addr)?;
+    Ok(socket.into())
 }
 
 /// Writes one length-prefixed DNS message.
