@@ -195,21 +195,18 @@ impl AsFd for Conn {
     }
 }
 
-/// Room for one fd's control message.
-#[repr(C)]
-union Control {
-    _align: libc::cmsghdr,
-    bytes: [u8; 64],
-}
+/// Room for one fd's control message, aligned as a `cmsghdr` is.
+#[repr(C, align(8))]
+struct Control([u8; 64]);
 
 fn send_now(sock: RawFd, bytes: &[u8], fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
     let mut iov = libc::iovec {
         iov_base: bytes.as_ptr() as *mut libc::c_void,
         iov_len: bytes.len(),
     };
-    // SAFETY: msghdr and the control buffer are plain data; zeroes are valid.
+    // SAFETY: msghdr is plain data; zeroes are valid.
     let mut msg: libc::msghdr = unsafe { zeroed() };
-    let mut control: Control = unsafe { zeroed() };
+    let mut control = Control([0; 64]);
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
     if let Some(fd) = fd {
@@ -218,7 +215,7 @@ fn send_now(sock: RawFd, bytes: &[u8], fd: Option<BorrowedFd<'_>>) -> io::Result
         // header and data (64 bytes > CMSG_SPACE(4)); CMSG_FIRSTHDR is non-null because
         // msg_controllen is at least one header.
         unsafe {
-            msg.msg_control = (&raw mut control.bytes).cast();
+            msg.msg_control = control.0.as_mut_ptr().cast();
             msg.msg_controllen = libc::CMSG_SPACE(size_of::<RawFd>() as u32) as _;
             let cmsg = libc::CMSG_FIRSTHDR(&msg);
             (*cmsg).cmsg_level = libc::SOL_SOCKET;
@@ -243,10 +240,10 @@ fn recv_now(sock: RawFd) -> io::Result<Option<Packet>> {
     };
     // SAFETY: as in send_now.
     let mut msg: libc::msghdr = unsafe { zeroed() };
-    let mut control: Control = unsafe { zeroed() };
+    let mut control = Control([0; 64]);
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
-    msg.msg_control = (&raw mut control.bytes).cast();
+    msg.msg_control = control.0.as_mut_ptr().cast();
     msg.msg_controllen = size_of::<Control>() as _;
     // SAFETY: msg points at live buffers for the whole call.
     let read = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
