@@ -5,10 +5,11 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crate::process::within;
 use crate::redirector::{redirector_bin, PinRoot};
-use crate::{unique_name, Cgroup, ChildGuard, NetNs, Spawn};
+use crate::{unique_name, words, Cgroup, ChildGuard, NetNs, Spawn};
 
 /// A directory under /tmp removed (with its contents) on drop.
 #[derive(Debug)]
@@ -91,40 +92,19 @@ impl Daemon {
         env: &[(&str, &str)],
     ) -> Self {
         let socket = state.path().join("redirector.sock");
-        let args: Vec<String> = vec![
-            "daemon".into(),
-            "--pin-root".into(),
-            root.path().display().to_string(),
-            "--socket".into(),
-            socket.display().to_string(),
-            "--cgroup".into(),
-            node.path().display().to_string(),
-            "--state-dir".into(),
-            state.path().display().to_string(),
-        ];
-        let repair_off = ["--repair", "off"];
-        let repair_off = if extra.contains(&"--repair") {
-            &[][..]
-        } else {
-            &repair_off[..]
-        };
-        let args = args
-            .into_iter()
-            .chain(extra.iter().chain(repair_off).map(|a| a.to_string()))
-            .collect();
-        let env = env
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        Self::spawn(socket, args, env)
+        let mut args = vec!["daemon".to_owned(), "--socket".into()];
+        args.push(socket.display().to_string());
+        args.extend(node_flags(root, node, state));
+        args.extend(extra.iter().map(|a| a.to_string()));
+        if !extra.contains(&"--repair") {
+            args.extend(["--repair".into(), "off".into()]);
+        }
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        Self::spawn(socket, args, env.collect())
     }
 
     fn spawn(socket: PathBuf, args: Vec<String>, env: Vec<(String, String)>) -> Self {
-        let mut spawn = Spawn::new(redirector_bin()).args(&args);
-        for (key, value) in &env {
-            spawn = spawn.env(key, value);
-        }
-        let child = spawn.spawn();
+        let child = Spawn::new(redirector_bin()).args(&args).envs(&env).spawn();
         let daemon = Daemon {
             child,
             socket,
@@ -138,15 +118,12 @@ impl Daemon {
     }
 
     fn wait_ready(&self, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        while !self.pod(&["list"]).status.success() {
-            assert!(
-                Instant::now() < deadline,
-                "the daemon did not serve within {timeout:?}; its log:\n{}",
-                self.child.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let served = within(timeout, || self.pod(&["list"]).status.success());
+        assert!(
+            served.is_some(),
+            "the daemon did not serve within {timeout:?}; its log:\n{}",
+            self.child.stderr()
+        );
     }
 
     pub fn pid(&self) -> u32 {
@@ -180,17 +157,13 @@ impl Daemon {
         // SAFETY: kill(2) on the pid of our own unreaped child.
         let sent = unsafe { libc::kill(self.child.pid() as i32, libc::SIGTERM) };
         assert_eq!(sent, 0, "sending SIGTERM to the daemon");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(status) = self.child.try_wait() {
-                return (status, self.child.stderr());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the daemon did not stop on SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let mut status = None;
+        within(Duration::from_secs(10), || {
+            status = self.child.try_wait();
+            status.is_some()
+        });
+        let status = status.expect("the daemon did not stop on SIGTERM");
+        (status, self.child.stderr())
     }
 
     pub fn log(&self) -> String {
@@ -394,6 +367,29 @@ impl Killed {
         self.env.push((key.to_owned(), value.to_owned()));
         self.restart()
     }
+}
+
+/// The flags naming a node's pins, cgroup and state directory, as `redirector daemon`
+/// takes them.
+pub fn node_flags(root: &PinRoot, node: &Cgroup, state: &StateDir) -> Vec<String> {
+    let [root, node, state] = [root.path(), node.path(), state.path()].map(|p| p.display());
+    words(&format!(
+        "--pin-root {root} --cgroup {node} --state-dir {state}"
+    ))
+    .into_iter()
+    .map(str::to_owned)
+    .collect()
+}
+
+/// `redirector daemon --uninstall` of the node of `root`, `node` and `state`, with `extra`
+/// flags.
+pub fn uninstall(root: &PinRoot, node: &Cgroup, state: &StateDir, extra: &[&str]) -> Output {
+    Command::new(redirector_bin())
+        .args(["daemon", "--uninstall"])
+        .args(node_flags(root, node, state))
+        .args(extra)
+        .output()
+        .expect("running redirector daemon --uninstall")
 }
 
 /// `flag value` in `args`, in place of the flag's earlier value if it has one.

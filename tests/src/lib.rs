@@ -87,6 +87,13 @@ pub(crate) fn unique_name(hint: &str) -> String {
     format!("{NAME_PREFIX}-{}-{}-{hint}", std::process::id(), next_id())
 }
 
+/// A command line written as one string: its words, `""` standing for an empty argument.
+pub fn words(line: &str) -> Vec<&str> {
+    line.split_whitespace()
+        .map(|w| if w == "\"\"" { "" } else { w })
+        .collect()
+}
+
 /// The first line of a privileged test: returns from it (a skip, see [`require_root`] and
 /// [`require_tools`]) unless it runs as root (with the tools it names), and points the kit at the `probe` binary cargo built for this
 /// test run ([`use_probe_bin`]), so every test of a binary uses exactly that one.

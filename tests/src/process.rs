@@ -87,6 +87,10 @@ impl Spawn {
         self
     }
 
+    pub fn envs<K: AsRef<OsStr>, V: AsRef<OsStr>>(self, envs: &[(K, V)]) -> Self {
+        envs.iter().fold(self, |spawn, (k, v)| spawn.env(k, v))
+    }
+
     pub fn netns(mut self, netns: &NetNs) -> Self {
         self.netns = Some(netns.path());
         self

@@ -211,16 +211,17 @@ fn start_with_nothing_pinned(plugin: &CniPlugin, root: &PinRoot, state: &Path, n
     );
     let injected = conf_031(root.path(), state, json!({ STATUS: "{}" }));
 
-    let (ok, result) = plugin.call("ADD", "plain-pod", netns, &unannotated);
-    assert!(ok, "a pod with no sidecar starts: {result}");
-    assert_eq!(result, unannotated["prevResult"], "prevResult passed on");
-    assert_eq!(result["cniVersion"], "0.3.1");
-    let (ok, result) = plugin.call_in("kube-system", "ADD", "system-pod", netns, &system);
-    assert!(ok, "a kube-system pod starts: {result}");
-    assert_eq!(result, system["prevResult"]);
-    let (ok, result) = plugin.call("ADD", "optout-pod", netns, &opted_out);
-    assert!(ok, "an opted-out pod starts: {result}");
-    assert_eq!(result, opted_out["prevResult"]);
+    let started = [
+        ("default", "plain-pod", &unannotated),
+        ("kube-system", "system-pod", &system),
+        ("default", "optout-pod", &opted_out),
+    ];
+    for (namespace, id, conf) in started {
+        let (ok, result) = plugin.call_in(namespace, "ADD", id, netns, conf);
+        assert!(ok, "{id} starts: {result}");
+        assert_eq!(result, conf["prevResult"], "prevResult passed on");
+        assert_eq!(result["cniVersion"], "0.3.1");
+    }
 
     let (ok, err) = plugin.call("ADD", "meshed-pod", netns, &injected);
     assert!(!ok, "a meshed pod must not start uncaptured: {err}");
@@ -234,16 +235,11 @@ fn start_with_nothing_pinned(plugin: &CniPlugin, root: &PinRoot, state: &Path, n
     // Nothing was installed or recorded for any of them.
     assert_eq!(pins_under(root.path()), Vec::<PathBuf>::new());
     let records = recorded(state);
-    for id in ["plain-pod", "system-pod", "optout-pod", "meshed-pod"] {
+    for (_, id, conf) in started
+        .into_iter()
+        .chain([("default", "meshed-pod", &injected)])
+    {
         assert!(!records.contains(id), "{id} recorded: {records}");
-    }
-
-    for (id, conf) in [
-        ("plain-pod", &unannotated),
-        ("system-pod", &system),
-        ("optout-pod", &opted_out),
-        ("meshed-pod", &injected),
-    ] {
         let (ok, err) = plugin.call("DEL", id, netns, conf);
         assert!(ok, "DEL {id}: {err}");
         let (ok, err) = plugin.call("DEL", id, "", conf);
@@ -413,25 +409,18 @@ fn gc_of_one_network_leaves_another_networks_pods() {
         }
     };
 
+    let gc = |network, valid| {
+        succeeded(plugin.call("GC", "", "", &gc_of(root, state.path(), network, valid)))
+    };
     // The second network's GC knows only its own container: the first's pods stay.
-    succeeded(plugin.call(
-        "GC",
-        "",
-        "",
-        &gc_of(root, state.path(), "secondary", &["b1-ctr"]),
-    ));
+    gc("secondary", &["b1-ctr"]);
     for id in ["a1-ctr", "a2-ctr", "b1-ctr", "legacy-ctr"] {
         captured(id, true);
     }
 
     // The first network's GC without a2: exactly a2 goes; the legacy record's namespace
     // is alive, so it stays.
-    succeeded(plugin.call(
-        "GC",
-        "",
-        "",
-        &gc_of(root, state.path(), "pods", &["a1-ctr"]),
-    ));
+    gc("pods", &["a1-ctr"]);
     captured("a2-ctr", false);
     for id in ["a1-ctr", "b1-ctr", "legacy-ctr"] {
         captured(id, true);
@@ -441,12 +430,7 @@ fn gc_of_one_network_leaves_another_networks_pods() {
     let mut pods = pods;
     let legacy = pods.pop().unwrap();
     drop(legacy);
-    succeeded(plugin.call(
-        "GC",
-        "",
-        "",
-        &gc_of(root, state.path(), "pods", &["a1-ctr"]),
-    ));
+    gc("pods", &["a1-ctr"]);
     assert!(!recorded(state.path()).contains("legacy-ctr"));
     for (id, _, pod) in pods.iter().filter(|(id, _, _)| *id != "a2-ctr") {
         pod.assert_app_proxied(false);
@@ -598,30 +582,18 @@ fn a_linkerd_network_captures_linkerd_pods_with_proxy_inits_ports_and_exemptions
 
     // Pods Linkerd did not inject (no annotation, istio's only, an empty proxy version)
     // and an injected one of an excluded namespace.
-    let (root_path, state_path) = (root.path(), state.path());
+    let of = |annotations| linkerd_conf(root.path(), state.path(), annotations);
+    let injected = linkerd_injected(root.path(), state.path(), json!({}));
     let left_alone = [
-        (
-            "default",
-            "plain-pod",
-            linkerd_conf(root_path, state_path, json!({})),
-        ),
-        (
-            "default",
-            "istio-pod",
-            linkerd_conf(root_path, state_path, json!({ STATUS: "{}" })),
-        ),
+        ("default", "plain-pod", of(json!({}))),
+        ("default", "istio-pod", of(json!({ STATUS: "{}" }))),
         (
             "default",
             "no-version-pod",
-            linkerd_conf(root_path, state_path, json!({ PROXY_VERSION: "" })),
+            of(json!({ PROXY_VERSION: "" })),
         ),
-        (
-            "kube-system",
-            "system-pod",
-            linkerd_injected(root_path, state_path, json!({})),
-        ),
+        ("kube-system", "system-pod", injected.clone()),
     ];
-    let injected = linkerd_injected(root_path, state_path, json!({}));
 
     // Nothing pinned (a rebooted node, no daemon yet): those pods start, untouched; the
     // injected one is held back (code 11) rather than started uncaptured.

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use redirector_tests::bpftool::{pinned_map, wait_link_detached};
-use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::daemon::{uninstall, Daemon, StateDir};
 use redirector_tests::process::{assert_success, within, StopOnDrop};
 use redirector_tests::redirector::{
     install, object_ids, pins_under, pod_links, MapChange, NextObject, STANDARD_INJECTION,
@@ -137,16 +137,7 @@ fn daemon_captures_a_pod_by_its_namespace_and_releases_it() {
     assert_proxied(&pod.connect(APP_UID, APP_UID, other), other);
 
     // --uninstall removes everything: pods, node links, records, the pin root.
-    let out = std::process::Command::new(redirector_tests::redirector::redirector_bin())
-        .args(["daemon", "--uninstall", "--pin-root"])
-        .arg(root.path())
-        .arg("--cgroup")
-        .arg(node.path())
-        .arg("--state-dir")
-        .arg(state.path())
-        .output()
-        .unwrap();
-    assert_success(&out);
+    assert_success(&uninstall(&root, &node, &state, &[]));
     assert!(!root.path().exists(), "the pin root is gone");
     assert_direct(&pod.connect(APP_UID, APP_UID, other), other);
 }

@@ -631,27 +631,19 @@ mod tests {
     use super::*;
 
     /// The injector's command line (docs/linkerd.md#how-linkerd-runs-it), IPv6 off.
-    const INJECTOR: &[&str] = &[
-        "--firewall-bin-path",
-        "iptables-nft",
-        "--firewall-save-bin-path",
-        "iptables-nft-save",
-        "--ipv6=false",
-        "--incoming-proxy-port",
-        "4143",
-        "--outgoing-proxy-port",
-        "4140",
-        "--proxy-uid",
-        "2102",
-        "--inbound-ports-to-ignore",
-        "4190,4191,4567,4568",
-        "--outbound-ports-to-ignore",
-        "4567,4568",
-    ];
+    const INJECTOR: &str = "--firewall-bin-path iptables-nft --firewall-save-bin-path \
+        iptables-nft-save --ipv6=false --incoming-proxy-port 4143 --outgoing-proxy-port 4140 \
+        --proxy-uid 2102 --inbound-ports-to-ignore 4190,4191,4567,4568 \
+        --outbound-ports-to-ignore 4567,4568";
+
+    /// proxy-init's options from a command line written as one string.
+    fn parse(line: &str) -> Result<ProxyInitOptions, ProxyInitError> {
+        ProxyInitOptions::parse(&crate::words(line))
+    }
 
     #[test]
     fn injector_defaults_give_proxy_init_s_rules() {
-        let opts = ProxyInitOptions::parse(INJECTOR).unwrap();
+        let opts = parse(INJECTOR).unwrap();
         assert!(!opts.ipv6);
         assert_eq!(
             opts.nat_rules(Family::V4),
@@ -681,14 +673,9 @@ COMMIT
     fn ranges_split_into_multiport_rules_of_fifteen_references() {
         // 7 ranges (14 references) and two single ports: the second single port opens a
         // second rule.
-        let opts = ProxyInitOptions::parse(&[
-            "-p",
-            "4143",
-            "-o",
-            "4140",
-            "--outbound-ports-to-ignore",
-            "1-2,3-4,5-6,7-8,9-10,11-12,13-14,15,16",
-        ])
+        let opts = parse(
+            "-p 4143 -o 4140 --outbound-ports-to-ignore 1-2,3-4,5-6,7-8,9-10,11-12,13-14,15,16",
+        )
         .unwrap();
         let rules = opts.nat_rules(Family::V4);
         let multiport: Vec<&str> = rules.lines().filter(|l| l.contains("multiport")).collect();
@@ -724,40 +711,28 @@ COMMIT
         );
         assert!(opts.ipv6, "--ipv6 defaults to true");
         assert_eq!(
-            ProxyInitOptions::parse(&["-p", "1", "-o", "2", "--subnets-to-ignore", "10.0.0.1"]),
+            parse("-p 1 -o 2 --subnets-to-ignore 10.0.0.1"),
             Err(ProxyInitError::InvalidCidr("10.0.0.1".into()))
         );
         assert!(matches!(
-            ProxyInitOptions::parse(&["-o", "4140"]),
+            parse("-o 4140"),
             Err(ProxyInitError::InvalidProxyPort { value: -1, .. })
         ));
         assert!(matches!(
-            ProxyInitOptions::parse(&["-p", "1", "-o", "2", "--outbound-ports-to-ignore", "x"]),
+            parse("-p 1 -o 2 --outbound-ports-to-ignore x"),
             Err(ProxyInitError::NoValidPort { .. })
         ));
         assert!(matches!(
-            ProxyInitOptions::parse(&["-p", "1", "-o", "2", "--iptables-mode", "fancy"]),
+            parse("-p 1 -o 2 --iptables-mode fancy"),
             Err(ProxyInitError::InvalidValue { .. })
         ));
     }
 
     #[test]
     fn listed_ports_subnets_and_owners() {
-        let opts = ProxyInitOptions::parse(&[
-            "-p",
-            "4143",
-            "-o",
-            "4140",
-            "-u",
-            "0",
-            "-g",
-            "2103",
-            "-r",
-            "8080,4190",
-            "--subnets-to-ignore",
-            "192.0.2.9/24,2001:db8::/32",
-        ])
-        .unwrap();
+        let opts =
+            parse("-p 4143 -o 4140 -u 0 -g 2103 -r 8080,4190 --subnets-to-ignore 192.0.2.9/24,2001:db8::/32")
+                .unwrap();
         let v4 = opts.nat_rules(Family::V4);
         assert!(!v4.contains("--uid-owner"), "uid 0 exempts nobody:\n{v4}");
         assert!(v4.contains("-m owner --gid-owner 2103 "), "{v4}");
@@ -780,8 +755,8 @@ COMMIT
 
     #[test]
     fn a_rerun_keeps_the_ipv6_rules_of_the_last_run_that_wrote_them() {
-        let on = ProxyInitOptions::parse(&["-p", "4143", "-o", "4140", "-u", "2102"]).unwrap();
-        let off = ProxyInitOptions::parse(&["-p", "4143", "-o", "4141", "--ipv6=false"]).unwrap();
+        let on = parse("-p 4143 -o 4140 -u 2102").unwrap();
+        let off = parse("-p 4143 -o 4141 --ipv6=false").unwrap();
         let state = CaptureState::after(&[on.clone(), off.clone()]);
         assert_eq!(state.v4, off);
         assert_eq!(state.v6, Some(on));
