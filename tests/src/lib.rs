@@ -50,6 +50,28 @@ pub mod user_ns;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
+/// The kit's names nearly every suite uses, and the std types that go with them:
+/// `use redirector_tests::prelude::*;`.
+pub mod prelude {
+    pub use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    pub use std::path::{Path, PathBuf};
+    pub use std::time::{Duration, Instant};
+
+    pub use crate::bpftool::{cgroup_attachments, loaded_ids, pinned_id, wait_gone};
+    pub use crate::daemon::{Daemon, StateDir};
+    pub use crate::process::{assert_success, within};
+    pub use crate::redirector::{
+        install, istio_iptables, object_ids, pins_under, pod_links, redirector_bin, run_ok,
+        PinRoot, STANDARD_INJECTION,
+    };
+    pub use crate::test_node::{failed, succeeded, CniPlugin, TestNode};
+    pub use crate::{
+        assert_all_proxied, assert_direct, assert_proxied, connect_from, privileged, probe_bin,
+        words, Cgroup, ChildGuard, ConnOutcome, NetNs, ProbeServer, ProxiedPod, Spawn, Topology,
+        APP_UID, PROXY_UID,
+    };
+}
+
 pub use cgroup::Cgroup;
 pub use netns::NetNs;
 pub use paths::{bin_path, golden_dir, target_dir, workspace_root};

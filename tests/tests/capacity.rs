@@ -5,9 +5,8 @@
 use std::process::Output;
 
 use redirector_common::capacity;
-use redirector_tests::bpftool::cgroup_attachments;
-use redirector_tests::redirector::{istio_iptables, map_fill, status, PinRoot};
-use redirector_tests::{privileged, Topology};
+use redirector_tests::prelude::*;
+use redirector_tests::redirector::{map_fill, status};
 
 fn fill(root: &PinRoot, map: &str) -> u64 {
     map_fill(root)

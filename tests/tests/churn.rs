@@ -3,15 +3,12 @@
 //! the node's maps, and nothing a live pod needs is ever removed.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use redirector_common::capacity;
 use redirector_tests::bpftool::wait_link_detached;
 use redirector_tests::churn::churn;
-use redirector_tests::redirector::{
-    install, istio_iptables, map_fill, pins_under, pod_links, status, PinRoot, STANDARD_INJECTION,
-};
-use redirector_tests::{assert_proxied, privileged, Cgroup, NetNs, ProxiedPod, APP_UID};
+use redirector_tests::prelude::*;
+use redirector_tests::redirector::{map_fill, status};
 
 /// Pods set up and deleted, and how many are alive at a time (besides the long-lived one).
 const PODS: usize = 2_000;

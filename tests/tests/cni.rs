@@ -2,27 +2,16 @@
 //! network configuration on stdin, against namespaces the test made, beside a daemon. In
 //! both dialects: istio's (the default) and Linkerd's (`"dialect": "linkerd"`).
 
-use std::net::{Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
-
 use serde_json::{json, Value};
 
-use redirector_tests::bpftool::cgroup_attachments;
-use redirector_tests::daemon::Daemon;
 use redirector_tests::linkerd::cases::LINKERD_PROXY_UID;
 use redirector_tests::linkerd::meshed::{
     assert_app, assert_inbound, assert_outbound, assert_peer, MeshedPod, A_PROXY_VERSION,
     CONTROL_PORT, IGNORED_OUTBOUND_PORT, INJECTOR_FLAGS, PLAIN_PORT, PROXY_VERSION,
 };
-use redirector_tests::linkerd::validator::{self, Addrs};
-use redirector_tests::redirector::{
-    object_ids, pins_under, pod_links, PinRoot, STANDARD_INJECTION,
-};
-use redirector_tests::test_node::{failed, succeeded, CniPlugin, TestNode};
-use redirector_tests::{
-    assert_direct, assert_proxied, connect_from, privileged, Cgroup, ProxiedPod, Spawn, Topology,
-    APP_UID,
-};
+use redirector_tests::linkerd::validator;
+use redirector_tests::linkerd::validator::Addrs;
+use redirector_tests::prelude::*;
 
 /// The annotation istio's injector sets on every pod it injected a sidecar into.
 const STATUS: &str = "sidecar.istio.io/status";

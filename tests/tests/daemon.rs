@@ -3,21 +3,13 @@
 //! node cgroup only while a pod whose cgroup is not found relies on them); capture that
 //! survives the daemon being killed; init-container pods beside daemon pods.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Duration;
 
 use redirector_tests::bpftool::{pinned_map, wait_link_detached};
-use redirector_tests::daemon::{uninstall, Daemon, StateDir};
-use redirector_tests::process::{assert_success, within, StopOnDrop};
-use redirector_tests::redirector::{
-    install, object_ids, pins_under, pod_links, MapChange, NextObject, STANDARD_INJECTION,
-};
-use redirector_tests::test_node::TestNode;
-use redirector_tests::{
-    assert_all_proxied, assert_direct, assert_proxied, privileged, probe_bin, Cgroup, ConnOutcome,
-    NetNs, ProxiedPod, Spawn, Topology, APP_UID, PROXY_UID,
-};
+use redirector_tests::daemon::uninstall;
+use redirector_tests::prelude::*;
+use redirector_tests::process::StopOnDrop;
+use redirector_tests::redirector::{MapChange, NextObject};
 
 /// The app in `topo` connecting to `dst` again and again until `stop`, counting in `made`:
 /// what each connection landed on.
@@ -324,10 +316,10 @@ fn a_pod_whose_namespace_goes_is_removed_while_the_daemon_runs() {
     let gone_cookie = gone.topo.pod.cookie();
     // Deleted without `pod del` (a missed CNI DEL).
     drop(gone);
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let deadline = Instant::now() + Duration::from_secs(15);
     while daemon.pod_names() != ["default/kept"] {
         assert!(
-            std::time::Instant::now() < deadline,
+            Instant::now() < deadline,
             "the gone pod is still listed: {:?}\n{}",
             daemon.pod_names(),
             daemon.log()
@@ -411,12 +403,12 @@ fn a_runtime_that_cannot_be_reached_leaves_the_daemon_serving() {
             "1",
         ],
     );
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(10);
     while !daemon
         .log()
         .contains("repair: connecting to the CRI socket")
     {
-        assert!(std::time::Instant::now() < deadline, "{}", daemon.log());
+        assert!(Instant::now() < deadline, "{}", daemon.log());
         std::thread::sleep(Duration::from_millis(100));
     }
     // Pods are still set up through the API.

@@ -6,12 +6,9 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
 
-use redirector_tests::daemon::{ask, Daemon};
-use redirector_tests::redirector::redirector_bin;
-use redirector_tests::test_node::TestNode;
-use redirector_tests::{privileged, Spawn, APP_UID};
+use redirector_tests::daemon::ask;
+use redirector_tests::prelude::*;
 
 /// A daemon and the node it lives in; keep both until the end of the test.
 fn start(hint: &str) -> (Daemon, TestNode) {

@@ -12,17 +12,15 @@
 //! `cargo build -p redirector -p redirector-tests --bins && REDIRECTOR_BIN=$PWD/target/debug/redirector
 //!  cargo test -p redirector-tests --test dns -- --test-threads=1`
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::time::Duration;
+use std::net::Ipv6Addr;
 
 use redirector_tests::dns::protocol::DnsOutcome;
 use redirector_tests::dns::{
     require_node, use_dnsprobe_bin, DnsClient, DnsMode, DnsServer, ResolvConf, DNS_PORT,
     DNS_PROXY_PORT, PROXY_ANSWER_V4, PROXY_ANSWER_V6,
 };
+use redirector_tests::prelude::*;
 use redirector_tests::proxied_pod::start_outbound_proxy;
-use redirector_tests::redirector::{install, pins_under, PinRoot, STANDARD_INJECTION};
-use redirector_tests::{privileged, ChildGuard, ConnOutcome, Topology, APP_UID, PROXY_UID};
 
 /// What the real server (resolv.conf's, on the service's own addresses) answers.
 const REAL_V4: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
@@ -196,7 +194,7 @@ fn app_queries_go_through_the_dns_proxy_and_the_resolvers_accept_the_replies() {
 
 /// Whether `pin` is a pod's link (`links/<cookie>_<hook>`) of a hook starting with one of
 /// `hooks`.
-fn is_link_of(pin: &std::path::Path, hooks: &[&str]) -> bool {
+fn is_link_of(pin: &Path, hooks: &[&str]) -> bool {
     let name = pin.file_name().unwrap_or_default().to_string_lossy();
     let hook = name.split_once('_').map_or("", |(_, hook)| hook);
     pin.parent().is_some_and(|d| d.ends_with("links")) && hooks.iter().any(|h| hook.starts_with(h))
@@ -358,9 +356,5 @@ fn without_redirect_dns_nothing_of_dns_is_captured_and_switching_off_detaches() 
         .into_iter()
         .filter(|p| is_link_of(p, &["recvmsg", "sendmsg"]))
         .collect();
-    assert_eq!(
-        dns_pins,
-        Vec::<std::path::PathBuf>::new(),
-        "UDP programs still pinned"
-    );
+    assert_eq!(dns_pins, Vec::<PathBuf>::new(), "UDP programs still pinned");
 }

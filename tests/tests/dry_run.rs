@@ -2,12 +2,8 @@
 //! after, through bpftool and bpffs.
 
 use std::collections::BTreeSet;
-use std::path::Path;
 
-use redirector_tests::bpftool::{cgroup_attachments, loaded_ids};
-use redirector_tests::process::assert_success;
-use redirector_tests::redirector::{istio_iptables, pins_under, PinRoot, STANDARD_INJECTION};
-use redirector_tests::{privileged, Topology};
+use redirector_tests::prelude::*;
 
 /// Everything of the kernel's that a run could change.
 #[derive(Debug, PartialEq, Eq)]
@@ -16,7 +12,7 @@ struct KernelState {
     maps: BTreeSet<u64>,
     links: BTreeSet<u64>,
     attached: usize,
-    pins: Vec<std::path::PathBuf>,
+    pins: Vec<PathBuf>,
     pin_root_exists: bool,
     lo_addrs: String,
 }
@@ -101,7 +97,7 @@ fn dry_run_prints_the_plan_and_changes_nothing() {
 fn from_the_root_cgroup(topo: &Topology, root: &PinRoot, extra: &[&str]) -> std::process::Output {
     use std::os::unix::process::CommandExt as _;
     let procs = redirector_tests::cgroup::cgroup2_root().join("cgroup.procs");
-    let mut cmd = std::process::Command::new(redirector_tests::redirector::redirector_bin());
+    let mut cmd = std::process::Command::new(redirector_bin());
     cmd.arg("istio-iptables")
         .arg("--network-namespace")
         .arg(topo.pod.path())

@@ -2,14 +2,10 @@
 //! network namespace gone, foreign files under the pin root. Each gives exit 1, a message
 //! naming the cause, and nothing attached or pinned.
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use redirector_tests::bpftool::cgroup_attachments;
-use redirector_tests::redirector::{
-    install, pins_under, redirector_bin, status, PinRoot, STANDARD_INJECTION,
-};
-use redirector_tests::{privileged, Topology};
+use redirector_tests::prelude::*;
+use redirector_tests::redirector::status;
 
 fn apply_with(netns: &Path, cgroup: &Path, root: &Path) -> Output {
     Command::new(redirector_bin())

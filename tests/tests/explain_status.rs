@@ -1,13 +1,10 @@
 //! `redirector explain` checked against real connections, and `redirector status` counters
 //! checked against the connections made.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::Ipv6Addr;
 use std::process::Command;
 
-use redirector_tests::redirector::{install, redirector_bin, run_ok, PinRoot};
-use redirector_tests::{
-    connect_from, privileged, ConnOutcome, ProbeServer, Topology, APP_UID, PROXY_UID,
-};
+use redirector_tests::prelude::*;
 
 fn redirector(args: &[&str]) -> String {
     let out = run_ok(Command::new(redirector_bin()).args(args));

@@ -2,13 +2,9 @@
 //! `redirector gc` removes them, and leaves live pods alone.
 
 use std::process::Command;
-use std::time::{Duration, Instant};
 
-use redirector_tests::bpftool::{loaded_ids, pinned_id, wait_gone};
-use redirector_tests::redirector::{
-    install, pins_under, pod_links, redirector_bin, run_ok, status, PinRoot, STANDARD_INJECTION,
-};
-use redirector_tests::{privileged, Topology};
+use redirector_tests::prelude::*;
+use redirector_tests::redirector::status;
 
 fn gc(root: &PinRoot) -> String {
     let out = run_ok(

@@ -3,14 +3,12 @@
 //! platform, and the arm64 image's binary is a static aarch64 executable that starts (under
 //! qemu-user, as binfmt would run it).
 
-use std::path::Path;
 use std::process::Command;
 
 use redirector_tests::cri::pods::primary_network;
 use redirector_tests::cri::Containerd;
-use redirector_tests::daemon::StateDir;
-use redirector_tests::redirector::run_ok;
-use redirector_tests::{oci, privileged, require_tools};
+use redirector_tests::prelude::*;
+use redirector_tests::{oci, require_tools};
 
 fn stdout(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&run_ok(cmd).stdout).into_owned()

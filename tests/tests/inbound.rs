@@ -2,15 +2,10 @@
 //! to the pod's address; sk_lookup hands the connection to the proxy's inbound listener,
 //! whose SO_ORIGINAL_DST (= the accepted socket's local address) is where it was going.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
+use std::net::{Ipv6Addr, SocketAddrV6};
 
-use redirector_tests::daemon::Daemon;
-use redirector_tests::redirector::{install, install_with_interfaces, PinRoot, STANDARD_INJECTION};
-use redirector_tests::test_node::TestNode;
-use redirector_tests::{
-    connect_from, privileged, ChildGuard, ConnOutcome, NetNs, ProbeServer, Topology, APP_UID,
-    PROXY_UID,
-};
+use redirector_tests::prelude::*;
+use redirector_tests::redirector::install_with_interfaces;
 
 /// Ports the app serves in the pod: a normal one, one in `-d`, and the tunnel port.
 const APP_PORT: u16 = 8080;
@@ -267,14 +262,14 @@ fn the_daemon_adds_an_address_the_pod_gained_after_setup() {
 
     let later = later_address(&topo);
     topo.add_pod_addr(later);
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     let dst = SocketAddr::new(later, APP_PORT);
     let mut refused = 0;
     let outcome = loop {
         match from_outside(&topo, dst) {
-            ConnOutcome::Refused if started.elapsed() < std::time::Duration::from_secs(5) => {
+            ConnOutcome::Refused if started.elapsed() < Duration::from_secs(5) => {
                 refused += 1;
-                std::thread::sleep(std::time::Duration::from_millis(20));
+                std::thread::sleep(Duration::from_millis(20));
             }
             other => break other,
         }
@@ -292,7 +287,7 @@ fn the_daemon_adds_an_address_the_pod_gained_after_setup() {
     assert_inbound_proxy_at(&outcome, later, APP_PORT);
     // The log line follows the pod's new entries, which the connection may have beaten.
     let logged = (0..100).any(|_| {
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(20));
         daemon.log().contains("new address")
     });
     assert!(logged, "daemon log:\n{}", daemon.log());

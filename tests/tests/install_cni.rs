@@ -5,18 +5,13 @@
 //! before the pins. Both dialects: istio's (the default) and Linkerd's (`--dialect
 //! linkerd`).
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::Duration;
 
 use serde_json::Value;
 
-use redirector_tests::daemon::{uninstall, StateDir};
+use redirector_tests::daemon::uninstall;
 use redirector_tests::linkerd::proxy_init::{PortRange, ProxyInitOptions};
-use redirector_tests::process::within;
-use redirector_tests::redirector::redirector_bin;
-use redirector_tests::test_node::TestNode;
-use redirector_tests::{privileged, words, Spawn};
+use redirector_tests::prelude::*;
 
 /// flannel's conflist (cniVersion 0.3.1).
 const FLANNEL: &str = include_str!("../../redirector/src/install_cni/testdata/flannel.conflist");

@@ -9,12 +9,10 @@
 //! ([`redirector_tests::Topology::assert_no_route_out`], checked before every run): a
 //! connection that is not redirected fails inside the test's namespaces.
 
-use redirector_tests::daemon::Daemon;
 use redirector_tests::linkerd::meshed::INJECTOR_FLAGS;
-use redirector_tests::linkerd::validator::{self, Addrs};
-use redirector_tests::redirector::pod_links;
-use redirector_tests::test_node::TestNode;
-use redirector_tests::{privileged, Topology};
+use redirector_tests::linkerd::validator;
+use redirector_tests::linkerd::validator::Addrs;
+use redirector_tests::prelude::*;
 
 /// The injector's flags with IPv6 captured too (`--ipv6=true`, proxy-init's default).
 fn with_ipv6() -> Vec<&'static str> {

@@ -7,11 +7,7 @@
 use std::process::Command;
 
 use redirector_tests::bpftool::pinned_map;
-use redirector_tests::daemon::Daemon;
-use redirector_tests::process::assert_success;
-use redirector_tests::redirector::{object_ids, redirector_bin, PinRoot, STANDARD_INJECTION};
-use redirector_tests::test_node::TestNode;
-use redirector_tests::{privileged, NetNs, ProxiedPod};
+use redirector_tests::prelude::*;
 
 /// The capacity of the node object's map `name`.
 fn capacity(root: &PinRoot, name: &str) -> u64 {

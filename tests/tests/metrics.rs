@@ -7,13 +7,9 @@
 
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
-use redirector_tests::daemon::{Daemon, StateDir};
-use redirector_tests::redirector::{object_ids, redirector_bin, PinRoot, STANDARD_INJECTION};
+use redirector_tests::prelude::*;
 use redirector_tests::scrapes::{adds_under_scrapes, MAX_AGE, SCRAPERS};
-use redirector_tests::test_node::TestNode;
-use redirector_tests::{privileged, Cgroup, ProxiedPod};
 
 /// Pods added with scrapes and without.
 const PODS: usize = 100;

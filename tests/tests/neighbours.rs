@@ -6,22 +6,14 @@
 //! ClusterIP lands on the proxy with the ClusterIP as its original destination, and the
 //! proxy's own connection to it is load-balanced to a backend.
 
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::SocketAddrV4;
 use std::process::Command;
 
-use redirector_tests::bpftool::{cgroup_attachments, pinned_id};
-use redirector_tests::daemon::{Daemon, StateDir};
-use redirector_tests::process::assert_success;
-use redirector_tests::redirector::{
-    istio_iptables, object_ids, pod_links, redirector_bin, run_ok, PinRoot, STANDARD_INJECTION,
-};
+use redirector_tests::prelude::*;
 use redirector_tests::socket_lb::SocketLb;
-use redirector_tests::{
-    privileged, Cgroup, ConnOutcome, ProbeServer, ProxiedPod, Topology, APP_UID, PROXY_UID,
-};
 
 /// `bpftool cgroup <verb> <cgroup> connect4 pinned <program> <flags…>`.
-fn connect4(cgroup: &Cgroup, program: &std::path::Path, verb: &str, flags: &[&str]) {
+fn connect4(cgroup: &Cgroup, program: &Path, verb: &str, flags: &[&str]) {
     let (cgroup, program) = (
         cgroup.path().display().to_string(),
         program.display().to_string(),

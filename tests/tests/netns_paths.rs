@@ -5,13 +5,9 @@
 //! the node lock held would wedge every other setup. Exit 1, a message naming the path,
 //! nothing attached, pinned or recorded.
 
-use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use redirector_tests::daemon::{Daemon, StateDir};
-use redirector_tests::privileged;
-use redirector_tests::redirector::{pins_under, redirector_bin, STANDARD_INJECTION};
-use redirector_tests::test_node::{CniPlugin, TestNode};
+use redirector_tests::prelude::*;
 
 /// `redirector ARGS` under `timeout 10`: a blocked open shows as exit 124.
 fn redirector(argv0: &Path, args: &[&str], env: &[(&str, &str)], stdin: &str) -> Output {
@@ -77,7 +73,7 @@ fn the_hosts_namespace_and_files_that_are_not_namespaces_are_refused_at_every_wa
             "{}",
             text(&out)
         );
-        assert_eq!(pins_under(root.path()), Vec::<std::path::PathBuf>::new());
+        assert_eq!(pins_under(root.path()), Vec::<PathBuf>::new());
     }
     // Meant: the flag lets the host's namespace through the check (dry run: nothing made).
     let out = redirector(

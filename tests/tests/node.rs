@@ -11,24 +11,17 @@
 //! conflist rewritten by the network plugin, a reboot, an upgrade under traffic, the
 //! uninstall.
 
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
-
-use redirector_tests::bpftool::cgroup_attachments;
 use redirector_tests::cri::pods::{
     app_pod, assert_lands_on_proxy, assert_reaches_service, connect, on_proxy, primary_network,
     serve, sidecar, LeftAlone, STATUS,
 };
 use redirector_tests::cri::{Containerd, Sandbox};
-use redirector_tests::daemon::{http_get, tcp_listeners, StateDir};
+use redirector_tests::daemon::{http_get, tcp_listeners};
 use redirector_tests::kubelet::{DaemonSet, Node};
-use redirector_tests::netns::NetNs;
 use redirector_tests::oci;
 use redirector_tests::podman::host::ForwardingGuard;
-use redirector_tests::process::within;
-use redirector_tests::redirector::{built_object, pins_under};
-use redirector_tests::{privileged, Cgroup, APP_UID};
+use redirector_tests::prelude::*;
+use redirector_tests::redirector::built_object;
 
 /// Where the DaemonSet's daemon pins and keeps its records: the defaults.
 const PIN_ROOT: &str = redirector::store::pins::DEFAULT_ROOT;
@@ -541,7 +534,7 @@ fn a_node_the_daemonset_cannot_serve_keeps_starting_pods_and_fails_meshed_ones_c
             .is_some(),
             "{reason}: no metric"
         );
-        let status = std::process::Command::new(redirector_tests::redirector::redirector_bin())
+        let status = std::process::Command::new(redirector_bin())
             .args(["status", "--state-dir", STATE_DIR])
             .output()
             .unwrap();

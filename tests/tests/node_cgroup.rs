@@ -2,12 +2,7 @@
 //! program on its sockets — captured on paper, not in the kernel. The daemon says so: a
 //! log line naming both cgroups, a metric, a mark in `pod list`, and `pod check` fails.
 
-use std::time::{Duration, Instant};
-
-use redirector_tests::daemon::{Daemon, StateDir};
-use redirector_tests::process::assert_success;
-use redirector_tests::redirector::{PinRoot, STANDARD_INJECTION};
-use redirector_tests::{privileged, Cgroup, NetNs, Spawn};
+use redirector_tests::prelude::*;
 
 #[test]
 fn a_pod_outside_the_node_cgroup_is_reported_and_fails_its_check() {

@@ -5,16 +5,11 @@
 //! and in `redirector status`, install-cni takes its entry out and stays up not ready.
 //! And the kubepods cgroup found under either cgroup driver's name.
 
-use std::path::{Path, PathBuf};
 use std::process::Output;
-use std::time::Duration;
 
 use redirector_tests::cgroup::cgroup2_root;
-use redirector_tests::daemon::{http_get, StateDir};
-use redirector_tests::process::within;
-use redirector_tests::redirector::{redirector_bin, PinRoot};
-use redirector_tests::test_node::{CniPlugin, TestNode};
-use redirector_tests::{privileged, Cgroup, ChildGuard, Spawn};
+use redirector_tests::daemon::http_get;
+use redirector_tests::prelude::*;
 
 /// One way to make this node unservable: extra arguments and env for every command, and
 /// the reason it must be named by.
@@ -364,7 +359,7 @@ fn the_plugin_answers_a_gone_node_cgroup_as_a_node_not_served_yet() {
     let gone = node.path().to_path_buf();
     drop(node);
     assert!(!gone.exists());
-    let pod = redirector_tests::NetNs::new("gonenode");
+    let pod = NetNs::new("gonenode");
     let (ok, answer) = plugin("ADD", root.path(), state.path(), &pod.path());
     assert!(!ok);
     assert_eq!(answer["code"], 11, "try again later: {answer}");
@@ -394,7 +389,7 @@ fn where_the_daemon_found_the_node_unservable_the_plugin_is_ready_and_captures_n
     });
     assert!(marked.is_some(), "no marker: {}", daemon.stderr());
     stop(daemon);
-    let pod = redirector_tests::NetNs::new("markednode");
+    let pod = NetNs::new("markednode");
     let (ok, answer) = plugin("STATUS", root.path(), state.path(), &pod.path());
     assert!(ok, "STATUS: {answer}");
     let (ok, answer) = plugin("ADD", root.path(), state.path(), &pod.path());

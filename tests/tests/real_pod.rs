@@ -9,25 +9,17 @@
 //! Run as root: `cargo build -p redirector -p redirector-tests --bins && cargo test -p
 //! redirector-tests --test real_pod -- --test-threads=1 --nocapture`.
 
-use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
 
-use redirector_tests::bpftool::{cgroup_attachments, pinned_id, wait_gone};
 use redirector_tests::cgroup::cgroup2_root;
 use redirector_tests::podman::host::{ForwardingGuard, HostNetState};
 use redirector_tests::podman::net::{netns_cookie, PodNetwork};
 use redirector_tests::podman::pod::Pod;
 use redirector_tests::podman::rootfs::Rootfs;
 use redirector_tests::podman::{processes_mentioning, Podman};
+use redirector_tests::prelude::*;
 use redirector_tests::probe::protocol::parse_listening;
-use redirector_tests::redirector::{pins_under, redirector_bin, PinRoot, STANDARD_INJECTION};
-use redirector_tests::{
-    assert_direct, connect_from, privileged, probe_bin, words, ConnOutcome, NetNs, ProbeServer,
-    APP_UID, PROXY_UID,
-};
 
 const SERVICE_PORT: u16 = 80;
 /// The app's own port, captured inbound.

@@ -3,25 +3,14 @@
 //! tracer exits on SIGTERM, and `gc` clears the switch a killed tracer left on. The
 //! daemon's `trace` request streams the same until its client hangs up.
 
-use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::net::UnixStream;
 use std::process::Command;
-use std::time::Duration;
 
 use serde_json::Value;
 
-use redirector_tests::daemon::Daemon;
 use redirector_tests::dns::{use_dnsprobe_bin, DnsClient, DnsMode, ResolvConf, DNS_PORT};
-use redirector_tests::process::{within, ChildGuard, Spawn};
-use redirector_tests::redirector::{
-    install, redirector_bin, run_ok, trace_switch_on, wait_for_trace_switch, PinRoot,
-    STANDARD_INJECTION,
-};
-use redirector_tests::test_node::TestNode;
-use redirector_tests::{
-    assert_proxied, connect_from, privileged, ConnOutcome, ProbeServer, ProxiedPod, Topology,
-    APP_UID, PROXY_UID,
-};
+use redirector_tests::prelude::*;
+use redirector_tests::redirector::{trace_switch_on, wait_for_trace_switch};
 
 /// Each wait here is for a step of milliseconds: 10 s is room for a loaded machine.
 fn wait_until(what: &str, ready: impl FnMut() -> bool) {
