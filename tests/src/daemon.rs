@@ -295,6 +295,12 @@ impl Daemon {
         );
     }
 
+    /// `redirector pod del --name NAME`, which must succeed.
+    #[track_caller]
+    pub fn del(&self, name: &str) {
+        crate::process::assert_success(&self.pod(&["del", "--name", name]));
+    }
+
     /// The names of the pods it manages, sorted.
     pub fn pod_names(&self) -> Vec<String> {
         let mut names: Vec<String> = self

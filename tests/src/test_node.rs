@@ -40,7 +40,12 @@ impl TestNode {
 
     /// A `redirector daemon` of this node.
     pub fn daemon(&self) -> Daemon {
-        Daemon::start(&self.root, &self.node, &self.state)
+        self.daemon_with("")
+    }
+
+    /// [`TestNode::daemon`] with more flags, written as one string ([`crate::words`]).
+    pub fn daemon_with(&self, extra: &str) -> Daemon {
+        Daemon::start_with(&self.root, &self.node, &self.state, &crate::words(extra))
     }
 }
 

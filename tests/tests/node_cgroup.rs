@@ -48,20 +48,14 @@ fn a_pod_outside_the_node_cgroup_is_reported_and_fails_its_check() {
 
     // The next collection marks it in the list, counts it and logs it: one runs every
     // second, and 30 s is room for a loaded machine.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let marked = loop {
-        let pods = daemon.pods();
+    let (mut pods, mut marked) = (Vec::new(), None);
+    within(Duration::from_secs(30), || {
+        pods = daemon.pods();
         let bad_pod = pods.iter().find(|p| p["name"] == "default/bad").cloned();
-        if let Some(pod) = bad_pod.filter(|p| p.get("outside_node_cgroup").is_some()) {
-            break pod;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not marked: {pods:?}\n{}",
-            daemon.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+        marked = bad_pod.filter(|p| p.get("outside_node_cgroup").is_some());
+        marked.is_some()
+    });
+    let marked = marked.unwrap_or_else(|| panic!("not marked: {pods:?}\n{}", daemon.log()));
     assert_eq!(marked["outside_node_cgroup"], elsewhere_path.as_str());
     let good_pod = daemon
         .pods()

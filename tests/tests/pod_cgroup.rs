@@ -206,10 +206,7 @@ fn a_daemon_node_runs_no_program_for_a_pod_it_does_not_capture() {
     assert!(log.contains("cover cgroup"), "{log}");
     // The bare pod gone: the init container's pod still relies on the node's programs,
     // which stay through collections (one a second).
-    assert!(daemon
-        .pod(&["del", "--name", "default/bare"])
-        .status
-        .success());
+    daemon.del("default/bare");
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(node_links(&root), NODE_PROGRAMS.len());
     init.assert_app_proxied(false);
@@ -225,10 +222,7 @@ fn a_daemon_node_runs_no_program_for_a_pod_it_does_not_capture() {
     // Killed and restarted: still captured; removed: its cgroup has nothing attached.
     let daemon = daemon.kill().restart();
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
-    assert!(daemon
-        .pod(&["del", "--name", "default/app"])
-        .status
-        .success());
+    daemon.del("default/app");
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     assert!(cgroup_attachments(pod.topo.pod_cgroup.path()).is_empty());
 }

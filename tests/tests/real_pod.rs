@@ -374,10 +374,7 @@ fn cleanup_only_in_pod_netns_removes_everything(
 fn podman_left_nothing_running(podman: &Podman, pod_cgroup: &Path) {
     assert_eq!(podman.run(&["ps", "-a", "-q"]), "", "containers left");
     assert_eq!(podman.run(&["pod", "ps", "-q"]), "", "pods left");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !podman.processes().is_empty() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    within(Duration::from_secs(5), || podman.processes().is_empty());
     assert_eq!(
         podman.processes(),
         Vec::<String>::new(),
