@@ -22,7 +22,6 @@
 pub mod bpftool;
 pub mod cgroup;
 pub mod churn;
-pub mod cni_caller;
 pub mod conformance;
 pub mod cri;
 pub mod daemon;
