@@ -26,7 +26,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redirector_tests::dns::net::{bind_udp, read_frame, write_frame, Frame};
 use redirector_tests::dns::protocol::{
-    self as protocol, client_exit, dns_error_kind, emit, error_kind, io_error_line,
+    self as protocol, client_exit, dns_error_kind, emit, error_kind, flag_value, io_error_line,
+    server_name,
 };
 use redirector_tests::dns::wire::{self as wire, TYPE_A, TYPE_AAAA};
 use redirector_tests::sockaddr;
@@ -97,33 +98,19 @@ struct Flags {
     positional: Vec<String>,
 }
 
-fn parse_value<T: std::str::FromStr>(flag: &str, value: &str) -> Result<T, String>
-where
-    T::Err: std::fmt::Display,
-{
-    value.parse().map_err(|e| format!("{flag} {value}: {e}"))
-}
-
 fn parse_flags(rest: &[String]) -> Result<Flags, String> {
     let mut f = Flags::default();
     let mut it = rest.iter();
     while let Some(arg) = it.next() {
-        let mut value = |flag: &str| it.next().cloned().ok_or(format!("{flag} needs a value"));
-        match arg.as_str() {
-            "--listen" => f.listen.push(parse_value("--listen", &value("--listen")?)?),
-            "--answer" => f
-                .answers
-                .push(parse_value("--answer", &value("--answer")?)?),
-            "--name" => f.name = Some(value("--name")?),
-            "--upstream" => f.upstream = Some(parse_value("--upstream", &value("--upstream")?)?),
-            "--bind" => f.bind = Some(parse_value("--bind", &value("--bind")?)?),
-            "--timeout-ms" => {
-                f.timeout = Some(Duration::from_millis(parse_value(
-                    "--timeout-ms",
-                    &value("--timeout-ms")?,
-                )?))
-            }
-            "--family" => f.family = Some(value("--family")?),
+        let flag = arg.as_str();
+        match flag {
+            "--listen" => f.listen.push(flag_value(flag, &mut it)?),
+            "--answer" => f.answers.push(flag_value(flag, &mut it)?),
+            "--name" => f.name = Some(flag_value(flag, &mut it)?),
+            "--upstream" => f.upstream = Some(flag_value(flag, &mut it)?),
+            "--bind" => f.bind = Some(flag_value(flag, &mut it)?),
+            "--timeout-ms" => f.timeout = Some(Duration::from_millis(flag_value(flag, &mut it)?)),
+            "--family" => f.family = Some(flag_value(flag, &mut it)?),
             "--tcp" => f.tcp = true,
             "--connect" => f.connect = true,
             "--aaaa" => f.aaaa = true,
@@ -152,15 +139,8 @@ fn answers(list: &[IpAddr]) -> Result<Answers, String> {
     })
 }
 
-fn server_name(f: &Flags, default: &str) -> Result<String, String> {
-    let name = f.name.clone().unwrap_or_else(|| default.to_owned());
-    // Names are written as `name=NAME` in space-separated lines.
-    if name.is_empty() || name.contains(|c: char| c.is_whitespace() || c == '=') {
-        return Err(format!(
-            "--name {name:?}: must be non-empty, without spaces or '='"
-        ));
-    }
-    Ok(name)
+fn name_or(f: &Flags, default: &str) -> Result<String, String> {
+    server_name(f.name.clone().unwrap_or_else(|| default.to_owned()))
 }
 
 fn parse_args(args: &[String]) -> Result<Cmd, String> {
@@ -182,13 +162,13 @@ fn parse_args(args: &[String]) -> Result<Cmd, String> {
             let answers = answers(&f.answers)?;
             if sub == "server" {
                 Ok(Cmd::Server {
-                    name: server_name(&f, "dns")?,
+                    name: name_or(&f, "dns")?,
                     listen: f.listen,
                     answers,
                 })
             } else {
                 Ok(Cmd::Proxy {
-                    name: server_name(&f, "dns-proxy")?,
+                    name: name_or(&f, "dns-proxy")?,
                     upstream: f.upstream.ok_or("--upstream is required")?,
                     listen: f.listen,
                     answers,
@@ -220,7 +200,9 @@ fn parse_args(args: &[String]) -> Result<Cmd, String> {
                 return Err("--connect is for UDP (TCP always connects)".into());
             }
             Ok(Cmd::Query(QueryArgs {
-                server: parse_value("SERVER", server)?,
+                server: server
+                    .parse()
+                    .map_err(|e| format!("SERVER {server}: {e}"))?,
                 name: name.clone(),
                 tcp: f.tcp,
                 connect: f.connect,
