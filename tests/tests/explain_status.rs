@@ -71,23 +71,8 @@ fn explain_matches_real_connections_and_status_counts_them() {
     }
     let root = PinRoot::new("explain");
     let excluded_cidr = format!("{excluded}/32");
-    install(
-        &topo.pod,
-        &topo.pod_cgroup,
-        &root,
-        &[
-            "-i",
-            "*",
-            "-x",
-            &excluded_cidr,
-            "-o",
-            "8080",
-            "-b",
-            "*",
-            "-d",
-            "15021",
-        ],
-    );
+    let flags = format!("-i * -x {excluded_cidr} -o 8080 -b * -d 15021");
+    install(&topo.pod, &topo.pod_cgroup, &root, &words(&flags));
     let netns = topo.pod.path();
     let (netns, pin_root) = (netns.to_str().unwrap(), root.path().to_str().unwrap());
 

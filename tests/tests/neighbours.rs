@@ -120,15 +120,8 @@ fn compose_with_a_socket_lb(
     let netns = topo.pod.path().display().to_string();
     let pin_root = root.path().display().to_string();
     let dst = SocketAddr::from(cluster_ip).to_string();
-    let out = run_ok(Command::new(redirector_bin()).args([
-        "explain",
-        "--netns",
-        &netns,
-        "--pin-root",
-        &pin_root,
-        "--dst",
-        &dst,
-    ]));
+    let explain = format!("explain --netns {netns} --pin-root {pin_root} --dst {dst}");
+    let out = run_ok(Command::new(redirector_bin()).args(words(&explain)));
     let explain = String::from_utf8_lossy(&out.stdout);
     let listed = format!("{}: connect4 socket_lb", ancestor.path().display());
     assert!(explain.contains(&listed), "{listed:?} not in:\n{explain}");

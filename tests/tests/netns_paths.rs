@@ -78,13 +78,9 @@ fn the_hosts_namespace_and_files_that_are_not_namespaces_are_refused_at_every_wa
     // Meant: the flag lets the host's namespace through the check (dry run: nothing made).
     let out = redirector(
         &redirector_bin(),
-        &[
-            "istio-iptables",
-            "--network-namespace",
-            host,
-            "--allow-host-netns",
-            "--dry-run",
-        ],
+        &words(&format!(
+            "istio-iptables --network-namespace {host} --allow-host-netns --dry-run"
+        )),
         &[],
         "",
     );

@@ -7,13 +7,9 @@ use redirector_tests::prelude::*;
 /// pod's netns and cgroup; returns the exit code and the log.
 fn validate(topo: &Topology, extra: &[&str]) -> (Option<i32>, String) {
     let out = Spawn::new(redirector_bin())
-        .args([
-            "istio-iptables",
-            "--run-validation",
-            "--skip-rule-apply",
-            "--probe-timeout",
-            "2s",
-        ])
+        .args(words(
+            "istio-iptables --run-validation --skip-rule-apply --probe-timeout 2s",
+        ))
         .args(extra)
         .netns(&topo.pod)
         .cgroup(&topo.pod_cgroup)
