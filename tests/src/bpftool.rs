@@ -160,6 +160,18 @@ pub fn wait_gone(kind: &str, ids: &[u64], timeout: Duration) -> Vec<u64> {
     left
 }
 
+/// Waits until every link pinned under `root` of the pods of `cookies` is detached (their
+/// namespaces and cgroups are gone); panics naming one that is not after 10 s.
+#[track_caller]
+pub fn wait_pods_detached(root: &crate::redirector::PinRoot, cookies: &[u64]) {
+    for link in crate::redirector::pins_under(root.path()) {
+        let name = link.file_name().unwrap().to_string_lossy().into_owned();
+        if cookies.iter().any(|c| name.starts_with(&format!("{c}_"))) {
+            assert!(wait_link_detached(&link, Duration::from_secs(10)), "{name}");
+        }
+    }
+}
+
 /// Wait until the cgroup or network-namespace link pinned at `path` is detached (its
 /// cgroup or namespace is gone; the kernel releases both asynchronously); whether it is.
 pub fn wait_link_detached(path: &Path, timeout: Duration) -> bool {

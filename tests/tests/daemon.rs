@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use redirector_tests::bpftool::{pinned_map, wait_link_detached};
+use redirector_tests::bpftool::{pinned_map, wait_link_detached, wait_pods_detached};
 use redirector_tests::daemon::uninstall;
 use redirector_tests::prelude::*;
 use redirector_tests::process::StopOnDrop;
@@ -332,12 +332,7 @@ fn the_daemons_next_add_removes_pods_that_went_without_a_cleanup() {
     install(&by_init.0, &by_init.1, &root, &STANDARD_INJECTION);
     let gone = [by_daemon.0.cookie(), by_init.0.cookie()];
     drop((by_daemon, by_init));
-    for link in pins_under(root.path()) {
-        let name = link.file_name().unwrap().to_string_lossy().into_owned();
-        if gone.iter().any(|c| name.starts_with(&format!("{c}_"))) {
-            assert!(wait_link_detached(&link, Duration::from_secs(10)), "{name}");
-        }
-    }
+    wait_pods_detached(&root, &gone);
     assert!(gone.iter().all(|c| pod_links(&root, *c).is_some()));
 
     let new = (NetNs::new("new"), Cgroup::under(&node, "new"));
