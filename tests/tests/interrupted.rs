@@ -58,12 +58,11 @@ fn staged_pins(root: &PinRoot) -> Vec<PathBuf> {
 fn assert_state(pod: &ProxiedPod, root: &PinRoot, excluded: bool, step: u32) {
     // A killed run's unpinned links detach when the kernel frees them, which it does
     // asynchronously after the process is gone (later on a loaded machine).
-    let settled = Instant::now() + Duration::from_secs(5);
-    let mut attached = cgroup_attachments(pod.topo.pod_cgroup.path()).len();
-    while attached != 6 && Instant::now() < settled {
-        std::thread::sleep(Duration::from_millis(20));
+    let mut attached = 0;
+    within(Duration::from_secs(5), || {
         attached = cgroup_attachments(pod.topo.pod_cgroup.path()).len();
-    }
+        attached == 6
+    });
     assert_eq!(attached, 6, "step {step}");
     assert_eq!(staged_pins(root), Vec::<PathBuf>::new(), "step {step}");
     let svc = pod.service(false);
