@@ -181,8 +181,15 @@ pub fn skip(why: &str) -> bool {
 }
 
 fn on_path(tool: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(tool).is_file()))
+    find_on_path(tool).is_some()
+}
+
+/// `tool` in a directory of `PATH`, if it is in one.
+pub(crate) fn find_on_path(tool: &str) -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(tool))
+        .find(|candidate| candidate.is_file())
 }
 
 #[cfg(test)]

@@ -64,14 +64,13 @@ pub struct Case {
 }
 
 impl Case {
-    /// A case whose flags are written as one string ([`words`]).
-    fn new(name: &str, reference: &str, rules: RuleSet, flags: &str) -> Self {
+    fn new(name: &str, reference: &str, rules: RuleSet, flags: &[&str]) -> Self {
         Case {
             name: name.to_owned(),
             golden: None,
             reference: reference.to_owned(),
             rules,
-            flags: words(flags).into_iter().map(str::to_owned).collect(),
+            flags: flags.iter().map(|f| (*f).to_owned()).collect(),
             env: Vec::new(),
             extra_who: Vec::new(),
             extra_dsts: Vec::new(),
@@ -80,7 +79,7 @@ impl Case {
         }
     }
 
-    /// A golden case as CASES.md gives it.
+    /// A golden case as CASES.md gives it, its flags written as one string ([`words`]).
     fn golden(name: &str, flags: &str) -> Self {
         Self::golden_with_loopback(name, flags, DEFAULT_LOOPBACK_V4)
     }
@@ -91,7 +90,7 @@ impl Case {
             V6Origin::Golden => format!("{name}.golden"),
             V6Origin::Derived => format!("{name}.golden, IPv6 section derived"),
         };
-        let mut case = Self::new(name, &reference, rules, flags);
+        let mut case = Self::new(name, &reference, rules, &words(flags));
         case.golden = Some(name.to_owned());
         case
     }
@@ -366,7 +365,7 @@ fn outbound_exclusions() -> Case {
         "outbound-exclusions",
         "empty.golden + the -o, -x, -q and -i '*' rules of run.go",
         rules,
-        "-i * -x 192.0.2.0/24,2001:db8::/32 -o 8081 -q 32000",
+        &words("-i * -x 192.0.2.0/24,2001:db8::/32 -o 8081 -q 32000"),
     )
     // `-o` comes before the proxy-owner rules: the proxy calling its own pod on an excluded
     // port is not sent to 15006 (nothing serves 8081 in the pod: refused).
@@ -394,7 +393,7 @@ fn loopback_include() -> Case {
         "loopback-include",
         "empty.golden without the lo RETURNs (as loopback-outbound-iprange.golden) + the -i rule",
         rules,
-        &format!("-i {cidr}"),
+        &["-i", &cidr],
     )
     .dst(Dst::new(
         Host::OtherLoopback(LOOPBACK_INCLUDE),
@@ -419,7 +418,7 @@ fn uid_gid_capture_all() -> Case {
         "uid-gid+capture-all",
         "ipv6-uid-gid.golden without its -b/-k/-x/-i rules + the rule -i '*' appends",
         rules,
-        "-u 3,4 -g 1,2 -i *",
+        &words("-u 3,4 -g 1,2 -i *"),
     ))
 }
 
@@ -434,7 +433,7 @@ pub fn cases() -> Vec<Case> {
             v6,
             v6_origin: V6Origin::Derived,
         },
-        &STANDARD_INJECTION.join(" "),
+        &STANDARD_INJECTION,
     );
     let mut cases = vec![
         standard,

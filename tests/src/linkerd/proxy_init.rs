@@ -491,15 +491,13 @@ impl RawFlags {
             "use-wait-flag" => {
                 parse_bool(value).ok_or_else(invalid)?;
             }
-            "iptables-mode" => {
-                if !["", "legacy", "nft", "plain"].contains(&value) {
-                    return Err(invalid());
-                }
+            "iptables-mode" if !["", "legacy", "nft", "plain"].contains(&value) => {
+                return Err(invalid())
             }
-            "firewall-bin-path" => {
-                if !["", "iptables-legacy", "iptables-nft", "iptables"].contains(&value) {
-                    return Err(invalid());
-                }
+            "firewall-bin-path"
+                if !["", "iptables-legacy", "iptables-nft", "iptables"].contains(&value) =>
+            {
+                return Err(invalid())
             }
             _ => {}
         }
