@@ -267,26 +267,13 @@ struct Relay {
 impl Relay {
     /// The upstream's reply to `query` over UDP, or an error line.
     fn ask_udp(&self, query: &[u8], id: u16) -> Result<Vec<u8>, String> {
-        let local = SocketAddr::new(unspecified(self.upstream.is_ipv6()), 0);
-        let sock = UdpSocket::bind(local).map_err(|e| io_error_line(&e))?;
-        sock.set_read_timeout(Some(self.timeout))
-            .map_err(|e| io_error_line(&e))?;
-        sock.connect(self.upstream).map_err(|e| io_error_line(&e))?;
-        sock.send(query).map_err(|e| io_error_line(&e))?;
-        let mut buf = [0u8; 4096];
-        let n = sock.recv(&mut buf).map_err(|e| io_error_line(&e))?;
-        check_reply(&buf[..n], id)
+        let (reply, _) = exchange_udp(self.upstream, None, true, self.timeout, query)?;
+        check_reply(&reply, id)
     }
 
     /// The upstream's reply to `query` over TCP, or an error line.
     fn ask_tcp(&self, query: &[u8], id: u16) -> Result<Vec<u8>, String> {
-        let mut stream = sockaddr::connect_tcp(self.upstream, None, self.timeout)
-            .map_err(|e| io_error_line(&e))?;
-        stream
-            .set_read_timeout(Some(self.timeout))
-            .map_err(|e| io_error_line(&e))?;
-        write_frame(&mut stream, query).map_err(|e| io_error_line(&e))?;
-        match read_frame(&mut stream).map_err(|e| io_error_line(&e))? {
+        match exchange_tcp(self.upstream, None, self.timeout, query)? {
             Frame::Message(reply) => check_reply(&reply, id),
             Frame::Short(_) => Err(protocol::error_line(error_kind::EMPTY, "upstream closed")),
         }
@@ -453,6 +440,45 @@ fn query_id() -> u16 {
     (nanos ^ std::process::id()) as u16
 }
 
+/// `msg` to `server` over UDP from `bind` (the socket connected first with `connect`): the
+/// reply and its source as `recvfrom` gives it, or an error line.
+fn exchange_udp(
+    server: SocketAddr,
+    bind: Option<IpAddr>,
+    connect: bool,
+    timeout: Duration,
+    msg: &[u8],
+) -> Result<(Vec<u8>, SocketAddr), String> {
+    let local = SocketAddr::new(bind.unwrap_or(unspecified(server.is_ipv6())), 0);
+    let sock = UdpSocket::bind(local).map_err(|e| io_error_line(&e))?;
+    sock.set_read_timeout(Some(timeout))
+        .map_err(|e| io_error_line(&e))?;
+    if connect {
+        sock.connect(server).map_err(|e| io_error_line(&e))?;
+        sock.send(msg).map_err(|e| io_error_line(&e))?;
+    } else {
+        sock.send_to(msg, server).map_err(|e| io_error_line(&e))?;
+    }
+    let mut buf = [0u8; 4096];
+    let (n, from) = sock.recv_from(&mut buf).map_err(|e| io_error_line(&e))?;
+    Ok((buf[..n].to_vec(), from))
+}
+
+/// `msg` to `server` over TCP from `bind`: the framed reply, or an error line.
+fn exchange_tcp(
+    server: SocketAddr,
+    bind: Option<IpAddr>,
+    timeout: Duration,
+    msg: &[u8],
+) -> Result<Frame, String> {
+    let mut stream = sockaddr::connect_tcp(server, bind, timeout).map_err(|e| io_error_line(&e))?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .map_err(|e| io_error_line(&e))?;
+    write_frame(&mut stream, msg).map_err(|e| io_error_line(&e))?;
+    read_frame(&mut stream).map_err(|e| io_error_line(&e))
+}
+
 /// One hand-built query; `Ok(reply line)` or `Err(error or notdns line)`.
 fn query(args: &QueryArgs) -> Result<String, String> {
     let QueryArgs {
@@ -468,13 +494,7 @@ fn query(args: &QueryArgs) -> Result<String, String> {
     let msg = wire::query(id, name, *qtype)
         .map_err(|e| protocol::error_line(dns_error_kind::MALFORMED, &e.to_string()))?;
     let (reply, from) = if *tcp {
-        let mut stream =
-            sockaddr::connect_tcp(*server, *bind, *timeout).map_err(|e| io_error_line(&e))?;
-        stream
-            .set_read_timeout(Some(*timeout))
-            .map_err(|e| io_error_line(&e))?;
-        write_frame(&mut stream, &msg).map_err(|e| io_error_line(&e))?;
-        match read_frame(&mut stream).map_err(|e| io_error_line(&e))? {
+        match exchange_tcp(*server, *bind, *timeout, &msg)? {
             Frame::Message(reply) => (reply, None),
             Frame::Short(bytes) if bytes.is_empty() => {
                 return Err(protocol::error_line(
@@ -487,19 +507,8 @@ fn query(args: &QueryArgs) -> Result<String, String> {
             }
         }
     } else {
-        let local = SocketAddr::new(bind.unwrap_or(unspecified(server.is_ipv6())), 0);
-        let sock = UdpSocket::bind(local).map_err(|e| io_error_line(&e))?;
-        sock.set_read_timeout(Some(*timeout))
-            .map_err(|e| io_error_line(&e))?;
-        if *connect {
-            sock.connect(server).map_err(|e| io_error_line(&e))?;
-            sock.send(&msg).map_err(|e| io_error_line(&e))?;
-        } else {
-            sock.send_to(&msg, server).map_err(|e| io_error_line(&e))?;
-        }
-        let mut buf = [0u8; 4096];
-        let (n, from) = sock.recv_from(&mut buf).map_err(|e| io_error_line(&e))?;
-        (buf[..n].to_vec(), Some(from))
+        let (reply, from) = exchange_udp(*server, *bind, *connect, *timeout, &msg)?;
+        (reply, Some(from))
     };
     let reply = check_reply(&reply, id)?;
     let parsed = wire::parse(&reply).expect("checked");
