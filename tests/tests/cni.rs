@@ -191,18 +191,15 @@ fn add_captures_before_the_pod_runs_and_del_is_idempotent() {
 /// network: every pod the plugin leaves alone starts, a meshed one is held back (code 11)
 /// in the network's version, and DEL, GC and STATUS answer as they should.
 fn start_with_nothing_pinned(plugin: &CniPlugin, root: &PinRoot, state: &Path, netns: &str) {
-    let unannotated = conf_031(root.path(), state, json!({}));
-    let system = conf_031(root.path(), state, json!({ STATUS: "{}" }));
-    let opted_out = conf_031(
-        root.path(),
-        state,
-        json!({ STATUS: "{}", "sidecar.istio.io/inject": "false" }),
-    );
-    let injected = conf_031(root.path(), state, json!({ STATUS: "{}" }));
+    let of = |annotations| conf_031(root.path(), state, annotations);
+    let unannotated = of(json!({}));
+    let opted_out = of(json!({ STATUS: "{}", "sidecar.istio.io/inject": "false" }));
+    // The kube-system pod is marked as the meshed one is: its namespace leaves it alone.
+    let injected = of(json!({ STATUS: "{}" }));
 
     let started = [
         ("default", "plain-pod", &unannotated),
-        ("kube-system", "system-pod", &system),
+        ("kube-system", "system-pod", &injected),
         ("default", "optout-pod", &opted_out),
     ];
     for (namespace, id, conf) in started {
@@ -261,7 +258,8 @@ fn a_node_with_nothing_pinned_starts_every_pod_it_leaves_alone() {
     // A daemon runs (pins the node's programs): the meshed pod kubelet retries now starts
     // captured; the pods left alone stay so with the programs there.
     Daemon::start(&root, &node, &state).kill();
-    let injected = conf_031(root.path(), state.path(), json!({ STATUS: "{}" }));
+    let of = |annotations| conf_031(root.path(), state.path(), annotations);
+    let injected = of(json!({ STATUS: "{}" }));
     let result = succeeded(plugin.call("ADD", "meshed-pod", &netns, &injected));
     assert_eq!(result, injected["prevResult"]);
     assert_eq!(result["cniVersion"], "0.3.1");
@@ -271,17 +269,16 @@ fn a_node_with_nothing_pinned_starts_every_pod_it_leaves_alone() {
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     assert_eq!(pod_links(&root, pod.topo.pod.cookie()), None);
 
-    let unannotated = conf_031(root.path(), state.path(), json!({}));
+    let unannotated = of(json!({}));
     succeeded(plugin.call("ADD", "plain-pod", &netns, &unannotated));
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
-    let system = conf_031(root.path(), state.path(), json!({ STATUS: "{}" }));
-    succeeded(plugin.call_in("kube-system", "ADD", "system-pod", &netns, &system));
+    succeeded(plugin.call_in("kube-system", "ADD", "system-pod", &netns, &injected));
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     assert_eq!(pod_links(&root, pod.topo.pod.cookie()), None);
 
     // The selection switched off explicitly: a pod with no annotation is captured, in
     // default and in kube-system alike.
-    let mut open = conf_031(root.path(), state.path(), json!({}));
+    let mut open = of(json!({}));
     open["requireSidecarStatus"] = json!(false);
     open["excludeNamespaces"] = json!([]);
     for namespace in ["default", "kube-system"] {
