@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::process::within;
 use crate::redirector::{redirector_bin, PinRoot};
-use crate::{unique_name, words, Cgroup, ChildGuard, NetNs, Spawn};
+use crate::{unique_name, Cgroup, ChildGuard, NetNs, Spawn};
 
 /// A directory under /tmp removed (with its contents) on drop.
 #[derive(Debug)]
@@ -378,13 +378,13 @@ impl Killed {
 /// The flags naming a node's pins, cgroup and state directory, as `redirector daemon`
 /// takes them.
 pub fn node_flags(root: &PinRoot, node: &Cgroup, state: &StateDir) -> Vec<String> {
-    let [root, node, state] = [root.path(), node.path(), state.path()].map(|p| p.display());
-    words(&format!(
-        "--pin-root {root} --cgroup {node} --state-dir {state}"
-    ))
-    .into_iter()
-    .map(str::to_owned)
-    .collect()
+    let flags = ["--pin-root", "--cgroup", "--state-dir"];
+    let paths = [root.path(), node.path(), state.path()].map(|p| p.display().to_string());
+    flags
+        .into_iter()
+        .zip(paths)
+        .flat_map(|(f, p)| [f.to_owned(), p])
+        .collect()
 }
 
 /// `redirector daemon --uninstall` of the node of `root`, `node` and `state`, with `extra`
