@@ -95,13 +95,8 @@ fn podman_loads_the_hosts_platform_from_the_index() {
     let reference = oci::reference(&image);
     let loaded = stdout(podman().arg("load").arg("-i").arg(&image));
     assert!(loaded.contains(&reference), "{loaded}");
-    let platform = stdout(podman().args([
-        "image",
-        "inspect",
-        "--format",
-        "{{.Os}}/{{.Architecture}}",
-        &reference,
-    ]));
+    let inspect = format!("image inspect --format {{{{.Os}}}}/{{{{.Architecture}}}} {reference}");
+    let platform = stdout(podman().args(words(&inspect)));
     assert_eq!(platform.trim(), "linux/amd64");
     run_ok(podman().args(["rmi", "--force", &reference]));
 }
@@ -117,12 +112,8 @@ fn containerd_imports_every_platform_of_the_index() {
     }
     let ipam = StateDir::new("image-ipam");
     let cri = Containerd::start(&primary_network("1.0.0", 79, &ipam), &[]);
-    let imported = cri.ctr(&[
-        "images",
-        "import",
-        "--all-platforms",
-        &image.to_string_lossy(),
-    ]);
+    let import = format!("images import --all-platforms {}", image.display());
+    let imported = cri.ctr(&words(&import));
     let reference = oci::reference(&image);
     assert!(imported.contains(&reference), "{imported}");
     // Every platform's manifest, config and layer is in the content store.
