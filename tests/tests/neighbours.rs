@@ -14,12 +14,9 @@ use redirector_tests::socket_lb::SocketLb;
 
 /// `bpftool cgroup <verb> <cgroup> connect4 pinned <program> <flags…>`.
 fn connect4(cgroup: &Cgroup, program: &Path, verb: &str, flags: &[&str]) {
-    let (cgroup, program) = (
-        cgroup.path().display().to_string(),
-        program.display().to_string(),
-    );
-    let args = ["cgroup", verb, &cgroup, "connect4", "pinned", &program];
-    run_ok(Command::new("bpftool").args(args).args(flags));
+    let (cgroup, program) = (cgroup.path().display(), program.display());
+    let args = format!("cgroup {verb} {cgroup} connect4 pinned {program}");
+    run_ok(Command::new("bpftool").args(words(&args)).args(flags));
 }
 
 #[test]
@@ -34,9 +31,7 @@ fn an_exclusive_program_at_an_ancestor_is_named_and_nothing_is_attached() {
     let object = &object_ids(&other_root)[0];
     let program = other_root
         .path()
-        .join("objects")
-        .join(object)
-        .join("progs/capture_connect4");
+        .join(format!("objects/{object}/progs/capture_connect4"));
     let id = pinned_id("prog", &program);
     let cgroup = ancestor.path().display().to_string();
     // No flags: exclusive, as a non-multi attachment is.
