@@ -46,24 +46,14 @@ fn the_network_validator_passes_in_a_pod_the_daemon_captured_for_linkerd() {
     validator::run(&topo, Addrs::ipv6()).assert_failed();
 
     // IPv6 on: both families reach the listener.
-    let del = daemon.pod(&["del", "--name", name]);
-    assert!(
-        del.status.success(),
-        "pod del: {}",
-        String::from_utf8_lossy(&del.stderr)
-    );
+    daemon.del(name);
     daemon.add_linkerd(&topo.pod, &topo.pod_cgroup, name, &[], &with_ipv6());
     validator::run(&topo, Addrs::ipv6()).assert_passed();
     validator::run(&topo, Addrs::ipv4()).assert_passed();
 
     // Released: the validator fails again, and no pod state is left.
     let cookie = topo.pod.cookie();
-    let del = daemon.pod(&["del", "--name", name]);
-    assert!(
-        del.status.success(),
-        "pod del: {}",
-        String::from_utf8_lossy(&del.stderr)
-    );
+    daemon.del(name);
     assert_eq!(pod_links(&root, cookie), None);
     validator::run(&topo, Addrs::ipv4()).assert_failed();
 }
