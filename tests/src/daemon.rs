@@ -15,33 +15,42 @@ use crate::{unique_name, Cgroup, ChildGuard, NetNs, Spawn};
 #[derive(Debug)]
 pub struct StateDir {
     path: PathBuf,
-    /// A tmpfs of its own is mounted on it (unmounted on drop).
-    tmpfs: bool,
+    /// A file system of its own is mounted on it (unmounted on drop).
+    mounted: bool,
 }
 
 impl StateDir {
     pub fn new(hint: &str) -> Self {
         let path = std::env::temp_dir().join(unique_name(hint));
         std::fs::create_dir_all(&path).expect("creating a state directory");
-        StateDir { path, tmpfs: false }
+        StateDir {
+            path,
+            mounted: false,
+        }
     }
 
     /// A state directory on a tmpfs of its own, as the daemon's `/run/redirector` is on a
     /// node (/tmp may be a disk file system, where every new record is an inode written).
     pub fn on_tmpfs(hint: &str) -> Self {
+        Self::mounted(hint, &["-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs"])
+    }
+
+    /// A directory with a file system of its own mounted on it by `mount ARGS <dir>`
+    /// (unmounted on drop).
+    pub fn mounted(hint: &str, args: &[&str]) -> Self {
         let mut dir = StateDir::new(hint);
         let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs"])
+            .args(args)
             .arg(&dir.path)
             .output()
             .expect("running mount");
         assert!(
             out.status.success(),
-            "mounting a tmpfs on {}: {}",
+            "mount {args:?} on {}: {}",
             dir.path.display(),
             String::from_utf8_lossy(&out.stderr)
         );
-        dir.tmpfs = true;
+        dir.mounted = true;
         dir
     }
 
@@ -52,10 +61,10 @@ impl StateDir {
 
 impl Drop for StateDir {
     fn drop(&mut self) {
-        if self.tmpfs {
+        if self.mounted {
             let unmounted = Command::new("umount").arg(&self.path).status();
             if !unmounted.is_ok_and(|s| s.success()) {
-                eprintln!("warning: unmounting the tmpfs on {}", self.path.display());
+                eprintln!("warning: unmounting {}", self.path.display());
             }
         }
         if let Err(err) = std::fs::remove_dir_all(&self.path) {
