@@ -286,12 +286,16 @@ fn install_cni_on_a_node_it_cannot_serve_takes_its_entry_out_and_stays_up_not_re
         let (code, body) = get_when_up(&mut install, &addr, "/readyz");
         let out = within(Duration::from_secs(30), || !chained(conf.path()));
         assert!(out.is_some(), "the entry stays: {}", install.stderr());
-        let (code, body) = if code == 503 && body.contains("cannot be served") {
-            (code, body)
-        } else {
-            // Asked before the verdict: ask again.
-            http_get(&addr, "/readyz").unwrap()
-        };
+        // Asked before the verdict (`starting`): ask again until it is given.
+        let mut answer = (code, body);
+        within(Duration::from_secs(30), || {
+            let given = answer.0 == 503 && answer.1.contains("cannot be served");
+            if !given {
+                answer = http_get(&addr, "/readyz").unwrap();
+            }
+            given
+        });
+        let (code, body) = answer;
         assert_eq!(code, 503, "{}: {body}", node.reason);
         assert!(
             body.contains(&format!("cannot be served ({})", node.reason)),
