@@ -11,12 +11,12 @@ use std::time::Instant;
 
 use redirector_tests::cgroup::Cgroup;
 use redirector_tests::churn::churn;
-use redirector_tests::cni_caller::{CniCaller, CniPod};
 use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::iptables::standard_injection;
 use redirector_tests::redirector::{
     map_fill, pins_under, redirector_bin, status, PinRoot, STANDARD_INJECTION,
 };
+use redirector_tests::test_node::{CniCaller, CniPod};
 use redirector_tests::NetNs;
 
 use crate::memory;

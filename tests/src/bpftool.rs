@@ -3,9 +3,11 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
+
+use crate::process::within;
 
 fn bpftool_json(args: &[&str]) -> Value {
     let out = Command::new("bpftool")
@@ -149,37 +151,37 @@ pub fn loaded_ids(kind: &str) -> Vec<u64> {
 /// Wait until none of `ids` is loaded any more (the kernel frees objects asynchronously);
 /// returns those still present after `timeout`.
 pub fn wait_gone(kind: &str, ids: &[u64], timeout: Duration) -> Vec<u64> {
-    let deadline = Instant::now() + timeout;
-    loop {
+    let mut left = ids.to_vec();
+    within(timeout, || {
         let loaded = loaded_ids(kind);
-        let left: Vec<u64> = ids
-            .iter()
-            .copied()
-            .filter(|id| loaded.contains(id))
-            .collect();
-        if left.is_empty() || Instant::now() > deadline {
-            return left;
+        left.retain(|id| loaded.contains(id));
+        left.is_empty()
+    });
+    left
+}
+
+/// Waits until every link pinned under `root` of the pods of `cookies` is detached (their
+/// namespaces and cgroups are gone); panics naming one that is not after 10 s.
+#[track_caller]
+pub fn wait_pods_detached(root: &crate::redirector::PinRoot, cookies: &[u64]) {
+    for link in crate::redirector::pins_under(root.path()) {
+        let name = link.file_name().unwrap().to_string_lossy().into_owned();
+        if cookies.iter().any(|c| name.starts_with(&format!("{c}_"))) {
+            assert!(wait_link_detached(&link, Duration::from_secs(10)), "{name}");
         }
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
 /// Wait until the cgroup or network-namespace link pinned at `path` is detached (its
 /// cgroup or namespace is gone; the kernel releases both asynchronously); whether it is.
 pub fn wait_link_detached(path: &Path, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
+    let detached = within(timeout, || {
         let v = bpftool_json(&["link", "show", "pinned", &path.to_string_lossy()]);
         let link = v.as_array().and_then(|a| a.first()).unwrap_or(&v);
         let target = ["netns_ino", "cgroup_id"]
             .iter()
             .find_map(|field| link.get(field).and_then(|i| i.as_u64()));
-        if target == Some(0) {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        target == Some(0)
+    });
+    detached.is_some()
 }

@@ -5,8 +5,9 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crate::process::within;
 use crate::redirector::{redirector_bin, PinRoot};
 use crate::{unique_name, Cgroup, ChildGuard, NetNs, Spawn};
 
@@ -14,33 +15,42 @@ use crate::{unique_name, Cgroup, ChildGuard, NetNs, Spawn};
 #[derive(Debug)]
 pub struct StateDir {
     path: PathBuf,
-    /// A tmpfs of its own is mounted on it (unmounted on drop).
-    tmpfs: bool,
+    /// A file system of its own is mounted on it (unmounted on drop).
+    mounted: bool,
 }
 
 impl StateDir {
     pub fn new(hint: &str) -> Self {
         let path = std::env::temp_dir().join(unique_name(hint));
         std::fs::create_dir_all(&path).expect("creating a state directory");
-        StateDir { path, tmpfs: false }
+        StateDir {
+            path,
+            mounted: false,
+        }
     }
 
     /// A state directory on a tmpfs of its own, as the daemon's `/run/redirector` is on a
     /// node (/tmp may be a disk file system, where every new record is an inode written).
     pub fn on_tmpfs(hint: &str) -> Self {
+        Self::mounted(hint, &["-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs"])
+    }
+
+    /// A directory with a file system of its own mounted on it by `mount ARGS <dir>`
+    /// (unmounted on drop).
+    pub fn mounted(hint: &str, args: &[&str]) -> Self {
         let mut dir = StateDir::new(hint);
         let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs"])
+            .args(args)
             .arg(&dir.path)
             .output()
             .expect("running mount");
         assert!(
             out.status.success(),
-            "mounting a tmpfs on {}: {}",
+            "mount {args:?} on {}: {}",
             dir.path.display(),
             String::from_utf8_lossy(&out.stderr)
         );
-        dir.tmpfs = true;
+        dir.mounted = true;
         dir
     }
 
@@ -51,10 +61,10 @@ impl StateDir {
 
 impl Drop for StateDir {
     fn drop(&mut self) {
-        if self.tmpfs {
+        if self.mounted {
             let unmounted = Command::new("umount").arg(&self.path).status();
             if !unmounted.is_ok_and(|s| s.success()) {
-                eprintln!("warning: unmounting the tmpfs on {}", self.path.display());
+                eprintln!("warning: unmounting {}", self.path.display());
             }
         }
         if let Err(err) = std::fs::remove_dir_all(&self.path) {
@@ -91,40 +101,19 @@ impl Daemon {
         env: &[(&str, &str)],
     ) -> Self {
         let socket = state.path().join("redirector.sock");
-        let args: Vec<String> = vec![
-            "daemon".into(),
-            "--pin-root".into(),
-            root.path().display().to_string(),
-            "--socket".into(),
-            socket.display().to_string(),
-            "--cgroup".into(),
-            node.path().display().to_string(),
-            "--state-dir".into(),
-            state.path().display().to_string(),
-        ];
-        let repair_off = ["--repair", "off"];
-        let repair_off = if extra.contains(&"--repair") {
-            &[][..]
-        } else {
-            &repair_off[..]
-        };
-        let args = args
-            .into_iter()
-            .chain(extra.iter().chain(repair_off).map(|a| a.to_string()))
-            .collect();
-        let env = env
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        Self::spawn(socket, args, env)
+        let mut args = vec!["daemon".to_owned(), "--socket".into()];
+        args.push(socket.display().to_string());
+        args.extend(node_flags(root, node, state));
+        args.extend(extra.iter().map(|a| a.to_string()));
+        if !extra.contains(&"--repair") {
+            args.extend(["--repair".into(), "off".into()]);
+        }
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        Self::spawn(socket, args, env.collect())
     }
 
     fn spawn(socket: PathBuf, args: Vec<String>, env: Vec<(String, String)>) -> Self {
-        let mut spawn = Spawn::new(redirector_bin()).args(&args);
-        for (key, value) in &env {
-            spawn = spawn.env(key, value);
-        }
-        let child = spawn.spawn();
+        let child = Spawn::new(redirector_bin()).args(&args).envs(&env).spawn();
         let daemon = Daemon {
             child,
             socket,
@@ -138,15 +127,12 @@ impl Daemon {
     }
 
     fn wait_ready(&self, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        while !self.pod(&["list"]).status.success() {
-            assert!(
-                Instant::now() < deadline,
-                "the daemon did not serve within {timeout:?}; its log:\n{}",
-                self.child.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let served = within(timeout, || self.pod(&["list"]).status.success());
+        assert!(
+            served.is_some(),
+            "the daemon did not serve within {timeout:?}; its log:\n{}",
+            self.child.stderr()
+        );
     }
 
     pub fn pid(&self) -> u32 {
@@ -180,17 +166,13 @@ impl Daemon {
         // SAFETY: kill(2) on the pid of our own unreaped child.
         let sent = unsafe { libc::kill(self.child.pid() as i32, libc::SIGTERM) };
         assert_eq!(sent, 0, "sending SIGTERM to the daemon");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(status) = self.child.try_wait() {
-                return (status, self.child.stderr());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the daemon did not stop on SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let mut status = None;
+        within(Duration::from_secs(10), || {
+            status = self.child.try_wait();
+            status.is_some()
+        });
+        let status = status.expect("the daemon did not stop on SIGTERM");
+        (status, self.child.stderr())
     }
 
     pub fn log(&self) -> String {
@@ -322,6 +304,12 @@ impl Daemon {
         );
     }
 
+    /// `redirector pod del --name NAME`, which must succeed.
+    #[track_caller]
+    pub fn del(&self, name: &str) {
+        crate::process::assert_success(&self.pod(&["del", "--name", name]));
+    }
+
     /// The names of the pods it manages, sorted.
     pub fn pod_names(&self) -> Vec<String> {
         let mut names: Vec<String> = self
@@ -394,6 +382,29 @@ impl Killed {
         self.env.push((key.to_owned(), value.to_owned()));
         self.restart()
     }
+}
+
+/// The flags naming a node's pins, cgroup and state directory, as `redirector daemon`
+/// takes them.
+pub fn node_flags(root: &PinRoot, node: &Cgroup, state: &StateDir) -> Vec<String> {
+    let flags = ["--pin-root", "--cgroup", "--state-dir"];
+    let paths = [root.path(), node.path(), state.path()].map(|p| p.display().to_string());
+    flags
+        .into_iter()
+        .zip(paths)
+        .flat_map(|(f, p)| [f.to_owned(), p])
+        .collect()
+}
+
+/// `redirector daemon --uninstall` of the node of `root`, `node` and `state`, with `extra`
+/// flags.
+pub fn uninstall(root: &PinRoot, node: &Cgroup, state: &StateDir, extra: &[&str]) -> Output {
+    Command::new(redirector_bin())
+        .args(["daemon", "--uninstall"])
+        .args(node_flags(root, node, state))
+        .args(extra)
+        .output()
+        .expect("running redirector daemon --uninstall")
 }
 
 /// `flag value` in `args`, in place of the flag's earlier value if it has one.

@@ -464,16 +464,10 @@ impl DaemonSet {
 
 /// Waits for `container` to exit: its exit code; panics with its log after `timeout`.
 fn wait_exit(cri: &mut Containerd, container: &str, timeout: Duration) -> i32 {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(code) = cri.exit_code(container) {
-            return code;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{container} still runs: {}",
-            cri.container_log(container)
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut code = None;
+    crate::process::within(timeout, || {
+        code = cri.exit_code(container);
+        code.is_some()
+    });
+    code.unwrap_or_else(|| panic!("{container} still runs: {}", cri.container_log(container)))
 }

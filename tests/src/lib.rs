@@ -24,7 +24,6 @@
 pub mod bpftool;
 pub mod cgroup;
 pub mod churn;
-pub mod cni_caller;
 pub mod conformance;
 pub mod cri;
 pub mod daemon;
@@ -53,6 +52,28 @@ pub mod user_ns;
 pub mod ztunnel;
 
 use std::sync::atomic::{AtomicU32, Ordering};
+
+/// The kit's names nearly every suite uses, and the std types that go with them:
+/// `use redirector_tests::prelude::*;`.
+pub mod prelude {
+    pub use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    pub use std::path::{Path, PathBuf};
+    pub use std::time::{Duration, Instant};
+
+    pub use crate::bpftool::{cgroup_attachments, loaded_ids, pinned_id, wait_gone};
+    pub use crate::daemon::{Daemon, StateDir};
+    pub use crate::process::{assert_success, within};
+    pub use crate::redirector::{
+        install, istio_iptables, object_ids, pins_under, pod_links, redirector_bin, run_ok,
+        PinRoot, STANDARD_INJECTION,
+    };
+    pub use crate::test_node::{failed, succeeded, CniPlugin, TestNode};
+    pub use crate::{
+        assert_all_proxied, assert_direct, assert_proxied, connect_from, privileged, probe_bin,
+        words, Cgroup, ChildGuard, ConnOutcome, NetNs, ProbeServer, ProxiedPod, Spawn, Topology,
+        APP_UID, PROXY_UID,
+    };
+}
 
 pub use cgroup::Cgroup;
 pub use netns::NetNs;
@@ -89,6 +110,13 @@ pub(crate) fn unique_name(hint: &str) -> String {
         .take(12)
         .collect();
     format!("{NAME_PREFIX}-{}-{}-{hint}", std::process::id(), next_id())
+}
+
+/// A command line written as one string: its words, `""` standing for an empty argument.
+pub fn words(line: &str) -> Vec<&str> {
+    line.split_whitespace()
+        .map(|w| if w == "\"\"" { "" } else { w })
+        .collect()
 }
 
 /// The first line of a privileged test: returns from it (a skip, see [`require_root`] and
@@ -157,8 +185,15 @@ pub fn skip(why: &str) -> bool {
 }
 
 fn on_path(tool: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(tool).is_file()))
+    find_on_path(tool).is_some()
+}
+
+/// `tool` in a directory of `PATH`, if it is in one.
+pub(crate) fn find_on_path(tool: &str) -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(tool))
+        .find(|candidate| candidate.is_file())
 }
 
 #[cfg(test)]

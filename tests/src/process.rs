@@ -87,6 +87,10 @@ impl Spawn {
         self
     }
 
+    pub fn envs<K: AsRef<OsStr>, V: AsRef<OsStr>>(self, envs: &[(K, V)]) -> Self {
+        envs.iter().fold(self, |spawn, (k, v)| spawn.env(k, v))
+    }
+
     pub fn netns(mut self, netns: &NetNs) -> Self {
         self.netns = Some(netns.path());
         self
@@ -378,26 +382,22 @@ impl Drop for ChildGuard {
 /// Polls `ss -ltnH` inside `netns` until something listens on TCP `port`; panics after
 /// `timeout`. Never connects, so it sends no traffic and triggers no capture rule.
 pub fn wait_tcp_listening(netns: &NetNs, port: u16, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let out = netns.run(&["ss", "-ltnH"]);
+    let mut out = String::new();
+    let listening = within(timeout, || {
+        out = netns.run(&["ss", "-ltnH"]);
         // Columns: State Recv-Q Send-Q Local-Address:Port Peer-Address:Port …
-        let listening = out.lines().any(|line| {
+        out.lines().any(|line| {
             line.split_whitespace()
                 .nth(3)
                 .and_then(|local| local.rsplit_once(':'))
                 .is_some_and(|(_, p)| p.parse() == Ok(port))
-        });
-        if listening {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "nothing listens on tcp port {port} in {} after {timeout:?}:\n{out}",
-            netns.name()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        })
+    });
+    assert!(
+        listening.is_some(),
+        "nothing listens on tcp port {port} in {} after {timeout:?}:\n{out}",
+        netns.name()
+    );
 }
 
 /// Sets its flag when dropped — also when a panic unwinds past it — so that threads looping

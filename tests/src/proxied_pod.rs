@@ -93,22 +93,37 @@ impl ProxiedPod {
 /// The connection reached the proxy, which read `orig` as its original destination.
 #[track_caller]
 pub fn assert_proxied(outcome: &ConnOutcome, orig: SocketAddr) {
-    match outcome {
-        ConnOutcome::Proxied {
-            name, orig: got, ..
-        } if name == "proxy" => {
-            assert_eq!(*got, Some(orig), "SO_ORIGINAL_DST seen by the proxy");
-        }
-        other => panic!("expected the proxy with orig {orig}, got {other:?}"),
-    }
+    assert_on_proxy(outcome, "proxy", orig);
 }
 
 /// The connection reached the service at `dst` directly.
 #[track_caller]
 pub fn assert_direct(outcome: &ConnOutcome, dst: SocketAddr) {
+    assert_served(outcome, "svc", dst);
+}
+
+/// The connection landed on the proxy listener named `listener`, which read `orig` as its
+/// original destination.
+#[track_caller]
+pub fn assert_on_proxy(outcome: &ConnOutcome, listener: &str, orig: SocketAddr) {
     match outcome {
-        ConnOutcome::Served { name, local, .. } if name == "svc" => assert_eq!(*local, dst),
-        other => panic!("expected the service at {dst} directly, got {other:?}"),
+        ConnOutcome::Proxied {
+            name, orig: got, ..
+        } if name == listener => {
+            assert_eq!(*got, Some(orig), "SO_ORIGINAL_DST seen by {listener}");
+        }
+        other => panic!("expected {listener} with original destination {orig}, got {other:?}"),
+    }
+}
+
+/// The connection reached the server named `server` at `dst` directly (not redirected).
+#[track_caller]
+pub fn assert_served(outcome: &ConnOutcome, server: &str, dst: SocketAddr) {
+    match outcome {
+        ConnOutcome::Served { name, local, .. } if name == server => {
+            assert_eq!(*local, dst, "the address {server} was reached at")
+        }
+        other => panic!("expected {server} at {dst} directly, got {other:?}"),
     }
 }
 

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::Duration;
 
 use crate::{bin_path, unique_name, Cgroup, ChildGuard, NetNs};
 
@@ -129,15 +130,12 @@ pub fn trace_switch_on(root: &PinRoot) -> bool {
 /// Wait (up to 10 s) until `tracer`, a `redirector trace` just started, has switched the
 /// trace on under `root`; panics with the tracer's stderr otherwise.
 pub fn wait_for_trace_switch(root: &PinRoot, tracer: &ChildGuard) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !trace_switch_on(root) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the trace switch did not come on: {}",
-            tracer.stderr()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    let on = crate::process::within(Duration::from_secs(10), || trace_switch_on(root));
+    assert!(
+        on.is_some(),
+        "the trace switch did not come on: {}",
+        tracer.stderr()
+    );
 }
 
 /// Run `cmd`, panicking with its log unless it exits 0.

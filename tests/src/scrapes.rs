@@ -10,6 +10,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::daemon::{ask, http_get, rss_kib, Daemon, StateDir};
+use crate::process::StopOnDrop;
 use crate::redirector::{PinRoot, STANDARD_INJECTION};
 use crate::{Cgroup, NetNs};
 
@@ -300,14 +301,5 @@ impl Waves<'_> {
         }
         let snapshots = self.snapshots.lock().unwrap().len();
         (self.scrapes.load(Ordering::SeqCst), snapshots)
-    }
-}
-
-/// Sets its flag when dropped, also by a panic.
-struct StopOnDrop<'a>(&'a AtomicBool);
-
-impl Drop for StopOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::SeqCst);
     }
 }

@@ -14,8 +14,20 @@ fn owner_pid(name: &str) -> Option<u32> {
     rest.split('-').next()?.parse().ok()
 }
 
-fn is_stale(name: &str) -> bool {
-    owner_pid(name).is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+/// Whether `name` is kit-made and its owner is gone. A killed process stays a zombie until
+/// its parent reaps it, which an init that reaps lazily may not do for seconds: that counts
+/// as gone.
+pub(crate) fn is_stale(name: &str) -> bool {
+    owner_pid(name).is_some_and(|pid| !is_alive(pid))
+}
+
+pub(crate) fn is_alive(pid: u32) -> bool {
+    // /proc/PID/stat is `pid (comm) state …`; comm may contain spaces and parentheses.
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
 }
 
 /// Deletes stale kit-made network namespaces, cgroups, pin roots and state directories;

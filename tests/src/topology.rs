@@ -3,7 +3,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use crate::probe::connect_from;
-use crate::{next_id, Cgroup, ConnOutcome, NetNs};
+use crate::{next_id, words, Cgroup, ConnOutcome, NetNs};
 
 /// Name of the veth end in both namespaces (the pod's looks like a real pod's interface, for
 /// istio's `-c`/`-k` interface options).
@@ -174,47 +174,22 @@ pub(crate) fn add_veth(netns: &NetNs, iface: &str, peer: &str, peer_netns: &str)
 pub(crate) fn address_iface(run: impl Fn(&[&str]), iface: &str, v4: Ipv4Addr, v6: Ipv6Addr) {
     run(&["ip", "addr", "add", &format!("{v4}/24"), "dev", iface]);
     // nodad: usable at once instead of "tentative" for a second or two.
-    run(&[
-        "ip",
-        "-6",
-        "addr",
-        "add",
-        &format!("{v6}/64"),
-        "dev",
-        iface,
-        "nodad",
-    ]);
+    run(&words(&format!("ip -6 addr add {v6}/64 dev {iface} nodad")));
     run(&["ip", "link", "set", iface, "up"]);
 }
 
 /// Default routes via `v4` and `v6`; `run` runs an `ip` command in the pod's namespace.
 pub(crate) fn default_routes(run: impl Fn(&[&str]), v4: Ipv4Addr, v6: Ipv6Addr) {
-    run(&["ip", "route", "add", "default", "via", &v4.to_string()]);
-    run(&[
-        "ip",
-        "-6",
-        "route",
-        "add",
-        "default",
-        "via",
-        &v6.to_string(),
-    ]);
+    run(&words(&format!("ip route add default via {v4}")));
+    run(&words(&format!("ip -6 route add default via {v6}")));
 }
 
 fn add_host_addr(netns: &NetNs, iface: &str, ip: IpAddr) {
-    match ip {
-        IpAddr::V4(ip) => netns.run(&["ip", "addr", "add", &format!("{ip}/32"), "dev", iface]),
-        IpAddr::V6(ip) => netns.run(&[
-            "ip",
-            "-6",
-            "addr",
-            "add",
-            &format!("{ip}/128"),
-            "dev",
-            iface,
-            "nodad",
-        ]),
+    let command = match ip {
+        IpAddr::V4(ip) => format!("ip addr add {ip}/32 dev {iface}"),
+        IpAddr::V6(ip) => format!("ip -6 addr add {ip}/128 dev {iface} nodad"),
     };
+    netns.run(&words(&command));
 }
 
 /// How a pod and its peer "service" namespace are addressed: 10.<net>.<subnet>.1 and .2,
@@ -240,29 +215,17 @@ impl PairAddresses {
     }
 
     pub fn pod_ip6(self, subnet: u8) -> Ipv6Addr {
-        Ipv6Addr::new(
-            0xfd00,
-            0x200 + u16::from(self.net - 200),
-            subnet.into(),
-            0,
-            0,
-            0,
-            0,
-            1,
-        )
+        self.ip6(subnet, 1)
     }
 
     pub fn service_ip6(self, subnet: u8) -> Ipv6Addr {
-        Ipv6Addr::new(
-            0xfd00,
-            0x200 + u16::from(self.net - 200),
-            subnet.into(),
-            0,
-            0,
-            0,
-            0,
-            2,
-        )
+        self.ip6(subnet, 2)
+    }
+
+    /// fd00:<net>:<subnet>::`host`.
+    fn ip6(self, subnet: u8, host: u16) -> Ipv6Addr {
+        let net = 0x200 + u16::from(self.net - 200);
+        Ipv6Addr::new(0xfd00, net, subnet.into(), 0, 0, 0, 0, host)
     }
 
     /// A subnet N distinct per pair in this process and, very likely, across processes, so
@@ -273,20 +236,15 @@ impl PairAddresses {
     }
 
     pub fn pod_addr(self, subnet: u8, v6: bool, port: u16) -> SocketAddr {
-        let ip: IpAddr = if v6 {
-            self.pod_ip6(subnet).into()
-        } else {
-            self.pod_ip4(subnet).into()
-        };
-        SocketAddr::new(ip, port)
+        let ips: [IpAddr; 2] = [self.pod_ip4(subnet).into(), self.pod_ip6(subnet).into()];
+        SocketAddr::new(ips[usize::from(v6)], port)
     }
 
     pub fn service_addr(self, subnet: u8, v6: bool, port: u16) -> SocketAddr {
-        let ip: IpAddr = if v6 {
-            self.service_ip6(subnet).into()
-        } else {
-            self.service_ip4(subnet).into()
-        };
-        SocketAddr::new(ip, port)
+        let ips: [IpAddr; 2] = [
+            self.service_ip4(subnet).into(),
+            self.service_ip6(subnet).into(),
+        ];
+        SocketAddr::new(ips[usize::from(v6)], port)
     }
 }

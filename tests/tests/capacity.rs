@@ -5,9 +5,8 @@
 use std::process::Output;
 
 use redirector_common::capacity;
-use redirector_tests::bpftool::cgroup_attachments;
-use redirector_tests::redirector::{istio_iptables, map_fill, status, PinRoot};
-use redirector_tests::{privileged, Topology};
+use redirector_tests::prelude::*;
+use redirector_tests::redirector::{map_fill, status};
 
 fn fill(root: &PinRoot, map: &str) -> u64 {
     map_fill(root)
@@ -17,14 +16,8 @@ fn fill(root: &PinRoot, map: &str) -> u64 {
 }
 
 fn apply(topo: &Topology, root: &PinRoot, flag: &str, list: &str) -> Output {
-    istio_iptables(
-        &topo.pod,
-        &topo.pod_cgroup,
-        root,
-        &[
-            "-p", "15001", "-z", "15006", "-u", "1337", "-i", "*", "-b", "*", flag, list,
-        ],
-    )
+    let flags = format!("-p 15001 -z 15006 -u 1337 -i * -b * {flag} {list}");
+    istio_iptables(&topo.pod, &topo.pod_cgroup, root, &words(&flags))
 }
 
 /// Pods of `per_pod` entries each until one does not fit; checks that one.
@@ -49,13 +42,11 @@ fn fill_until_refused(hint: &str, map: &str, capacity: u64, per_pod: u64, flag: 
         assert!(log.contains(&format!("{map} is full")), "{log}");
         assert!(cgroup_attachments(topo.pod_cgroup.path()).is_empty());
         assert_eq!(fill(&root, map), pods.len() as u64 * per_pod, "rolled back");
-        assert_eq!(
-            status(&root)["objects"][0]["pods"]
-                .as_array()
-                .unwrap()
-                .len(),
-            pods.len()
-        );
+        let installed = status(&root)["objects"][0]["pods"]
+            .as_array()
+            .unwrap()
+            .len();
+        assert_eq!(installed, pods.len());
         for pod in &pods {
             assert_eq!(cgroup_attachments(pod.pod_cgroup.path()).len(), 6);
         }

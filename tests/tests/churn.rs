@@ -3,15 +3,12 @@
 //! the node's maps, and nothing a live pod needs is ever removed.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use redirector_common::capacity;
-use redirector_tests::bpftool::wait_link_detached;
+use redirector_tests::bpftool::wait_pods_detached;
 use redirector_tests::churn::churn;
-use redirector_tests::redirector::{
-    install, istio_iptables, map_fill, pins_under, pod_links, status, PinRoot, STANDARD_INJECTION,
-};
-use redirector_tests::{assert_proxied, privileged, Cgroup, NetNs, ProxiedPod, APP_UID};
+use redirector_tests::prelude::*;
+use redirector_tests::redirector::{map_fill, status};
 
 /// Pods set up and deleted, and how many are alive at a time (besides the long-lived one).
 const PODS: usize = 2_000;
@@ -95,13 +92,8 @@ fn pods_deleted_without_cleanup_go_with_later_setups() {
 /// PORT_SETS entries.
 fn outbound_ports(ports: u16) -> Vec<String> {
     let list: Vec<String> = (1..=ports).map(|p| p.to_string()).collect();
-    [
-        "-p", "15001", "-z", "15006", "-u", "1337", "-i", "*", "-b", "*", "-o",
-    ]
-    .iter()
-    .map(|a| a.to_string())
-    .chain([list.join(",")])
-    .collect()
+    let flags = format!("-p 15001 -z 15006 -u 1337 -i * -b * -o {}", list.join(","));
+    words(&flags).into_iter().map(str::to_owned).collect()
 }
 
 #[test]
@@ -127,12 +119,7 @@ fn a_setup_a_map_has_no_room_for_first_removes_every_pod_that_is_gone() {
     drop(pods);
     let free = u64::from(capacity::PORT_ENTRIES) - gone_pods * u64::from(per_pod) - 3;
     assert!(free + 4 * u64::from(per_pod) < u64::from(new_pod));
-    for link in pins_under(root.path()) {
-        let name = link.file_name().unwrap().to_string_lossy().into_owned();
-        if gone.iter().any(|c| name.starts_with(&format!("{c}_"))) {
-            assert!(wait_link_detached(&link, Duration::from_secs(10)), "{name}");
-        }
-    }
+    wait_pods_detached(&root, &gone);
 
     let pod = (NetNs::new("fullnew"), Cgroup::new("fullnew"));
     let args = outbound_ports(new_pod);

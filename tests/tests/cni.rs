@@ -2,27 +2,16 @@
 //! network configuration on stdin, against namespaces the test made, beside a daemon. In
 //! both dialects: istio's (the default) and Linkerd's (`"dialect": "linkerd"`).
 
-use std::net::{Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
-
 use serde_json::{json, Value};
 
-use redirector_tests::bpftool::cgroup_attachments;
-use redirector_tests::daemon::Daemon;
 use redirector_tests::linkerd::cases::LINKERD_PROXY_UID;
 use redirector_tests::linkerd::meshed::{
     assert_app, assert_inbound, assert_outbound, assert_peer, MeshedPod, A_PROXY_VERSION,
     CONTROL_PORT, IGNORED_OUTBOUND_PORT, INJECTOR_FLAGS, PLAIN_PORT, PROXY_VERSION,
 };
-use redirector_tests::linkerd::validator::{self, Addrs};
-use redirector_tests::redirector::{
-    object_ids, pins_under, pod_links, PinRoot, STANDARD_INJECTION,
-};
-use redirector_tests::test_node::{failed, succeeded, CniPlugin, TestNode};
-use redirector_tests::{
-    assert_direct, assert_proxied, connect_from, privileged, Cgroup, ProxiedPod, Spawn, Topology,
-    APP_UID,
-};
+use redirector_tests::linkerd::validator;
+use redirector_tests::linkerd::validator::Addrs;
+use redirector_tests::prelude::*;
 
 /// The annotation istio's injector sets on every pod it injected a sidecar into.
 const STATUS: &str = "sidecar.istio.io/status";
@@ -202,25 +191,23 @@ fn add_captures_before_the_pod_runs_and_del_is_idempotent() {
 /// network: every pod the plugin leaves alone starts, a meshed one is held back (code 11)
 /// in the network's version, and DEL, GC and STATUS answer as they should.
 fn start_with_nothing_pinned(plugin: &CniPlugin, root: &PinRoot, state: &Path, netns: &str) {
-    let unannotated = conf_031(root.path(), state, json!({}));
-    let system = conf_031(root.path(), state, json!({ STATUS: "{}" }));
-    let opted_out = conf_031(
-        root.path(),
-        state,
-        json!({ STATUS: "{}", "sidecar.istio.io/inject": "false" }),
-    );
-    let injected = conf_031(root.path(), state, json!({ STATUS: "{}" }));
+    let of = |annotations| conf_031(root.path(), state, annotations);
+    let unannotated = of(json!({}));
+    let opted_out = of(json!({ STATUS: "{}", "sidecar.istio.io/inject": "false" }));
+    // The kube-system pod is marked as the meshed one is: its namespace leaves it alone.
+    let injected = of(json!({ STATUS: "{}" }));
 
-    let (ok, result) = plugin.call("ADD", "plain-pod", netns, &unannotated);
-    assert!(ok, "a pod with no sidecar starts: {result}");
-    assert_eq!(result, unannotated["prevResult"], "prevResult passed on");
-    assert_eq!(result["cniVersion"], "0.3.1");
-    let (ok, result) = plugin.call_in("kube-system", "ADD", "system-pod", netns, &system);
-    assert!(ok, "a kube-system pod starts: {result}");
-    assert_eq!(result, system["prevResult"]);
-    let (ok, result) = plugin.call("ADD", "optout-pod", netns, &opted_out);
-    assert!(ok, "an opted-out pod starts: {result}");
-    assert_eq!(result, opted_out["prevResult"]);
+    let started = [
+        ("default", "plain-pod", &unannotated),
+        ("kube-system", "system-pod", &injected),
+        ("default", "optout-pod", &opted_out),
+    ];
+    for (namespace, id, conf) in started {
+        let (ok, result) = plugin.call_in(namespace, "ADD", id, netns, conf);
+        assert!(ok, "{id} starts: {result}");
+        assert_eq!(result, conf["prevResult"], "prevResult passed on");
+        assert_eq!(result["cniVersion"], "0.3.1");
+    }
 
     let (ok, err) = plugin.call("ADD", "meshed-pod", netns, &injected);
     assert!(!ok, "a meshed pod must not start uncaptured: {err}");
@@ -234,16 +221,11 @@ fn start_with_nothing_pinned(plugin: &CniPlugin, root: &PinRoot, state: &Path, n
     // Nothing was installed or recorded for any of them.
     assert_eq!(pins_under(root.path()), Vec::<PathBuf>::new());
     let records = recorded(state);
-    for id in ["plain-pod", "system-pod", "optout-pod", "meshed-pod"] {
+    for (_, id, conf) in started
+        .into_iter()
+        .chain([("default", "meshed-pod", &injected)])
+    {
         assert!(!records.contains(id), "{id} recorded: {records}");
-    }
-
-    for (id, conf) in [
-        ("plain-pod", &unannotated),
-        ("system-pod", &system),
-        ("optout-pod", &opted_out),
-        ("meshed-pod", &injected),
-    ] {
         let (ok, err) = plugin.call("DEL", id, netns, conf);
         assert!(ok, "DEL {id}: {err}");
         let (ok, err) = plugin.call("DEL", id, "", conf);
@@ -276,7 +258,8 @@ fn a_node_with_nothing_pinned_starts_every_pod_it_leaves_alone() {
     // A daemon runs (pins the node's programs): the meshed pod kubelet retries now starts
     // captured; the pods left alone stay so with the programs there.
     Daemon::start(&root, &node, &state).kill();
-    let injected = conf_031(root.path(), state.path(), json!({ STATUS: "{}" }));
+    let of = |annotations| conf_031(root.path(), state.path(), annotations);
+    let injected = of(json!({ STATUS: "{}" }));
     let result = succeeded(plugin.call("ADD", "meshed-pod", &netns, &injected));
     assert_eq!(result, injected["prevResult"]);
     assert_eq!(result["cniVersion"], "0.3.1");
@@ -286,17 +269,16 @@ fn a_node_with_nothing_pinned_starts_every_pod_it_leaves_alone() {
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     assert_eq!(pod_links(&root, pod.topo.pod.cookie()), None);
 
-    let unannotated = conf_031(root.path(), state.path(), json!({}));
+    let unannotated = of(json!({}));
     succeeded(plugin.call("ADD", "plain-pod", &netns, &unannotated));
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
-    let system = conf_031(root.path(), state.path(), json!({ STATUS: "{}" }));
-    succeeded(plugin.call_in("kube-system", "ADD", "system-pod", &netns, &system));
+    succeeded(plugin.call_in("kube-system", "ADD", "system-pod", &netns, &injected));
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     assert_eq!(pod_links(&root, pod.topo.pod.cookie()), None);
 
     // The selection switched off explicitly: a pod with no annotation is captured, in
     // default and in kube-system alike.
-    let mut open = conf_031(root.path(), state.path(), json!({}));
+    let mut open = of(json!({}));
     open["requireSidecarStatus"] = json!(false);
     open["excludeNamespaces"] = json!([]);
     for namespace in ["default", "kube-system"] {
@@ -413,25 +395,18 @@ fn gc_of_one_network_leaves_another_networks_pods() {
         }
     };
 
+    let gc = |network, valid| {
+        succeeded(plugin.call("GC", "", "", &gc_of(root, state.path(), network, valid)))
+    };
     // The second network's GC knows only its own container: the first's pods stay.
-    succeeded(plugin.call(
-        "GC",
-        "",
-        "",
-        &gc_of(root, state.path(), "secondary", &["b1-ctr"]),
-    ));
+    gc("secondary", &["b1-ctr"]);
     for id in ["a1-ctr", "a2-ctr", "b1-ctr", "legacy-ctr"] {
         captured(id, true);
     }
 
     // The first network's GC without a2: exactly a2 goes; the legacy record's namespace
     // is alive, so it stays.
-    succeeded(plugin.call(
-        "GC",
-        "",
-        "",
-        &gc_of(root, state.path(), "pods", &["a1-ctr"]),
-    ));
+    gc("pods", &["a1-ctr"]);
     captured("a2-ctr", false);
     for id in ["a1-ctr", "b1-ctr", "legacy-ctr"] {
         captured(id, true);
@@ -441,12 +416,7 @@ fn gc_of_one_network_leaves_another_networks_pods() {
     let mut pods = pods;
     let legacy = pods.pop().unwrap();
     drop(legacy);
-    succeeded(plugin.call(
-        "GC",
-        "",
-        "",
-        &gc_of(root, state.path(), "pods", &["a1-ctr"]),
-    ));
+    gc("pods", &["a1-ctr"]);
     assert!(!recorded(state.path()).contains("legacy-ctr"));
     for (id, _, pod) in pods.iter().filter(|(id, _, _)| *id != "a2-ctr") {
         pod.assert_app_proxied(false);
@@ -598,30 +568,18 @@ fn a_linkerd_network_captures_linkerd_pods_with_proxy_inits_ports_and_exemptions
 
     // Pods Linkerd did not inject (no annotation, istio's only, an empty proxy version)
     // and an injected one of an excluded namespace.
-    let (root_path, state_path) = (root.path(), state.path());
+    let of = |annotations| linkerd_conf(root.path(), state.path(), annotations);
+    let injected = linkerd_injected(root.path(), state.path(), json!({}));
     let left_alone = [
-        (
-            "default",
-            "plain-pod",
-            linkerd_conf(root_path, state_path, json!({})),
-        ),
-        (
-            "default",
-            "istio-pod",
-            linkerd_conf(root_path, state_path, json!({ STATUS: "{}" })),
-        ),
+        ("default", "plain-pod", of(json!({}))),
+        ("default", "istio-pod", of(json!({ STATUS: "{}" }))),
         (
             "default",
             "no-version-pod",
-            linkerd_conf(root_path, state_path, json!({ PROXY_VERSION: "" })),
+            of(json!({ PROXY_VERSION: "" })),
         ),
-        (
-            "kube-system",
-            "system-pod",
-            linkerd_injected(root_path, state_path, json!({})),
-        ),
+        ("kube-system", "system-pod", injected.clone()),
     ];
-    let injected = linkerd_injected(root_path, state_path, json!({}));
 
     // Nothing pinned (a rebooted node, no daemon yet): those pods start, untouched; the
     // injected one is held back (code 11) rather than started uncaptured.

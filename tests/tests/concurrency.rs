@@ -5,11 +5,8 @@
 
 use std::process::{Child, Command, Stdio};
 
-use redirector_tests::bpftool::cgroup_attachments;
-use redirector_tests::redirector::{
-    istio_iptables_command, pod_links, redirector_bin, status, PinRoot, STANDARD_INJECTION,
-};
-use redirector_tests::{assert_direct, assert_proxied, privileged, ProxiedPod, APP_UID};
+use redirector_tests::prelude::*;
+use redirector_tests::redirector::{istio_iptables_command, status};
 
 /// Links the standard injection attaches to the pod's cgroup.
 const CGROUP_LINKS: usize = 6;

@@ -22,12 +22,9 @@ use redirector_tests::conformance::{run_case, run_scenarios, PassthroughV6, Scen
 use redirector_tests::dns::use_dnsprobe_bin;
 use redirector_tests::golden_dir;
 use redirector_tests::iptables::golden;
-use redirector_tests::privileged;
-use redirector_tests::redirector::{
-    fallback_in_use, install_with_interfaces, PinRoot, INGRESS_IFINDEX,
-};
+use redirector_tests::prelude::*;
+use redirector_tests::redirector::{fallback_in_use, install_with_interfaces, INGRESS_IFINDEX};
 use redirector_tests::scenario::{Family, Scenario};
-use redirector_tests::topology::Topology;
 
 /// Runs one case on both sides, prints its table, and fails listing every mismatch.
 fn check(name: &str) {

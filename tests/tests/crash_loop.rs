@@ -4,12 +4,8 @@
 //! number of cycles (default 20; 100 for a long run). `cargo xtask soak` is the daemon's
 //! other long run: one daemon under hours of pod churn, its memory held flat.
 
-use std::time::{Duration, Instant};
-
-use redirector_tests::daemon::Daemon;
-use redirector_tests::redirector::{map_fill, pins_under, PinRoot, STANDARD_INJECTION};
-use redirector_tests::test_node::TestNode;
-use redirector_tests::{privileged, probe_bin, ProxiedPod, Spawn, APP_UID};
+use redirector_tests::prelude::*;
+use redirector_tests::redirector::map_fill;
 
 /// Map fill by name, without the connection maps (they change with traffic).
 fn config_fill(root: &PinRoot) -> Vec<(String, u64)> {

@@ -2,9 +2,7 @@
 //! CRI API as kubelet does, with `redirector-cni` chained after ptp + host-local and a
 //! `redirector daemon` on the node. Pods are captured with no init container.
 
-use std::net::SocketAddr;
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 use serde_json::json;
 
@@ -13,15 +11,9 @@ use redirector_tests::cri::pods::{
     linkerd_sidecar, meshed_web, primary_network, serve, sidecar, LeftAlone, STATUS,
 };
 use redirector_tests::cri::Containerd;
-use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::linkerd::meshed::{A_PROXY_VERSION, INJECTOR_FLAGS, PROXY_VERSION};
 use redirector_tests::podman::host::ForwardingGuard;
-use redirector_tests::process::within;
-use redirector_tests::redirector::{
-    pins_under, pod_links, redirector_bin, run_ok, PinRoot, STANDARD_INJECTION,
-};
-use redirector_tests::test_node::TestNode;
-use redirector_tests::{privileged, ConnOutcome, APP_UID};
+use redirector_tests::prelude::*;
 
 /// [`primary_network`], then `redirector-cni` with the default pod selection.
 fn chained_network(
@@ -149,7 +141,7 @@ fn a_rebooted_node_starts_pods_it_leaves_alone_and_holds_injected_ones_until_pin
     let conflist = chained_network("0.3.1", 78, &ipam, &root, &state);
     let mut cri = Containerd::start(&conflist, &[("redirector-cni", &redirector_bin())]);
     let parent = node.relative_path();
-    assert_eq!(pins_under(root.path()), Vec::<std::path::PathBuf>::new());
+    assert_eq!(pins_under(root.path()), Vec::<PathBuf>::new());
 
     // A pod with no sidecar annotations: the service; beside it a client with none, and
     // a kube-system pod even though the injector marked it.

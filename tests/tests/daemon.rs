@@ -3,21 +3,13 @@
 //! node cgroup only while a pod whose cgroup is not found relies on them); capture that
 //! survives the daemon being killed; init-container pods beside daemon pods.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Duration;
 
-use redirector_tests::bpftool::{pinned_map, wait_link_detached};
-use redirector_tests::daemon::{Daemon, StateDir};
-use redirector_tests::process::{assert_success, within, StopOnDrop};
-use redirector_tests::redirector::{
-    install, object_ids, pins_under, pod_links, MapChange, NextObject, STANDARD_INJECTION,
-};
-use redirector_tests::test_node::TestNode;
-use redirector_tests::{
-    assert_all_proxied, assert_direct, assert_proxied, privileged, probe_bin, Cgroup, ConnOutcome,
-    NetNs, ProxiedPod, Spawn, Topology, APP_UID, PROXY_UID,
-};
+use redirector_tests::bpftool::{pinned_map, wait_link_detached, wait_pods_detached};
+use redirector_tests::daemon::uninstall;
+use redirector_tests::prelude::*;
+use redirector_tests::process::StopOnDrop;
+use redirector_tests::redirector::{MapChange, NextObject};
 
 /// The app in `topo` connecting to `dst` again and again until `stop`, counting in `made`:
 /// what each connection landed on.
@@ -95,37 +87,26 @@ fn daemon_captures_a_pod_by_its_namespace_and_releases_it() {
 
     // A bad flag: the same message as istio-iptables', exit 1, nothing changed.
     let netns = pod.topo.pod.path().display().to_string();
-    let out = daemon.pod(&[
-        "add", "--netns", &netns, "--name", "x/y", "--", "-p", "70000",
-    ]);
+    let out = daemon.pod(&words(&format!(
+        "add --netns {netns} --name x/y -- -p 70000"
+    )));
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("70000") && err.contains("-p"), "{err}");
     assert_eq!(daemon.pod_names(), ["default/app"]);
 
-    let out = daemon.pod(&["del", "--name", "default/app"]);
-    assert_success(&out);
+    daemon.del("default/app");
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     assert!(daemon.pods().is_empty());
     assert_eq!(pod_links(&root, cookie), None);
     // Deleting again is not an error.
-    assert!(daemon
-        .pod(&["del", "--name", "default/app"])
-        .status
-        .success());
+    daemon.del("default/app");
 
     // istio's annotations through the API: port 80 left alone, the rest captured.
-    let mut args = vec![
-        "add",
-        "--netns",
-        &netns,
-        "--annotation",
-        "traffic.sidecar.istio.io/excludeOutboundPorts=80",
-        "--",
-    ];
-    args.extend_from_slice(&STANDARD_INJECTION);
-    let out = daemon.pod(&args);
-    assert_success(&out);
+    let annotation = "traffic.sidecar.istio.io/excludeOutboundPorts=80";
+    let add = format!("add --netns {netns} --annotation {annotation} --");
+    let args = [words(&add), STANDARD_INJECTION.to_vec()].concat();
+    assert_success(&daemon.pod(&args));
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     let other = SocketAddr::new(dst.ip(), 8080);
     assert_proxied(&pod.connect(APP_UID, APP_UID, other), other);
@@ -137,16 +118,7 @@ fn daemon_captures_a_pod_by_its_namespace_and_releases_it() {
     assert_proxied(&pod.connect(APP_UID, APP_UID, other), other);
 
     // --uninstall removes everything: pods, node links, records, the pin root.
-    let out = std::process::Command::new(redirector_tests::redirector::redirector_bin())
-        .args(["daemon", "--uninstall", "--pin-root"])
-        .arg(root.path())
-        .arg("--cgroup")
-        .arg(node.path())
-        .arg("--state-dir")
-        .arg(state.path())
-        .output()
-        .unwrap();
-    assert_success(&out);
+    assert_success(&uninstall(&root, &node, &state, &[]));
     assert!(!root.path().exists(), "the pin root is gone");
     assert_direct(&pod.connect(APP_UID, APP_UID, other), other);
 }
@@ -222,14 +194,12 @@ fn init_container_pods_and_daemon_pods_share_the_node() {
     // the init container attaches its own.
     let log = inside.install(&root, &STANDARD_INJECTION);
     assert!(!log.contains("cover cgroup"), "{log}");
-    assert_eq!(
-        pod_links(&root, inside.topo.pod.cookie()).map(|l| l.len()),
-        Some(7)
-    );
-    assert_eq!(
-        pod_links(&root, outside.topo.pod.cookie()).map(|l| l.len()),
-        Some(7)
-    );
+    for pod in [&inside, &outside] {
+        assert_eq!(
+            pod_links(&root, pod.topo.pod.cookie()).map(|l| l.len()),
+            Some(7)
+        );
+    }
     assert_eq!(object_ids(&root).len(), 1, "one object for every pod");
 
     let check_all = |when: &str| {
@@ -333,16 +303,14 @@ fn a_pod_whose_namespace_goes_is_removed_while_the_daemon_runs() {
     let gone_cookie = gone.topo.pod.cookie();
     // Deleted without `pod del` (a missed CNI DEL).
     drop(gone);
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    while daemon.pod_names() != ["default/kept"] {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the gone pod is still listed: {:?}\n{}",
-            daemon.pod_names(),
-            daemon.log()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let removed = within(Duration::from_secs(15), || {
+        daemon.pod_names() == ["default/kept"]
+    });
+    let (names, log) = (daemon.pod_names(), daemon.log());
+    assert!(
+        removed.is_some(),
+        "the gone pod is still listed: {names:?}\n{log}"
+    );
     assert_eq!(pod_links(&root, gone_cookie), None);
     kept.assert_app_proxied(false);
 }
@@ -358,22 +326,13 @@ fn the_daemons_next_add_removes_pods_that_went_without_a_cleanup() {
     // A daemon pod deleted without `pod del` (a missed CNI DEL), and an init-container pod
     // under the node cgroup (in the daemon's object) deleted without `--cleanup-only`.
     let by_daemon = (NetNs::new("gone"), Cgroup::under(&node, "gone"));
-    daemon.add_in(
-        &by_daemon.0,
-        &by_daemon.1,
-        "default/gone",
-        &STANDARD_INJECTION,
-    );
+    let (netns, cgroup) = &by_daemon;
+    daemon.add_in(netns, cgroup, "default/gone", &STANDARD_INJECTION);
     let by_init = (NetNs::new("initgone"), Cgroup::under(&node, "initgone"));
     install(&by_init.0, &by_init.1, &root, &STANDARD_INJECTION);
     let gone = [by_daemon.0.cookie(), by_init.0.cookie()];
     drop((by_daemon, by_init));
-    for link in pins_under(root.path()) {
-        let name = link.file_name().unwrap().to_string_lossy().into_owned();
-        if gone.iter().any(|c| name.starts_with(&format!("{c}_"))) {
-            assert!(wait_link_detached(&link, Duration::from_secs(10)), "{name}");
-        }
-    }
+    wait_pods_detached(&root, &gone);
     assert!(gone.iter().all(|c| pod_links(&root, *c).is_some()));
 
     let new = (NetNs::new("new"), Cgroup::under(&node, "new"));
@@ -403,31 +362,19 @@ fn a_runtime_that_cannot_be_reached_leaves_the_daemon_serving() {
     let entry = serde_json::json!({"cniVersion": "1.0.0", "name": "k8s", "plugins": [
         {"type": "ptp"}, {"type": "redirector-cni", "args": STANDARD_INJECTION}]});
     std::fs::write(conf.path().join("10-k8s.conflist"), entry.to_string()).unwrap();
-    let socket = state.path().join("no-runtime.sock").display().to_string();
-    let conf_dir = conf.path().display().to_string();
-    let daemon = Daemon::start_with(
-        &root,
-        &node,
-        &state,
-        &[
-            "--cri-socket",
-            &socket,
-            "--cni-conf-dir",
-            &conf_dir,
-            "--repair",
-            "capture",
-            "--repair-interval",
-            "1",
-        ],
+    let socket = state.path().join("no-runtime.sock");
+    let flags = format!(
+        "--cri-socket {} --cni-conf-dir {} --repair capture --repair-interval 1",
+        socket.display(),
+        conf.path().display()
     );
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !daemon
-        .log()
-        .contains("repair: connecting to the CRI socket")
-    {
-        assert!(std::time::Instant::now() < deadline, "{}", daemon.log());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let daemon = Daemon::start_with(&root, &node, &state, &words(&flags));
+    let asked = within(Duration::from_secs(10), || {
+        daemon
+            .log()
+            .contains("repair: connecting to the CRI socket")
+    });
+    assert!(asked.is_some(), "{}", daemon.log());
     // Pods are still set up through the API.
     let pod = (NetNs::new("pod"), Cgroup::under(&node, "pod"));
     daemon.add_in(&pod.0, &pod.1, "default/pod", &STANDARD_INJECTION);
@@ -524,18 +471,12 @@ fn an_upgrade_that_copies_maps_and_its_rollback_lose_no_connection() {
         MapChange::LongerValues("COUNTERS", 8),
         MapChange::Capacity("ORIG_DST_BY_CONN", 16384),
     ]);
-    let map = |object: &str, name: &str| {
-        pinned_map(
-            &root
-                .path()
-                .join("objects")
-                .join(object)
-                .join("maps")
-                .join(name),
-        )
+    let maps = |object: &str| {
+        let dir = root.path().join("objects").join(object).join("maps");
+        ["PORT_SETS", "POD_CONFIG", "COUNTERS", "ORIG_DST_BY_CONN"]
+            .map(|m| pinned_map(&dir.join(m)))
     };
-    let before = ["PORT_SETS", "POD_CONFIG", "COUNTERS", "ORIG_DST_BY_CONN"]
-        .map(|name| map(&first[0], name));
+    let before = maps(&first[0]);
 
     let stop = AtomicBool::new(false);
     let made = [AtomicUsize::new(0), AtomicUsize::new(0)];
@@ -582,9 +523,7 @@ fn an_upgrade_that_copies_maps_and_its_rollback_lose_no_connection() {
         assert!(log.contains("maps copied"), "{log}");
         let upgraded_ids = object_ids(&root);
         assert_eq!(upgraded_ids.len(), 1, "{upgraded_ids:?}");
-        let [ports, config, counters, conns] =
-            ["PORT_SETS", "POD_CONFIG", "COUNTERS", "ORIG_DST_BY_CONN"]
-                .map(|name| map(&upgraded_ids[0], name));
+        let [ports, config, counters, conns] = maps(&upgraded_ids[0]);
         assert_eq!(ports.2, 16384, "PORT_SETS's new capacity");
         assert_eq!(config.1, before[1].1 + 8, "POD_CONFIG's longer values");
         assert_eq!(counters.1, before[2].1 + 8, "COUNTERS's longer values");
@@ -614,8 +553,7 @@ fn an_upgrade_that_copies_maps_and_its_rollback_lose_no_connection() {
         "the rollback copies too: {log}"
     );
     assert_eq!(object_ids(&root), first, "back on the first object");
-    let after = ["PORT_SETS", "POD_CONFIG", "COUNTERS", "ORIG_DST_BY_CONN"]
-        .map(|name| map(&first[0], name));
+    let after = maps(&first[0]);
     for (b, a) in before.iter().zip(&after).skip(1) {
         assert_eq!(
             (b.1, b.2),

@@ -6,12 +6,9 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
 
-use redirector_tests::daemon::{ask, Daemon};
-use redirector_tests::redirector::redirector_bin;
-use redirector_tests::test_node::TestNode;
-use redirector_tests::{privileged, Spawn, APP_UID};
+use redirector_tests::daemon::ask;
+use redirector_tests::prelude::*;
 
 /// A daemon and the node it lives in; keep both until the end of the test.
 fn start(hint: &str) -> (Daemon, TestNode) {
@@ -63,26 +60,16 @@ fn bad_requests_change_nothing_and_name_what_is_wrong() {
     privileged!();
     let (daemon, _node) = start("abusebad");
     let mut s = daemon.connect();
-    for (request, expected) in [
-        (
-            r#"{"op":"add","netns":"/etc/hostname","name":"x/y"}"#,
-            "/etc/hostname",
-        ),
-        (
-            r#"{"op":"add","netns":"/nonexistent/ns","name":"x/y"}"#,
-            "/nonexistent/ns",
-        ),
-        (
-            r#"{"op":"add","netns":"/proc/self/ns/net","args":["-p","70000"]}"#,
-            "70000",
-        ),
-        (
-            r#"{"op":"add","netns":"/proc/self/ns/net","args":["-p","15001"#,
-            "bad request",
-        ),
-        (r#"{"op":"explode"}"#, "bad request"),
-        ("\u{0}\u{1}garbage", "bad request"),
-    ] {
+    // Each line: what the answer's error names, then the request.
+    let table = r#"
+        /etc/hostname   | {"op":"add","netns":"/etc/hostname","name":"x/y"}
+        /nonexistent/ns | {"op":"add","netns":"/nonexistent/ns","name":"x/y"}
+        70000           | {"op":"add","netns":"/proc/self/ns/net","args":["-p","70000"]}
+        bad request     | {"op":"add","netns":"/proc/self/ns/net","args":["-p","15001"
+        bad request     | {"op":"explode"}"#;
+    let rows = table.lines().filter_map(|l| l.split_once(" | "));
+    let rows = rows.map(|(expected, request)| (request.trim(), expected.trim()));
+    for (request, expected) in rows.chain([("\u{0}\u{1}garbage", "bad request")]) {
         let answer = ask(&mut s, request);
         assert_eq!(answer["ok"], false, "{request}: {answer}");
         let error = answer["error"].as_str().unwrap();

@@ -12,17 +12,15 @@
 //! `cargo build -p redirector -p redirector-tests --bins && REDIRECTOR_BIN=$PWD/target/debug/redirector
 //!  cargo test -p redirector-tests --test dns -- --test-threads=1`
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::time::Duration;
+use std::net::Ipv6Addr;
 
 use redirector_tests::dns::protocol::DnsOutcome;
 use redirector_tests::dns::{
     require_node, use_dnsprobe_bin, DnsClient, DnsMode, DnsServer, ResolvConf, DNS_PORT,
     DNS_PROXY_PORT, PROXY_ANSWER_V4, PROXY_ANSWER_V6,
 };
+use redirector_tests::prelude::*;
 use redirector_tests::proxied_pod::start_outbound_proxy;
-use redirector_tests::redirector::{install, pins_under, PinRoot, STANDARD_INJECTION};
-use redirector_tests::{privileged, ChildGuard, ConnOutcome, Topology, APP_UID, PROXY_UID};
 
 /// What the real server (resolv.conf's, on the service's own addresses) answers.
 const REAL_V4: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
@@ -139,16 +137,25 @@ fn assert_answer(outcome: &DnsOutcome, mode: DnsMode, answer: Ipv4Addr, server: 
     assert_reply(outcome, answer, from);
 }
 
-fn proxy_answers() -> Vec<IpAddr> {
-    let mut want = vec![IpAddr::from(PROXY_ANSWER_V4), IpAddr::from(PROXY_ANSWER_V6)];
+/// `client`'s query to `server` over `mode` got the answer `answer` ([`assert_answer`]).
+#[track_caller]
+fn assert_query(client: &DnsClient, server: SocketAddr, mode: DnsMode, answer: Ipv4Addr) {
+    assert_answer(&client.query(server, mode), mode, answer, server);
+}
+
+/// The A and AAAA answers `v4` and `v6`, sorted.
+fn answers(v4: Ipv4Addr, v6: Ipv6Addr) -> Vec<IpAddr> {
+    let mut want = vec![IpAddr::from(v4), IpAddr::from(v6)];
     want.sort();
     want
 }
 
+fn proxy_answers() -> Vec<IpAddr> {
+    answers(PROXY_ANSWER_V4, PROXY_ANSWER_V6)
+}
+
 fn real_answers() -> Vec<IpAddr> {
-    let mut want = vec![IpAddr::from(REAL_V4), IpAddr::from(REAL_V6)];
-    want.sort();
-    want
+    answers(REAL_V4, REAL_V6)
 }
 
 #[test]
@@ -167,7 +174,7 @@ fn app_queries_go_through_the_dns_proxy_and_the_resolvers_accept_the_replies() {
         assert_resolved(&app.resolve_c_ares(node, &udp_conf), &[REAL_V4.into()]);
     }
     for mode in DnsMode::ALL {
-        assert_answer(&app.query(real, mode), mode, REAL_V4, real);
+        assert_query(&app, real, mode, REAL_V4);
     }
 
     pod.install(&["--redirect-dns"]);
@@ -185,18 +192,18 @@ fn app_queries_go_through_the_dns_proxy_and_the_resolvers_accept_the_replies() {
     }
     // Each kernel path on its own: sendmsg (unconnected), connect (UDP and TCP).
     for mode in DnsMode::ALL {
-        assert_answer(&app.query(real, mode), mode, PROXY_ANSWER_V4, real);
+        assert_query(&app, real, mode, PROXY_ANSWER_V4);
     }
     // An IPv4 server through an IPv6 socket (v4-mapped).
     let mapped = SocketAddr::new(pod.topo.service_ip4().to_ipv6_mapped().into(), DNS_PORT);
     for mode in DnsMode::ALL {
-        assert_answer(&app.query(mapped, mode), mode, PROXY_ANSWER_V4, mapped);
+        assert_query(&app, mapped, mode, PROXY_ANSWER_V4);
     }
 }
 
 /// Whether `pin` is a pod's link (`links/<cookie>_<hook>`) of a hook starting with one of
 /// `hooks`.
-fn is_link_of(pin: &std::path::Path, hooks: &[&str]) -> bool {
+fn is_link_of(pin: &Path, hooks: &[&str]) -> bool {
     let name = pin.file_name().unwrap_or_default().to_string_lossy();
     let hook = name.split_once('_').map_or("", |(_, hook)| hook);
     pin.parent().is_some_and(|d| d.ends_with("links")) && hooks.iter().any(|h| hook.starts_with(h))
@@ -213,12 +220,7 @@ fn without_the_recvmsg_programs_replies_come_from_the_proxy_and_c_ares_drops_the
     let conf = ResolvConf::new("dnsnorecv", &[pod.topo.service_ip4().into()], false);
     let real = pod.real(false);
     pod.install(&["--redirect-dns"]);
-    assert_answer(
-        &app.query(real, DnsMode::UdpConnected),
-        DnsMode::UdpConnected,
-        PROXY_ANSWER_V4,
-        real,
-    );
+    assert_query(&app, real, DnsMode::UdpConnected, PROXY_ANSWER_V4);
     let recvmsg_pins: Vec<_> = pins_under(pod.pins.path())
         .into_iter()
         .filter(|p| is_link_of(p, &["recvmsg"]))
@@ -262,24 +264,19 @@ fn proxy_owner_and_servers_not_in_resolv_conf_are_not_captured() {
     // `-i '*'` sends to the outbound proxy as istio's rules do.
     let app = pod.app();
     for mode in [DnsMode::Udp, DnsMode::UdpConnected] {
-        assert_answer(&app.query(other, mode), mode, OTHER_ANSWER, other);
+        assert_query(&app, other, mode, OTHER_ANSWER);
     }
     assert_outbound_proxy(&app.query(other, DnsMode::Tcp), other);
 
     // --capture-all-dns: every server's port 53, over both protocols; the proxy still passes.
     pod.install(&["--redirect-dns", "--capture-all-dns"]);
     for mode in DnsMode::ALL {
-        assert_answer(&app.query(other, mode), mode, PROXY_ANSWER_V4, other);
+        assert_query(&app, other, mode, PROXY_ANSWER_V4);
         let proxy = pod.client(PROXY_UID, PROXY_UID).query(other, mode);
         assert_answer(&proxy, mode, OTHER_ANSWER, other);
     }
     let other6 = SocketAddr::new(OTHER_V6.into(), DNS_PORT);
-    assert_answer(
-        &app.query(other6, DnsMode::Udp),
-        DnsMode::Udp,
-        PROXY_ANSWER_V4,
-        other6,
-    );
+    assert_query(&app, other6, DnsMode::Udp, PROXY_ANSWER_V4);
 }
 
 /// A TCP query that landed on the outbound (15001) probe proxy, with `orig` as its original
@@ -308,7 +305,7 @@ fn ipv6_server_is_captured_and_its_address_restored() {
     let node = require_node();
     assert_resolved(&app.resolve(&conf), &real_answers());
     for mode in DnsMode::ALL {
-        assert_answer(&app.query(real6, mode), mode, REAL_V4, real6);
+        assert_query(&app, real6, mode, REAL_V4);
     }
     pod.install(&["--redirect-dns"]);
     assert_resolved(&app.resolve(&conf), &proxy_answers());
@@ -317,7 +314,7 @@ fn ipv6_server_is_captured_and_its_address_restored() {
         assert_resolved(&app.resolve_c_ares(node, &conf), &[PROXY_ANSWER_V4.into()]);
     }
     for mode in DnsMode::ALL {
-        assert_answer(&app.query(real6, mode), mode, PROXY_ANSWER_V4, real6);
+        assert_query(&app, real6, mode, PROXY_ANSWER_V4);
         let proxy = pod.client(PROXY_UID, PROXY_UID).query(real6, mode);
         assert_answer(&proxy, mode, REAL_V4, real6);
     }
@@ -333,7 +330,7 @@ fn without_redirect_dns_nothing_of_dns_is_captured_and_switching_off_detaches() 
     let check_off = |when: &str| {
         assert_resolved(&app.resolve(&conf), &real_answers());
         for mode in [DnsMode::Udp, DnsMode::UdpConnected] {
-            assert_answer(&app.query(real, mode), mode, REAL_V4, real);
+            assert_query(&app, real, mode, REAL_V4);
         }
         // TCP to port 53 is ordinary TCP: `-i '*'` captures it to 15001, not 15053.
         let tcp = app.query(real, DnsMode::Tcp);
@@ -346,21 +343,12 @@ fn without_redirect_dns_nothing_of_dns_is_captured_and_switching_off_detaches() 
     pod.install(&[]);
     check_off("never on");
     pod.install(&["--redirect-dns"]);
-    assert_answer(
-        &app.query(real, DnsMode::Udp),
-        DnsMode::Udp,
-        PROXY_ANSWER_V4,
-        real,
-    );
+    assert_query(&app, real, DnsMode::Udp, PROXY_ANSWER_V4);
     pod.install(&[]);
     check_off("switched off");
     let dns_pins: Vec<_> = pins_under(pod.pins.path())
         .into_iter()
         .filter(|p| is_link_of(p, &["recvmsg", "sendmsg"]))
         .collect();
-    assert_eq!(
-        dns_pins,
-        Vec::<std::path::PathBuf>::new(),
-        "UDP programs still pinned"
-    );
+    assert_eq!(dns_pins, Vec::<PathBuf>::new(), "UDP programs still pinned");
 }

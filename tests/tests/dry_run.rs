@@ -2,34 +2,24 @@
 //! after, through bpftool and bpffs.
 
 use std::collections::BTreeSet;
-use std::path::Path;
 
-use redirector_tests::bpftool::{cgroup_attachments, loaded_ids};
-use redirector_tests::process::assert_success;
-use redirector_tests::redirector::{istio_iptables, pins_under, PinRoot, STANDARD_INJECTION};
-use redirector_tests::{privileged, Topology};
+use redirector_tests::prelude::*;
 
-/// Everything of the kernel's that a run could change.
-#[derive(Debug, PartialEq, Eq)]
+/// Everything of the kernel's that a run could change: the programs, maps and links
+/// loaded, and the pod's (its cgroup's attachments, the pins and whether the pin root
+/// exists, the addresses of its `lo`).
 struct KernelState {
-    progs: BTreeSet<u64>,
-    maps: BTreeSet<u64>,
-    links: BTreeSet<u64>,
-    attached: usize,
-    pins: Vec<std::path::PathBuf>,
-    pin_root_exists: bool,
-    lo_addrs: String,
+    loaded: [(&'static str, BTreeSet<u64>); 3],
+    pod: (usize, Vec<PathBuf>, bool, String),
 }
 
 fn snapshot(topo: &Topology, root: &Path) -> KernelState {
+    let lo_addrs = topo.pod.run(&["ip", "-6", "addr", "show", "dev", "lo"]);
+    let attached = cgroup_attachments(topo.pod_cgroup.path()).len();
     KernelState {
-        progs: loaded_ids("prog").into_iter().collect(),
-        maps: loaded_ids("map").into_iter().collect(),
-        links: loaded_ids("link").into_iter().collect(),
-        attached: cgroup_attachments(topo.pod_cgroup.path()).len(),
-        pins: pins_under(root),
-        pin_root_exists: root.exists(),
-        lo_addrs: topo.pod.run(&["ip", "-6", "addr", "show", "dev", "lo"]),
+        loaded: [("program", "prog"), ("map", "map"), ("link", "link")]
+            .map(|(kind, bpftool_kind)| (kind, loaded_ids(bpftool_kind).into_iter().collect())),
+        pod: (attached, pins_under(root), root.exists(), lo_addrs),
     }
 }
 
@@ -46,29 +36,11 @@ fn dry_run_prints_the_plan_and_changes_nothing() {
     let out = istio_iptables(&topo.pod, &topo.pod_cgroup, &root, &args);
     assert_success(&out);
     let after = snapshot(&topo, root.path());
-    for (kind, was, now) in [
-        ("program", &before.progs, &after.progs),
-        ("map", &before.maps, &after.maps),
-        ("link", &before.links, &after.links),
-    ] {
+    for ((kind, was), (_, now)) in before.loaded.iter().zip(&after.loaded) {
         let new: Vec<_> = now.difference(was).collect();
         assert!(new.is_empty(), "a dry run loaded {kind}s {new:?}");
     }
-    assert_eq!(
-        (
-            after.attached,
-            &after.pins,
-            after.pin_root_exists,
-            &after.lo_addrs
-        ),
-        (
-            before.attached,
-            &before.pins,
-            before.pin_root_exists,
-            &before.lo_addrs
-        ),
-        "a dry run changed the pod"
-    );
+    assert_eq!(after.pod, before.pod, "a dry run changed the pod");
 
     let plan = String::from_utf8_lossy(&out.stdout);
     for expected in [
@@ -101,7 +73,7 @@ fn dry_run_prints_the_plan_and_changes_nothing() {
 fn from_the_root_cgroup(topo: &Topology, root: &PinRoot, extra: &[&str]) -> std::process::Output {
     use std::os::unix::process::CommandExt as _;
     let procs = redirector_tests::cgroup::cgroup2_root().join("cgroup.procs");
-    let mut cmd = std::process::Command::new(redirector_tests::redirector::redirector_bin());
+    let mut cmd = std::process::Command::new(redirector_bin());
     cmd.arg("istio-iptables")
         .arg("--network-namespace")
         .arg(topo.pod.path())

@@ -6,9 +6,7 @@
 //! runs there and its thread comes back, even when the work panics.
 
 use std::collections::HashMap;
-use std::net::Ipv4Addr;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use redirector::{
@@ -24,8 +22,8 @@ use redirector::{
     sys::netns::{Netns, NetnsError},
 };
 use redirector_common::{PortKey, PortSet};
-use redirector_tests::redirector::{object_ids, PinRoot, STANDARD_INJECTION};
-use redirector_tests::{privileged, require_root, use_probe_bin, NetNs, ProxiedPod};
+use redirector_tests::prelude::*;
+use redirector_tests::{require_root, use_probe_bin};
 
 /// The network namespace inode of every thread of this process. A thread just joined may
 /// still be listed while it exits, with its namespaces already released (ENOENT): it has

@@ -2,14 +2,10 @@
 //! network namespace gone, foreign files under the pin root. Each gives exit 1, a message
 //! naming the cause, and nothing attached or pinned.
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use redirector_tests::bpftool::cgroup_attachments;
-use redirector_tests::redirector::{
-    install, pins_under, redirector_bin, status, PinRoot, STANDARD_INJECTION,
-};
-use redirector_tests::{privileged, Topology};
+use redirector_tests::prelude::*;
+use redirector_tests::redirector::status;
 
 fn apply_with(netns: &Path, cgroup: &Path, root: &Path) -> Output {
     Command::new(redirector_bin())
@@ -36,43 +32,18 @@ fn assert_refused(out: &Output, cause: &str, topo: &Topology) {
     assert!(cgroup_attachments(topo.pod_cgroup.path()).is_empty());
 }
 
-/// A directory that is removed (and unmounted first, if mounted) on drop.
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = Command::new("umount")
-            .arg(&self.0)
-            .stderr(std::process::Stdio::null())
-            .status();
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn temp_dir(hint: &str) -> TempDir {
-    let dir = std::env::temp_dir().join(format!("rdt-{}-{hint}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    TempDir(dir)
-}
-
 #[test]
 fn a_pin_root_off_bpffs_or_on_a_read_only_one_is_refused() {
     privileged!();
     let topo = Topology::new("envfs");
-    let plain = temp_dir("notbpffs");
-    let root = plain.0.join("redirector");
+    let plain = StateDir::new("notbpffs");
+    let root = plain.path().join("redirector");
     let out = apply_with(&topo.pod.path(), topo.pod_cgroup.path(), &root);
     assert_refused(&out, "is not on a bpffs mount", &topo);
     assert!(!root.exists());
 
-    let ro = temp_dir("robpffs");
-    let mounted = Command::new("mount")
-        .args(["-t", "bpf", "-o", "ro", "bpf"])
-        .arg(&ro.0)
-        .status()
-        .unwrap();
-    assert!(mounted.success());
-    let root = ro.0.join("redirector");
+    let ro = StateDir::mounted("robpffs", &["-t", "bpf", "-o", "ro", "bpf"]);
+    let root = ro.path().join("redirector");
     let out = apply_with(&topo.pod.path(), topo.pod_cgroup.path(), &root);
     assert_refused(&out, "Read-only file system", &topo);
     assert!(!root.exists());

@@ -1,13 +1,11 @@
 //! `redirector explain` checked against real connections, and `redirector status` counters
 //! checked against the connections made.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::process::Command;
 
-use redirector_tests::redirector::{install, redirector_bin, run_ok, PinRoot};
-use redirector_tests::{
-    connect_from, privileged, ConnOutcome, ProbeServer, Topology, APP_UID, PROXY_UID,
-};
+use redirector_tests::prelude::*;
+use redirector_tests::scenario::Family;
+use redirector_tests::twin_pods::{start_app, start_peer, start_proxy, wildcard};
 
 fn redirector(args: &[&str]) -> String {
     let out = run_ok(Command::new(redirector_bin()).args(args));
@@ -45,52 +43,16 @@ fn explain_matches_real_connections_and_status_counts_them() {
     let topo = Topology::new("explain");
     let excluded: IpAddr = Ipv4Addr::new(10, 201, topo.subnet(), 3).into();
     topo.add_service_addr(excluded);
-    let any4 = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
-    let any6 = IpAddr::V6(Ipv6Addr::UNSPECIFIED);
-    let mut service = ProbeServer::serve(&topo.service, "svc");
-    let mut app = ProbeServer::serve(&topo.pod, "app")
-        .cgroup(&topo.pod_cgroup)
-        .user(APP_UID, APP_UID);
-    for port in [80, 8080] {
-        service = service
-            .listen(SocketAddr::new(any4, port))
-            .listen(SocketAddr::new(any6, port));
-    }
-    for port in [8080, 15021] {
-        app = app.listen(SocketAddr::new(any4, port));
-    }
-    let _service = service.start();
-    let _app = app.start();
-    let mut proxies = Vec::new();
-    for (name, port) in [("outbound", 15001), ("inbound", 15006)] {
-        proxies.push(
-            ProbeServer::proxy(&topo.pod, name)
-                .listen(SocketAddr::new(any4, port))
-                .listen(SocketAddr::new(any6, port))
-                .cgroup(&topo.pod_cgroup)
-                .user(PROXY_UID, PROXY_UID)
-                .start(),
-        );
-    }
+    let _service = start_peer(&topo, &[80, 8080]);
+    let _app = start_app(&topo, &[8080, 15021]);
+    let _proxies = [("outbound", 15001), ("inbound", 15006)].map(|(name, port)| {
+        let addrs = Family::BOTH.map(|family| wildcard(family, port));
+        start_proxy(&topo, name, addrs, (PROXY_UID, PROXY_UID))
+    });
     let root = PinRoot::new("explain");
     let excluded_cidr = format!("{excluded}/32");
-    install(
-        &topo.pod,
-        &topo.pod_cgroup,
-        &root,
-        &[
-            "-i",
-            "*",
-            "-x",
-            &excluded_cidr,
-            "-o",
-            "8080",
-            "-b",
-            "*",
-            "-d",
-            "15021",
-        ],
-    );
+    let flags = format!("-i * -x {excluded_cidr} -o 8080 -b * -d 15021");
+    install(&topo.pod, &topo.pod_cgroup, &root, &words(&flags));
     let netns = topo.pod.path();
     let (netns, pin_root) = (netns.to_str().unwrap(), root.path().to_str().unwrap());
 
@@ -124,14 +86,8 @@ fn explain_matches_real_connections_and_status_counts_them() {
     for port in [8080u16, 15021] {
         let dst = topo.pod_addr(false, port);
         let explain = explain(&["--inbound", "--dst", &dst.to_string()]);
-        let real = real_landing(&connect_from(
-            &topo.service,
-            None,
-            APP_UID,
-            APP_UID,
-            dst,
-            None,
-        ));
+        let from_peer = connect_from(&topo.service, None, APP_UID, APP_UID, dst, None);
+        let real = real_landing(&from_peer);
         assert_eq!(
             explained_landing(&explain),
             real,

@@ -2,13 +2,9 @@
 //! `redirector gc` removes them, and leaves live pods alone.
 
 use std::process::Command;
-use std::time::{Duration, Instant};
 
-use redirector_tests::bpftool::{loaded_ids, pinned_id, wait_gone};
-use redirector_tests::redirector::{
-    install, pins_under, pod_links, redirector_bin, run_ok, status, PinRoot, STANDARD_INJECTION,
-};
-use redirector_tests::{privileged, Topology};
+use redirector_tests::prelude::*;
+use redirector_tests::redirector::status;
 
 fn gc(root: &PinRoot) -> String {
     let out = run_ok(
@@ -47,12 +43,11 @@ fn gc_removes_pods_that_are_gone_and_keeps_live_ones() {
     // The pod goes away (cgroup and netns removed), as when a pod is deleted. The kernel
     // detaches its links a moment after the cgroup is released.
     drop(gone);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut said = gc(&root);
-    while !said.contains("removed 1") && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(200));
+    let mut said = String::new();
+    within(Duration::from_secs(10), || {
         said = gc(&root);
-    }
+        said.contains("removed 1")
+    });
     assert!(
         said.contains(&format!("netns cookies [{gone_cookie}]")),
         "{said}"

@@ -3,14 +3,12 @@
 //! platform, and the arm64 image's binary is a static aarch64 executable that starts (under
 //! qemu-user, as binfmt would run it).
 
-use std::path::Path;
 use std::process::Command;
 
 use redirector_tests::cri::pods::primary_network;
 use redirector_tests::cri::Containerd;
-use redirector_tests::daemon::StateDir;
-use redirector_tests::redirector::run_ok;
-use redirector_tests::{oci, privileged, require_tools};
+use redirector_tests::prelude::*;
+use redirector_tests::{oci, require_tools};
 
 fn stdout(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&run_ok(cmd).stdout).into_owned()
@@ -97,13 +95,8 @@ fn podman_loads_the_hosts_platform_from_the_index() {
     let reference = oci::reference(&image);
     let loaded = stdout(podman().arg("load").arg("-i").arg(&image));
     assert!(loaded.contains(&reference), "{loaded}");
-    let platform = stdout(podman().args([
-        "image",
-        "inspect",
-        "--format",
-        "{{.Os}}/{{.Architecture}}",
-        &reference,
-    ]));
+    let inspect = format!("image inspect --format {{{{.Os}}}}/{{{{.Architecture}}}} {reference}");
+    let platform = stdout(podman().args(words(&inspect)));
     assert_eq!(platform.trim(), "linux/amd64");
     run_ok(podman().args(["rmi", "--force", &reference]));
 }
@@ -119,12 +112,8 @@ fn containerd_imports_every_platform_of_the_index() {
     }
     let ipam = StateDir::new("image-ipam");
     let cri = Containerd::start(&primary_network("1.0.0", 79, &ipam), &[]);
-    let imported = cri.ctr(&[
-        "images",
-        "import",
-        "--all-platforms",
-        &image.to_string_lossy(),
-    ]);
+    let import = format!("images import --all-platforms {}", image.display());
+    let imported = cri.ctr(&words(&import));
     let reference = oci::reference(&image);
     assert!(imported.contains(&reference), "{imported}");
     // Every platform's manifest, config and layer is in the content store.

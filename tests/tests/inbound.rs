@@ -2,15 +2,12 @@
 //! to the pod's address; sk_lookup hands the connection to the proxy's inbound listener,
 //! whose SO_ORIGINAL_DST (= the accepted socket's local address) is where it was going.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
+use std::net::{Ipv6Addr, SocketAddrV6};
 
-use redirector_tests::daemon::Daemon;
-use redirector_tests::redirector::{install, install_with_interfaces, PinRoot, STANDARD_INJECTION};
-use redirector_tests::test_node::TestNode;
-use redirector_tests::{
-    connect_from, privileged, ChildGuard, ConnOutcome, NetNs, ProbeServer, Topology, APP_UID,
-    PROXY_UID,
-};
+use redirector_tests::prelude::*;
+use redirector_tests::proxied_pod::{assert_on_proxy, assert_served};
+use redirector_tests::redirector::install_with_interfaces;
+use redirector_tests::twin_pods::{self, start_proxy};
 
 /// Ports the app serves in the pod: a normal one, one in `-d`, and the tunnel port.
 const APP_PORT: u16 = 8080;
@@ -18,22 +15,13 @@ const EXCLUDED_PORT: u16 = 15021;
 const TUNNEL_PORT: u16 = 15008;
 
 fn start_app(topo: &Topology) -> ChildGuard {
-    let mut app = ProbeServer::serve(&topo.pod, "app");
-    for port in [APP_PORT, EXCLUDED_PORT, TUNNEL_PORT] {
-        app = app.listen(SocketAddr::new([0, 0, 0, 0].into(), port));
-        app = app.listen(SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port));
-    }
-    app.cgroup(&topo.pod_cgroup).user(APP_UID, APP_UID).start()
+    twin_pods::start_app(topo, &[APP_PORT, EXCLUDED_PORT, TUNNEL_PORT])
 }
 
 /// The sidecar's inbound listener, as envoy has it: all addresses, port 15006.
 fn start_inbound_proxy(topo: &Topology) -> ChildGuard {
-    ProbeServer::proxy(&topo.pod, "inbound")
-        .listen("0.0.0.0:15006".parse().unwrap())
-        .listen("[::]:15006".parse().unwrap())
-        .cgroup(&topo.pod_cgroup)
-        .user(PROXY_UID, PROXY_UID)
-        .start()
+    let addrs = ["0.0.0.0:15006", "[::]:15006"].map(|a| a.parse().unwrap());
+    start_proxy(topo, "inbound", addrs, (PROXY_UID, PROXY_UID))
 }
 
 /// A client outside the pod (in the service netns) connecting to the pod.
@@ -43,28 +31,12 @@ fn from_outside(topo: &Topology, dst: SocketAddr) -> ConnOutcome {
 
 #[track_caller]
 fn assert_inbound_proxy(outcome: &ConnOutcome, orig: SocketAddr) {
-    match outcome {
-        ConnOutcome::Proxied {
-            name, orig: got, ..
-        } if name == "inbound" => {
-            assert_eq!(
-                *got,
-                Some(orig),
-                "SO_ORIGINAL_DST seen by the inbound listener"
-            )
-        }
-        other => panic!("expected the inbound proxy with orig {orig}, got {other:?}"),
-    }
+    assert_on_proxy(outcome, "inbound", orig);
 }
 
 #[track_caller]
 fn assert_app(outcome: &ConnOutcome, local: SocketAddr) {
-    match outcome {
-        ConnOutcome::Served {
-            name, local: got, ..
-        } if name == "app" => assert_eq!(*got, local),
-        other => panic!("expected the app at {local} directly, got {other:?}"),
-    }
+    assert_served(outcome, "app", local);
 }
 
 #[test]
@@ -140,12 +112,8 @@ fn excluded_and_virtual_interfaces() {
     let topo = Topology::new("iniface");
     let _app = start_app(&topo);
     let _inbound = start_inbound_proxy(&topo);
-    let _outbound = ProbeServer::proxy(&topo.pod, "outbound")
-        .listen("0.0.0.0:15001".parse().unwrap())
-        .listen("[::]:15001".parse().unwrap())
-        .cgroup(&topo.pod_cgroup)
-        .user(PROXY_UID, PROXY_UID)
-        .start();
+    let outbound = ["0.0.0.0:15001", "[::]:15001"].map(|a| a.parse().unwrap());
+    let _outbound = start_proxy(&topo, "outbound", outbound, (PROXY_UID, PROXY_UID));
     let root = PinRoot::new("iniface");
     let dst = topo.pod_addr(false, APP_PORT);
     // -c: nothing arriving on the pod's eth0 is captured.
@@ -160,12 +128,7 @@ fn excluded_and_virtual_interfaces() {
     let mut args: Vec<&str> = STANDARD_INJECTION.to_vec();
     args.extend(["-k", "eth0"]);
     if install_with_interfaces(&topo.pod, &topo.pod_cgroup, &root, &args, "-k") {
-        match from_outside(&topo, dst) {
-            ConnOutcome::Proxied { name, orig, .. } if name == "outbound" => {
-                assert_eq!(orig, Some(dst))
-            }
-            other => panic!("expected the outbound listener with orig {dst}, got {other:?}"),
-        }
+        assert_on_proxy(&from_outside(&topo, dst), "outbound", dst);
     }
     let args = ["-b", "*", "-i", "10.255.0.0/16", "-k", "eth0"];
     if install_with_interfaces(&topo.pod, &topo.pod_cgroup, &root, &args, "-k") {
@@ -179,16 +142,7 @@ const POD_LINK_LOCAL: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0xbeef)
 const PEER_LINK_LOCAL: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0xcafe);
 
 fn add_link_local(netns: &NetNs, ip: Ipv6Addr) {
-    netns.run(&[
-        "ip",
-        "-6",
-        "addr",
-        "add",
-        &format!("{ip}/64"),
-        "dev",
-        "eth0",
-        "nodad",
-    ]);
+    netns.run(&words(&format!("ip -6 addr add {ip}/64 dev eth0 nodad")));
 }
 
 /// The pod's link-local address as the peer dials it: scoped to the peer's eth0.
@@ -267,14 +221,14 @@ fn the_daemon_adds_an_address_the_pod_gained_after_setup() {
 
     let later = later_address(&topo);
     topo.add_pod_addr(later);
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     let dst = SocketAddr::new(later, APP_PORT);
     let mut refused = 0;
     let outcome = loop {
         match from_outside(&topo, dst) {
-            ConnOutcome::Refused if started.elapsed() < std::time::Duration::from_secs(5) => {
+            ConnOutcome::Refused if started.elapsed() < Duration::from_secs(5) => {
                 refused += 1;
-                std::thread::sleep(std::time::Duration::from_millis(20));
+                std::thread::sleep(Duration::from_millis(20));
             }
             other => break other,
         }
@@ -292,7 +246,7 @@ fn the_daemon_adds_an_address_the_pod_gained_after_setup() {
     assert_inbound_proxy_at(&outcome, later, APP_PORT);
     // The log line follows the pod's new entries, which the connection may have beaten.
     let logged = (0..100).any(|_| {
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(20));
         daemon.log().contains("new address")
     });
     assert!(logged, "daemon log:\n{}", daemon.log());

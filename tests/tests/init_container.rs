@@ -1,12 +1,9 @@
 //! Run as an init container is: in a child cgroup of the pod, optionally in a private cgroup
 //! namespace, with no `--cgroup`: redirector attaches to the pod's cgroup (the parent).
 
-use std::path::PathBuf;
 use std::process::Command;
 
-use redirector_tests::bpftool::cgroup_attachments;
-use redirector_tests::redirector::{redirector_bin, PinRoot, STANDARD_INJECTION};
-use redirector_tests::{privileged, Topology};
+use redirector_tests::prelude::*;
 
 /// The init container's cgroup, a child of the pod's; removed on drop (before the pod's).
 struct ChildCgroup(PathBuf);

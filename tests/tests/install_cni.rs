@@ -5,17 +5,13 @@
 //! before the pins. Both dialects: istio's (the default) and Linkerd's (`--dialect
 //! linkerd`).
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use redirector_tests::daemon::{Daemon, StateDir};
+use redirector_tests::daemon::uninstall;
 use redirector_tests::linkerd::proxy_init::{PortRange, ProxyInitOptions};
-use redirector_tests::redirector::{redirector_bin, PinRoot};
-use redirector_tests::test_node::TestNode;
-use redirector_tests::{privileged, Cgroup, Spawn};
+use redirector_tests::prelude::*;
 
 /// flannel's conflist (cniVersion 0.3.1).
 const FLANNEL: &str = include_str!("../../redirector/src/install_cni/testdata/flannel.conflist");
@@ -153,14 +149,10 @@ fn install_writes_a_linkerd_entry_with_the_injectors_flags() {
     let dirs = CniDirs::new();
     std::fs::write(dirs.conflist(), FLANNEL).unwrap();
 
-    let out = dirs.install(&[
-        "--dialect",
-        "linkerd",
-        "--",
-        "--incoming-proxy-port=4143",
-        "--outgoing-proxy-port=4140",
-        "--subnets-to-ignore=not-a-cidr",
-    ]);
+    let ports = "--incoming-proxy-port=4143 --outgoing-proxy-port=4140";
+    let out = dirs.install(&words(&format!(
+        "--dialect linkerd -- {ports} --subnets-to-ignore=not-a-cidr"
+    )));
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(stderr(&out).contains("not-a-cidr"), "{}", stderr(&out));
     assert_eq!(std::fs::read_to_string(dirs.conflist()).unwrap(), FLANNEL);
@@ -186,43 +178,26 @@ fn install_writes_a_linkerd_entry_with_the_injectors_flags() {
     assert_eq!(flags.proxy_uid, Some(2102), "{args:?}");
     assert!(!flags.ipv6, "the injector's --ipv6=false: {args:?}");
     let ignored = |ranges: &[PortRange], port| ranges.iter().any(|r| r.contains(port));
+    let (inbound, outbound) = (
+        &flags.inbound_ports_to_ignore,
+        &flags.outbound_ports_to_ignore,
+    );
     for port in [4190, 4191, 4567, 4568] {
-        assert!(
-            ignored(&flags.inbound_ports_to_ignore, port),
-            "inbound {port}: {args:?}"
-        );
+        assert!(ignored(inbound, port), "inbound {port}: {args:?}");
     }
     for port in [4567, 4568] {
-        assert!(
-            ignored(&flags.outbound_ports_to_ignore, port),
-            "outbound {port}: {args:?}"
-        );
+        assert!(ignored(outbound, port), "outbound {port}: {args:?}");
     }
     assert!(!ignored(&flags.outbound_ports_to_ignore, 4190), "{args:?}");
 
     // Flags of the operator's own replace the injector's.
-    let out = dirs.install(&[
-        "--dialect",
-        "linkerd",
-        "--",
-        "--incoming-proxy-port=4143",
-        "--outgoing-proxy-port=4140",
-        "--proxy-uid=2102",
-        "--outbound-ports-to-ignore=3306",
-    ]);
+    let operators = format!("{ports} --proxy-uid=2102 --outbound-ports-to-ignore=3306");
+    let out = dirs.install(&words(&format!("--dialect linkerd -- {operators}")));
     assert!(out.status.success(), "{}", stderr(&out));
     let entries = dirs.entries(&dirs.conflist());
     assert_eq!(entries.len(), 1, "never duplicated: {entries:?}");
     assert_eq!(entries[0]["dialect"], "linkerd");
-    assert_eq!(
-        entries[0]["args"],
-        serde_json::json!([
-            "--incoming-proxy-port=4143",
-            "--outgoing-proxy-port=4140",
-            "--proxy-uid=2102",
-            "--outbound-ports-to-ignore=3306"
-        ])
-    );
+    assert_eq!(entries[0]["args"], serde_json::json!(words(&operators)));
 }
 
 /// `dir` bind-mounted read-only onto itself until dropped.
@@ -278,16 +253,7 @@ fn the_watch_puts_the_entry_back_and_uninstall_restores_the_file() {
     // The network's file appears after the watch started.
     std::thread::sleep(Duration::from_millis(200));
     std::fs::write(dirs.conflist(), FLANNEL).unwrap();
-    let wait = |limit: Duration| {
-        let start = Instant::now();
-        while start.elapsed() < limit {
-            if dirs.chained() {
-                return Some(start.elapsed());
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        None
-    };
+    let wait = |limit: Duration| within(limit, || dirs.chained());
     assert!(
         wait(Duration::from_secs(5)).is_some(),
         "{}",
@@ -304,11 +270,9 @@ fn the_watch_puts_the_entry_back_and_uninstall_restores_the_file() {
             std::fs::write(dirs.conflist(), FLANNEL).unwrap();
         }
         let back = wait(Duration::from_secs(1));
-        took.push(
-            back.unwrap_or_else(|| {
-                panic!("the entry was not back within 1 s: {}", watcher.stderr())
-            }),
-        );
+        let back = back
+            .unwrap_or_else(|| panic!("the entry was not back within 1 s: {}", watcher.stderr()));
+        took.push(back);
     }
     eprintln!("install-cni --watch: entry back after a rewrite in {took:?}");
     drop(watcher);
@@ -320,28 +284,12 @@ fn the_watch_puts_the_entry_back_and_uninstall_restores_the_file() {
     assert!(!dirs.bin_dir().join("redirector-cni").exists());
 }
 
-/// `redirector daemon --uninstall` for the daemon of `socket`, `root`, `node` and `state`,
-/// with the CNI configuration in `conf_dir`.
-fn daemon_uninstall(
-    socket: &Path,
-    root: &PinRoot,
-    node: &Cgroup,
-    state: &StateDir,
-    conf_dir: &Path,
-) -> Output {
-    Command::new(redirector_bin())
-        .args(["daemon", "--uninstall", "--socket"])
-        .arg(socket)
-        .arg("--pin-root")
-        .arg(root.path())
-        .arg("--state-dir")
-        .arg(state.path())
-        .arg("--cgroup")
-        .arg(node.path())
-        .arg("--cni-conf-dir")
-        .arg(conf_dir)
-        .output()
-        .unwrap()
+/// `redirector daemon --uninstall` for the daemon of `socket`, `node`, with the CNI
+/// configuration in `conf_dir`.
+fn daemon_uninstall(socket: &Path, node: &TestNode, conf_dir: &Path) -> Output {
+    let (socket, conf_dir) = (socket.display(), conf_dir.display());
+    let extra = format!("--socket {socket} --cni-conf-dir {conf_dir}");
+    uninstall(&node.root, &node.node, &node.state, &words(&extra))
 }
 
 #[test]
@@ -351,14 +299,15 @@ fn daemon_uninstall_takes_the_entry_out_before_the_pins() {
     std::fs::write(dirs.conflist(), FLANNEL).unwrap();
     let out = dirs.install(&[]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let TestNode { root, node, state } = TestNode::new("instcni");
+    let node = TestNode::new("instcni");
     // Killed: it leaves its socket behind, which the uninstall removes too.
-    let daemon = Daemon::start(&root, &node, &state);
+    let daemon = node.daemon();
     let socket = daemon.socket().to_path_buf();
     drop(daemon.kill());
+    let root = &node.root;
     assert!(root.path().exists());
     assert!(socket.exists());
-    let out = daemon_uninstall(&socket, &root, &node, &state, &dirs.conf_dir());
+    let out = daemon_uninstall(&socket, &node, &dirs.conf_dir());
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(dirs.entries(&dirs.conflist()).is_empty());
     assert!(
@@ -373,10 +322,10 @@ fn daemon_uninstall_takes_the_entry_out_before_the_pins() {
 #[test]
 fn daemon_uninstall_keeps_the_socket_of_a_daemon_that_still_serves() {
     privileged!();
-    let TestNode { root, node, state } = TestNode::new("instcnilive");
+    let node = TestNode::new("instcnilive");
     let conf = StateDir::new("instcniliveconf");
-    let daemon = Daemon::start(&root, &node, &state);
-    let out = daemon_uninstall(daemon.socket(), &root, &node, &state, conf.path());
+    let daemon = node.daemon();
+    let out = daemon_uninstall(daemon.socket(), &node, conf.path());
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stderr(&out).contains("still serves"), "{}", stderr(&out));
     assert!(daemon.socket().exists());

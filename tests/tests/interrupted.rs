@@ -4,16 +4,11 @@
 //! (`REDIRECTOR_KILL_AT_STEP`, debug builds only), so every step is hit exactly.
 
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
 use std::process::Output;
-use std::time::Duration;
 
 use redirector::sys::fault::KILL_AT_STEP_ENV;
-use redirector_tests::bpftool::{cgroup_attachments, loaded_ids, wait_gone};
-use redirector_tests::redirector::{
-    istio_iptables_command, pins_under, status, PinRoot, STANDARD_INJECTION,
-};
-use redirector_tests::{assert_direct, assert_proxied, privileged, ProxiedPod, APP_UID};
+use redirector_tests::prelude::*;
+use redirector_tests::redirector::{istio_iptables_command, status};
 
 const EXCLUDED: u16 = 8080;
 
@@ -63,17 +58,16 @@ fn staged_pins(root: &PinRoot) -> Vec<PathBuf> {
 fn assert_state(pod: &ProxiedPod, root: &PinRoot, excluded: bool, step: u32) {
     // A killed run's unpinned links detach when the kernel frees them, which it does
     // asynchronously after the process is gone (later on a loaded machine).
-    let settled = std::time::Instant::now() + Duration::from_secs(5);
-    let mut attached = cgroup_attachments(pod.topo.pod_cgroup.path()).len();
-    while attached != 6 && std::time::Instant::now() < settled {
-        std::thread::sleep(Duration::from_millis(20));
+    let mut attached = 0;
+    within(Duration::from_secs(5), || {
         attached = cgroup_attachments(pod.topo.pod_cgroup.path()).len();
-    }
+        attached == 6
+    });
     assert_eq!(attached, 6, "step {step}");
     assert_eq!(staged_pins(root), Vec::<PathBuf>::new(), "step {step}");
     let svc = pod.service(false);
     assert_proxied(&pod.connect(APP_UID, APP_UID, svc), svc);
-    let other = std::net::SocketAddr::new(svc.ip(), EXCLUDED);
+    let other = SocketAddr::new(svc.ip(), EXCLUDED);
     let outcome = pod.connect(APP_UID, APP_UID, other);
     if excluded {
         assert_direct(&outcome, other);
@@ -130,7 +124,7 @@ fn a_cleanup_killed_at_any_step_is_finished_by_the_next_run() {
         let ids: Vec<u64> = pins_under(root.path())
             .iter()
             .filter(|p| p.to_string_lossy().contains("/links/"))
-            .map(|p| redirector_tests::bpftool::pinned_id("link", p))
+            .map(|p| pinned_id("link", p))
             .collect();
         let killed = killed_at(&pod, &root, &["--cleanup-only"], step);
         if killed.is_some() {

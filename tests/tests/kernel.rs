@@ -4,13 +4,8 @@
 //! sets the pod up. `redirector status` shows each feature as the kernel's own probe found it.
 
 use redirector::sys::kernel::{Release, FORCE_FALLBACKS_ENV};
-use redirector_tests::bpftool::cgroup_attachments;
-use redirector_tests::daemon::Daemon;
-use redirector_tests::redirector::{
-    istio_iptables, pins_under, redirector_bin, status, PinRoot, STANDARD_INJECTION,
-};
-use redirector_tests::test_node::TestNode;
-use redirector_tests::{privileged, Cgroup, NetNs, Spawn, Topology};
+use redirector_tests::prelude::*;
+use redirector_tests::redirector::status;
 
 /// The required features (no fallback) `status` found missing: `name (Linux x.y)` each.
 fn missing_required(status: &serde_json::Value) -> Vec<String> {
@@ -55,7 +50,7 @@ fn an_unsupported_kernel_is_refused_by_name_and_a_supported_one_is_used() {
     );
     assert!(log.contains(redirector::sys::kernel::ALLOW_ENV), "{log}");
     assert!(cgroup_attachments(topo.pod_cgroup.path()).is_empty());
-    assert_eq!(pins_under(root.path()), Vec::<std::path::PathBuf>::new());
+    assert_eq!(pins_under(root.path()), Vec::<PathBuf>::new());
 }
 
 /// The probes load real programs on the running kernel. Debian's kernels (the host's and
@@ -129,7 +124,7 @@ fn memlock_soft_limit(pid: u32) -> Option<u64> {
 fn a_forced_fallback_is_shown_and_used() {
     privileged!();
     let root = PinRoot::new("forced");
-    let out = redirector_tests::redirector::run_ok(
+    let out = run_ok(
         std::process::Command::new(redirector_bin())
             .args(["status", "--json", "--pin-root"])
             .arg(root.path())

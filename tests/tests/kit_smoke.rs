@@ -3,17 +3,11 @@
 //!
 //! Run as root, one thread: `cargo test -p redirector-tests -- --test-threads=1`.
 
-use std::net::SocketAddr;
-use std::path::Path;
-use std::time::Duration;
+use redirector_tests::iptables::{append_rules, apply_golden, golden};
+use redirector_tests::prelude::*;
+use redirector_tests::{iptables, wait_tcp_listening, Landing};
 
-use redirector_tests::iptables::{self, append_rules, apply_golden, golden};
-use redirector_tests::{
-    connect_from, privileged, wait_tcp_listening, ConnOutcome, Landing, NetNs, ProbeServer, Spawn,
-    Topology, APP_UID, PROXY_UID,
-};
-
-fn start_service(topo: &Topology, port: u16) -> redirector_tests::ChildGuard {
+fn start_service(topo: &Topology, port: u16) -> ChildGuard {
     ProbeServer::serve(&topo.service, "svc")
         .listen(topo.service_addr(false, port))
         .listen(topo.service_addr(true, port))

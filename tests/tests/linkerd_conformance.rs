@@ -17,8 +17,8 @@ use redirector_tests::linkerd::proxy_init::{rules_by_chain, CaptureState};
 use redirector_tests::linkerd::{
     apply_reference, dual_stack, reference_rules_as_loaded, run_case, run_reference,
 };
+use redirector_tests::prelude::*;
 use redirector_tests::scenario::Family;
-use redirector_tests::{privileged, NetNs};
 
 /// Runs one case on both sides, prints its table, and fails listing every row that
 /// differs (and every row where the reference strays from the contract).

@@ -9,12 +9,10 @@
 //! ([`redirector_tests::Topology::assert_no_route_out`], checked before every run): a
 //! connection that is not redirected fails inside the test's namespaces.
 
-use redirector_tests::daemon::Daemon;
 use redirector_tests::linkerd::meshed::INJECTOR_FLAGS;
-use redirector_tests::linkerd::validator::{self, Addrs};
-use redirector_tests::redirector::pod_links;
-use redirector_tests::test_node::TestNode;
-use redirector_tests::{privileged, Topology};
+use redirector_tests::linkerd::validator;
+use redirector_tests::linkerd::validator::Addrs;
+use redirector_tests::prelude::*;
 
 /// The injector's flags with IPv6 captured too (`--ipv6=true`, proxy-init's default).
 fn with_ipv6() -> Vec<&'static str> {
@@ -48,24 +46,14 @@ fn the_network_validator_passes_in_a_pod_the_daemon_captured_for_linkerd() {
     validator::run(&topo, Addrs::ipv6()).assert_failed();
 
     // IPv6 on: both families reach the listener.
-    let del = daemon.pod(&["del", "--name", name]);
-    assert!(
-        del.status.success(),
-        "pod del: {}",
-        String::from_utf8_lossy(&del.stderr)
-    );
+    daemon.del(name);
     daemon.add_linkerd(&topo.pod, &topo.pod_cgroup, name, &[], &with_ipv6());
     validator::run(&topo, Addrs::ipv6()).assert_passed();
     validator::run(&topo, Addrs::ipv4()).assert_passed();
 
     // Released: the validator fails again, and no pod state is left.
     let cookie = topo.pod.cookie();
-    let del = daemon.pod(&["del", "--name", name]);
-    assert!(
-        del.status.success(),
-        "pod del: {}",
-        String::from_utf8_lossy(&del.stderr)
-    );
+    daemon.del(name);
     assert_eq!(pod_links(&root, cookie), None);
     validator::run(&topo, Addrs::ipv4()).assert_failed();
 }

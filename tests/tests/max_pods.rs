@@ -7,31 +7,20 @@
 use std::process::Command;
 
 use redirector_tests::bpftool::pinned_map;
-use redirector_tests::daemon::Daemon;
-use redirector_tests::process::assert_success;
-use redirector_tests::redirector::{object_ids, redirector_bin, PinRoot, STANDARD_INJECTION};
-use redirector_tests::test_node::TestNode;
-use redirector_tests::{privileged, NetNs, ProxiedPod};
+use redirector_tests::daemon::node_flags;
+use redirector_tests::prelude::*;
 
 /// The capacity of the node object's map `name`.
 fn capacity(root: &PinRoot, name: &str) -> u64 {
     let ids = object_ids(root);
     assert_eq!(ids.len(), 1, "one object on the node: {ids:?}");
-    let path = root
-        .path()
-        .join("objects")
-        .join(&ids[0])
-        .join("maps")
-        .join(name);
-    pinned_map(&path).2
+    pinned_map(&root.path().join(format!("objects/{}/maps/{name}", ids[0]))).2
 }
 
 /// `pod add` of `netns`, its output.
 fn add(daemon: &Daemon, netns: &NetNs, name: &str) -> std::process::Output {
-    let path = netns.path().display().to_string();
-    let mut args = vec!["add", "--netns", path.as_str(), "--name", name, "--"];
-    args.extend_from_slice(&STANDARD_INJECTION);
-    daemon.pod(&args)
+    let add = format!("add --netns {} --name {name} --", netns.path().display());
+    daemon.pod(&[words(&add), STANDARD_INJECTION.to_vec()].concat())
 }
 
 #[test]
@@ -115,12 +104,7 @@ fn no_pods_or_absurd_sizes_are_refused_with_nothing_pinned() {
     let daemon = |value: Option<&str>, env: Option<&str>| {
         let mut cmd = Command::new(redirector_bin());
         cmd.arg("daemon")
-            .arg("--pin-root")
-            .arg(root.path())
-            .arg("--cgroup")
-            .arg(node.path())
-            .arg("--state-dir")
-            .arg(state.path())
+            .args(node_flags(&root, &node, &state))
             .arg("--socket")
             .arg(state.path().join("api.sock"))
             .args(["--repair", "off"]);

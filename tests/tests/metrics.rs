@@ -8,13 +8,10 @@
 
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
-use redirector_tests::daemon::{Daemon, StateDir};
-use redirector_tests::redirector::{object_ids, redirector_bin, PinRoot, STANDARD_INJECTION};
+use redirector_tests::daemon::node_flags;
+use redirector_tests::prelude::*;
 use redirector_tests::scrapes::{adds_under_scrapes, MAX_AGE, SCRAPERS};
-use redirector_tests::test_node::TestNode;
-use redirector_tests::{privileged, Cgroup, ProxiedPod};
 
 /// Pods added with scrapes and without.
 const PODS: usize = 100;
@@ -41,9 +38,9 @@ fn samples<'a>(body: &'a str, metric: &str) -> Vec<&'a str> {
 #[test]
 fn decisions_are_node_totals_and_two_scrapes_within_a_second_are_one_snapshot() {
     privileged!();
-    let TestNode { root, node, state } = TestNode::new("msnap");
-    let daemon = Daemon::start_with(&root, &node, &state, &["--metrics-addr", "127.0.0.1:0"]);
-    let pod = ProxiedPod::under(&node, "msnap");
+    let test_node = TestNode::new("msnap");
+    let daemon = test_node.daemon_with("--metrics-addr 127.0.0.1:0");
+    let pod = ProxiedPod::under(&test_node.node, "msnap");
     daemon.add(&pod.topo.pod, "default/app", &STANDARD_INJECTION);
     for v6 in [false, true] {
         pod.assert_app_proxied(v6);
@@ -84,10 +81,7 @@ fn decisions_are_node_totals_and_two_scrapes_within_a_second_are_one_snapshot() 
     );
 
     // The pod removed: the node's totals stay (a counter going down reads as a restart).
-    assert!(daemon
-        .pod(&["del", "--name", "default/app"])
-        .status
-        .success());
+    daemon.del("default/app");
     std::thread::sleep(MAX_AGE);
     let fourth = scrape(&daemon);
     assert_eq!(samples(&fourth, "redirector_pods "), ["redirector_pods 0"]);
@@ -101,14 +95,9 @@ fn decisions_are_node_totals_and_two_scrapes_within_a_second_are_one_snapshot() 
 #[test]
 fn metrics_per_pod_names_each_pod() {
     privileged!();
-    let TestNode { root, node, state } = TestNode::new("mpod");
-    let daemon = Daemon::start_with(
-        &root,
-        &node,
-        &state,
-        &["--metrics-addr", "127.0.0.1:0", "--metrics-per-pod"],
-    );
-    let pod = ProxiedPod::under(&node, "mpod");
+    let test_node = TestNode::new("mpod");
+    let daemon = test_node.daemon_with("--metrics-addr 127.0.0.1:0 --metrics-per-pod");
+    let pod = ProxiedPod::under(&test_node.node, "mpod");
     daemon.add(&pod.topo.pod, "default/app", &STANDARD_INJECTION);
     for v6 in [false, true] {
         pod.assert_app_proxied(v6);
@@ -213,18 +202,8 @@ fn a_scrape_parses_as_the_format_its_content_type_names() {
 #[test]
 fn probes_are_served_apart_from_the_metrics() {
     privileged!();
-    let TestNode { root, node, state } = TestNode::new("mhealth");
-    let daemon = Daemon::start_with(
-        &root,
-        &node,
-        &state,
-        &[
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--health-addr",
-            "127.0.0.1:0",
-        ],
-    );
+    let test_node = TestNode::new("mhealth");
+    let daemon = test_node.daemon_with("--metrics-addr 127.0.0.1:0 --health-addr 127.0.0.1:0");
     assert_eq!(daemon.health_get("/healthz"), (200, "ok\n".to_owned()));
     assert_eq!(daemon.health_get("/readyz"), (200, "ready\n".to_owned()));
     assert_eq!(daemon.health_get("/metrics").0, 404, "no metrics there");
@@ -236,47 +215,32 @@ fn probes_are_served_apart_from_the_metrics() {
 }
 
 /// `redirector daemon` with a test's paths and `extra`, expected to exit: its exit code
-/// and stderr. Killed (by its pid) if it is still running after 20 s.
-fn daemon_exits(root: &PinRoot, node: &Cgroup, state: &StateDir, extra: &[&str]) -> (i32, String) {
-    let mut child = Command::new(redirector_bin())
+/// and stderr. Stopped by `timeout` if it is still running after 20 s.
+fn daemon_exits(node: &TestNode, extra: &[&str]) -> (i32, String) {
+    let TestNode { root, node, state } = node;
+    let out = Command::new("timeout")
+        .arg("20")
+        .arg(redirector_bin())
         .arg("daemon")
-        .arg("--pin-root")
-        .arg(root.path())
+        .args(node_flags(root, node, state))
         .arg("--socket")
         .arg(state.path().join("redirector.sock"))
-        .arg("--cgroup")
-        .arg(node.path())
-        .arg("--state-dir")
-        .arg(state.path())
         .args(["--repair", "off"])
         .args(extra)
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting redirector daemon");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("waiting for the daemon") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the daemon still runs with {extra:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
-    (status.code().unwrap_or(-1), stderr)
+        .output()
+        .expect("running redirector daemon");
+    let code = out.status.code().unwrap_or(-1);
+    assert_ne!(code, 124, "the daemon still runs with {extra:?}");
+    (code, String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 #[test]
 fn a_bad_metrics_or_health_address_fails_the_start_naming_its_flag() {
     privileged!();
-    let TestNode { root, node, state } = TestNode::new("maddr");
+    let node = TestNode::new("maddr");
     for flag in ["--metrics-addr", "--health-addr"] {
-        let (code, err) = daemon_exits(&root, &node, &state, &[flag, "localhost"]);
+        let (code, err) = daemon_exits(&node, &[flag, "localhost"]);
         assert_eq!(code, 1, "{err}");
         assert!(err.contains(flag) && err.contains("localhost"), "{err}");
     }
@@ -284,13 +248,13 @@ fn a_bad_metrics_or_health_address_fails_the_start_naming_its_flag() {
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
     for flag in ["--metrics-addr", "--health-addr"] {
-        let (code, err) = daemon_exits(&root, &node, &state, &[flag, &addr]);
+        let (code, err) = daemon_exits(&node, &[flag, &addr]);
         assert_eq!(code, 1, "{err}");
         assert!(
             err.contains(&format!("binding {flag} {addr}")),
             "names the flag and the address: {err}"
         );
-        assert!(object_ids(&root).is_empty(), "nothing loaded: {err}");
+        assert!(object_ids(&node.root).is_empty(), "nothing loaded: {err}");
     }
 }
 

@@ -6,28 +6,17 @@
 //! ClusterIP lands on the proxy with the ClusterIP as its original destination, and the
 //! proxy's own connection to it is load-balanced to a backend.
 
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::SocketAddrV4;
 use std::process::Command;
 
-use redirector_tests::bpftool::{cgroup_attachments, pinned_id};
-use redirector_tests::daemon::{Daemon, StateDir};
-use redirector_tests::process::assert_success;
-use redirector_tests::redirector::{
-    istio_iptables, object_ids, pod_links, redirector_bin, run_ok, PinRoot, STANDARD_INJECTION,
-};
+use redirector_tests::prelude::*;
 use redirector_tests::socket_lb::SocketLb;
-use redirector_tests::{
-    privileged, Cgroup, ConnOutcome, ProbeServer, ProxiedPod, Topology, APP_UID, PROXY_UID,
-};
 
 /// `bpftool cgroup <verb> <cgroup> connect4 pinned <program> <flags…>`.
-fn connect4(cgroup: &Cgroup, program: &std::path::Path, verb: &str, flags: &[&str]) {
-    let (cgroup, program) = (
-        cgroup.path().display().to_string(),
-        program.display().to_string(),
-    );
-    let args = ["cgroup", verb, &cgroup, "connect4", "pinned", &program];
-    run_ok(Command::new("bpftool").args(args).args(flags));
+fn connect4(cgroup: &Cgroup, program: &Path, verb: &str, flags: &[&str]) {
+    let (cgroup, program) = (cgroup.path().display(), program.display());
+    let args = format!("cgroup {verb} {cgroup} connect4 pinned {program}");
+    run_ok(Command::new("bpftool").args(words(&args)).args(flags));
 }
 
 #[test]
@@ -42,9 +31,7 @@ fn an_exclusive_program_at_an_ancestor_is_named_and_nothing_is_attached() {
     let object = &object_ids(&other_root)[0];
     let program = other_root
         .path()
-        .join("objects")
-        .join(object)
-        .join("progs/capture_connect4");
+        .join(format!("objects/{object}/progs/capture_connect4"));
     let id = pinned_id("prog", &program);
     let cgroup = ancestor.path().display().to_string();
     // No flags: exclusive, as a non-multi attachment is.
@@ -128,15 +115,8 @@ fn compose_with_a_socket_lb(
     let netns = topo.pod.path().display().to_string();
     let pin_root = root.path().display().to_string();
     let dst = SocketAddr::from(cluster_ip).to_string();
-    let out = run_ok(Command::new(redirector_bin()).args([
-        "explain",
-        "--netns",
-        &netns,
-        "--pin-root",
-        &pin_root,
-        "--dst",
-        &dst,
-    ]));
+    let explain = format!("explain --netns {netns} --pin-root {pin_root} --dst {dst}");
+    let out = run_ok(Command::new(redirector_bin()).args(words(&explain)));
     let explain = String::from_utf8_lossy(&out.stdout);
     let listed = format!("{}: connect4 socket_lb", ancestor.path().display());
     assert!(explain.contains(&listed), "{listed:?} not in:\n{explain}");

@@ -5,13 +5,9 @@
 //! the node lock held would wedge every other setup. Exit 1, a message naming the path,
 //! nothing attached, pinned or recorded.
 
-use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use redirector_tests::daemon::{Daemon, StateDir};
-use redirector_tests::privileged;
-use redirector_tests::redirector::{pins_under, redirector_bin, STANDARD_INJECTION};
-use redirector_tests::test_node::{CniPlugin, TestNode};
+use redirector_tests::prelude::*;
 
 /// `redirector ARGS` under `timeout 10`: a blocked open shows as exit 124.
 fn redirector(argv0: &Path, args: &[&str], env: &[(&str, &str)], stdin: &str) -> Output {
@@ -43,12 +39,7 @@ fn the_hosts_namespace_and_files_that_are_not_namespaces_are_refused_at_every_wa
     let TestNode { root, node, state } = TestNode::new("nspath");
     let files = StateDir::new("nsfiles");
     let fifo = files.path().join("fifo");
-    let ok = Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok);
+    run_ok(Command::new("mkfifo").arg(&fifo));
     let plain = files.path().join("plain");
     std::fs::write(&plain, "not a namespace").unwrap();
     // The host's namespace: this test's own (PID 1's cannot always be read in a sandbox).
@@ -61,13 +52,17 @@ fn the_hosts_namespace_and_files_that_are_not_namespaces_are_refused_at_every_wa
 
     // istio-iptables: nothing pinned.
     for (path, says) in cases {
+        let pin_root = root.path().to_str().unwrap();
+        let args = [
+            "istio-iptables",
+            "--network-namespace",
+            path,
+            "--pin-root",
+            pin_root,
+        ];
         let out = redirector(
             &redirector_bin(),
-            &["istio-iptables", "--network-namespace", path, "--pin-root"]
-                .into_iter()
-                .chain([root.path().to_str().unwrap()])
-                .chain(STANDARD_INJECTION.iter().copied())
-                .collect::<Vec<_>>(),
+            &[&args[..], &STANDARD_INJECTION].concat(),
             &[],
             "",
         );
@@ -77,18 +72,14 @@ fn the_hosts_namespace_and_files_that_are_not_namespaces_are_refused_at_every_wa
             "{}",
             text(&out)
         );
-        assert_eq!(pins_under(root.path()), Vec::<std::path::PathBuf>::new());
+        assert_eq!(pins_under(root.path()), Vec::<PathBuf>::new());
     }
     // Meant: the flag lets the host's namespace through the check (dry run: nothing made).
     let out = redirector(
         &redirector_bin(),
-        &[
-            "istio-iptables",
-            "--network-namespace",
-            host,
-            "--allow-host-netns",
-            "--dry-run",
-        ],
+        &words(&format!(
+            "istio-iptables --network-namespace {host} --allow-host-netns --dry-run"
+        )),
         &[],
         "",
     );
@@ -101,9 +92,8 @@ fn the_hosts_namespace_and_files_that_are_not_namespaces_are_refused_at_every_wa
     // The daemon's API: refused, the daemon still serving, nothing recorded.
     let daemon = Daemon::start(&root, &node, &state);
     for (path, says) in cases {
-        let mut args = vec!["add", "--netns", path, "--name", "x/y", "--"];
-        args.extend(STANDARD_INJECTION.iter().copied());
-        let out = daemon.pod(&args);
+        let args = ["add", "--netns", path, "--name", "x/y", "--"];
+        let out = daemon.pod(&[&args[..], &STANDARD_INJECTION].concat());
         assert_eq!(out.status.code(), Some(1), "{path}: {}", text(&out));
         assert!(text(&out).contains(says), "{}", text(&out));
     }

@@ -11,24 +11,17 @@
 //! conflist rewritten by the network plugin, a reboot, an upgrade under traffic, the
 //! uninstall.
 
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
-
-use redirector_tests::bpftool::cgroup_attachments;
 use redirector_tests::cri::pods::{
     app_pod, assert_lands_on_proxy, assert_reaches_service, connect, on_proxy, primary_network,
     serve, sidecar, LeftAlone, STATUS,
 };
 use redirector_tests::cri::{Containerd, Sandbox};
-use redirector_tests::daemon::{http_get, tcp_listeners, StateDir};
+use redirector_tests::daemon::{http_get, tcp_listeners};
 use redirector_tests::kubelet::{DaemonSet, Node};
-use redirector_tests::netns::NetNs;
 use redirector_tests::oci;
 use redirector_tests::podman::host::ForwardingGuard;
-use redirector_tests::process::within;
-use redirector_tests::redirector::{built_object, pins_under};
-use redirector_tests::{privileged, Cgroup, APP_UID};
+use redirector_tests::prelude::*;
+use redirector_tests::redirector::built_object;
 
 /// Where the DaemonSet's daemon pins and keeps its records: the defaults.
 const PIN_ROOT: &str = redirector::store::pins::DEFAULT_ROOT;
@@ -122,8 +115,22 @@ fn next_image(base: &Path, work: &Path) -> (PathBuf, String) {
     (archive, next)
 }
 
-fn metric(line: &str) -> bool {
-    http_get(METRICS, "/metrics").is_ok_and(|(_, body)| body.lines().any(|l| l == line))
+/// Whether the daemon's metrics show `line` within `secs` seconds.
+fn metric_within(secs: u64, line: &str) -> bool {
+    within(Duration::from_secs(secs), || {
+        http_get(METRICS, "/metrics").is_ok_and(|(_, body)| body.lines().any(|l| l == line))
+    })
+    .is_some()
+}
+
+/// The manifest's install step run once on `node`, with `args`: its exit code and log.
+fn install_cni(
+    (ds, cri): (&DaemonSet, &mut Containerd),
+    node: &Node,
+    release: &str,
+    args: &str,
+) -> (i32, String) {
+    ds.run_once(cri, node, "install-cni", release, &words(args), &[])
 }
 
 fn read_json(path: &Path) -> serde_json::Value {
@@ -233,25 +240,12 @@ fn node_lifecycle(cni_version: &str, third_octet: u8) {
 
     // The install step refuses bad input with exit 1, naming it, and writes nothing.
     std::fs::write(cri.conf_dir().join("05-broken.conflist"), "{\"plugins\": [").unwrap();
-    let (code, log) = ds.run_once(
-        &mut cri,
-        &node,
-        "install-cni",
-        &release,
-        &["install-cni"],
-        &[],
-    );
+    let (code, log) = install_cni((&ds, &mut cri), &node, &release, "install-cni");
     assert_eq!(code, 1, "{log}");
     assert!(log.contains("05-broken.conflist"), "names the file: {log}");
     std::fs::remove_file(cri.conf_dir().join("05-broken.conflist")).unwrap();
-    let (code, log) = ds.run_once(
-        &mut cri,
-        &node,
-        "install-cni",
-        &release,
-        &["install-cni", "--", "-p", "notaport"],
-        &[],
-    );
+    let bad = "install-cni -- -p notaport";
+    let (code, log) = install_cni((&ds, &mut cri), &node, &release, bad);
     assert_eq!(code, 1, "{log}");
     assert!(log.contains("notaport"), "names the value: {log}");
     assert_eq!(read_json(&conflist), primary, "bad input wrote nothing");
@@ -295,13 +289,8 @@ fn node_lifecycle(cni_version: &str, third_octet: u8) {
         started.elapsed().as_secs_f64() * 1e3
     );
     // Scrapes share a snapshot up to a second old: 20 s is room for a slow scrape.
-    assert!(
-        within(Duration::from_secs(20), || metric(
-            "redirector_pods_repaired_total 1"
-        ))
-        .is_some(),
-        "the repair is not counted"
-    );
+    let counted = metric_within(20, "redirector_pods_repaired_total 1");
+    assert!(counted, "the repair is not counted");
 
     // New pods: the injected one captured at creation, the others left alone.
     let (web, web_app) = app_pod(&mut cri, "default", "web", &[(STATUS, "{}")], &parent);
@@ -322,13 +311,8 @@ fn node_lifecycle(cni_version: &str, third_octet: u8) {
     sidecar(&mut cri, &late);
     assert_lands_on_proxy(&mut cri, &late_app, svc_addr);
     // At the next repair round (every 30 s), with room for a slow one.
-    assert!(
-        within(Duration::from_secs(60), || metric(
-            "redirector_pods_uncaptured 0"
-        ))
-        .is_some(),
-        "pods left uncaptured"
-    );
+    let none_uncaptured = metric_within(60, "redirector_pods_uncaptured 0");
+    assert!(none_uncaptured, "pods left uncaptured");
 
     // A reboot: every pod gone, bpffs and /run empty, the conflist still chaining the
     // plugin. Pods the plugin leaves alone start; an injected one waits for the pins.
@@ -364,12 +348,8 @@ fn node_lifecycle(cni_version: &str, third_octet: u8) {
     // continuously: every connection lands on the proxy.
     let (next, next_ref) = next_image(&image, work.path());
     cri.import(&next);
-    let hammer = cri.start_container(
-        &steady,
-        "hammer",
-        &["probe", "hammer", &svc_addr.to_string(), "--for-ms", "6000"],
-        i64::from(APP_UID),
-    );
+    let hammer = format!("probe hammer {svc_addr} --for-ms 6000");
+    let hammer = cri.start_container(&steady, "hammer", &words(&hammer), i64::from(APP_UID));
     std::thread::sleep(Duration::from_millis(500));
     ds.delete(&mut cri, pod);
     let pod = ds.run(&mut cri, &node, "c", &next_ref);
@@ -407,7 +387,7 @@ fn node_lifecycle(cni_version: &str, third_octet: u8) {
     assert!(!plugin.exists(), "the plugin binary is gone");
     assert_eq!(pins_under(Path::new(PIN_ROOT)), Vec::<PathBuf>::new());
     assert_eq!(cgroup_attachments(kubepods.path()), Vec::new());
-    let records: Vec<_> = walk(Path::new(STATE_DIR));
+    let records = pins_under(Path::new(STATE_DIR));
     assert_eq!(records, Vec::<PathBuf>::new(), "records left");
     assert_reaches_service(&mut cri, &steady_app, svc_addr);
     left_alone.assert_direct(&mut cri, svc_addr);
@@ -426,24 +406,6 @@ fn hammer_counts(log: &str) -> (u64, u64) {
             .unwrap_or_else(|| panic!("no {name} in {line}"))
     };
     (field("total"), field("proxied"))
-}
-
-/// Every file under `dir` (none when it is absent).
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(Result::ok)
-        .flat_map(|e| {
-            let path = e.path();
-            if path.is_dir() {
-                walk(&path)
-            } else {
-                vec![path]
-            }
-        })
-        .collect()
 }
 
 #[test]
@@ -489,15 +451,10 @@ fn a_node_the_daemonset_cannot_serve_keeps_starting_pods_and_fails_meshed_ones_c
         .path()
         .with_file_name(format!("rdt-{}-gone", std::process::id()));
     let gone = gone.display().to_string();
+    let env = |key, value| node(&[], &[(key, value)]);
     let ways: [(&str, Node); 3] = [
-        (
-            "kubepods_cgroup",
-            node(&[], &[("REDIRECTOR_CGROUP", &gone)]),
-        ),
-        (
-            "kernel",
-            node(&[], &[("REDIRECTOR_FORCE_REFUSAL", "sk-lookup")]),
-        ),
+        ("kubepods_cgroup", env("REDIRECTOR_CGROUP", &gone)),
+        ("kernel", env("REDIRECTOR_FORCE_REFUSAL", "sk-lookup")),
         ("bpffs", node(&[("/sys/fs/bpf", not_bpffs.path())], &[])),
     ];
     let served = node(&[], &[]);
@@ -505,14 +462,7 @@ fn a_node_the_daemonset_cannot_serve_keeps_starting_pods_and_fails_meshed_ones_c
     let (_, svc_addr) = serve(&mut cri, &svc);
     for (n, (reason, unservable)) in ways.iter().enumerate() {
         // An entry an earlier run chained, on a node it could serve then.
-        let (code, log) = ds.run_once(
-            &mut cri,
-            &served,
-            "install-cni",
-            &release,
-            &["install-cni"],
-            &[],
-        );
+        let (code, log) = install_cni((&ds, &mut cri), &served, &release, "install-cni");
         assert_eq!(code, 0, "{log}");
         assert!(has_entry(&read_json(&conflist)), "{log}");
 
@@ -534,14 +484,9 @@ fn a_node_the_daemonset_cannot_serve_keeps_starting_pods_and_fails_meshed_ones_c
                 )
             });
         }
-        assert!(
-            within(Duration::from_secs(20), || metric(&format!(
-                "redirector_node_unservable{{reason=\"{reason}\"}} 1"
-            )))
-            .is_some(),
-            "{reason}: no metric"
-        );
-        let status = std::process::Command::new(redirector_tests::redirector::redirector_bin())
+        let series = format!("redirector_node_unservable{{reason=\"{reason}\"}} 1");
+        assert!(metric_within(20, &series), "{reason}: no metric");
+        let status = std::process::Command::new(redirector_bin())
             .args(["status", "--state-dir", STATE_DIR])
             .output()
             .unwrap();
@@ -562,13 +507,9 @@ fn a_node_the_daemonset_cannot_serve_keeps_starting_pods_and_fails_meshed_ones_c
         let left_alone = LeftAlone::start(&mut cri, &parent, &format!("u{n}"));
         left_alone.assert_direct(&mut cri, svc_addr);
         // A meshed pod starts, uncaptured, and istio's validation fails it closed.
-        let (meshed, meshed_app) = app_pod(
-            &mut cri,
-            "default",
-            &format!("meshed{n}"),
-            &[(STATUS, "{}")],
-            &parent,
-        );
+        let meshed = format!("meshed{n}");
+        let (meshed, meshed_app) =
+            app_pod(&mut cri, "default", &meshed, &[(STATUS, "{}")], &parent);
         assert_reaches_service(&mut cri, &meshed_app, svc_addr);
         let validation = istio_validation(&mut cri, &meshed, &release);
         assert_eq!(

@@ -2,12 +2,7 @@
 //! program on its sockets — captured on paper, not in the kernel. The daemon says so: a
 //! log line naming both cgroups, a metric, a mark in `pod list`, and `pod check` fails.
 
-use std::time::{Duration, Instant};
-
-use redirector_tests::daemon::{Daemon, StateDir};
-use redirector_tests::process::assert_success;
-use redirector_tests::redirector::{PinRoot, STANDARD_INJECTION};
-use redirector_tests::{privileged, Cgroup, NetNs, Spawn};
+use redirector_tests::prelude::*;
 
 #[test]
 fn a_pod_outside_the_node_cgroup_is_reported_and_fails_its_check() {
@@ -53,20 +48,14 @@ fn a_pod_outside_the_node_cgroup_is_reported_and_fails_its_check() {
 
     // The next collection marks it in the list, counts it and logs it: one runs every
     // second, and 30 s is room for a loaded machine.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let marked = loop {
-        let pods = daemon.pods();
+    let (mut pods, mut marked) = (Vec::new(), None);
+    within(Duration::from_secs(30), || {
+        pods = daemon.pods();
         let bad_pod = pods.iter().find(|p| p["name"] == "default/bad").cloned();
-        if let Some(pod) = bad_pod.filter(|p| p.get("outside_node_cgroup").is_some()) {
-            break pod;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not marked: {pods:?}\n{}",
-            daemon.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+        marked = bad_pod.filter(|p| p.get("outside_node_cgroup").is_some());
+        marked.is_some()
+    });
+    let marked = marked.unwrap_or_else(|| panic!("not marked: {pods:?}\n{}", daemon.log()));
     assert_eq!(marked["outside_node_cgroup"], elsewhere_path.as_str());
     let good_pod = daemon
         .pods()

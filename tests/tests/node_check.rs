@@ -5,15 +5,11 @@
 //! and in `redirector status`, install-cni takes its entry out and stays up not ready.
 //! And the kubepods cgroup found under either cgroup driver's name.
 
-use std::path::{Path, PathBuf};
 use std::process::Output;
-use std::time::{Duration, Instant};
 
 use redirector_tests::cgroup::cgroup2_root;
-use redirector_tests::daemon::{http_get, StateDir};
-use redirector_tests::redirector::{redirector_bin, PinRoot};
-use redirector_tests::test_node::{CniPlugin, TestNode};
-use redirector_tests::{privileged, Cgroup, ChildGuard, Spawn};
+use redirector_tests::daemon::http_get;
+use redirector_tests::prelude::*;
 
 /// One way to make this node unservable: extra arguments and env for every command, and
 /// the reason it must be named by.
@@ -61,11 +57,23 @@ fn with_node_args(base: &[String], node: &Unservable) -> Vec<String> {
 }
 
 fn check(args: &[String], env: &[(&str, &str)]) -> Output {
-    let mut spawn = Spawn::new(redirector_bin()).arg("check").args(args);
-    for (key, value) in env {
-        spawn = spawn.env(key, value);
-    }
-    spawn.output()
+    Spawn::new(redirector_bin())
+        .arg("check")
+        .args(args)
+        .envs(env)
+        .output()
+}
+
+/// `redirector daemon`'s arguments for a node of `root`, `state` and `conf`, its repair off.
+fn daemon_args(root: &PinRoot, state: &StateDir, conf: &StateDir) -> Vec<String> {
+    vec![
+        "daemon".to_owned(),
+        format!("--pin-root={}", root.path().display()),
+        format!("--state-dir={}", state.path().display()),
+        format!("--socket={}", state.path().join("sock").display()),
+        format!("--cni-conf-dir={}", conf.path().display()),
+        "--repair=off".to_owned(),
+    ]
 }
 
 #[test]
@@ -132,23 +140,19 @@ fn free_port() -> u16 {
 
 /// GET `path` at `addr` once it answers.
 fn get_when_up(child: &mut ChildGuard, addr: &str, path: &str) -> (u16, String) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Ok(answer) = http_get(addr, path) {
-            return answer;
-        }
+    let mut answer = None;
+    let served = within(Duration::from_secs(60), || {
+        answer = http_get(addr, path).ok();
+        let exited = answer.is_none() && child.try_wait().is_some();
         assert!(
-            child.try_wait().is_none(),
+            !exited,
             "exited instead of serving {addr}: {}",
             child.stderr()
         );
-        assert!(
-            Instant::now() < deadline,
-            "{addr} not served: {}",
-            child.stderr()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        answer.is_some()
+    });
+    assert!(served.is_some(), "{addr} not served: {}", child.stderr());
+    answer.unwrap()
 }
 
 /// Still running a while after it said why it is not ready: no crash loop.
@@ -165,14 +169,12 @@ fn assert_stays_up(child: &mut ChildGuard) {
 fn stop(mut child: ChildGuard) {
     // SAFETY: kill(2) on the pid of our own unreaped child.
     unsafe { libc::kill(child.pid() as i32, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = child.try_wait() {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "no exit on SIGTERM");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let mut status = None;
+    within(Duration::from_secs(30), || {
+        status = child.try_wait();
+        status.is_some()
+    });
+    let status = status.expect("no exit on SIGTERM");
     use std::os::unix::process::ExitStatusExt as _;
     assert!(
         status.success() || status.signal() == Some(libc::SIGTERM),
@@ -190,26 +192,18 @@ fn a_daemon_on_a_node_it_cannot_serve_stays_up_not_ready_and_pins_nothing() {
         let state = StateDir::new("unservable-state");
         let conf = StateDir::new("unservable-conf");
         let addr = format!("127.0.0.1:{}", free_port());
-        let base = [
-            "daemon".to_owned(),
-            format!("--pin-root={}", root.path().display()),
-            format!("--state-dir={}", state.path().display()),
-            format!("--socket={}", state.path().join("sock").display()),
-            format!("--cni-conf-dir={}", conf.path().display()),
-            format!("--metrics-addr={addr}"),
-            "--repair=off".to_owned(),
-        ];
+        let mut base = daemon_args(&root, &state, &conf);
+        base.push(format!("--metrics-addr={addr}"));
         let args = with_node_args(&base, &node);
         let pin_root = node
             .args
             .iter()
             .find_map(|a| a.strip_prefix("--pin-root=").map(PathBuf::from))
             .unwrap_or_else(|| root.path().to_path_buf());
-        let mut spawn = Spawn::new(redirector_bin()).args(&args);
-        for (key, value) in &node.env {
-            spawn = spawn.env(key, value);
-        }
-        let mut daemon = spawn.spawn();
+        let mut daemon = Spawn::new(redirector_bin())
+            .args(&args)
+            .envs(&node.env)
+            .spawn();
         let (code, body) = get_when_up(&mut daemon, &addr, "/readyz");
         assert_eq!(code, 503, "{}: {body}", node.reason);
         assert!(
@@ -281,32 +275,27 @@ fn install_cni_on_a_node_it_cannot_serve_takes_its_entry_out_and_stays_up_not_re
         let bin = StateDir::new("unservable-cni-bin");
         chained_conf_dir(conf.path(), bin.path());
         let addr = format!("127.0.0.1:{}", free_port());
-        let mut spawn = Spawn::new(redirector_bin())
+        let mut install = Spawn::new(redirector_bin())
             .args(["install-cni", "--watch"])
             .arg(format!("--conf-dir={}", conf.path().display()))
             .arg(format!("--bin-dir={}", bin.path().display()))
             .arg(format!("--health-addr={addr}"))
-            .args(&node.args);
-        for (key, value) in &node.env {
-            spawn = spawn.env(key, value);
-        }
-        let mut install = spawn.spawn();
+            .args(&node.args)
+            .envs(&node.env)
+            .spawn();
         let (code, body) = get_when_up(&mut install, &addr, "/readyz");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while chained(conf.path()) {
-            assert!(
-                Instant::now() < deadline,
-                "the entry stays: {}",
-                install.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let (code, body) = if code == 503 && body.contains("cannot be served") {
-            (code, body)
-        } else {
-            // Asked before the verdict: ask again.
-            http_get(&addr, "/readyz").unwrap()
-        };
+        let out = within(Duration::from_secs(30), || !chained(conf.path()));
+        assert!(out.is_some(), "the entry stays: {}", install.stderr());
+        // Asked before the verdict (`starting`): ask again until it is given.
+        let mut answer = (code, body);
+        within(Duration::from_secs(30), || {
+            let given = answer.0 == 503 && answer.1.contains("cannot be served");
+            if !given {
+                answer = http_get(&addr, "/readyz").unwrap();
+            }
+            given
+        });
+        let (code, body) = answer;
         assert_eq!(code, 503, "{}: {body}", node.reason);
         assert!(
             body.contains(&format!("cannot be served ({})", node.reason)),
@@ -331,26 +320,18 @@ fn the_daemon_finds_the_kubepods_cgroup_under_either_driver() {
         let state = StateDir::new("kubepods-state");
         let conf = StateDir::new("kubepods-conf");
         let daemon = Spawn::new(redirector_bin())
-            .arg("daemon")
-            .arg(format!("--pin-root={}", root.path().display()))
-            .arg(format!("--state-dir={}", state.path().display()))
-            .arg(format!("--socket={}", state.path().join("sock").display()))
-            .arg(format!("--cni-conf-dir={}", conf.path().display()))
-            .arg("--repair=off")
+            .args(daemon_args(&root, &state, &conf))
             .spawn();
-        let deadline = Instant::now() + Duration::from_secs(120);
         let attached = format!(
             "and at {} while a pod relies on it",
             kubepods.path().display()
         );
-        while !daemon.stderr().contains(&attached) {
-            assert!(
-                Instant::now() < deadline && !daemon.stderr().contains("ERROR"),
-                "{name}: no {attached:?} in {}",
-                daemon.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let fail = || format!("{name}: no {attached:?} in {}", daemon.stderr());
+        let found = within(Duration::from_secs(120), || {
+            assert!(!daemon.stderr().contains("ERROR"), "{}", fail());
+            daemon.stderr().contains(&attached)
+        });
+        assert!(found.is_some(), "{}", fail());
         let noted = std::fs::read_to_string(state.path().join("node-cgroup")).unwrap();
         assert_eq!(noted.trim(), kubepods.path().display().to_string());
         stop(daemon);
@@ -382,7 +363,7 @@ fn the_plugin_answers_a_gone_node_cgroup_as_a_node_not_served_yet() {
     let gone = node.path().to_path_buf();
     drop(node);
     assert!(!gone.exists());
-    let pod = redirector_tests::NetNs::new("gonenode");
+    let pod = NetNs::new("gonenode");
     let (ok, answer) = plugin("ADD", root.path(), state.path(), &pod.path());
     assert!(!ok);
     assert_eq!(answer["code"], 11, "try again later: {answer}");
@@ -403,22 +384,16 @@ fn where_the_daemon_found_the_node_unservable_the_plugin_is_ready_and_captures_n
     let conf = StateDir::new("markednode-conf");
     let gone = cgroup2_root().join(format!("rdt-{}-gone-node", std::process::id()));
     let mut daemon = Spawn::new(redirector_bin())
-        .arg("daemon")
-        .arg(format!("--pin-root={}", root.path().display()))
-        .arg(format!("--state-dir={}", state.path().display()))
-        .arg(format!("--socket={}", state.path().join("sock").display()))
-        .arg(format!("--cni-conf-dir={}", conf.path().display()))
+        .args(daemon_args(&root, &state, &conf))
         .arg(format!("--cgroup={}", gone.display()))
-        .arg("--repair=off")
         .spawn();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !state.path().join("unservable").exists() {
-        assert!(Instant::now() < deadline, "no marker: {}", daemon.stderr());
+    let marked = within(Duration::from_secs(60), || {
         assert!(daemon.try_wait().is_none(), "{}", daemon.stderr());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        state.path().join("unservable").exists()
+    });
+    assert!(marked.is_some(), "no marker: {}", daemon.stderr());
     stop(daemon);
-    let pod = redirector_tests::NetNs::new("markednode");
+    let pod = NetNs::new("markednode");
     let (ok, answer) = plugin("STATUS", root.path(), state.path(), &pod.path());
     assert!(ok, "STATUS: {answer}");
     let (ok, answer) = plugin("ADD", root.path(), state.path(), &pod.path());

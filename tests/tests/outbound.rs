@@ -4,16 +4,8 @@
 //!
 //! Run as root, one at a time: `cargo xtask test`.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::time::Duration;
-
-use redirector_tests::bpftool::{cgroup_attachments, loaded_ids, pinned_id, wait_gone};
-use redirector_tests::process::assert_success;
+use redirector_tests::prelude::*;
 use redirector_tests::proxied_pod::SERVICE_PORT;
-use redirector_tests::redirector::{
-    istio_iptables, object_ids, pins_under, pod_links, PinRoot, STANDARD_INJECTION,
-};
-use redirector_tests::{assert_direct, assert_proxied, privileged, ProxiedPod, APP_UID, PROXY_UID};
 
 #[test]
 fn app_connection_redirected_with_original_destination_v4_and_v6() {
@@ -269,7 +261,7 @@ fn traffic_leaving_through_an_excluded_interface_passes() {
 /// What `getpeername()` says on an app's socket connected to `dst` (`probe peername` in the
 /// pod as uid 1000, in the pod cgroup); the connection stays open while it asks.
 fn peer_seen_by_app(pod: &ProxiedPod, dst: SocketAddr) -> String {
-    let out = redirector_tests::Spawn::new(redirector_tests::probe::probe_bin())
+    let out = Spawn::new(probe_bin())
         .args(["peername", &dst.to_string()])
         .netns(&pod.topo.pod)
         .cgroup(&pod.topo.pod_cgroup)

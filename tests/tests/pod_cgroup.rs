@@ -5,17 +5,12 @@
 //! finds, and at the node cgroup only while a pod whose cgroup it cannot find relies on
 //! them.
 
-use std::path::PathBuf;
-
 use redirector::engine::pod_cgroup::{attach, attached_hooks, detach, NodePrograms};
 use redirector::store::programs::NODE_PROGRAMS;
 use redirector::store::{ObjectId, ObjectPins};
-use redirector_tests::bpftool::{cgroup_attachments, program_runs, BpfStats};
-use redirector_tests::daemon::Daemon;
+use redirector_tests::bpftool::{program_runs, BpfStats};
+use redirector_tests::prelude::*;
 use redirector_tests::process::StopOnDrop;
-use redirector_tests::redirector::{object_ids, PinRoot, STANDARD_INJECTION};
-use redirector_tests::test_node::TestNode;
-use redirector_tests::{assert_direct, assert_proxied, privileged, Cgroup, ProxiedPod, APP_UID};
 
 /// The node's one object, as the engine names its pins.
 fn node_object(root: &PinRoot) -> ObjectPins {
@@ -191,7 +186,7 @@ fn a_daemon_node_runs_no_program_for_a_pod_it_does_not_capture() {
 
     // A pod whose cgroup is not found (a bare namespace, no process in it) relies on the
     // node cgroup: the programs are attached there, the list says so.
-    let bare = redirector_tests::NetNs::new("pcgnbare");
+    let bare = NetNs::new("pcgnbare");
     daemon.add(&bare, "default/bare", &STANDARD_INJECTION);
     assert_eq!(node_links(&root), NODE_PROGRAMS.len());
     assert!(pod_cgroups(&daemon).contains(&("default/bare".to_owned(), None)));
@@ -201,7 +196,7 @@ fn a_daemon_node_runs_no_program_for_a_pod_it_does_not_capture() {
     // The captured pod runs both its own and the node's programs, and is captured once.
     let dst = pod.service(false);
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
-    let other = std::net::SocketAddr::new(dst.ip(), 8080);
+    let other = SocketAddr::new(dst.ip(), 8080);
     assert_proxied(&pod.connect(APP_UID, APP_UID, other), other);
 
     // An init container's pod below the node cgroup: covered by the node's programs, it
@@ -211,18 +206,13 @@ fn a_daemon_node_runs_no_program_for_a_pod_it_does_not_capture() {
     assert!(log.contains("cover cgroup"), "{log}");
     // The bare pod gone: the init container's pod still relies on the node's programs,
     // which stay through collections (one a second).
-    assert!(daemon
-        .pod(&["del", "--name", "default/bare"])
-        .status
-        .success());
-    std::thread::sleep(std::time::Duration::from_secs(3));
+    daemon.del("default/bare");
+    std::thread::sleep(Duration::from_secs(3));
     assert_eq!(node_links(&root), NODE_PROGRAMS.len());
     init.assert_app_proxied(false);
     // It cleaned up too: the next collection removes the node's links.
     init.install(&root, &["--cleanup-only"]);
-    let gone = redirector_tests::process::within(std::time::Duration::from_secs(30), || {
-        node_links(&root) == 0
-    });
+    let gone = within(Duration::from_secs(30), || node_links(&root) == 0);
     assert!(
         gone.is_some(),
         "the node's links stayed with no pod relying on them"
@@ -232,10 +222,7 @@ fn a_daemon_node_runs_no_program_for_a_pod_it_does_not_capture() {
     // Killed and restarted: still captured; removed: its cgroup has nothing attached.
     let daemon = daemon.kill().restart();
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
-    assert!(daemon
-        .pod(&["del", "--name", "default/app"])
-        .status
-        .success());
+    daemon.del("default/app");
     assert_direct(&pod.connect(APP_UID, APP_UID, dst), dst);
     assert!(cgroup_attachments(pod.topo.pod_cgroup.path()).is_empty());
 }
@@ -247,7 +234,7 @@ fn pods_on_the_node_cgroup_move_to_their_own_with_no_connection_escaping() {
     let daemon = Daemon::start(&root, &node, &state);
     // Set up while its namespace had no process (as a release before this one set up every
     // pod): it relies on the node cgroup's programs.
-    let topo = redirector_tests::Topology::under(&node, "pcgmovetopo");
+    let topo = Topology::under(&node, "pcgmovetopo");
     daemon.add(&topo.pod, "default/app", &STANDARD_INJECTION);
     assert_eq!(pod_cgroups(&daemon), [("default/app".to_owned(), None)]);
     assert_eq!(node_links(&root), NODE_PROGRAMS.len());

@@ -9,30 +9,17 @@
 //! Run as root: `cargo build -p redirector -p redirector-tests --bins && cargo test -p
 //! redirector-tests --test real_pod -- --test-threads=1 --nocapture`.
 
-use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
 
-use redirector_tests::bpftool::{cgroup_attachments, pinned_id, wait_gone};
 use redirector_tests::cgroup::cgroup2_root;
 use redirector_tests::podman::host::{ForwardingGuard, HostNetState};
 use redirector_tests::podman::net::{netns_cookie, PodNetwork};
 use redirector_tests::podman::pod::Pod;
 use redirector_tests::podman::rootfs::Rootfs;
 use redirector_tests::podman::{processes_mentioning, Podman};
+use redirector_tests::prelude::*;
 use redirector_tests::probe::protocol::parse_listening;
-use redirector_tests::redirector::{pins_under, redirector_bin, PinRoot, STANDARD_INJECTION};
-use redirector_tests::{
-    assert_direct, connect_from, privileged, probe_bin, ConnOutcome, NetNs, ProbeServer, APP_UID,
-    PROXY_UID,
-};
-
-/// redirector has no inbound capture yet (sk_lookup is being added). Until it has, the
-/// inbound half of this test must not run; set this to `true` when it lands (see
-/// docs/real-pod.md, "Inbound").
-const INBOUND_IMPLEMENTED: bool = true;
 
 const SERVICE_PORT: u16 = 80;
 /// The app's own port, captured inbound.
@@ -83,11 +70,7 @@ fn redirector_as_istio_init_in_a_podman_pod() {
     init_container_succeeded_and_is_gone(&podman, &pod, &init_log);
     let installed = redirection_persists_without_a_redirector_process(&pod, &rootfs, &pins);
     app_reaches_service_through_sidecar(&pod, &net);
-    if INBOUND_IMPLEMENTED {
-        inbound_reaches_app_through_proxy(&pod, &net, &service_ns);
-    } else {
-        eprintln!("note: inbound part not run: INBOUND_IMPLEMENTED is false (docs/real-pod.md)");
-    }
+    inbound_reaches_app_through_proxy(&pod, &net, &service_ns);
     cleanup_only_in_pod_netns_removes_everything(&pod, &net, &pins, &installed);
 
     let pod_cgroup = pod.cgroup();
@@ -136,104 +119,49 @@ fn add_containers(pod: &Pod<'_>, rootfs: &Rootfs, pins: &PinRoot, init_log: &Pat
     let mut init_cmd = vec![ISTIO_IPTABLES];
     init_cmd.extend(STANDARD_INJECTION);
     init_cmd.extend(["--pin-root", &pin_root]);
-    pod.add_container(
-        "init",
-        &[
-            "--init-ctr",
-            "once",
-            // CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN, and writable bind mounts.
-            "--privileged",
-            // redirector takes the parent of its own cgroup (/proc/self/cgroup) under the
-            // cgroup2 mount; in a private cgroup namespace it would read `0::/`.
-            "--cgroupns=host",
-            "-v",
-            "/sys/fs/bpf:/sys/fs/bpf",
-            "-v",
-            &format!("{cgroup2}:{cgroup2}"),
-            // podman removes a `once` init container after it ran: keep its log.
-            "--log-driver",
-            "k8s-file",
-            "--log-opt",
-            &log_path,
-        ],
-        rootfs,
-        &init_cmd,
+    // --privileged: CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN, and writable bind mounts.
+    // --cgroupns=host: redirector takes the parent of its own cgroup (/proc/self/cgroup)
+    // under the cgroup2 mount; in a private cgroup namespace it would read `0::/`.
+    // The log: podman removes a `once` init container after it ran.
+    let init_opts = format!(
+        "--init-ctr once --privileged --cgroupns=host -v /sys/fs/bpf:/sys/fs/bpf \
+         -v {cgroup2}:{cgroup2} --log-driver k8s-file --log-opt {log_path}"
     );
-    let proxy_user = format!("{PROXY_UID}:{PROXY_UID}");
-    pod.add_container(
-        "sidecar",
-        &["--user", &proxy_user],
-        rootfs,
-        &[
-            PROBE,
-            "proxy",
-            "--listen",
-            "127.0.0.1:15001",
-            "--listen",
-            "[::1]:15001",
-            "--name",
-            "sidecar",
-            "--forward",
-        ],
+    pod.add_container("init", &words(&init_opts), rootfs, &init_cmd);
+    let proxy_user = format!("--user {PROXY_UID}:{PROXY_UID}");
+    let sidecar = format!(
+        "{PROBE} proxy --listen 127.0.0.1:15001 --listen [::1]:15001 --name sidecar --forward"
     );
-    if INBOUND_IMPLEMENTED {
-        // Envoy's inbound listener (-z 15006). Not forwarding: a forward from here would be
-        // captured again, as it does not bind the passthrough source 127.0.0.6.
-        pod.add_container(
-            "inbound",
-            &["--user", &proxy_user],
-            rootfs,
-            &[
-                PROBE,
-                "proxy",
-                "--listen",
-                "0.0.0.0:15006",
-                "--listen",
-                "[::]:15006",
-                "--name",
-                "inbound",
-            ],
-        );
-    }
-    let app_user = format!("{APP_UID}:{APP_UID}");
-    let mut app_cmd = vec![
-        PROBE.to_owned(),
-        "serve".into(),
-        "--name".into(),
-        "app".into(),
-    ];
-    for port in [APP_PORT, EXCLUDED_INBOUND_PORT] {
-        for any in ["0.0.0.0", "[::]"] {
-            app_cmd.extend(["--listen".into(), format!("{any}:{port}")]);
-        }
-    }
-    let app_cmd: Vec<&str> = app_cmd.iter().map(String::as_str).collect();
-    pod.add_container("app", &["--user", &app_user], rootfs, &app_cmd);
+    pod.add_container("sidecar", &words(&proxy_user), rootfs, &words(&sidecar));
+    // Envoy's inbound listener (-z 15006). Not forwarding: a forward from here would be
+    // captured again, as it does not bind the passthrough source 127.0.0.6.
+    let inbound =
+        format!("{PROBE} proxy --listen 0.0.0.0:15006 --listen [::]:15006 --name inbound");
+    pod.add_container("inbound", &words(&proxy_user), rootfs, &words(&inbound));
+    let app_user = format!("--user {APP_UID}:{APP_UID}");
+    let (app, excluded) = (APP_PORT, EXCLUDED_INBOUND_PORT);
+    let app_cmd = format!(
+        "{PROBE} serve --name app --listen 0.0.0.0:{app} --listen [::]:{app} \
+         --listen 0.0.0.0:{excluded} --listen [::]:{excluded}"
+    );
+    pod.add_container("app", &words(&app_user), rootfs, &words(&app_cmd));
 }
 
 fn wait_ready(pod: &Pod<'_>) {
     let listening = |l: &str| parse_listening(l).is_some();
     pod.wait_log_lines("sidecar", 2, READY, listening);
     pod.wait_log_lines("app", 4, READY, listening);
-    if INBOUND_IMPLEMENTED {
-        pod.wait_log_lines("inbound", 2, READY, listening);
-    }
+    pod.wait_log_lines("inbound", 2, READY, listening);
 }
 
 /// `pod start` succeeding already means it (podman fails the start and starts nothing else
 /// when an init container exits non-zero); podman's event log says so too.
 fn init_container_succeeded_and_is_gone(podman: &Podman, pod: &Pod<'_>, init_log: &str) {
     let init = pod.container_name("init");
-    let exit = podman.run(&[
-        "events",
-        "--stream=false",
-        "--filter",
-        &format!("container={init}"),
-        "--filter",
-        "event=died",
-        "--format",
-        "{{.ContainerExitCode}}",
-    ]);
+    let events = format!(
+        "events --stream=false --filter container={init} --filter event=died --format {{{{.ContainerExitCode}}}}"
+    );
+    let exit = podman.run(&words(&events));
     assert_eq!(
         exit, "0",
         "init container's exit code (podman events); its log:\n{init_log}"
@@ -312,12 +240,11 @@ fn redirection_persists_without_a_redirector_process(
 }
 
 fn app_connect(pod: &Pod<'_>, uid: u32, dst: SocketAddr) -> ConnOutcome {
-    let dst = dst.to_string();
     let out = pod.exec(
         "app",
         uid,
         uid,
-        &[PROBE, "connect", &dst, "--timeout-ms", "3000"],
+        &words(&format!("{PROBE} connect {dst} --timeout-ms 3000")),
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     // probe connect: 0 = a reply, 2 = a connection error it reported.
@@ -381,21 +308,8 @@ fn inbound_reaches_app_through_proxy(pod: &Pod<'_>, net: &PodNetwork, service_ns
             other => panic!("outside -> {app}: expected the inbound listener, got {other:?}"),
         }
         let passthrough = if v6 { "::6" } else { "127.0.0.6" };
-        let target = app.to_string();
-        let handoff = pod.exec(
-            "sidecar",
-            PROXY_UID,
-            PROXY_UID,
-            &[
-                PROBE,
-                "connect",
-                &target,
-                "--bind",
-                passthrough,
-                "--timeout-ms",
-                "3000",
-            ],
-        );
+        let handoff = format!("{PROBE} connect {app} --bind {passthrough} --timeout-ms 3000");
+        let handoff = pod.exec("sidecar", PROXY_UID, PROXY_UID, &words(&handoff));
         match ConnOutcome::parse(&String::from_utf8_lossy(&handoff.stdout)) {
             ConnOutcome::Served { name, .. } if name == "app" => {}
             other => panic!("sidecar -> {app} from {passthrough}: expected the app, got {other:?}"),
@@ -460,10 +374,7 @@ fn cleanup_only_in_pod_netns_removes_everything(
 fn podman_left_nothing_running(podman: &Podman, pod_cgroup: &Path) {
     assert_eq!(podman.run(&["ps", "-a", "-q"]), "", "containers left");
     assert_eq!(podman.run(&["pod", "ps", "-q"]), "", "pods left");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !podman.processes().is_empty() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    within(Duration::from_secs(5), || podman.processes().is_empty());
     assert_eq!(
         podman.processes(),
         Vec::<String>::new(),

@@ -3,11 +3,10 @@
 //! the files lack must not reach them. A static glibc loading the host's `libnss_systemd`
 //! crashed (SIGSEGV in `_nss_systemd_is_blocked`), and the CNI plugin runs on the host.
 
-use std::path::PathBuf;
 use std::process::Command;
 
-use redirector_tests::redirector::PinRoot;
-use redirector_tests::{privileged, skip, Cgroup, NetNs};
+use redirector_tests::prelude::*;
+use redirector_tests::skip;
 
 /// The binary `cargo xtask image` built (REDIRECTOR_SHIPPED_BIN), `None` to skip.
 fn shipped_bin() -> Option<PathBuf> {

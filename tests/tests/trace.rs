@@ -3,25 +3,15 @@
 //! tracer exits on SIGTERM, and `gc` clears the switch a killed tracer left on. The
 //! daemon's `trace` request streams the same until its client hangs up.
 
-use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::net::UnixStream;
 use std::process::Command;
-use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
-use redirector_tests::daemon::Daemon;
 use redirector_tests::dns::{use_dnsprobe_bin, DnsClient, DnsMode, ResolvConf, DNS_PORT};
-use redirector_tests::process::{within, ChildGuard, Spawn};
-use redirector_tests::redirector::{
-    install, redirector_bin, run_ok, trace_switch_on, wait_for_trace_switch, PinRoot,
-    STANDARD_INJECTION,
-};
-use redirector_tests::test_node::TestNode;
-use redirector_tests::{
-    assert_proxied, connect_from, privileged, ConnOutcome, ProbeServer, ProxiedPod, Topology,
-    APP_UID, PROXY_UID,
-};
+use redirector_tests::prelude::*;
+use redirector_tests::redirector::{trace_switch_on, wait_for_trace_switch};
+use redirector_tests::twin_pods::{start_app, start_peer, start_proxy};
 
 /// Each wait here is for a step of milliseconds: 10 s is room for a loaded machine.
 fn wait_until(what: &str, ready: impl FnMut() -> bool) {
@@ -45,6 +35,14 @@ fn start_trace(topo: &Topology, root: &PinRoot, json: bool) -> ChildGuard {
     tracer
 }
 
+/// Each field of `want` is `decision`'s.
+#[track_caller]
+fn assert_fields(decision: &Value, want: Value) {
+    for (key, value) in want.as_object().unwrap() {
+        assert_eq!(&decision[key], value, "{key} of {decision}");
+    }
+}
+
 /// The next decision the tracer prints that satisfies `pred`.
 fn decision(tracer: &ChildGuard, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
     let line = tracer.wait_line(what, Duration::from_secs(10), |l| {
@@ -58,25 +56,12 @@ fn trace_shows_each_decision_and_switches_off_on_exit() {
     privileged!();
     use_dnsprobe_bin(env!("CARGO_BIN_EXE_dnsprobe"));
     let topo = Topology::new("trace");
-    let any4 = SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0);
-    let _service = ProbeServer::serve(&topo.service, "svc")
-        .listen(SocketAddr::new(any4.ip(), 80))
-        .start();
-    let _app = ProbeServer::serve(&topo.pod, "app")
-        .listen(SocketAddr::new(any4.ip(), 8080))
-        .cgroup(&topo.pod_cgroup)
-        .user(APP_UID, APP_UID)
-        .start();
-    let _proxies: Vec<_> = [("outbound", 15001), ("inbound", 15006)]
-        .into_iter()
-        .map(|(name, port)| {
-            ProbeServer::proxy(&topo.pod, name)
-                .listen(SocketAddr::new(any4.ip(), port))
-                .cgroup(&topo.pod_cgroup)
-                .user(PROXY_UID, PROXY_UID)
-                .start()
-        })
-        .collect();
+    let _service = start_peer(&topo, &[80]);
+    let _app = start_app(&topo, &[8080]);
+    let _proxies = [("outbound", 15001), ("inbound", 15006)].map(|(name, port)| {
+        let any4 = SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port);
+        start_proxy(&topo, name, [any4], (PROXY_UID, PROXY_UID))
+    });
     let root = PinRoot::new("trace");
     let resolv = ResolvConf::new("trace", &[topo.service_ip4().into()], false);
     let resolv_path = resolv.path().to_string_lossy().into_owned();
@@ -97,12 +82,9 @@ fn trace_shows_each_decision_and_switches_off_on_exit() {
     let d = decision(&tracer, "the redirected connection", |v| {
         v["reason"] == "redirected"
     });
-    assert_eq!(d["direction"], "out");
-    assert_eq!(d["protocol"], "tcp");
-    assert_eq!(d["dst"], svc_ip.as_str());
-    assert_eq!(d["dst_port"], 80);
-    assert_eq!(d["to"], 15001);
-    assert_eq!(d["uid"], APP_UID);
+    let want = json!({"direction": "out", "protocol": "tcp", "dst": svc_ip, "dst_port": 80,
+        "to": 15001, "uid": APP_UID});
+    assert_fields(&d, want);
 
     // Passed: the proxy's own connection goes straight to the service.
     assert!(matches!(
@@ -127,11 +109,9 @@ fn trace_shows_each_decision_and_switches_off_on_exit() {
     let d = decision(&tracer, "the inbound connection", |v| {
         v["reason"] == "steered_inbound"
     });
-    assert_eq!(d["direction"], "in");
-    assert_eq!(d["dst"], topo.pod_ip4().to_string());
-    assert_eq!(d["dst_port"], 8080);
-    assert_eq!(d["src"], topo.service_ip4().to_string());
-    assert_eq!(d["to"], 15006);
+    let (dst, src) = (topo.pod_ip4().to_string(), topo.service_ip4().to_string());
+    let want = json!({"direction": "in", "dst": dst, "dst_port": 8080, "src": src, "to": 15006});
+    assert_fields(&d, want);
 
     // DNS: a query to resolv.conf's server goes to the DNS proxy port (none listens here;
     // the decision is what is traced).
@@ -140,9 +120,7 @@ fn trace_shows_each_decision_and_switches_off_on_exit() {
     let d = decision(&tracer, "the DNS query", |v| {
         v["reason"] == "redirected_dns"
     });
-    assert_eq!(d["protocol"], "udp");
-    assert_eq!(d["dst_port"], 53);
-    assert_eq!(d["to"], 15053);
+    assert_fields(&d, json!({"protocol": "udp", "dst_port": 53, "to": 15053}));
 
     // A second tracer is refused while this one runs.
     let out = Command::new(redirector_bin())
@@ -234,9 +212,8 @@ fn the_daemon_streams_a_pods_decisions_until_the_client_hangs_up() {
             break v;
         }
     };
-    assert_eq!(decision["pod"], "default/traced");
-    assert_eq!(decision["dst"], dst.ip().to_string());
-    assert_eq!(decision["to"], 15001);
+    let want = json!({"pod": "default/traced", "dst": dst.ip().to_string(), "to": 15001});
+    assert_fields(&decision, want);
 
     // Hanging up ends the stream and switches tracing off.
     drop(lines);

@@ -3,16 +3,9 @@
 //! Set up through the daemon, the pod's configured ids are translated through its uid and
 //! gid maps: the proxy's own upstream connection is passed, the app's redirected.
 
-use std::net::{Ipv4Addr, SocketAddr};
-
-use redirector_tests::daemon::Daemon;
-use redirector_tests::redirector::STANDARD_INJECTION;
-use redirector_tests::test_node::TestNode;
+use redirector_tests::connect_in_user_ns;
+use redirector_tests::prelude::*;
 use redirector_tests::user_ns::{UserNs, HOST_ID_BASE};
-use redirector_tests::{
-    connect_in_user_ns, privileged, Cgroup, ConnOutcome, NetNs, ProbeServer, Topology, APP_UID,
-    PROXY_UID,
-};
 
 #[test]
 fn a_user_namespaced_pods_proxy_is_passed_and_its_app_redirected() {

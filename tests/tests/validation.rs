@@ -1,22 +1,15 @@
 //! `--run-validation`, as istio's validation init container runs it: as the proxy's uid,
 //! inside the pod, after the pod was set up (`--skip-rule-apply`).
 
-use std::time::{Duration, Instant};
-
-use redirector_tests::redirector::{install, redirector_bin, PinRoot, STANDARD_INJECTION};
-use redirector_tests::{privileged, Spawn, Topology, PROXY_UID};
+use redirector_tests::prelude::*;
 
 /// `redirector istio-iptables --run-validation --skip-rule-apply` as uid/gid 1337 in the
 /// pod's netns and cgroup; returns the exit code and the log.
 fn validate(topo: &Topology, extra: &[&str]) -> (Option<i32>, String) {
     let out = Spawn::new(redirector_bin())
-        .args([
-            "istio-iptables",
-            "--run-validation",
-            "--skip-rule-apply",
-            "--probe-timeout",
-            "2s",
-        ])
+        .args(words(
+            "istio-iptables --run-validation --skip-rule-apply --probe-timeout 2s",
+        ))
         .args(extra)
         .netns(&topo.pod)
         .cgroup(&topo.pod_cgroup)

@@ -21,11 +21,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redirector_tests::cgroup::Cgroup;
-use redirector_tests::cni_caller::{CniCaller, CniPod};
 use redirector_tests::daemon::{ask, http_get, Daemon, StateDir};
 use redirector_tests::redirector::{
     istio_iptables_command, pins_under, PinRoot, STANDARD_INJECTION,
 };
+use redirector_tests::test_node::{CniCaller, CniPod};
 use redirector_tests::{use_probe_bin, ConnOutcome, NetNs, ProxiedPod, APP_UID};
 
 use report::{Bounds, Minute};

@@ -13,8 +13,11 @@ use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::redirector::{redirector_bin, PinRoot, STANDARD_INJECTION};
 use redirector_tests::{Cgroup, ConnOutcome, ProbeServer, Topology, APP_UID, PROXY_UID};
 
-fn say(line: &str) {
-    println!("demo: {line}");
+/// One line of the demo's narration, `format!`'s arguments.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        println!("demo: {}", format_args!($($arg)*))
+    };
 }
 
 fn describe(outcome: &ConnOutcome) -> String {
@@ -53,7 +56,7 @@ fn redirector(netns: &std::path::Path, cgroup: &std::path::Path, args: &[&str]) 
             }
         })
         .collect();
-    say(&format!("$ redirector istio-iptables {}", shown.join(" ")));
+    say!("$ redirector istio-iptables {}", shown.join(" "));
     let out = Command::new(redirector_bin())
         .arg("istio-iptables")
         .arg("--network-namespace")
@@ -68,20 +71,20 @@ fn redirector(netns: &std::path::Path, cgroup: &std::path::Path, args: &[&str]) 
         .lines()
         .filter(|l| l.contains("attached in") || l.contains("cleaned up") || l.contains("ERROR"))
     {
-        say(&format!(
+        say!(
             "  {}",
             line.split_once("  ").map_or(line, |(_, rest)| rest.trim())
-        ));
+        );
     }
     if !out.status.success() {
-        say(&format!("redirector failed ({}):\n{log}", out.status));
+        say!("redirector failed ({}):\n{log}", out.status);
     }
     out.status.success()
 }
 
 /// Run a read-only redirector command and print what it says.
 fn show(args: &[&str]) {
-    say(&format!("$ redirector {}", args.join(" ")));
+    say!("$ redirector {}", args.join(" "));
     let out = Command::new(redirector_bin())
         .args(args)
         .output()
@@ -90,7 +93,7 @@ fn show(args: &[&str]) {
         .lines()
         .chain(String::from_utf8_lossy(&out.stderr).lines())
     {
-        say(&format!("  {line}"));
+        say!("  {line}");
     }
 }
 
@@ -102,22 +105,22 @@ fn main() -> ExitCode {
         return daemon_demo();
     }
     let topo = Topology::new("demo");
-    say(&format!(
+    say!(
         "pod netns {} ({}, {}), cgroup {}",
         topo.pod.name(),
         topo.pod_ip4(),
         topo.pod_ip6(),
         topo.pod_cgroup.path().display()
-    ));
+    );
     let _service = ProbeServer::serve(&topo.service, "service")
         .listen(topo.service_addr(false, 80))
         .listen(topo.service_addr(true, 80))
         .start();
-    say(&format!(
+    say!(
         "service in a second netns on {} and {}",
         topo.service_addr(false, 80),
         topo.service_addr(true, 80)
-    ));
+    );
     let _proxy = ProbeServer::proxy(&topo.pod, "proxy")
         .listen("127.0.0.1:15001".parse().unwrap())
         .listen("[::1]:15001".parse().unwrap())
@@ -125,13 +128,13 @@ fn main() -> ExitCode {
         .user(PROXY_UID, PROXY_UID)
         .forward()
         .start();
-    say("stand-in sidecar proxy (uid 1337) in the pod on 127.0.0.1:15001 and [::1]:15001; it reads SO_ORIGINAL_DST and forwards there");
+    say!("stand-in sidecar proxy (uid 1337) in the pod on 127.0.0.1:15001 and [::1]:15001; it reads SO_ORIGINAL_DST and forwards there");
 
     let v4 = topo.service_addr(false, 80);
-    say(&format!(
+    say!(
         "before: app (uid {APP_UID}) -> {v4}: {}",
         describe(&topo.connect(APP_UID, APP_UID, v4))
-    ));
+    );
     if !redirector(
         &topo.pod.path(),
         topo.pod_cgroup.path(),
@@ -143,17 +146,11 @@ fn main() -> ExitCode {
     for dst in [v4, topo.service_addr(true, 80)] {
         let outcome = topo.connect(APP_UID, APP_UID, dst);
         ok &= matches!(&outcome, ConnOutcome::Proxied { orig: Some(o), .. } if *o == dst);
-        say(&format!(
-            "app (uid {APP_UID}) -> {dst}: {}",
-            describe(&outcome)
-        ));
+        say!("app (uid {APP_UID}) -> {dst}: {}", describe(&outcome));
     }
     let own = topo.connect(PROXY_UID, PROXY_UID, v4);
     ok &= matches!(own, ConnOutcome::Served { .. });
-    say(&format!(
-        "proxy (uid {PROXY_UID}) -> {v4}: {}",
-        describe(&own)
-    ));
+    say!("proxy (uid {PROXY_UID}) -> {v4}: {}", describe(&own));
     let netns = topo.pod.path();
     let netns = netns.to_string_lossy();
     show(&[
@@ -180,10 +177,10 @@ fn main() -> ExitCode {
         topo.pod_cgroup.path(),
         &["--cleanup-only"],
     );
-    say(&format!(
+    say!(
         "after cleanup: app (uid {APP_UID}) -> {v4}: {}",
         describe(&topo.connect(APP_UID, APP_UID, v4))
-    ));
+    );
     verdict(
         ok,
         "OK: the app's connections were redirected with their original destination",
@@ -219,25 +216,22 @@ fn daemon_demo() -> ExitCode {
     let root = PinRoot::new("demo");
     let node = Cgroup::new("demonode");
     let state = StateDir::new("demostate");
-    say(&format!(
+    say!(
         "$ redirector daemon --cgroup {} --pin-root {} --state-dir {}",
         node.path().display(),
         root.path().display(),
         state.path().display()
-    ));
+    );
     let daemon = Daemon::start(&root, &node, &state);
     for line in daemon.log().lines().filter(|l| l.contains("INFO")) {
-        say(&format!(
-            "  {}",
-            line.split_once("INFO ").map_or(line, |(_, l)| l)
-        ));
+        say!("  {}", line.split_once("INFO ").map_or(line, |(_, l)| l));
     }
     let pod = demo_pod(&node);
     let dst = pod.topo.service_addr(false, 80);
-    say(&format!(
+    say!(
         "pod netns {} (cgroup below the node cgroup), service at {dst}, stand-in proxy (uid 1337) on 127.0.0.1:15001",
         pod.topo.pod.name()
-    ));
+    );
     let netns = pod.topo.pod.path().display().to_string();
     let mut add = vec![
         "add",
@@ -248,50 +242,50 @@ fn daemon_demo() -> ExitCode {
         "--",
     ];
     add.extend_from_slice(&STANDARD_INJECTION);
-    say(&format!(
+    say!(
         "$ redirector pod {}",
         add.join(" ")
             .replace(" * ", " '*' ")
             .replace(" -x  ", " -x '' ")
-    ));
+    );
     let out = daemon.pod(&add);
-    say(&format!(
+    say!(
         "  {}",
         String::from_utf8_lossy(&out.stdout)
             .lines()
             .next()
             .unwrap_or("")
-    ));
+    );
     let mut ok = out.status.success();
     let mut connect = |when: &str| {
         let outcome = pod.topo.connect(APP_UID, APP_UID, dst);
         ok &= matches!(&outcome, ConnOutcome::Proxied { orig: Some(o), .. } if *o == dst);
-        say(&format!(
+        say!(
             "{when}: app (uid {APP_UID}) -> {dst}: {}",
             describe(&outcome)
-        ));
+        );
     };
     connect("no init container");
     let killed = daemon.kill();
-    say("daemon killed with SIGKILL");
+    say!("daemon killed with SIGKILL");
     connect("no daemon running");
     let daemon = killed.restart();
-    say("daemon restarted; it rebuilt its view from the pins before serving");
-    say("$ redirector pod list");
+    say!("daemon restarted; it rebuilt its view from the pins before serving");
+    say!("$ redirector pod list");
     for line in String::from_utf8_lossy(&daemon.pod(&["list"]).stdout).lines() {
-        say(&format!("  {line}"));
+        say!("  {line}");
     }
-    say("$ redirector pod del --name default/demo");
+    say!("$ redirector pod del --name default/demo");
     ok &= daemon
         .pod(&["del", "--name", "default/demo"])
         .status
         .success();
     let after = pod.topo.connect(APP_UID, APP_UID, dst);
     ok &= matches!(after, ConnOutcome::Served { .. });
-    say(&format!(
+    say!(
         "after del: app (uid {APP_UID}) -> {dst}: {}",
         describe(&after)
-    ));
+    );
     verdict(
         ok,
         "OK: captured by its network namespace alone, through a daemon restart",
@@ -301,10 +295,10 @@ fn daemon_demo() -> ExitCode {
 /// The demo's last line and exit code.
 fn verdict(ok: bool, success: &str) -> ExitCode {
     if ok {
-        say(success);
+        say!("{success}");
         ExitCode::SUCCESS
     } else {
-        say("FAILED");
+        say!("FAILED");
         ExitCode::FAILURE
     }
 }

@@ -26,7 +26,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redirector_tests::dns::net::{bind_udp, read_frame, write_frame, Frame};
 use redirector_tests::dns::protocol::{
-    self as protocol, client_exit, dns_error_kind, emit, error_kind, io_error_line,
+    self as protocol, client_exit, dns_error_kind, emit, error_kind, flag_value, io_error_line,
+    server_name,
 };
 use redirector_tests::dns::wire::{self as wire, TYPE_A, TYPE_AAAA};
 use redirector_tests::sockaddr;
@@ -97,33 +98,19 @@ struct Flags {
     positional: Vec<String>,
 }
 
-fn parse_value<T: std::str::FromStr>(flag: &str, value: &str) -> Result<T, String>
-where
-    T::Err: std::fmt::Display,
-{
-    value.parse().map_err(|e| format!("{flag} {value}: {e}"))
-}
-
 fn parse_flags(rest: &[String]) -> Result<Flags, String> {
     let mut f = Flags::default();
     let mut it = rest.iter();
     while let Some(arg) = it.next() {
-        let mut value = |flag: &str| it.next().cloned().ok_or(format!("{flag} needs a value"));
-        match arg.as_str() {
-            "--listen" => f.listen.push(parse_value("--listen", &value("--listen")?)?),
-            "--answer" => f
-                .answers
-                .push(parse_value("--answer", &value("--answer")?)?),
-            "--name" => f.name = Some(value("--name")?),
-            "--upstream" => f.upstream = Some(parse_value("--upstream", &value("--upstream")?)?),
-            "--bind" => f.bind = Some(parse_value("--bind", &value("--bind")?)?),
-            "--timeout-ms" => {
-                f.timeout = Some(Duration::from_millis(parse_value(
-                    "--timeout-ms",
-                    &value("--timeout-ms")?,
-                )?))
-            }
-            "--family" => f.family = Some(value("--family")?),
+        let flag = arg.as_str();
+        match flag {
+            "--listen" => f.listen.push(flag_value(flag, &mut it)?),
+            "--answer" => f.answers.push(flag_value(flag, &mut it)?),
+            "--name" => f.name = Some(flag_value(flag, &mut it)?),
+            "--upstream" => f.upstream = Some(flag_value(flag, &mut it)?),
+            "--bind" => f.bind = Some(flag_value(flag, &mut it)?),
+            "--timeout-ms" => f.timeout = Some(Duration::from_millis(flag_value(flag, &mut it)?)),
+            "--family" => f.family = Some(flag_value(flag, &mut it)?),
             "--tcp" => f.tcp = true,
             "--connect" => f.connect = true,
             "--aaaa" => f.aaaa = true,
@@ -152,15 +139,8 @@ fn answers(list: &[IpAddr]) -> Result<Answers, String> {
     })
 }
 
-fn server_name(f: &Flags, default: &str) -> Result<String, String> {
-    let name = f.name.clone().unwrap_or_else(|| default.to_owned());
-    // Names are written as `name=NAME` in space-separated lines.
-    if name.is_empty() || name.contains(|c: char| c.is_whitespace() || c == '=') {
-        return Err(format!(
-            "--name {name:?}: must be non-empty, without spaces or '='"
-        ));
-    }
-    Ok(name)
+fn name_or(f: &Flags, default: &str) -> Result<String, String> {
+    server_name(f.name.clone().unwrap_or_else(|| default.to_owned()))
 }
 
 fn parse_args(args: &[String]) -> Result<Cmd, String> {
@@ -182,13 +162,13 @@ fn parse_args(args: &[String]) -> Result<Cmd, String> {
             let answers = answers(&f.answers)?;
             if sub == "server" {
                 Ok(Cmd::Server {
-                    name: server_name(&f, "dns")?,
+                    name: name_or(&f, "dns")?,
                     listen: f.listen,
                     answers,
                 })
             } else {
                 Ok(Cmd::Proxy {
-                    name: server_name(&f, "dns-proxy")?,
+                    name: name_or(&f, "dns-proxy")?,
                     upstream: f.upstream.ok_or("--upstream is required")?,
                     listen: f.listen,
                     answers,
@@ -220,7 +200,9 @@ fn parse_args(args: &[String]) -> Result<Cmd, String> {
                 return Err("--connect is for UDP (TCP always connects)".into());
             }
             Ok(Cmd::Query(QueryArgs {
-                server: parse_value("SERVER", server)?,
+                server: server
+                    .parse()
+                    .map_err(|e| format!("SERVER {server}: {e}"))?,
                 name: name.clone(),
                 tcp: f.tcp,
                 connect: f.connect,
@@ -285,26 +267,13 @@ struct Relay {
 impl Relay {
     /// The upstream's reply to `query` over UDP, or an error line.
     fn ask_udp(&self, query: &[u8], id: u16) -> Result<Vec<u8>, String> {
-        let local = SocketAddr::new(unspecified(self.upstream.is_ipv6()), 0);
-        let sock = UdpSocket::bind(local).map_err(|e| io_error_line(&e))?;
-        sock.set_read_timeout(Some(self.timeout))
-            .map_err(|e| io_error_line(&e))?;
-        sock.connect(self.upstream).map_err(|e| io_error_line(&e))?;
-        sock.send(query).map_err(|e| io_error_line(&e))?;
-        let mut buf = [0u8; 4096];
-        let n = sock.recv(&mut buf).map_err(|e| io_error_line(&e))?;
-        check_reply(&buf[..n], id)
+        let (reply, _) = exchange_udp(self.upstream, None, true, self.timeout, query)?;
+        check_reply(&reply, id)
     }
 
     /// The upstream's reply to `query` over TCP, or an error line.
     fn ask_tcp(&self, query: &[u8], id: u16) -> Result<Vec<u8>, String> {
-        let mut stream = sockaddr::connect_tcp(self.upstream, None, self.timeout)
-            .map_err(|e| io_error_line(&e))?;
-        stream
-            .set_read_timeout(Some(self.timeout))
-            .map_err(|e| io_error_line(&e))?;
-        write_frame(&mut stream, query).map_err(|e| io_error_line(&e))?;
-        match read_frame(&mut stream).map_err(|e| io_error_line(&e))? {
+        match exchange_tcp(self.upstream, None, self.timeout, query)? {
             Frame::Message(reply) => check_reply(&reply, id),
             Frame::Short(_) => Err(protocol::error_line(error_kind::EMPTY, "upstream closed")),
         }
@@ -471,6 +440,45 @@ fn query_id() -> u16 {
     (nanos ^ std::process::id()) as u16
 }
 
+/// `msg` to `server` over UDP from `bind` (the socket connected first with `connect`): the
+/// reply and its source as `recvfrom` gives it, or an error line.
+fn exchange_udp(
+    server: SocketAddr,
+    bind: Option<IpAddr>,
+    connect: bool,
+    timeout: Duration,
+    msg: &[u8],
+) -> Result<(Vec<u8>, SocketAddr), String> {
+    let local = SocketAddr::new(bind.unwrap_or(unspecified(server.is_ipv6())), 0);
+    let sock = UdpSocket::bind(local).map_err(|e| io_error_line(&e))?;
+    sock.set_read_timeout(Some(timeout))
+        .map_err(|e| io_error_line(&e))?;
+    if connect {
+        sock.connect(server).map_err(|e| io_error_line(&e))?;
+        sock.send(msg).map_err(|e| io_error_line(&e))?;
+    } else {
+        sock.send_to(msg, server).map_err(|e| io_error_line(&e))?;
+    }
+    let mut buf = [0u8; 4096];
+    let (n, from) = sock.recv_from(&mut buf).map_err(|e| io_error_line(&e))?;
+    Ok((buf[..n].to_vec(), from))
+}
+
+/// `msg` to `server` over TCP from `bind`: the framed reply, or an error line.
+fn exchange_tcp(
+    server: SocketAddr,
+    bind: Option<IpAddr>,
+    timeout: Duration,
+    msg: &[u8],
+) -> Result<Frame, String> {
+    let mut stream = sockaddr::connect_tcp(server, bind, timeout).map_err(|e| io_error_line(&e))?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .map_err(|e| io_error_line(&e))?;
+    write_frame(&mut stream, msg).map_err(|e| io_error_line(&e))?;
+    read_frame(&mut stream).map_err(|e| io_error_line(&e))
+}
+
 /// One hand-built query; `Ok(reply line)` or `Err(error or notdns line)`.
 fn query(args: &QueryArgs) -> Result<String, String> {
     let QueryArgs {
@@ -486,13 +494,7 @@ fn query(args: &QueryArgs) -> Result<String, String> {
     let msg = wire::query(id, name, *qtype)
         .map_err(|e| protocol::error_line(dns_error_kind::MALFORMED, &e.to_string()))?;
     let (reply, from) = if *tcp {
-        let mut stream =
-            sockaddr::connect_tcp(*server, *bind, *timeout).map_err(|e| io_error_line(&e))?;
-        stream
-            .set_read_timeout(Some(*timeout))
-            .map_err(|e| io_error_line(&e))?;
-        write_frame(&mut stream, &msg).map_err(|e| io_error_line(&e))?;
-        match read_frame(&mut stream).map_err(|e| io_error_line(&e))? {
+        match exchange_tcp(*server, *bind, *timeout, &msg)? {
             Frame::Message(reply) => (reply, None),
             Frame::Short(bytes) if bytes.is_empty() => {
                 return Err(protocol::error_line(
@@ -505,19 +507,8 @@ fn query(args: &QueryArgs) -> Result<String, String> {
             }
         }
     } else {
-        let local = SocketAddr::new(bind.unwrap_or(unspecified(server.is_ipv6())), 0);
-        let sock = UdpSocket::bind(local).map_err(|e| io_error_line(&e))?;
-        sock.set_read_timeout(Some(*timeout))
-            .map_err(|e| io_error_line(&e))?;
-        if *connect {
-            sock.connect(server).map_err(|e| io_error_line(&e))?;
-            sock.send(&msg).map_err(|e| io_error_line(&e))?;
-        } else {
-            sock.send_to(&msg, server).map_err(|e| io_error_line(&e))?;
-        }
-        let mut buf = [0u8; 4096];
-        let (n, from) = sock.recv_from(&mut buf).map_err(|e| io_error_line(&e))?;
-        (buf[..n].to_vec(), Some(from))
+        let (reply, from) = exchange_udp(*server, *bind, *connect, *timeout, &msg)?;
+        (reply, Some(from))
     };
     let reply = check_reply(&reply, id)?;
     let parsed = wire::parse(&reply).expect("checked");

@@ -25,7 +25,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use redirector_tests::probe::protocol::{
-    self as protocol, client_exit, describe_io_error, emit, error_kind, io_error_line,
+    self as protocol, client_exit, describe_io_error, emit, error_kind, flag_value, io_error_line,
+    server_name,
 };
 use redirector_tests::sockaddr;
 
@@ -83,42 +84,29 @@ fn parse_args(args: &[String]) -> Result<Cmd, String> {
     let mut positional = Vec::new();
     let mut it = rest.iter();
     while let Some(arg) = it.next() {
-        let mut value = |flag: &str| it.next().cloned().ok_or(format!("{flag} needs a value"));
-        match arg.as_str() {
-            "--listen" => {
-                let v = value("--listen")?;
-                listen.push(v.parse().map_err(|e| format!("--listen {v}: {e}"))?);
-            }
-            "--name" => name = Some(value("--name")?),
-            "--bind" => {
-                let v = value("--bind")?;
-                bind = Some(v.parse().map_err(|e| format!("--bind {v}: {e}"))?);
-            }
-            "--timeout-ms" => {
-                let v = value("--timeout-ms")?;
-                timeout =
-                    Duration::from_millis(v.parse().map_err(|e| format!("--timeout-ms {v}: {e}"))?);
-            }
-            "--for-ms" => {
-                let v = value("--for-ms")?;
-                duration = Some(Duration::from_millis(
-                    v.parse().map_err(|e| format!("--for-ms {v}: {e}"))?,
-                ));
-            }
+        let flag = arg.as_str();
+        match flag {
+            "--listen" => listen.push(flag_value(flag, &mut it)?),
+            "--name" => name = Some(flag_value(flag, &mut it)?),
+            "--bind" => bind = Some(flag_value(flag, &mut it)?),
+            "--timeout-ms" => timeout = Duration::from_millis(flag_value(flag, &mut it)?),
+            "--for-ms" => duration = Some(Duration::from_millis(flag_value(flag, &mut it)?)),
             "--forward" => forward = true,
             flag if flag.starts_with("--") => return Err(format!("unknown flag {flag}")),
             _ => positional.push(arg.clone()),
         }
     }
+    // The client subcommands' one ADDR:PORT, and hold's and hammer's --for-ms.
+    let dst = || -> Result<SocketAddr, String> {
+        let [dst] = positional.as_slice() else {
+            return Err(format!("{sub} takes exactly one ADDR:PORT"));
+        };
+        dst.parse().map_err(|e| format!("{dst}: {e}"))
+    };
+    let for_ms = || duration.ok_or(format!("{sub} needs --for-ms"));
     match sub.as_str() {
         "serve" | "proxy" => {
-            let name = name.ok_or("--name is required")?;
-            // Names are written as `name=NAME` in space-separated lines.
-            if name.is_empty() || name.contains(|c: char| c.is_whitespace() || c == '=') {
-                return Err(format!(
-                    "--name {name:?}: must be non-empty, without spaces or '='"
-                ));
-            }
+            let name = server_name(name.ok_or("--name is required")?)?;
             if listen.is_empty() {
                 return Err("at least one --listen is required".into());
             }
@@ -140,36 +128,23 @@ fn parse_args(args: &[String]) -> Result<Cmd, String> {
                 timeout,
             })
         }
-        "connect" => {
-            let [dst] = positional.as_slice() else {
-                return Err("connect takes exactly one ADDR:PORT".into());
-            };
-            let dst = dst.parse().map_err(|e| format!("{dst}: {e}"))?;
-            Ok(Cmd::Connect { dst, bind, timeout })
-        }
-        "peername" => {
-            let [dst] = positional.as_slice() else {
-                return Err("peername takes exactly one ADDR:PORT".into());
-            };
-            let dst = dst.parse().map_err(|e| format!("{dst}: {e}"))?;
-            Ok(Cmd::Peername { dst, timeout })
-        }
-        "hold" => {
-            let [dst] = positional.as_slice() else {
-                return Err("hold takes exactly one ADDR:PORT".into());
-            };
-            let dst = dst.parse().map_err(|e| format!("{dst}: {e}"))?;
-            let duration = duration.ok_or("hold needs --for-ms")?;
-            Ok(Cmd::Hold { dst, duration })
-        }
-        "hammer" => {
-            let [dst] = positional.as_slice() else {
-                return Err("hammer takes exactly one ADDR:PORT".into());
-            };
-            let dst = dst.parse().map_err(|e| format!("{dst}: {e}"))?;
-            let duration = duration.ok_or("hammer needs --for-ms")?;
-            Ok(Cmd::Hammer { dst, duration })
-        }
+        "connect" => Ok(Cmd::Connect {
+            dst: dst()?,
+            bind,
+            timeout,
+        }),
+        "peername" => Ok(Cmd::Peername {
+            dst: dst()?,
+            timeout,
+        }),
+        "hold" => Ok(Cmd::Hold {
+            dst: dst()?,
+            duration: for_ms()?,
+        }),
+        "hammer" => Ok(Cmd::Hammer {
+            dst: dst()?,
+            duration: for_ms()?,
+        }),
         other => Err(format!("unknown subcommand {other}")),
     }
 }

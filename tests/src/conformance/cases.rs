@@ -10,13 +10,13 @@ use crate::conformance::rules::{
     DEFAULT_LOOPBACK_V4,
 };
 use crate::dns::{DnsMode, DNS_PORT};
-use crate::golden_dir;
 use crate::iptables::{append_rules, insert_after, standard_injection};
 use crate::redirector::STANDARD_INJECTION;
 use crate::scenario::{
     DnsRequest, DnsScenario, Dst, Family, Host, InboundScenario, Scenario, Who, APP_PORT,
     APP_PORTS, LOCAL_DNS_V4, LOCAL_DNS_V6, TUNNEL_PORT,
 };
+use crate::{golden_dir, words};
 
 /// CASES.md cases that are not run, and why.
 pub const SKIPPED_GOLDEN_CASES: [(&str, &str); 3] = [
@@ -79,18 +79,18 @@ impl Case {
         }
     }
 
-    /// A golden case as CASES.md gives it.
-    fn golden(name: &str, flags: &[&str]) -> Self {
+    /// A golden case as CASES.md gives it, its flags written as one string ([`words`]).
+    fn golden(name: &str, flags: &str) -> Self {
         Self::golden_with_loopback(name, flags, DEFAULT_LOOPBACK_V4)
     }
 
-    fn golden_with_loopback(name: &str, flags: &[&str], loopback_v4: &str) -> Self {
+    fn golden_with_loopback(name: &str, flags: &str, loopback_v4: &str) -> Self {
         let rules = RuleSet::golden(name, loopback_v4);
         let reference = match rules.v6_origin {
             V6Origin::Golden => format!("{name}.golden"),
             V6Origin::Derived => format!("{name}.golden, IPv6 section derived"),
         };
-        let mut case = Self::new(name, &reference, rules, flags);
+        let mut case = Self::new(name, &reference, rules, &words(flags));
         case.golden = Some(name.to_owned());
         case
     }
@@ -259,7 +259,7 @@ fn uid_gid_clients(case: Case) -> Case {
 
 /// The owner-group cases (`outbound-owner-groups[-exclude]` with `prefix` "", or the
 /// `ipv6-dns-` ones with `--redirect-dns`), with group names this machine has.
-fn owner_group_cases(prefix: &str, flags: &[&str]) -> Vec<Case> {
+fn owner_group_cases(prefix: &str, flags: &str) -> Vec<Case> {
     let java = existing_group("java", &["games", "users", "staff"]);
     let ftp = existing_group("ftp", &["mail", "news", "uucp"]);
     let stand_in = |wanted: &str, group: &Group| {
@@ -309,35 +309,17 @@ fn owner_group_cases(prefix: &str, flags: &[&str]) -> Vec<Case> {
 fn dns_cases() -> Vec<Case> {
     let v4: IpAddr = LOCAL_DNS_V4.into();
     let v6: IpAddr = LOCAL_DNS_V6.into();
-    let uid_gid = ["--redirect-dns", "-g", "1,2", "-u", "3,4"];
+    let uid_gid = "--redirect-dns -g 1,2 -u 3,4";
     let mut cases = vec![
         // A dry run in istio's own test; here its flags are applied.
         uid_gid_clients(Case::golden(
             "ip-range",
-            &[
-                "-x",
-                "1.1.0.0/16",
-                "-i",
-                "9.9.0.0/16",
-                "--redirect-dns",
-                "-g",
-                "1,2",
-                "-u",
-                "3,4",
-            ],
+            &format!("-x 1.1.0.0/16 -i 9.9.0.0/16 {uid_gid}"),
         ))
         .dns(&[v4], (3, 1)),
         uid_gid_clients(Case::golden(
             "loopback-outbound-iprange",
-            &[
-                "-i",
-                "127.1.2.3/32",
-                "--redirect-dns",
-                "-g",
-                "1,2",
-                "-u",
-                "3,4",
-            ],
+            &format!("-i 127.1.2.3/32 {uid_gid}"),
         ))
         .dst(Dst::new(
             Host::OtherLoopback(LOOPBACK_INCLUDE),
@@ -345,12 +327,12 @@ fn dns_cases() -> Vec<Case> {
             APP_PORT,
         ))
         .dns(&[v4], (3, 1)),
-        uid_gid_clients(Case::golden("dns-uid-gid", &uid_gid)).dns(&[v4, v6], (3, 1)),
-        uid_gid_clients(Case::golden("ipv6-dns-uid-gid", &uid_gid)).dns(&[], (3, 1)),
+        uid_gid_clients(Case::golden("dns-uid-gid", uid_gid)).dns(&[v4, v6], (3, 1)),
+        uid_gid_clients(Case::golden("ipv6-dns-uid-gid", uid_gid)).dns(&[], (3, 1)),
     ];
     let proxy = (crate::PROXY_UID, crate::PROXY_UID);
     cases.extend(
-        owner_group_cases("ipv6-dns-", &["--redirect-dns"])
+        owner_group_cases("ipv6-dns-", "--redirect-dns")
             .into_iter()
             .map(|case| case.dns(&[], proxy)),
     );
@@ -383,16 +365,7 @@ fn outbound_exclusions() -> Case {
         "outbound-exclusions",
         "empty.golden + the -o, -x, -q and -i '*' rules of run.go",
         rules,
-        &[
-            "-i",
-            "*",
-            "-x",
-            "192.0.2.0/24,2001:db8::/32",
-            "-o",
-            "8081",
-            "-q",
-            "32000",
-        ],
+        &words("-i * -x 192.0.2.0/24,2001:db8::/32 -o 8081 -q 32000"),
     )
     // `-o` comes before the proxy-owner rules: the proxy calling its own pod on an excluded
     // port is not sent to 15006 (nothing serves 8081 in the pod: refused).
@@ -445,7 +418,7 @@ fn uid_gid_capture_all() -> Case {
         "uid-gid+capture-all",
         "ipv6-uid-gid.golden without its -b/-k/-x/-i rules + the rule -i '*' appends",
         rules,
-        &["-u", "3,4", "-g", "1,2", "-i", "*"],
+        &words("-u 3,4 -g 1,2 -i *"),
     ))
 }
 
@@ -464,64 +437,36 @@ pub fn cases() -> Vec<Case> {
     );
     let mut cases = vec![
         standard,
-        Case::golden("empty", &[]),
-        Case::golden("inbound-ports-wildcard", &["-b", "*"]),
-        Case::golden("inbound-ports-include", &["-b", "32000,31000"]),
-        Case::golden("ipnets", &["-i", "10.0.0.0/8"]),
-        Case::golden("kube-virt-interfaces", &["-k", "eth1,eth2", "-i", "*"]),
+        Case::golden("empty", ""),
+        Case::golden("inbound-ports-wildcard", "-b *"),
+        Case::golden("inbound-ports-include", "-b 32000,31000"),
+        Case::golden("ipnets", "-i 10.0.0.0/8"),
+        Case::golden("kube-virt-interfaces", "-k eth1,eth2 -i *"),
         Case::golden(
             "ipnets-with-kube-virt-interfaces",
-            &["-k", "eth1,eth2", "-i", "10.0.0.0/8"],
+            "-k eth1,eth2 -i 10.0.0.0/8",
         ),
-        Case::golden("outbound-ports-include", &["-q", "32000,31000"]),
-        Case::golden("basic-exclude-nic", &["-c", "not-istio-nic"]),
-        Case::golden("drop-invalid", &["--drop-invalid"]),
-        Case::golden_with_loopback("host-ipv4-loopback-cidr", &[], "127.0.0.1/8")
+        Case::golden("outbound-ports-include", "-q 32000,31000"),
+        Case::golden("basic-exclude-nic", "-c not-istio-nic"),
+        Case::golden("drop-invalid", "--drop-invalid"),
+        Case::golden_with_loopback("host-ipv4-loopback-cidr", "", "127.0.0.1/8")
             .env("ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR", "127.0.0.1/8"),
-        Case::golden("ipv6-empty-inbound-ports", &["-b", ""]),
-        Case::golden("ipv6-inbound-ports", &["-b", "4000,5000"]),
-        Case::golden(
-            "ipv6-virt-interfaces",
-            &["-b", "4000,5000", "-k", "eth0,eth1"],
-        ),
+        Case::golden("ipv6-empty-inbound-ports", r#"-b """#),
+        Case::golden("ipv6-inbound-ports", "-b 4000,5000"),
+        Case::golden("ipv6-virt-interfaces", "-b 4000,5000 -k eth0,eth1"),
         // istio's own test passes `-d "6000,7000,"`, trailing comma included.
         Case::golden(
             "ipv6-ipnets",
-            &[
-                "-b",
-                "4000,5000",
-                "-d",
-                "6000,7000,",
-                "-k",
-                "eth0,eth1",
-                "-x",
-                "2001:db8::/32",
-                "-i",
-                "2001:db8::/32",
-            ],
+            "-b 4000,5000 -d 6000,7000, -k eth0,eth1 -x 2001:db8::/32 -i 2001:db8::/32",
         ),
         uid_gid_clients(Case::golden(
             "ipv6-uid-gid",
-            &[
-                "-b",
-                "4000,5000",
-                "-d",
-                "6000,7000",
-                "-k",
-                "eth0,eth1",
-                "-g",
-                "1,2",
-                "-u",
-                "3,4",
-                "-x",
-                "2001:db8::/32",
-                "-i",
-                "2001:db8::/32",
-            ],
+            "-b 4000,5000 -d 6000,7000 -k eth0,eth1 -g 1,2 -u 3,4 -x 2001:db8::/32 \
+             -i 2001:db8::/32",
         )),
-        Case::golden("ipv6-outbound-ports", &["-b", "", "-q", "32000,31000"]),
+        Case::golden("ipv6-outbound-ports", r#"-b "" -q 32000,31000"#),
     ];
-    let owner_groups = owner_group_cases("", &[]);
+    let owner_groups = owner_group_cases("", "");
     cases.extend(owner_groups.iter().cloned());
     cases.extend(owner_groups.into_iter().map(Case::with_capture_all));
     cases.extend(dns_cases());

@@ -29,7 +29,7 @@ use crate::twin_pods::{
     self, start_app, start_peer, start_proxy, wildcard, Mesh, Outcome, Side, TwinPod, DNS_PROXY,
     INBOUND_PROXY, OUTBOUND_PROXY,
 };
-use crate::{connect_from, Cgroup, ChildGuard, NetNs, Topology, APP_UID, PROXY_UID};
+use crate::{connect_from, words, Cgroup, ChildGuard, NetNs, Topology, APP_UID, PROXY_UID};
 
 /// Who gives the pod the proxy's IPv6 passthrough source `::6` (istio-iptables adds it to
 /// `lo` when IPv6 is on: capture/run.go `configureIPv6Addresses`; IPv6, unlike IPv4's
@@ -256,23 +256,10 @@ fn start_dns_servers(topo: &Topology, dns: &DnsSetup) -> [ChildGuard; 3] {
 /// environment so that only the case's own reach it.
 fn is_istio_setting(name: &OsStr) -> bool {
     let name = name.to_string_lossy();
-    name.starts_with("ISTIO_")
-        || [
-            "ENVOY_USER",
-            "INBOUND_CAPTURE_PORT",
-            "INBOUND_TUNNEL_PORT",
-            "PROXY_UID",
-            "PROXY_GID",
-            "KUBE_VIRT_INTERFACES",
-            "INVALID_DROP",
-            "DROP_INVALID",
-            "REDIRECT_DNS",
-            "CAPTURE_ALL_DNS",
-            "DRY_RUN",
-            "DUAL_STACK",
-            "REDIRECTOR_PIN_ROOT",
-        ]
-        .contains(&name.as_ref())
+    let others = "ENVOY_USER INBOUND_CAPTURE_PORT INBOUND_TUNNEL_PORT PROXY_UID PROXY_GID \
+        KUBE_VIRT_INTERFACES INVALID_DROP DROP_INVALID REDIRECT_DNS CAPTURE_ALL_DNS DRY_RUN \
+        DUAL_STACK REDIRECTOR_PIN_ROOT";
+    name.starts_with("ISTIO_") || words(others).contains(&name.as_ref())
 }
 
 /// `redirector istio-iptables` for the pod with the case's flags and env vars (the kit's

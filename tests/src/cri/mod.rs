@@ -9,7 +9,7 @@ pub mod pods;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_cri::v1::{
     runtime_service_client::RuntimeServiceClient, ContainerConfig, ContainerMetadata,
@@ -25,6 +25,7 @@ use crate::daemon::StateDir;
 use crate::oci;
 use crate::podman::rootfs::Rootfs;
 use crate::podman::{mounts_under, processes_mentioning};
+use crate::process::within;
 use crate::redirector::run_ok;
 use crate::{probe_bin, ChildGuard, Spawn};
 
@@ -105,15 +106,12 @@ state = "{state}"
         let child = Spawn::new("containerd")
             .args(["--config", &d.join("config.toml").display().to_string()])
             .spawn();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !socket.exists() {
-            assert!(
-                Instant::now() < deadline,
-                "containerd did not start: {}",
-                child.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let started = within(Duration::from_secs(20), || socket.exists());
+        assert!(
+            started.is_some(),
+            "containerd did not start: {}",
+            child.stderr()
+        );
         let rootfs_dir = d.join("rootfs");
         let rootfs = Rootfs::busybox(&rootfs_dir);
         rootfs.add_binary(&probe_bin(), "/usr/local/bin/probe");

@@ -11,7 +11,8 @@ use crate::cri::{Containerd, Sandbox};
 use crate::daemon::StateDir;
 use crate::probe::protocol::parse_listening;
 use crate::process::within;
-use crate::{ConnOutcome, APP_UID, PROXY_UID};
+use crate::proxied_pod::assert_on_proxy;
+use crate::{words, ConnOutcome, APP_UID, PROXY_UID};
 
 /// The annotation istio's injector sets on every pod it injected a sidecar into.
 pub const STATUS: &str = "sidecar.istio.io/status";
@@ -32,19 +33,8 @@ pub fn primary_network(cni_version: &str, third_octet: u8, ipam: &StateDir) -> s
 /// The service: `probe serve` on 8080 in `sandbox`, once it listens; the container and
 /// its address.
 pub fn serve(cri: &mut Containerd, sandbox: &Sandbox) -> (String, SocketAddr) {
-    let server = cri.start_container(
-        sandbox,
-        "svc",
-        &[
-            "probe",
-            "serve",
-            "--listen",
-            "0.0.0.0:8080",
-            "--name",
-            "svc",
-        ],
-        0,
-    );
+    let serve = words("probe serve --listen 0.0.0.0:8080 --name svc");
+    let server = cri.start_container(sandbox, "svc", &serve, 0);
     wait_listening(cri, &server, 1);
     (server, SocketAddr::new(cri.sandbox_ip(&sandbox.0), 8080))
 }
@@ -73,14 +63,7 @@ pub fn meshed_web(
     sidecar: fn(&mut Containerd, &Sandbox) -> String,
 ) -> (Sandbox, String, String, SocketAddr) {
     let web = cri.run_sandbox("web", annotations, &format!("{parent}/web"));
-    let serve = [
-        "probe",
-        "serve",
-        "--listen",
-        "0.0.0.0:8080",
-        "--name",
-        "app",
-    ];
+    let serve = words("probe serve --listen 0.0.0.0:8080 --name app");
     let app = cri.start_container(&web, "app", &serve, i64::from(APP_UID));
     let proxy = sidecar(cri, &web);
     let addr = SocketAddr::new(cri.sandbox_ip(&web.0), 8080);
@@ -91,13 +74,7 @@ pub fn meshed_web(
 /// with `dst` as its original destination.
 #[track_caller]
 pub fn assert_inbound_on_proxy(cri: &mut Containerd, client: &str, dst: SocketAddr) {
-    let (_, out) = cri.exec(client, &["probe", "connect", &dst.to_string()]);
-    match ConnOutcome::parse(&out) {
-        ConnOutcome::Proxied { name, orig, .. } if name == "proxy" => {
-            assert_eq!(orig, Some(dst), "SO_ORIGINAL_DST of the inbound connection")
-        }
-        other => panic!("{client} -> {dst}: expected the proxy's inbound listener, got {other:?}"),
-    }
+    assert_on_proxy(&connect(cri, client, dst), "proxy", dst);
 }
 
 /// The stand-in sidecar in `sandbox`: `probe proxy` on 15001 and 15006, as uid 1337, once
@@ -125,10 +102,8 @@ fn proxy_container(
     [outbound, inbound]: [&str; 2],
     uid: u32,
 ) -> String {
-    let args = [
-        "probe", "proxy", "--listen", outbound, "--listen", inbound, "--name", "proxy",
-    ];
-    let proxy = cri.start_container(sandbox, name, &args, i64::from(uid));
+    let args = format!("probe proxy --listen {outbound} --listen {inbound} --name proxy");
+    let proxy = cri.start_container(sandbox, name, &words(&args), i64::from(uid));
     wait_listening(cri, &proxy, 2);
     proxy
 }
@@ -191,13 +166,8 @@ impl LeftAlone {
     /// Both pods under `parent`, named `plain{suffix}` and `system{suffix}`.
     pub fn start(cri: &mut Containerd, parent: &str, suffix: &str) -> Self {
         let plain = app_pod(cri, "default", &format!("plain{suffix}"), &[], parent);
-        let system = app_pod(
-            cri,
-            "kube-system",
-            &format!("system{suffix}"),
-            &[(STATUS, "{}")],
-            parent,
-        );
+        let system = format!("system{suffix}");
+        let system = app_pod(cri, "kube-system", &system, &[(STATUS, "{}")], parent);
         LeftAlone { plain, system }
     }
 

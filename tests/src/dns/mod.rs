@@ -170,7 +170,12 @@ impl<'a> DnsClient<'a> {
     }
 
     fn spawn(&self, args: &[&str]) -> Spawn {
-        let mut spawn = Spawn::new(dnsprobe_bin())
+        self.spawn_of(&dnsprobe_bin(), args)
+    }
+
+    /// `program` with `args` run as this client.
+    fn spawn_of(&self, program: &Path, args: &[&str]) -> Spawn {
+        let mut spawn = Spawn::new(program)
             .args(args)
             .netns(self.netns)
             .user(self.uid, self.gid);
@@ -227,10 +232,7 @@ resolver.resolve4(name, (err, addrs) => {
 
 /// The `node` executable on PATH, if there is one.
 pub fn node_bin() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join("node"))
-        .find(|candidate| candidate.is_file())
+    crate::find_on_path("node")
 }
 
 /// Call in a test that needs node (c-ares): `let Some(node) = require_node() else { return };`.
@@ -251,14 +253,8 @@ impl DnsClient<'_> {
     /// c-ares's `resolve4(QUERY_NAME)` with `resolv_conf` bind-mounted over /etc/resolv.conf.
     pub fn resolve_c_ares(&self, node: &Path, resolv_conf: &ResolvConf) -> DnsOutcome {
         let timeout = QUERY_TIMEOUT.as_millis().to_string();
-        let mut spawn = Spawn::new(node)
-            .args(["-e", NODE_RESOLVE, QUERY_NAME, &timeout])
-            .netns(self.netns)
-            .user(self.uid, self.gid)
+        let spawn = (self.spawn_of(node, &["-e", NODE_RESOLVE, QUERY_NAME, &timeout]))
             .bind_file(&resolv_conf.path, "/etc/resolv.conf");
-        if let Some(cgroup) = self.cgroup {
-            spawn = spawn.cgroup(cgroup);
-        }
         run(&spawn)
     }
 }

@@ -105,7 +105,9 @@ pub fn notdns_line(text: &str) -> String {
     )
 }
 
-pub use crate::probe::protocol::{client_exit, emit, error_line, io_error_line};
+pub use crate::probe::protocol::{
+    client_exit, emit, error_line, flag_value, io_error_line, server_name,
+};
 
 /// What a `dnsprobe query` or `dnsprobe resolve` reported.
 #[derive(Clone, Debug, PartialEq, Eq)]

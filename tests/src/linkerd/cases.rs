@@ -12,7 +12,7 @@ use std::net::IpAddr;
 use crate::linkerd::contract::Listeners;
 use crate::linkerd::proxy_init::{CaptureState, ProxyInitOptions};
 use crate::scenario::{Dst, Family, Host, Who, OUTSIDE_V4, OUTSIDE_V6};
-use crate::APP_UID;
+use crate::{words, APP_UID};
 
 /// The uid Linkerd's proxy runs as.
 pub const LINKERD_PROXY_UID: u32 = 2102;
@@ -25,12 +25,8 @@ pub const SERVICE_PORT: u16 = 80;
 
 /// The injector's iptables plumbing flags: no effect on the rules, but a drop-in must take
 /// them.
-const PLUMBING: &[&str] = &[
-    "--firewall-bin-path",
-    "iptables-nft",
-    "--firewall-save-bin-path",
-    "iptables-nft-save",
-];
+const PLUMBING: &str =
+    "--firewall-bin-path iptables-nft --firewall-save-bin-path iptables-nft-save";
 
 /// How the proxy's inbound listener is bound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,12 +101,13 @@ impl InboundRow {
 }
 
 impl Case {
-    fn new(name: &'static str, runs: &[&[&str]]) -> Self {
+    /// A case of `runs`, each a command line written as one string ([`words`]).
+    fn new(name: &'static str, runs: &[&str]) -> Self {
         Case {
             name,
             runs: runs
                 .iter()
-                .map(|args| args.iter().map(|a| (*a).to_owned()).collect())
+                .map(|line| words(line).into_iter().map(str::to_owned).collect())
                 .collect(),
             inbound_listener: InboundListener::PerFamily,
             outbound_ports: Vec::new(),
@@ -277,45 +274,26 @@ impl Case {
 
 /// The injector's command line: plumbing, `--ipv6=false` unless IPv6 is on, the proxy
 /// ports and uid, then `rest` (the ignore lists and anything else).
-fn injector(ipv6: bool, rest: &[&'static str]) -> Vec<&'static str> {
-    let mut args = PLUMBING.to_vec();
-    if !ipv6 {
-        args.push("--ipv6=false");
-    }
-    args.extend([
-        "--incoming-proxy-port",
-        "4143",
-        "--outgoing-proxy-port",
-        "4140",
-        "--proxy-uid",
-        "2102",
-    ]);
-    args.extend(rest);
-    args
+fn injector(ipv6: bool, rest: &str) -> String {
+    let ipv6 = if ipv6 { "" } else { "--ipv6=false" };
+    format!("{PLUMBING} {ipv6} --incoming-proxy-port 4143 --outgoing-proxy-port 4140 --proxy-uid 2102 {rest}")
 }
 
 /// The injector's ignore lists: the proxy's control and admin ports and the default
 /// opaque ports inbound, the opaque ports outbound.
-const DEFAULT_IGNORES: &[&str] = &[
-    "--inbound-ports-to-ignore",
-    "4190,4191,4567,4568",
-    "--outbound-ports-to-ignore",
-    "4567,4568",
-];
+const DEFAULT_IGNORES: &str =
+    "--inbound-ports-to-ignore 4190,4191,4567,4568 --outbound-ports-to-ignore 4567,4568";
 
 /// Ranges of 16 multiport references: 4568 lands in a second RETURN rule.
-const RANGES: &[&str] = &[
-    "--inbound-ports-to-ignore",
-    "4190,4191,6000-6999",
-    "--outbound-ports-to-ignore",
-    "1000-2000,3000-3001,3100-3101,3200-3201,3300-3301,3400-3401,3500-3501,4567,4568",
-];
+const RANGES: &str = "--inbound-ports-to-ignore 4190,4191,6000-6999 --outbound-ports-to-ignore \
+    1000-2000,3000-3001,3100-3101,3200-3201,3300-3301,3400-3401,3500-3501,4567,4568";
 
 /// Every case, in a fixed order.
 pub fn cases() -> Vec<Case> {
     let defaults = injector(false, DEFAULT_IGNORES);
     let ranges = injector(false, RANGES);
     let default_ports = |c: Case| c.probing(&[443, 4567, 4568], &[4190, 4191, 4567, 4568, 5000]);
+    let subnets = "--inbound-ports-to-ignore 4190,4191 --subnets-to-ignore";
     vec![
         default_ports(Case::new("defaults", &[&defaults]))
             .note("the injector's command line, IPv6 off: IPv6 is never captured"),
@@ -331,12 +309,7 @@ pub fn cases() -> Vec<Case> {
             "wide-ranges",
             &[&injector(
                 true,
-                &[
-                    "--inbound-ports-to-ignore",
-                    "0-65535",
-                    "--outbound-ports-to-ignore",
-                    "1-1023",
-                ],
+                "--inbound-ports-to-ignore 0-65535 --outbound-ports-to-ignore 1-1023",
             )],
         )
         .probing(&[443, 1023, 1024], &[1024, 65535])
@@ -345,12 +318,7 @@ pub fn cases() -> Vec<Case> {
             "subnets",
             &[&injector(
                 false,
-                &[
-                    "--inbound-ports-to-ignore",
-                    "4190,4191",
-                    "--subnets-to-ignore",
-                    "192.0.2.0/24,10.250.0.0/16",
-                ],
+                &format!("{subnets} 192.0.2.0/24,10.250.0.0/16"),
             )],
         ))
         .note("source subnets are inbound only: the app's connection to 192.0.2.3 is captured"),
@@ -358,12 +326,7 @@ pub fn cases() -> Vec<Case> {
             "subnets-ipv6",
             &[&injector(
                 true,
-                &[
-                    "--inbound-ports-to-ignore",
-                    "4190,4191",
-                    "--subnets-to-ignore",
-                    "192.0.2.0/24,2001:db8::/32",
-                ],
+                &format!("{subnets} 192.0.2.0/24,2001:db8::/32"),
             )],
         ))
         .note(
@@ -375,50 +338,26 @@ pub fn cases() -> Vec<Case> {
             "listed-ports",
             &[&injector(
                 false,
-                &[
-                    "-r",
-                    "8080,4190,6000",
-                    "--inbound-ports-to-ignore",
-                    "4190,4191",
-                ],
+                "-r 8080,4190,6000 --inbound-ports-to-ignore 4190,4191",
             )],
         )
         .probing(&[443], &[4190, 4191, 6000, 7000])
         .note("-r: only 8080 and 6000 reach the proxy (4190 is listed but ignored first)"),
         Case::new(
             "proxy-gid",
-            &[&[
-                "-p",
-                "4143",
-                "-o",
-                "4140",
-                "-g",
-                "2103",
-                "--ipv6=false",
-                "--inbound-ports-to-ignore",
-                "4190,4191",
-                "--outbound-ports-to-ignore",
-                "4567",
-            ]],
+            &[
+                "-p 4143 -o 4140 -g 2103 --ipv6=false --inbound-ports-to-ignore 4190,4191 \
+               --outbound-ports-to-ignore 4567",
+            ],
         )
         .probing(&[4567, 4568], &[4190, 5000])
         .note("short flags; -g without -u: gid 2103 is exempt, uid 2102 is captured"),
         default_ports(Case::new(
             "uid-0",
-            &[&[
-                PLUMBING,
-                &[
-                    "--ipv6=false",
-                    "--incoming-proxy-port",
-                    "4143",
-                    "--outgoing-proxy-port",
-                    "4140",
-                    "--proxy-uid",
-                    "0",
-                ],
-                DEFAULT_IGNORES,
-            ]
-            .concat()],
+            &[&format!(
+                "{PLUMBING} --ipv6=false --incoming-proxy-port 4143 --outgoing-proxy-port 4140 \
+                 --proxy-uid 0 {DEFAULT_IGNORES}"
+            )],
         ))
         .note("--proxy-uid 0 exempts nobody: root's connections are captured too"),
         {

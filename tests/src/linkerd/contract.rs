@@ -115,21 +115,10 @@ mod tests {
 
     #[test]
     fn the_contract_of_section_2() {
-        let state = state(&[
-            "-p",
-            "4143",
-            "-o",
-            "4140",
-            "-u",
-            "2102",
-            "--ipv6=false",
-            "--inbound-ports-to-ignore",
-            "4190",
-            "--outbound-ports-to-ignore",
-            "4567",
-            "--subnets-to-ignore",
-            "192.0.2.0/24",
-        ]);
+        let state = state(&crate::words(
+            "-p 4143 -o 4140 -u 2102 --ipv6=false --inbound-ports-to-ignore 4190 \
+             --outbound-ports-to-ignore 4567 --subnets-to-ignore 192.0.2.0/24",
+        ));
         let listeners = Listeners {
             app_ports: [8080, 4190].into(),
             service_ports: [80, 4567].into(),

@@ -14,6 +14,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use crate::linkerd::cases::LINKERD_PROXY_UID;
 use crate::probe::connect_from;
+use crate::proxied_pod::{assert_on_proxy, assert_served};
 use crate::scenario::Family;
 use crate::twin_pods::{start_app, start_peer, start_proxy, wildcard, APP, INBOUND_PROXY, SERVICE};
 use crate::{Cgroup, ChildGuard, ConnOutcome, Topology, APP_UID};
@@ -120,25 +121,6 @@ pub fn assert_inbound(outcome: &ConnOutcome, orig: SocketAddr) {
     assert_on_proxy(outcome, INBOUND_PROXY, orig);
 }
 
-#[track_caller]
-fn assert_on_proxy(outcome: &ConnOutcome, listener: &str, orig: SocketAddr) {
-    match outcome {
-        ConnOutcome::Proxied {
-            name, orig: got, ..
-        } if name == listener => {
-            assert_eq!(
-                *got,
-                Some(orig),
-                "SO_ORIGINAL_DST seen by the {listener} listener"
-            );
-        }
-        other => panic!(
-            "expected the proxy's {listener} listener with original destination {orig}, \
-             got {other:?}"
-        ),
-    }
-}
-
 /// The connection reached the peer at `dst` directly (not redirected).
 #[track_caller]
 pub fn assert_peer(outcome: &ConnOutcome, dst: SocketAddr) {
@@ -149,14 +131,4 @@ pub fn assert_peer(outcome: &ConnOutcome, dst: SocketAddr) {
 #[track_caller]
 pub fn assert_app(outcome: &ConnOutcome, dst: SocketAddr) {
     assert_served(outcome, APP, dst);
-}
-
-#[track_caller]
-fn assert_served(outcome: &ConnOutcome, server: &str, dst: SocketAddr) {
-    match outcome {
-        ConnOutcome::Served { name, local, .. } if name == server => {
-            assert_eq!(*local, dst, "the address the {server} was reached at")
-        }
-        other => panic!("expected the {server} at {dst} directly, got {other:?}"),
-    }
 }

@@ -249,8 +249,9 @@ impl ProxyInitOptions {
         let mut it = args.iter().map(AsRef::as_ref);
         while let Some(arg) = it.next() {
             let (name, inline) = split_flag(arg)?;
-            let flag = Flag::named(&name).ok_or_else(|| ProxyInitError::UnknownFlag(arg.into()))?;
-            let value = if flag.is_bool() {
+            let (flag, is_bool) =
+                flag_named(&name).ok_or_else(|| ProxyInitError::UnknownFlag(arg.into()))?;
+            let value = if is_bool {
                 inline.unwrap_or_else(|| "true".to_owned())
             } else {
                 match inline {
@@ -397,7 +398,7 @@ fn split_flag(arg: &str) -> Result<(String, Option<String>), ProxyInitError> {
     let mut chars = short.chars();
     let letter = chars.next().expect("non-empty");
     let rest = chars.as_str();
-    let long = Flag::short(letter).ok_or_else(|| ProxyInitError::UnknownFlag(arg.into()))?;
+    let long = flag_short(letter).ok_or_else(|| ProxyInitError::UnknownFlag(arg.into()))?;
     let inline = match rest.strip_prefix('=') {
         Some(value) => Some(value.to_owned()),
         None if rest.is_empty() => None,
@@ -406,65 +407,43 @@ fn split_flag(arg: &str) -> Result<(String, Option<String>), ProxyInitError> {
     Ok((long.to_owned(), inline))
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Flag {
-    IncomingProxyPort,
-    OutgoingProxyPort,
-    ProxyUid,
-    ProxyGid,
-    PortsToRedirect,
-    InboundPortsToIgnore,
-    OutboundPortsToIgnore,
-    SubnetsToIgnore,
-    Ipv6,
-    /// Plumbing with a value: `--netns`, `--iptables-mode`, the bin paths, logging,
-    /// `--timeout-close-wait-secs`.
-    Plumbing,
-    IptablesMode,
-    FirewallBinPath,
-    /// `-w`, `--use-wait-flag`.
-    PlumbingBool,
+/// proxy-init's flags: the long name, the short letter if any, and whether it is a bool.
+/// The plumbing ones (`--netns`, the iptables mode and bin paths, logging,
+/// `--timeout-close-wait-secs`, `-w`) are taken and change no rule.
+const FLAGS: &[(&str, Option<char>, bool)] = &[
+    ("incoming-proxy-port", Some('p'), false),
+    ("outgoing-proxy-port", Some('o'), false),
+    ("proxy-uid", Some('u'), false),
+    ("proxy-gid", Some('g'), false),
+    ("ports-to-redirect", Some('r'), false),
+    ("inbound-ports-to-ignore", None, false),
+    ("outbound-ports-to-ignore", None, false),
+    ("subnets-to-ignore", None, false),
+    ("ipv6", None, true),
+    ("iptables-mode", None, false),
+    ("firewall-bin-path", None, false),
+    ("netns", None, false),
+    ("firewall-save-bin-path", None, false),
+    ("log-level", None, false),
+    ("log-format", None, false),
+    ("timeout-close-wait-secs", None, false),
+    ("use-wait-flag", Some('w'), true),
+];
+
+/// The flag named `name`: its long name and whether it is a bool.
+fn flag_named(name: &str) -> Option<(&'static str, bool)> {
+    FLAGS
+        .iter()
+        .find(|(long, _, _)| *long == name)
+        .map(|(long, _, is_bool)| (*long, *is_bool))
 }
 
-impl Flag {
-    fn named(name: &str) -> Option<Flag> {
-        Some(match name {
-            "incoming-proxy-port" => Flag::IncomingProxyPort,
-            "outgoing-proxy-port" => Flag::OutgoingProxyPort,
-            "proxy-uid" => Flag::ProxyUid,
-            "proxy-gid" => Flag::ProxyGid,
-            "ports-to-redirect" => Flag::PortsToRedirect,
-            "inbound-ports-to-ignore" => Flag::InboundPortsToIgnore,
-            "outbound-ports-to-ignore" => Flag::OutboundPortsToIgnore,
-            "subnets-to-ignore" => Flag::SubnetsToIgnore,
-            "ipv6" => Flag::Ipv6,
-            "iptables-mode" => Flag::IptablesMode,
-            "firewall-bin-path" => Flag::FirewallBinPath,
-            "netns"
-            | "firewall-save-bin-path"
-            | "log-level"
-            | "log-format"
-            | "timeout-close-wait-secs" => Flag::Plumbing,
-            "use-wait-flag" => Flag::PlumbingBool,
-            _ => return None,
-        })
-    }
-
-    fn short(letter: char) -> Option<&'static str> {
-        Some(match letter {
-            'p' => "incoming-proxy-port",
-            'o' => "outgoing-proxy-port",
-            'u' => "proxy-uid",
-            'g' => "proxy-gid",
-            'r' => "ports-to-redirect",
-            'w' => "use-wait-flag",
-            _ => return None,
-        })
-    }
-
-    fn is_bool(self) -> bool {
-        matches!(self, Flag::Ipv6 | Flag::PlumbingBool)
-    }
+/// The long name of short flag `letter`.
+fn flag_short(letter: char) -> Option<&'static str> {
+    FLAGS
+        .iter()
+        .find(|(_, short, _)| *short == Some(letter))
+        .map(|(long, _, _)| *long)
 }
 
 /// Flag values as given, before proxy-init's checks.
@@ -482,7 +461,7 @@ struct RawFlags {
 }
 
 impl RawFlags {
-    fn set(&mut self, flag: Flag, arg: &str, value: &str) -> Result<(), ProxyInitError> {
+    fn set(&mut self, flag: &str, arg: &str, value: &str) -> Result<(), ProxyInitError> {
         let invalid = || ProxyInitError::InvalidValue {
             flag: arg.to_owned(),
             value: value.to_owned(),
@@ -496,33 +475,31 @@ impl RawFlags {
             }
         };
         match flag {
-            Flag::IncomingProxyPort => self.incoming = Some(int(value)?),
-            Flag::OutgoingProxyPort => self.outgoing = Some(int(value)?),
-            Flag::ProxyUid => self.uid = Some(int(value)?),
-            Flag::ProxyGid => self.gid = Some(int(value)?),
-            Flag::PortsToRedirect => {
+            "incoming-proxy-port" => self.incoming = Some(int(value)?),
+            "outgoing-proxy-port" => self.outgoing = Some(int(value)?),
+            "proxy-uid" => self.uid = Some(int(value)?),
+            "proxy-gid" => self.gid = Some(int(value)?),
+            "ports-to-redirect" => {
                 for entry in list(value) {
                     self.redirect.push(int(&entry)?);
                 }
             }
-            Flag::InboundPortsToIgnore => self.inbound_ignore.extend(list(value)),
-            Flag::OutboundPortsToIgnore => self.outbound_ignore.extend(list(value)),
-            Flag::SubnetsToIgnore => self.subnets.extend(list(value)),
-            Flag::Ipv6 => self.ipv6 = Some(parse_bool(value).ok_or_else(invalid)?),
-            Flag::PlumbingBool => {
+            "inbound-ports-to-ignore" => self.inbound_ignore.extend(list(value)),
+            "outbound-ports-to-ignore" => self.outbound_ignore.extend(list(value)),
+            "subnets-to-ignore" => self.subnets.extend(list(value)),
+            "ipv6" => self.ipv6 = Some(parse_bool(value).ok_or_else(invalid)?),
+            "use-wait-flag" => {
                 parse_bool(value).ok_or_else(invalid)?;
             }
-            Flag::IptablesMode => {
-                if !["", "legacy", "nft", "plain"].contains(&value) {
-                    return Err(invalid());
-                }
+            "iptables-mode" if !["", "legacy", "nft", "plain"].contains(&value) => {
+                return Err(invalid())
             }
-            Flag::FirewallBinPath => {
-                if !["", "iptables-legacy", "iptables-nft", "iptables"].contains(&value) {
-                    return Err(invalid());
-                }
+            "firewall-bin-path"
+                if !["", "iptables-legacy", "iptables-nft", "iptables"].contains(&value) =>
+            {
+                return Err(invalid())
             }
-            Flag::Plumbing => {}
+            _ => {}
         }
         Ok(())
     }
@@ -631,27 +608,19 @@ mod tests {
     use super::*;
 
     /// The injector's command line (docs/linkerd.md#how-linkerd-runs-it), IPv6 off.
-    const INJECTOR: &[&str] = &[
-        "--firewall-bin-path",
-        "iptables-nft",
-        "--firewall-save-bin-path",
-        "iptables-nft-save",
-        "--ipv6=false",
-        "--incoming-proxy-port",
-        "4143",
-        "--outgoing-proxy-port",
-        "4140",
-        "--proxy-uid",
-        "2102",
-        "--inbound-ports-to-ignore",
-        "4190,4191,4567,4568",
-        "--outbound-ports-to-ignore",
-        "4567,4568",
-    ];
+    const INJECTOR: &str = "--firewall-bin-path iptables-nft --firewall-save-bin-path \
+        iptables-nft-save --ipv6=false --incoming-proxy-port 4143 --outgoing-proxy-port 4140 \
+        --proxy-uid 2102 --inbound-ports-to-ignore 4190,4191,4567,4568 \
+        --outbound-ports-to-ignore 4567,4568";
+
+    /// proxy-init's options from a command line written as one string.
+    fn parse(line: &str) -> Result<ProxyInitOptions, ProxyInitError> {
+        ProxyInitOptions::parse(&crate::words(line))
+    }
 
     #[test]
     fn injector_defaults_give_proxy_init_s_rules() {
-        let opts = ProxyInitOptions::parse(INJECTOR).unwrap();
+        let opts = parse(INJECTOR).unwrap();
         assert!(!opts.ipv6);
         assert_eq!(
             opts.nat_rules(Family::V4),
@@ -681,14 +650,9 @@ COMMIT
     fn ranges_split_into_multiport_rules_of_fifteen_references() {
         // 7 ranges (14 references) and two single ports: the second single port opens a
         // second rule.
-        let opts = ProxyInitOptions::parse(&[
-            "-p",
-            "4143",
-            "-o",
-            "4140",
-            "--outbound-ports-to-ignore",
-            "1-2,3-4,5-6,7-8,9-10,11-12,13-14,15,16",
-        ])
+        let opts = parse(
+            "-p 4143 -o 4140 --outbound-ports-to-ignore 1-2,3-4,5-6,7-8,9-10,11-12,13-14,15,16",
+        )
         .unwrap();
         let rules = opts.nat_rules(Family::V4);
         let multiport: Vec<&str> = rules.lines().filter(|l| l.contains("multiport")).collect();
@@ -724,40 +688,28 @@ COMMIT
         );
         assert!(opts.ipv6, "--ipv6 defaults to true");
         assert_eq!(
-            ProxyInitOptions::parse(&["-p", "1", "-o", "2", "--subnets-to-ignore", "10.0.0.1"]),
+            parse("-p 1 -o 2 --subnets-to-ignore 10.0.0.1"),
             Err(ProxyInitError::InvalidCidr("10.0.0.1".into()))
         );
         assert!(matches!(
-            ProxyInitOptions::parse(&["-o", "4140"]),
+            parse("-o 4140"),
             Err(ProxyInitError::InvalidProxyPort { value: -1, .. })
         ));
         assert!(matches!(
-            ProxyInitOptions::parse(&["-p", "1", "-o", "2", "--outbound-ports-to-ignore", "x"]),
+            parse("-p 1 -o 2 --outbound-ports-to-ignore x"),
             Err(ProxyInitError::NoValidPort { .. })
         ));
         assert!(matches!(
-            ProxyInitOptions::parse(&["-p", "1", "-o", "2", "--iptables-mode", "fancy"]),
+            parse("-p 1 -o 2 --iptables-mode fancy"),
             Err(ProxyInitError::InvalidValue { .. })
         ));
     }
 
     #[test]
     fn listed_ports_subnets_and_owners() {
-        let opts = ProxyInitOptions::parse(&[
-            "-p",
-            "4143",
-            "-o",
-            "4140",
-            "-u",
-            "0",
-            "-g",
-            "2103",
-            "-r",
-            "8080,4190",
-            "--subnets-to-ignore",
-            "192.0.2.9/24,2001:db8::/32",
-        ])
-        .unwrap();
+        let opts =
+            parse("-p 4143 -o 4140 -u 0 -g 2103 -r 8080,4190 --subnets-to-ignore 192.0.2.9/24,2001:db8::/32")
+                .unwrap();
         let v4 = opts.nat_rules(Family::V4);
         assert!(!v4.contains("--uid-owner"), "uid 0 exempts nobody:\n{v4}");
         assert!(v4.contains("-m owner --gid-owner 2103 "), "{v4}");
@@ -780,8 +732,8 @@ COMMIT
 
     #[test]
     fn a_rerun_keeps_the_ipv6_rules_of_the_last_run_that_wrote_them() {
-        let on = ProxyInitOptions::parse(&["-p", "4143", "-o", "4140", "-u", "2102"]).unwrap();
-        let off = ProxyInitOptions::parse(&["-p", "4143", "-o", "4141", "--ipv6=false"]).unwrap();
+        let on = parse("-p 4143 -o 4140 -u 2102").unwrap();
+        let off = parse("-p 4143 -o 4141 --ipv6=false").unwrap();
         let state = CaptureState::after(&[on.clone(), off.clone()]);
         assert_eq!(state.v4, off);
         assert_eq!(state.v6, Some(on));

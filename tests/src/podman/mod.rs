@@ -22,7 +22,8 @@ use std::process::{Command, Output, Stdio};
 
 use crate::podman::cgroup::CgroupParent;
 use crate::podman::host::RemoveIfCreated;
-use crate::{unique_name, NAME_PREFIX};
+use crate::stale::is_stale;
+use crate::unique_name;
 
 /// c/image writes its blob-info cache here when podman builds the pause image (root's fixed
 /// path, no setting moves it).
@@ -290,25 +291,6 @@ fn shell_quote(path: &Path) -> String {
     format!("'{}'", path.to_string_lossy().replace('\'', "'\\''"))
 }
 
-/// `rdt-<pid>-…` whose process is gone. A killed process stays a zombie until its parent
-/// reaps it, which an init that reaps lazily may not do for seconds: that counts as gone.
-fn is_stale(name: &str) -> bool {
-    name.strip_prefix(NAME_PREFIX)
-        .and_then(|rest| rest.strip_prefix('-'))
-        .and_then(|rest| rest.split('-').next())
-        .and_then(|pid| pid.parse::<u32>().ok())
-        .is_some_and(|pid| !is_alive(pid))
-}
-
-fn is_alive(pid: u32) -> bool {
-    // /proc/PID/stat is `pid (comm) state …`; comm may contain spaces and parentheses.
-    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X")
-    })
-}
-
 /// Mount points at or below `dir` (from /proc/self/mountinfo), parents before children.
 pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
     let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
@@ -346,6 +328,7 @@ pub fn processes_mentioning(needle: &Path) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stale::is_alive;
 
     #[test]
     fn stale_only_for_kit_names_with_a_dead_owner() {

@@ -3,11 +3,12 @@
 
 use std::path::PathBuf;
 use std::process::Output;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::cgroup::cgroup2_root;
 use crate::podman::rootfs::Rootfs;
 use crate::podman::Podman;
+use crate::process::within;
 
 /// A pod of a [`Podman`], removed with all its containers on drop (SIGKILL, no grace).
 #[derive(Debug)]
@@ -146,25 +147,26 @@ impl<'a> Pod<'a> {
         timeout: Duration,
         pred: impl Fn(&str) -> bool,
     ) -> Vec<String> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let out = self.podman.try_run(&["logs", &self.container_name(role)]);
-            let text = String::from_utf8_lossy(&out.stdout).into_owned();
-            let lines: Vec<String> = text
+        let (mut lines, mut out) = (Vec::new(), None);
+        let found = within(timeout, || {
+            let logs = self.podman.try_run(&["logs", &self.container_name(role)]);
+            let text = String::from_utf8_lossy(&logs.stdout);
+            lines = text
                 .lines()
                 .filter(|l| pred(l))
                 .map(str::to_owned)
                 .collect();
-            if lines.len() >= count {
-                return lines;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{role}: {count} matching log lines expected within {timeout:?}; stdout:\n{text}\nstderr:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            out = Some(logs);
+            lines.len() >= count
+        });
+        let out = out.expect("podman logs ran");
+        assert!(
+            found.is_some(),
+            "{role}: {count} matching log lines expected within {timeout:?}; stdout:\n{}\nstderr:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        lines
     }
 
     /// `podman pod rm -f -t 0`, checked (drop does the same without checking).

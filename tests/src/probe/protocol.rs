@@ -89,6 +89,29 @@ pub fn io_error_line(err: &std::io::Error) -> String {
     error_line(kind, &describe_io_error(err))
 }
 
+/// The value after `flag` among a command line's arguments `rest`, parsed; a usage error
+/// naming both otherwise.
+pub fn flag_value<'a, T: std::str::FromStr>(
+    flag: &str,
+    rest: &mut impl Iterator<Item = &'a String>,
+) -> Result<T, String>
+where
+    T::Err: std::fmt::Display,
+{
+    let value = rest.next().ok_or(format!("{flag} needs a value"))?;
+    value.parse().map_err(|e| format!("{flag} {value}: {e}"))
+}
+
+/// A server's `--name`, which its lines write as `name=NAME` among spaces.
+pub fn server_name(name: String) -> Result<String, String> {
+    if name.is_empty() || name.contains(|c: char| c.is_whitespace() || c == '=') {
+        return Err(format!(
+            "--name {name:?}: must be non-empty, without spaces or '='"
+        ));
+    }
+    Ok(name)
+}
+
 /// One event line to stdout, flushed at once so a test reading the pipe sees it now.
 pub fn emit(line: &str) {
     use std::io::Write;
