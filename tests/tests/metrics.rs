@@ -161,7 +161,7 @@ fn scrape_with_type(addr: &str) -> (String, String) {
 #[test]
 fn a_scrape_parses_as_the_format_its_content_type_names() {
     privileged!();
-    if !std::path::Path::new(PROMETHEUS_CLIENT).is_file()
+    if !Path::new(PROMETHEUS_CLIENT).is_file()
         && !redirector_tests::skip("the scrape's parse: python3-prometheus-client not installed")
     {
         return;
