@@ -4,6 +4,7 @@
 //! route that brings an app's replies back to ztunnel's transparent sockets.
 
 use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -28,7 +29,7 @@ use redirector_tests::{
     test_node::TestNode,
     topology::Topology,
     ztunnel::{Seen, StandInZtunnel},
-    Cgroup, ConnOutcome, NetNs, ProbeServer, Spawn,
+    Cgroup, ChildGuard, ConnOutcome, NetNs, ProbeServer, Spawn,
 };
 
 /// The `redirector_ztunnel` series the daemon's `/metrics` shows at 1.
@@ -62,18 +63,7 @@ fn ztunnel_is_sent_a_snapshot_on_every_connection_and_across_a_daemon_restart() 
     let node = TestNode::new("ambient-zds");
     let sockets = StateDir::new("ztunnel-run");
     let socket = sockets.path().join("ztunnel").join("ztunnel.sock");
-    let socket_flag = socket.display().to_string();
-    let daemon = Daemon::start_with(
-        &node.root,
-        &node.node,
-        &node.state,
-        &[
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--ztunnel-socket",
-            &socket_flag,
-        ],
-    );
+    let daemon = ztunnels_daemon(&node, &socket);
     wait_state(&daemon, "away");
 
     let ztunnel = StandInZtunnel::connect(&socket);
@@ -338,7 +328,6 @@ fn ztunnel_workloads(pods: &[(&str, IpAddr)]) -> String {
 #[ignore = "needs ZTUNNEL_BIN, a ztunnel built from istio/ztunnel"]
 fn a_real_ztunnel_carries_pod_to_pod_through_hbone_under_istio_cnis_rules() {
     privileged!();
-    let ztunnel_bin = std::env::var("ZTUNNEL_BIN").expect("ZTUNNEL_BIN");
     let topology = Topology::new("amb-real");
     // The pod `a` in the topology's pod namespace, `b` in its other one.
     let (a, b) = (&topology.pod, &topology.service);
@@ -378,21 +367,14 @@ fn a_real_ztunnel_carries_pod_to_pod_through_hbone_under_istio_cnis_rules() {
         )
         .expect("the agent listens")
     };
-    let ztunnel_ns = NetNs::new("amb-real-zt");
-    let ztunnel_cgroup = Cgroup::new("amb-real-zt");
-    let ztunnel = Spawn::new(&ztunnel_bin)
-        .env("INPOD_UDS", &socket)
-        .env("XDS_ADDRESS", "")
-        .env("LOCAL_XDS_PATH", &workloads)
-        .env("FAKE_CA", "true")
-        .env("NODE_NAME", "node")
-        .env("RUST_LOG", "info")
-        .netns(&ztunnel_ns)
-        .cgroup(&ztunnel_cgroup)
-        .spawn();
+    let ztunnel = RealZtunnel::start("amb-real-zt", &socket, &workloads);
     let deadline = Instant::now() + Duration::from_secs(60);
     while !matches!(agent.ztunnel(), zds::agent::Ztunnel::Synced(_)) {
-        assert!(Instant::now() < deadline, "ztunnel: {}", ztunnel.stderr());
+        assert!(
+            Instant::now() < deadline,
+            "ztunnel: {}",
+            ztunnel.process.stderr()
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 
@@ -414,9 +396,11 @@ fn a_real_ztunnel_carries_pod_to_pod_through_hbone_under_istio_cnis_rules() {
                 "the app sees pod a's address"
             );
         }
-        _ => panic!("a → b: {out:?}\nztunnel: {}", ztunnel.stderr()),
+        _ => panic!("a → b: {out:?}\nztunnel: {}", ztunnel.process.stderr()),
     }
-    let metrics = ztunnel_ns.run(&["curl", "-s", "http://127.0.0.1:15020/metrics"]);
+    let metrics = ztunnel
+        .netns
+        .run(&["curl", "-s", "http://127.0.0.1:15020/metrics"]);
     let opened: Vec<_> = metrics
         .lines()
         .filter(|l| l.starts_with("istio_tcp_connections_opened_total"))
@@ -436,38 +420,17 @@ fn a_real_ztunnel_carries_pod_to_pod_through_hbone_under_istio_cnis_rules() {
 #[ignore = "needs ZTUNNEL_BIN, a ztunnel built from istio/ztunnel"]
 fn a_real_ztunnel_is_synced_and_ready_on_the_daemons_socket() {
     privileged!();
-    let ztunnel_bin = std::env::var("ZTUNNEL_BIN").expect("ZTUNNEL_BIN");
     let node = TestNode::new("amb-real-daemon");
     let run = StateDir::new("amb-real-run");
     let socket = run.path().join("ztunnel.sock");
     let workloads = run.path().join("workloads.yaml");
     std::fs::write(&workloads, "workloads: []\n").unwrap();
-    let daemon = Daemon::start_with(
-        &node.root,
-        &node.node,
-        &node.state,
-        &[
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--ztunnel-socket",
-            &socket.display().to_string(),
-        ],
-    );
-    let ztunnel_ns = NetNs::new("amb-real-dzt");
-    let ztunnel_cgroup = Cgroup::new("amb-real-dzt");
-    let ztunnel = Spawn::new(&ztunnel_bin)
-        .env("INPOD_UDS", &socket)
-        .env("XDS_ADDRESS", "")
-        .env("LOCAL_XDS_PATH", &workloads)
-        .env("FAKE_CA", "true")
-        .env("NODE_NAME", "node")
-        .netns(&ztunnel_ns)
-        .cgroup(&ztunnel_cgroup)
-        .spawn();
+    let daemon = ztunnels_daemon(&node, &socket);
+    let ztunnel = RealZtunnel::start("amb-real-dzt", &socket, &workloads);
     wait_state(&daemon, "synced");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let ready = ztunnel_ns.run(&[
+        let ready = ztunnel.netns.run(&[
             "curl",
             "-s",
             "-o",
@@ -482,8 +445,50 @@ fn a_real_ztunnel_is_synced_and_ready_on_the_daemons_socket() {
         assert!(
             Instant::now() < deadline,
             "not ready ({ready}): {}",
-            ztunnel.stderr()
+            ztunnel.process.stderr()
         );
         std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// `redirector daemon` of `node` serving ztunnel at `socket`, its metrics on loopback.
+fn ztunnels_daemon(node: &TestNode, socket: &Path) -> Daemon {
+    let socket = socket.display().to_string();
+    Daemon::start_with(
+        &node.root,
+        &node.node,
+        &node.state,
+        &["--metrics-addr", "127.0.0.1:0", "--ztunnel-socket", &socket],
+    )
+}
+
+/// istio's ztunnel (`ZTUNNEL_BIN`) in a namespace and cgroup of its own, in in-pod mode at
+/// the agent's `socket`, its workloads read from `workloads`, its certificates fake. Fields
+/// drop in order: the process before its namespace and cgroup.
+struct RealZtunnel {
+    process: ChildGuard,
+    netns: NetNs,
+    _cgroup: Cgroup,
+}
+
+impl RealZtunnel {
+    fn start(hint: &str, socket: &Path, workloads: &Path) -> RealZtunnel {
+        let bin = std::env::var("ZTUNNEL_BIN").expect("ZTUNNEL_BIN");
+        let netns = NetNs::new(hint);
+        let cgroup = Cgroup::new(hint);
+        let process = Spawn::new(bin)
+            .env("INPOD_UDS", socket)
+            .env("XDS_ADDRESS", "")
+            .env("LOCAL_XDS_PATH", workloads)
+            .env("FAKE_CA", "true")
+            .env("NODE_NAME", "node")
+            .netns(&netns)
+            .cgroup(&cgroup)
+            .spawn();
+        RealZtunnel {
+            process,
+            netns,
+            _cgroup: cgroup,
+        }
     }
 }
