@@ -43,14 +43,5 @@ fn add_inbound_passthrough_v6() -> io::Result<()> {
         body.extend_from_slice(&kind.to_ne_bytes());
         body.extend_from_slice(&addr);
     }
-    use crate::sys::netlink::{NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST};
-    let request = crate::sys::netlink::message(
-        RTM_NEWADDR,
-        NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
-        &body,
-    );
-    match crate::sys::netlink::exchange(crate::sys::netlink::NETLINK_ROUTE, &request, |_, _| {}) {
-        Err(err) if err.raw_os_error() == Some(libc::EEXIST) => Ok(()),
-        other => other,
-    }
+    crate::sys::netlink::create(RTM_NEWADDR, &body)
 }

@@ -74,6 +74,20 @@ pub fn socket(protocol: i32) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Create what a `kind` message with `body` describes (an address, a route, a rule) in the
+/// current network namespace, over NETLINK_ROUTE; one already there is left as it is.
+pub fn create(kind: u16, body: &[u8]) -> io::Result<()> {
+    let request = message(
+        kind,
+        NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+        body,
+    );
+    match exchange(NETLINK_ROUTE, &request, |_, _| {}) {
+        Err(err) if err.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+        other => other,
+    }
+}
+
 /// Send `request` on a new `protocol` socket of the current network namespace and pass
 /// each reply (type, body) to `on_reply`, until NLMSG_DONE or an acknowledgement.
 pub fn exchange(protocol: i32, request: &[u8], on_reply: impl FnMut(u16, &[u8])) -> io::Result<()> {

@@ -11,7 +11,7 @@
 
 use std::io;
 
-use crate::sys::netlink::{self, NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST};
+use crate::sys::netlink;
 
 /// The mark of a connection from ztunnel to the app, and of the app's replies to it (the
 /// value istio-cni's rules give them).
@@ -53,24 +53,16 @@ pub fn install() -> Result<(), ReplyRouteError> {
         families.push((libc::AF_INET6 as u8, "IPv6"));
     }
     for (family, name) in families {
-        add(&rule(family)).map_err(|source| ReplyRouteError::Rule {
+        create(rule(family)).map_err(|source| ReplyRouteError::Rule {
             family: name,
             source,
         })?;
-        add(&local_route(family)).map_err(|source| ReplyRouteError::Route {
+        create(local_route(family)).map_err(|source| ReplyRouteError::Route {
             family: name,
             source,
         })?;
     }
     Ok(())
-}
-
-/// A request that creates, where already there is fine.
-fn add(request: &[u8]) -> io::Result<()> {
-    match netlink::exchange(netlink::NETLINK_ROUTE, request, |_, _| {}) {
-        Err(err) if err.raw_os_error() == Some(libc::EEXIST) => Ok(()),
-        other => other,
-    }
 }
 
 fn attribute(body: &mut Vec<u8>, kind: u16, value: u32) {
@@ -79,13 +71,16 @@ fn attribute(body: &mut Vec<u8>, kind: u16, value: u32) {
     body.extend_from_slice(&value.to_ne_bytes());
 }
 
+/// Creates a `(kind, body)` message's rule or route; one already there is fine.
+fn create((kind, body): (u16, Vec<u8>)) -> io::Result<()> {
+    netlink::create(kind, &body)
+}
+
 /// `lo`'s index, the same in every network namespace.
 const LOOPBACK_IFINDEX: u32 = 1;
 
-const CREATE: u16 = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
-
 /// `ip rule add fwmark REPLY_MARK/REPLY_MASK pref REPLY_RULE_PRIORITY lookup REPLY_TABLE`.
-fn rule(family: u8) -> Vec<u8> {
+fn rule(family: u8) -> (u16, Vec<u8>) {
     const RTM_NEWRULE: u16 = 32;
     const FR_ACT_TO_TBL: u8 = 1;
     const FRA_PRIORITY: u16 = 6;
@@ -99,11 +94,11 @@ fn rule(family: u8) -> Vec<u8> {
     attribute(&mut body, FRA_FWMARK, REPLY_MARK);
     attribute(&mut body, FRA_FWMASK, REPLY_MASK);
     attribute(&mut body, FRA_TABLE, REPLY_TABLE);
-    netlink::message(RTM_NEWRULE, CREATE, &body)
+    (RTM_NEWRULE, body)
 }
 
 /// `ip route add local default dev lo table REPLY_TABLE`.
-fn local_route(family: u8) -> Vec<u8> {
+fn local_route(family: u8) -> (u16, Vec<u8>) {
     const RTM_NEWROUTE: u16 = 24;
     const RTPROT_STATIC: u8 = 4;
     const RT_SCOPE_HOST: u8 = 254;
@@ -124,5 +119,5 @@ fn local_route(family: u8) -> Vec<u8> {
     body.extend_from_slice(&0u32.to_ne_bytes());
     attribute(&mut body, RTA_OIF, LOOPBACK_IFINDEX);
     attribute(&mut body, RTA_TABLE, REPLY_TABLE);
-    netlink::message(RTM_NEWROUTE, CREATE, &body)
+    (RTM_NEWROUTE, body)
 }
