@@ -5,6 +5,14 @@
 pub const SO_ORIGINAL_DST: i32 = 80;
 pub const SOL_IP: i32 = 0;
 pub const SOL_IPV6: i32 = 41;
+/// `SO_MARK` at `SOL_SOCKET` (asm-generic/socket.h).
+pub const SOL_SOCKET: i32 = 1;
+pub const SO_MARK: i32 = 36;
+
+/// The mark of a connection from ztunnel to an app of the pod it proxies, and of the app's
+/// replies to it (the value istio-cni's rules give them): the pod's policy route sends
+/// what carries it back to ztunnel.
+pub const ZTUNNEL_REPLY_MARK: u32 = 0x111;
 
 /// IP protocol numbers (linux/in.h), as sockets and sk_lookup carry them.
 pub const IPPROTO_TCP: u8 = 6;

@@ -20,8 +20,9 @@ pub mod names {
     pub const LISTENERS: &str = "LISTENERS";
     pub const ADDR_MISSES: &str = "ADDR_MISSES";
     pub const POD_COOKIE: &str = "POD_COOKIE";
+    pub const ZTUNNEL_UPSTREAMS: &str = "ZTUNNEL_UPSTREAMS";
     /// Every map, for pinning and status.
-    pub const ALL: [&str; 12] = [
+    pub const ALL: [&str; 13] = [
         POD_CONFIG,
         PORT_SETS,
         CIDRS_V4,
@@ -34,16 +35,18 @@ pub mod names {
         DNS_ORIG_BY_COOKIE,
         ADDR_MISSES,
         POD_COOKIE,
+        ZTUNNEL_UPSTREAMS,
     ];
     /// The maps the programs write as connections come and go. An upgrade has the new
     /// programs use the running object's maps whenever their entries keep their shape
     /// (type, key and value size), whatever the capacities: a connection that meets the old
     /// programs at connect and the new ones at accept then finds its entry.
-    pub const IN_FLIGHT: [&str; 4] = [
+    pub const IN_FLIGHT: [&str; 5] = [
         ORIG_DST_BY_COOKIE,
         ORIG_DST_BY_CONN,
         DNS_ORIG_BY_COOKIE,
         ADDR_MISSES,
+        ZTUNNEL_UPSTREAMS,
     ];
 }
 
@@ -56,8 +59,8 @@ pub mod names {
 /// the sockhash `LISTENERS` (the kernel allocates its elements on update, its buckets at
 /// creation). Preallocated in full once per node: the LRU maps of connection and DNS state
 /// (`ORIG_DST_BY_COOKIE`, `ORIG_DST_BY_CONN`, `DNS_ORIG_BY_COOKIE`) and of addresses
-/// inbound lookups did not know (`ADDR_MISSES`); the kernel has no LRU map without
-/// preallocation.
+/// inbound lookups did not know (`ADDR_MISSES`), and ztunnel's connections being made
+/// (`ZTUNNEL_UPSTREAMS`); the kernel has no LRU map without preallocation.
 pub mod capacity {
     /// Pods per node.
     pub const PODS: u32 = 4096;
@@ -87,6 +90,9 @@ pub mod capacity {
     /// Addresses of captured namespaces that inbound connections came to and no pod was
     /// set up with, noted for user space (least recently seen first out).
     pub const ADDR_MISSES: u32 = 256;
+    /// Connections ztunnel is making to an app of the pod it runs for, node-wide, from its
+    /// connect until the handshake completes (least recently made first out).
+    pub const ZTUNNEL_UPSTREAMS: u32 = 1024;
 }
 
 /// Most proxy uids, gids or owner groups one pod may list.
@@ -237,6 +243,10 @@ pub mod pod_flags {
     pub const INBOUND_EXCLUDE_PORT_RANGES: u32 = 1 << 14;
     /// Inbound connections from [`CidrList::InboundExcludeSource`] are never captured.
     pub const INBOUND_EXCLUDE_SOURCES: u32 = 1 << 15;
+    /// An ambient pod: ztunnel, from its own cgroup, proxies it from inside its network
+    /// namespace. Inbound connections ztunnel makes to the pod's apps (recorded in
+    /// `ZTUNNEL_UPSTREAMS` as it connects) are let through, never captured.
+    pub const ZTUNNEL: u32 = 1 << 16;
 }
 
 pub mod inbound_capture {

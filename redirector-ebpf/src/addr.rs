@@ -105,6 +105,12 @@ impl SocketEnds {
         self.local.port
     }
 
+    /// The other end's family and address.
+    #[inline(always)]
+    pub fn remote_raw(&self) -> (u16, RawIp) {
+        (self.family, self.remote.addr)
+    }
+
     /// Whether the other end is on loopback (127.0.0.0/8, ::1).
     #[inline(always)]
     pub fn remote_is_loopback(&self) -> bool {

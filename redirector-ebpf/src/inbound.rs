@@ -17,7 +17,10 @@ use redirector_common::{
 use crate::{
     addr::{self, SocketEnds},
     counters::count,
-    maps::{self, PodMaps, ADDR_MISSES, LISTENERS, ORIG_DST_BY_CONN, POD_BY_ADDR, POD_CONFIG},
+    maps::{
+        self, PodMaps, ADDR_MISSES, LISTENERS, ORIG_DST_BY_CONN, POD_BY_ADDR, POD_CONFIG,
+        ZTUNNEL_UPSTREAMS,
+    },
     trace,
 };
 
@@ -106,11 +109,16 @@ pub fn sk_lookup<const IFINDEX: bool>(ctx: &SkLookupContext) -> u32 {
     if local.is_ipv6() && cfg.flags & pod_flags::IPV6 == 0 {
         return SK_PASS;
     }
+    let local_port = lk.local_port as u16;
+    if cfg.flags & pod_flags::ZTUNNEL != 0
+        && from_ztunnel(netns_cookie, (local, local_port), (remote, lk.remote_port))
+    {
+        return SK_PASS;
+    }
     let lookups = PodMaps { netns_cookie };
     if lookups.cidr_in(CidrList::Local, remote) {
         return SK_PASS;
     }
-    let local_port = lk.local_port as u16;
     let attempt = InboundAttempt {
         dst: local,
         src: remote,
@@ -156,6 +164,15 @@ pub fn sk_lookup<const IFINDEX: bool>(ctx: &SkLookupContext) -> u32 {
     );
     decided(lk, cfg, netns_cookie, Reason::SteeredInbound, port);
     SK_PASS
+}
+
+/// Whether ztunnel is making this connection (to the pod's app, from the client's address):
+/// its sock_ops program recorded it at connect. `remote_port` is in network order.
+#[inline(always)]
+fn from_ztunnel(netns_cookie: NetnsCookie, local: (IpAddr, u16), remote: (IpAddr, u16)) -> bool {
+    let ends = SocketEnds::new(local, (remote.0, u16::from_be(remote.1)));
+    // SAFETY: only tested for presence.
+    unsafe { ZTUNNEL_UPSTREAMS.get(ends.seen_by_proxy(netns_cookie)) }.is_some()
 }
 
 /// A lookup for an address no pod was set up with. This program runs only in captured

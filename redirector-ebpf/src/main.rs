@@ -16,6 +16,7 @@ mod maps;
 mod orig_dst;
 mod outbound;
 mod trace;
+mod ztunnel;
 
 use aya_ebpf::{
     macros::{cgroup_sock_addr, cgroup_sockopt, sk_lookup, sock_ops},
@@ -88,6 +89,25 @@ fn sock_ops<const ON_CGROUP: bool>(ctx: &SockOpsContext) -> u32 {
         BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => orig_dst::proxy_established::<ON_CGROUP>(ctx),
         BPF_SOCK_OPS_STATE_CB => orig_dst::closed::<ON_CGROUP>(ctx),
         BPF_SOCK_OPS_TCP_LISTEN_CB => inbound::register_listener::<ON_CGROUP>(ctx),
+        _ => {}
+    }
+    1
+}
+
+/// At ztunnel's cgroup (Istio ambient; needs `bpf_get_netns_cookie` in sock_ops, 5.15): its
+/// sockets live in the network namespaces of the pods it proxies.
+#[sock_ops]
+pub fn track_ztunnel(ctx: SockOpsContext) -> u32 {
+    use aya_ebpf::bindings::{
+        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB,
+        BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_TCP_CONNECT_CB, BPF_SOCK_OPS_TCP_LISTEN_CB,
+    };
+    match ctx.op() {
+        BPF_SOCK_OPS_TCP_CONNECT_CB => ztunnel::upstream_connecting(&ctx),
+        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB => ztunnel::upstream_established(&ctx),
+        BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB => orig_dst::proxy_established::<false>(&ctx),
+        BPF_SOCK_OPS_STATE_CB => orig_dst::closed::<false>(&ctx),
+        BPF_SOCK_OPS_TCP_LISTEN_CB => inbound::register_listener::<false>(&ctx),
         _ => {}
     }
     1

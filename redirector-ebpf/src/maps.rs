@@ -72,6 +72,12 @@ pub static LISTENERS: SockHash<ListenerKey> = SockHash::with_max_entries(capacit
 pub static DNS_ORIG_BY_COOKIE: LruHashMap<u64, OrigDst> =
     LruHashMap::with_max_entries(capacity::DNS_SOCKETS, 0);
 
+/// ztunnel's connections to an app of the pod it proxies, seen from ztunnel's socket, from
+/// its connect until the handshake completes: sk_lookup lets them through.
+#[map]
+pub static ZTUNNEL_UPSTREAMS: LruHashMap<ConnKey, u8> =
+    LruHashMap::with_max_entries(capacity::ZTUNNEL_UPSTREAMS, 0);
+
 /// The pod's netns cookie, stamped by user space on each pod cgroup the `*_cgroup_cookie`
 /// programs are attached at: where sock_ops and getsockopt programs cannot call
 /// bpf_get_netns_cookie (before 5.15). The kernel makes an entry per cgroup and attach

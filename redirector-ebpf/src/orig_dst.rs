@@ -58,7 +58,7 @@ unsafe fn bpf_sock_ends(sk: *const aya_ebpf::bindings::bpf_sock) -> SocketEnds {
 
 /// The ends of a sock_ops socket.
 #[inline(always)]
-fn sock_ops_ends(ctx: &SockOpsContext) -> SocketEnds {
+pub fn sock_ops_ends(ctx: &SockOpsContext) -> SocketEnds {
     // SAFETY: `ops` is the program's context; the verifier checks every field read.
     let ops = unsafe { &*ctx.ops };
     // local_port is host order; remote_port is the network-order port in the upper half.

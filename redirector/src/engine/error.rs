@@ -50,6 +50,12 @@ pub enum EngineError {
          needs its own (give the pod's UID or cgroup)"
     )]
     SharedCgroup { cgroup: String },
+    #[error("ambient pods need ztunnel's programs, which find a pod by its socket's network namespace: {why}")]
+    AmbientUnsupported { why: String },
+    #[error(
+        "the node has no object loaded by a daemon (its `node/` directory under the pin root)"
+    )]
+    NoNodeObject,
     #[error(
         "{flag} needs ingress_ifindex in sk_lookup programs (Linux 5.17), which the node's \
          programs were loaded without (the kernel lacks it): nothing was applied"

@@ -23,3 +23,4 @@ pub mod pod_keys;
 pub mod remove;
 pub mod setup;
 pub mod spec;
+pub mod ztunnel_cgroup;

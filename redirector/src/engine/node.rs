@@ -18,7 +18,7 @@ use crate::{
     engine::remove::collect_if_unused,
     store::{
         ensure_loaded, ensure_loaded_sharing, growing, open_program,
-        programs::{NODE_PROGRAMS, POD_PROGRAMS},
+        programs::{ProgramSpec, NODE_PROGRAMS, POD_PROGRAMS},
         EbpfObject, NodeLock, NodeMaps, ObjectId, ObjectPins, PinRoot, PodPins,
     },
     sys::fs_error::{fs_err, gone_ok},
@@ -124,28 +124,45 @@ pub fn attach_node(
     cgroup: &Path,
 ) -> Result<NodeAttachment, EngineError> {
     let _lock = NodeLock::acquire(root)?;
-    let cgroup_err = |source| EngineError::Cgroup {
-        path: cgroup.display().to_string(),
-        source,
-    };
-    let cgroup_file = fs::File::open(cgroup).map_err(cgroup_err)?;
-    let cgroup_id = cgroup_file.metadata().map_err(cgroup_err)?.ino();
     let (obj, _) = ensure_loaded(root, object)?;
     if obj.reads_cgroup_cookie() {
         return Err(EngineError::SharedCgroup {
             cgroup: cgroup.display().to_string(),
         });
     }
-    let node = obj.node();
-    fs::create_dir_all(node.dir()).map_err(fs_err("creating", node.dir()))?;
+    let attached = pin_cgroup_links(&obj, &obj.node(), &NODE_PROGRAMS, cgroup)?;
+    Ok(NodeAttachment {
+        object: obj.id().clone(),
+        cgroup: cgroup.to_path_buf(),
+        attached,
+    })
+}
+
+/// Attach `specs` of `obj` at `cgroup`, each link pinned in `pins` (the caller holds the
+/// node lock): a hook already attached there is kept, one attached elsewhere is moved by
+/// an atomic swap of its pin. On failure the links made here are removed again. Returns
+/// the hooks attached now.
+pub(crate) fn pin_cgroup_links(
+    obj: &ObjectPins,
+    pins: &PodPins,
+    specs: &[ProgramSpec],
+    cgroup: &Path,
+) -> Result<Vec<&'static str>, EngineError> {
+    let cgroup_err = |source| EngineError::Cgroup {
+        path: cgroup.display().to_string(),
+        source,
+    };
+    let cgroup_file = fs::File::open(cgroup).map_err(cgroup_err)?;
+    let cgroup_id = cgroup_file.metadata().map_err(cgroup_err)?.ino();
+    fs::create_dir_all(pins.dir()).map_err(fs_err("creating", pins.dir()))?;
     let mut attached = Vec::new();
     let result = (|| {
-        for spec in &NODE_PROGRAMS {
-            let pin = node.link(spec.hook);
+        for spec in specs {
+            let pin = pins.link(spec.hook);
             if bpf_sys::pinned_link_target(&pin).ok() == Some(LinkTarget::Cgroup(cgroup_id)) {
                 continue;
             }
-            let prog = open_program(&obj, spec.function)?;
+            let prog = open_program(obj, spec.function)?;
             let link = bpf_sys::link_create(prog.as_fd(), cgroup_file.as_fd(), spec.attach_type)
                 .map_err(|source| EngineError::Attach {
                     program: spec.function,
@@ -157,7 +174,7 @@ pub fn attach_node(
                     ),
                     source,
                 })?;
-            let staging = node.staging_link(spec.hook);
+            let staging = pins.staging_link(spec.hook);
             gone_ok(fs::remove_file(&staging)).map_err(fs_err("removing", &staging))?;
             bpf_sys::obj_pin(link.as_fd(), &staging).map_err(fs_err("pinning link", &staging))?;
             fs::rename(&staging, &pin).map_err(fs_err("replacing link", &pin))?;
@@ -167,18 +184,14 @@ pub fn attach_node(
     })();
     if let Err(err) = result {
         for hook in &attached {
-            let pin = node.link(hook);
+            let pin = pins.link(hook);
             if let Err(undo) = fs::remove_file(&pin) {
                 tracing::warn!("removing {}: {undo}", pin.display());
             }
         }
         return Err(err);
     }
-    Ok(NodeAttachment {
-        object: obj.id().clone(),
-        cgroup: cgroup.to_path_buf(),
-        attached,
-    })
+    Ok(attached)
 }
 
 /// Remove the node-level links (the programs stop running for every pod that relied on
@@ -193,14 +206,18 @@ pub fn detach_node(root: &PinRoot) -> Result<Vec<ObjectId>, EngineError> {
         .objects()
         .map_err(fs_err("listing", &root.objects_dir()))?
     {
-        let node = object.node();
-        let hooks = node.hooks().map_err(fs_err("listing", node.dir()))?;
-        for hook in &hooks {
-            let pin = node.link(hook);
-            crate::store::pins::unpin_link(&pin).map_err(fs_err("unpinning link", &pin))?;
-        }
-        if node.dir().exists() {
-            fs::remove_dir(node.dir()).map_err(fs_err("removing", node.dir()))?;
+        let mut hooks = Vec::new();
+        // ztunnel's links first: they live only while the node's directory does.
+        for links in [object.ztunnel(), object.node()] {
+            let pinned = links.hooks().map_err(fs_err("listing", links.dir()))?;
+            for hook in &pinned {
+                let pin = links.link(hook);
+                crate::store::pins::unpin_link(&pin).map_err(fs_err("unpinning link", &pin))?;
+            }
+            if links.dir().exists() {
+                fs::remove_dir(links.dir()).map_err(fs_err("removing", links.dir()))?;
+            }
+            hooks.extend(pinned);
         }
         if !hooks.is_empty() {
             detached.push(object.id().clone());

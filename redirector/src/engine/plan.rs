@@ -153,6 +153,7 @@ pub fn plan_pod(cfg: &CaptureConfig, facts: &PodFacts) -> PodPlan {
             !cfg.inbound_exclude_sources.is_empty(),
             pod_flags::INBOUND_EXCLUDE_SOURCES,
         ),
+        (cfg.ztunnel, pod_flags::ZTUNNEL),
     ] {
         if wanted {
             flags |= flag;

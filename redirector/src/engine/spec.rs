@@ -69,6 +69,9 @@ pub struct CaptureConfig {
     pub orig_dst_of_unredirected: bool,
     /// IPv6 is left uncaptured in both directions, whatever the pod's addresses.
     pub ipv6_off: bool,
+    /// Istio ambient: the proxy is ztunnel, from its own cgroup; its connections to the
+    /// pod's apps are never captured.
+    pub ztunnel: bool,
 }
 
 /// An inclusive range of ports.

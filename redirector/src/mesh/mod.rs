@@ -11,6 +11,7 @@
 //! Each mesh's own command (`redirector istio-iptables`, `redirector linkerd-proxy-init`)
 //! reads its full configuration from its folder directly.
 
+pub mod ambient;
 pub mod common;
 mod error;
 pub mod istio;
@@ -36,6 +37,8 @@ pub enum Dialect {
     #[default]
     Istio,
     Linkerd,
+    /// Istio ambient: ztunnel proxies the pod from its own process, told of it over ZDS.
+    Ambient,
 }
 
 impl Dialect {
@@ -44,6 +47,7 @@ impl Dialect {
         match self {
             Dialect::Istio => &istio::Istio,
             Dialect::Linkerd => &linkerd::Linkerd,
+            Dialect::Ambient => &ambient::Ambient,
         }
     }
 
@@ -55,6 +59,7 @@ impl Dialect {
         match self {
             Dialect::Istio => "istio",
             Dialect::Linkerd => "linkerd",
+            Dialect::Ambient => "ambient",
         }
     }
 
@@ -63,6 +68,7 @@ impl Dialect {
         match self {
             Dialect::Istio => "istio-iptables",
             Dialect::Linkerd => "proxy-init",
+            Dialect::Ambient => "ambient",
         }
     }
 
@@ -72,6 +78,8 @@ impl Dialect {
         let flags: &[&str] = match self {
             Dialect::Istio => &istio::annotations::STANDARD_INJECTION,
             Dialect::Linkerd => &linkerd::INJECTOR_DEFAULTS,
+            // No injector: a pod's flags say who it is (`pod add --dialect ambient`).
+            Dialect::Ambient => &[],
         };
         flags.iter().map(|flag| flag.to_string()).collect()
     }

@@ -11,7 +11,7 @@ use redirector_common::names;
 
 use super::{
     pins::{ObjectId, ObjectPins, PinRoot},
-    programs::{ProgramKind, ProgramSpec, POD_PROGRAMS},
+    programs::{ProgramKind, ProgramSpec, POD_PROGRAMS, ZTUNNEL_FEATURES, ZTUNNEL_PROGRAMS},
     sizing::PodCapacity,
 };
 use crate::sys::bpf_sys;
@@ -355,6 +355,17 @@ fn load_and_pin(
                 missing: function.into(),
             })?;
         programs.push((spec, program));
+    }
+    // ztunnel's sock_ops program, where the kernel has what it uses (else ambient is refused
+    // at enrollment, naming the features).
+    let ztunnel = &ZTUNNEL_PROGRAMS[0];
+    if !ZTUNNEL_FEATURES
+        .iter()
+        .any(|key| crate::sys::kernel::needs_fallback(key))
+    {
+        if let Some(program) = by_name.remove(ztunnel.function) {
+            programs.push((ztunnel, program));
+        }
     }
     // The verifier's walk is most of an object's load, and privileged loads verify in
     // parallel: two threads, each with about half of the walk.

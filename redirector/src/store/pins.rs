@@ -280,6 +280,11 @@ impl ObjectPins {
         PodPins::in_dir(self.dir.join("node"))
     }
 
+    /// The links at ztunnel's cgroup (Istio ambient), one pin per hook.
+    pub fn ztunnel(&self) -> PodPins {
+        PodPins::in_dir(self.dir.join("ztunnel"))
+    }
+
     /// The pod of every link pinned under this object (once per link), as the directories
     /// are read: `links/<cookie>_<hook>`, then an earlier release's `pods/<cookie>/`.
     fn pod_names(&self) -> io::Result<impl Iterator<Item = io::Result<NetnsCookie>>> {

@@ -185,6 +185,27 @@ pub const NODE_PROGRAMS: [ProgramSpec; 10] = [
     POD_PROGRAMS[10],
 ];
 
+/// The programs attached at ztunnel's cgroup (Istio ambient), whose sockets live in the
+/// network namespaces of the pods it proxies: they find the pod by the socket's namespace
+/// (`bpf_get_netns_cookie`, which sock_ops and getsockopt programs have from Linux 5.15),
+/// never by a cookie stamped on the cgroup. `track_ztunnel` is loaded with the object only
+/// on such a kernel; the getsockopt program is the pods' own.
+pub const ZTUNNEL_PROGRAMS: [ProgramSpec; 2] = [
+    ProgramSpec {
+        function: "track_ztunnel",
+        hook: "sock_ops",
+        kind: ProgramKind::SockOps,
+        attach_type: attach_type::CGROUP_SOCK_OPS,
+        target: AttachTarget::Cgroup,
+        variant: None,
+    },
+    POD_PROGRAMS[1],
+];
+
+/// The kernel features ztunnel's programs need (no fallback serves them).
+pub const ZTUNNEL_FEATURES: [&str; 2] =
+    [keys::NETNS_COOKIE_SOCK_OPS, keys::NETNS_COOKIE_GETSOCKOPT];
+
 #[cfg(test)]
 mod tests {
     use super::*;

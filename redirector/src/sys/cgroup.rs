@@ -15,6 +15,12 @@ pub enum CgroupError {
     OwnCgroup(io::Error),
     #[error("this process runs in the root cgroup (or its cgroup cannot be found in the mounted hierarchy), which has no parent to attach to; pass --cgroup")]
     RootCgroup,
+    #[error("reading /proc/{pid}/cgroup: {source}")]
+    ProcessCgroup { pid: u32, source: io::Error },
+    #[error(
+        "process {pid} runs in the root cgroup, or its cgroup is not in the mounted hierarchy"
+    )]
+    ProcessNotFound { pid: u32 },
     #[error("this process's cgroup {own} is a child of the root cgroup: its parent would be the whole node; pass --cgroup")]
     ParentIsRoot { own: String },
     #[error("--cgroup {path} is not a cgroup v2 directory")]
@@ -60,20 +66,34 @@ pub fn pod_cgroup(explicit: Option<&Path>) -> Result<PathBuf, CgroupError> {
 
 /// This process's cgroup, as a directory under `mount`.
 fn own_cgroup(mount: &Path) -> Result<PathBuf, CgroupError> {
-    let own = fs::read_to_string("/proc/self/cgroup").map_err(CgroupError::OwnCgroup)?;
-    let rel = own
+    cgroup_of(mount, std::process::id())
+}
+
+/// The cgroup of process `pid`, as a directory under the cgroup2 mount point.
+pub fn cgroup_of_pid(pid: u32) -> Result<PathBuf, CgroupError> {
+    cgroup_of(&cgroup2_mount()?, pid).map_err(|err| match err {
+        CgroupError::OwnCgroup(source) => CgroupError::ProcessCgroup { pid, source },
+        CgroupError::RootCgroup => CgroupError::ProcessNotFound { pid },
+        other => other,
+    })
+}
+
+fn cgroup_of(mount: &Path, pid: u32) -> Result<PathBuf, CgroupError> {
+    let listed =
+        fs::read_to_string(format!("/proc/{pid}/cgroup")).map_err(CgroupError::OwnCgroup)?;
+    let rel = listed
         .lines()
         .find_map(|l| l.strip_prefix("0::"))
         .ok_or(CgroupError::NoCgroup2)?
         .trim();
-    if rel != "/" {
+    if rel != "/" && !rel.split('/').any(|part| part == "..") {
         return Ok(mount.join(rel.trim_start_matches('/')));
     }
-    // "/" is the root of our cgroup namespace: with a private cgroup namespace (the default
-    // for containers on cgroup v2) and the host's hierarchy mounted, our cgroup is the
-    // directory that lists our pid.
-    // The hierarchy's root itself lists us when we run in the root cgroup: no pod there.
-    find_cgroup_of(mount, std::process::id())
+    // "/" is the root of our cgroup namespace, and a path with ".." one outside it: with a
+    // private cgroup namespace (the default for containers on cgroup v2) and the host's
+    // hierarchy mounted, the process's cgroup is the directory that lists its pid.
+    // The hierarchy's root itself lists it when it runs in the root cgroup: no pod there.
+    find_cgroup_of(mount, pid)
         .filter(|dir| dir != mount)
         .ok_or(CgroupError::RootCgroup)
 }

@@ -226,6 +226,12 @@ fn feature(key: &str) -> &'static Feature {
         .unwrap_or_else(|| panic!("no kernel feature {key}"))
 }
 
+/// The feature with `key` as a person reads it: `name (Linux x.y)`.
+pub fn describe(key: &str) -> String {
+    let feature = feature(key);
+    format!("{} (Linux {})", feature.name, feature.since)
+}
+
 /// Whether the fallback of the feature with `key` is to be used: forced by
 /// [`FORCE_FALLBACKS_ENV`], or the running kernel lacks the feature (probed now: one tiny
 /// program load or socket option; a probe that cannot tell keeps the feature).

@@ -13,9 +13,7 @@ use std::io;
 
 use crate::sys::netlink;
 
-/// The mark of a connection from ztunnel to the app, and of the app's replies to it (the
-/// value istio-cni's rules give them).
-pub const REPLY_MARK: u32 = 0x111;
+pub use redirector_common::kernel_abi::ZTUNNEL_REPLY_MARK as REPLY_MARK;
 /// The bits of the mark the rule looks at.
 pub const REPLY_MASK: u32 = 0xfff;
 /// The routing table that delivers everything locally.

@@ -12,7 +12,7 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use super::{debug_dir, kernels::Kernel, userland::foreign_userland, vm_dir};
+use super::{debug_dir, kernels::Kernel, qemu::SUITE_TIMEOUT, userland::foreign_userland, vm_dir};
 use crate::workspace::{output, status, which, workspace_root};
 
 /// Host tools the tests (and /init) call; copied with their shared libraries.
@@ -282,6 +282,12 @@ export REDIRECTOR_BIN=@BIN@/redirector PROBE_BIN=@BIN@/probe DNSPROBE_BIN=@BIN@/
 export ISTIO_GOLDEN_DIR=/istio-golden RUST_BACKTRACE=1
 cd /tmp
 failed=
+# Every process with where it waits in the kernel, for a suite that ran out of time.
+processes() {
+  for p in /proc/[0-9]*; do
+    echo "  ${p#/proc/} $(cat $p/comm 2>/dev/null) wchan=$(cat $p/wchan 2>/dev/null) $(tr '\0' ' ' <$p/cmdline 2>/dev/null | head -c 200)"
+  done
+}
 "#
         .replace("@BIN@", &bin),
     );
@@ -298,10 +304,16 @@ failed=
         let _ = writeln!(
             s,
             r#"echo "vm: BEGIN {t}"
-/tests/{t} --test-threads=1 {filter}
+/tests/{t} --test-threads=1 {filter} &
+pid=$!
+( sleep {limit}; echo "vm: TIMEOUT {t} after {limit}s; the guest's processes:"; processes; kill -9 $pid ) &
+watchdog=$!
+wait $pid
 rc=$?
+kill $watchdog 2>/dev/null
 echo "vm: END {t} rc=$rc"
-[ $rc -eq 0 ] || failed="$failed {t}""#
+[ $rc -eq 0 ] || failed="$failed {t}""#,
+            limit = SUITE_TIMEOUT.as_secs()
         );
     }
     s.push_str(

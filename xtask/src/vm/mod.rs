@@ -181,7 +181,10 @@ pub fn run(arch: Arch, specs: &[String], suites: &[String], filter: &[String]) -
         let counts = parse_results(&b.log);
         // The guest's log stays on this machine: a failure's own output is printed here,
         // so that a CI log says why.
-        for block in failure_output(&b.log) {
+        for block in failure_output(&b.log)
+            .into_iter()
+            .chain(unfinished_output(&b.log))
+        {
             eprintln!("xtask vm: [{}] {block}", kernel.label);
         }
         let verdict = if b.timed_out {
@@ -281,6 +284,35 @@ fn failure_output(log: &str) -> Vec<String> {
     blocks.into_iter().map(|b| b.join("\n")).collect()
 }
 
+/// The last 60 lines of each test binary that ended without libtest's result line (hung
+/// and killed by the guest's watchdog, or cut off by the run's time limit): the test it
+/// was in, and the guest's processes where the watchdog listed them.
+fn unfinished_output(log: &str) -> Vec<String> {
+    let mut sections: Vec<(&str, Vec<&str>, bool)> = Vec::new();
+    for line in log.lines() {
+        let line = line.trim_end_matches('\r');
+        if let Some(name) = line.strip_prefix("vm: BEGIN ") {
+            sections.push((name, Vec::new(), false));
+        } else if let Some((_, lines, finished)) = sections.last_mut() {
+            if line.contains("test result: ") {
+                *finished = true;
+            }
+            lines.push(line);
+        }
+    }
+    sections
+        .into_iter()
+        .filter(|(_, _, finished)| !finished)
+        .map(|(name, lines, _)| {
+            let tail = &lines[lines.len().saturating_sub(60)..];
+            format!(
+                "{name} ended without a result; its last lines:\n{}",
+                tail.join("\n")
+            )
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -295,6 +327,20 @@ mod tests {
             vec!["---- b stdout ----\nthread 'b' panicked at x.rs:1:2:\nwhy\n".to_string()]
         );
         assert!(failure_output("test a ... ok\n").is_empty());
+    }
+
+    #[test]
+    fn a_binary_without_a_result_is_shown_with_its_last_lines() {
+        let log = "vm: BEGIN a\ntest x ... ok\ntest result: ok. 1 passed\nvm: END a rc=0\n\
+                   vm: BEGIN b\ntest y ... ok\ntest z ... \nvm: TIMEOUT b after 1500s\n";
+        assert_eq!(
+            unfinished_output(log),
+            vec![
+                "b ended without a result; its last lines:\ntest y ... ok\ntest z ... \n\
+                  vm: TIMEOUT b after 1500s"
+                    .to_string()
+            ]
+        );
     }
 
     #[test]

@@ -150,6 +150,7 @@ impl IstioConfig {
             local_destinations_pass: false,
             orig_dst_of_unredirected: false,
             ipv6_off: false,
+            ztunnel: false,
         };
         let run = RunOptions {
             dry_run: r.flag(&DRY_RUN, &args.dry_run)?,

@@ -125,6 +125,7 @@ fn defaults() -> IstioConfig {
             local_destinations_pass: false,
             orig_dst_of_unredirected: false,
             ipv6_off: false,
+            ztunnel: false,
         },
         run: RunOptions {
             dry_run: false,

@@ -195,6 +195,7 @@ fn capture_config(s: CaptureSettings) -> CaptureConfig {
         local_destinations_pass: true,
         orig_dst_of_unredirected: true,
         ipv6_off: !s.ipv6,
+        ztunnel: false,
     }
 }
 

@@ -110,6 +110,7 @@ fn injector_spec() -> LinkerdConfig {
             local_destinations_pass: true,
             orig_dst_of_unredirected: true,
             ipv6_off: true,
+            ztunnel: false,
         },
         run: RunOptions {
             dry_run: false,
