@@ -42,7 +42,8 @@ enum PodCommand {
         netns: PathBuf,
         #[arg(long, value_name = "NS/NAME")]
         name: Option<String>,
-        /// Which command line the flags are: istio-iptables' or Linkerd proxy-init's.
+        /// Which command line the flags are: istio-iptables', Linkerd proxy-init's, or an
+        /// Istio ambient pod's (enrolled with ztunnel; the daemon needs --ztunnel-socket).
         #[arg(long, value_enum, default_value = "istio")]
         dialect: Dialect,
         /// A pod annotation of the dialect's mesh, `KEY=VALUE` (repeatable), e.g.
@@ -55,6 +56,12 @@ enum PodCommand {
         /// `--cgroup`, else the programs at the node cgroup.
         #[arg(long, value_name = "PATH")]
         cgroup: Option<PathBuf>,
+        /// With `--dialect ambient`: the pod's service account, as ztunnel is told of it.
+        #[arg(long, value_name = "SA")]
+        service_account: Option<String>,
+        /// With `--dialect ambient`: the pod's uid, ztunnel's key for it.
+        #[arg(long, value_name = "UID")]
+        pod_uid: Option<String>,
         /// The flags, istio-iptables' or proxy-init's (after `--`).
         #[arg(last = true)]
         args: Vec<String>,
@@ -74,6 +81,37 @@ fn annotation(text: &str) -> Result<(String, String), String> {
     text.split_once('=')
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .ok_or_else(|| format!("{text:?} is not KEY=VALUE"))
+}
+
+/// The flags of the pod's dialect: an ambient pod's say who it is (its uid, name and
+/// service account) from `pod add`'s own options, which no other dialect takes.
+fn dialect_args(
+    dialect: Dialect,
+    name: &Option<String>,
+    service_account: &Option<String>,
+    pod_uid: &Option<String>,
+    args: &[String],
+) -> anyhow::Result<Vec<String>> {
+    if dialect != Dialect::Ambient {
+        if service_account.is_some() || pod_uid.is_some() {
+            bail!("--service-account and --pod-uid are for --dialect ambient only");
+        }
+        return Ok(args.to_vec());
+    }
+    let (Some(name), Some(pod_uid)) = (name, pod_uid) else {
+        bail!("--dialect ambient needs the pod's --name NS/NAME and --pod-uid UID");
+    };
+    let mut flags = vec![
+        "--pod-uid".to_owned(),
+        pod_uid.clone(),
+        "--name".to_owned(),
+        name.clone(),
+    ];
+    if let Some(sa) = service_account {
+        flags.extend(["--service-account".to_owned(), sa.clone()]);
+    }
+    flags.extend(args.iter().cloned());
+    Ok(flags)
 }
 
 fn pod_ref(which: &Which) -> PodRef {
@@ -136,9 +174,13 @@ pub fn run(args: &PodArgs) -> anyhow::Result<()> {
             dialect,
             annotations,
             cgroup,
+            service_account,
+            pod_uid,
             args,
         } => {
             let annotations: BTreeMap<String, String> = annotations.iter().cloned().collect();
+            let args = dialect_args(*dialect, name, service_account, pod_uid, args)?;
+            let args = &args;
             // The daemon validates too; checking here gives the same message without a
             // round trip, and an invalid value never reaches the node.
             if let Ok(flags) = requested(*dialect, args, &annotations)? {

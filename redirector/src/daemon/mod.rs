@@ -4,6 +4,7 @@
 //! pinned: a daemon that exits, crashes or is killed leaves every pod captured, and a new
 //! one rebuilds its view from the pins and its records before it serves.
 
+mod ambient;
 pub mod api;
 mod decision_totals;
 mod heap;
@@ -41,6 +42,7 @@ use self::{
 };
 use crate::node_check::Unservable;
 use crate::pods::{records::Records, Pods};
+use crate::zds::agent::Agent;
 use crate::{
     engine::node::{claim_node, detach_node, node_object, upgrade},
     store::{EbpfObject, OpenMaps, PinRoot},
@@ -198,8 +200,9 @@ async fn serve(config: DaemonConfig, metrics: Arc<Metrics>) -> anyhow::Result<()
     let start_config = config.clone();
     let pods = tokio::task::spawn_blocking(move || start(&start_config)).await??;
     let pods = Arc::new(pods);
-    if let Some(bound) = ztunnel {
-        metrics.ztunnel(ztunnel::serve(bound, pods.records.clone()));
+    let agent = ztunnel.map(|bound| ztunnel::serve(bound, pods.records.clone(), pods.root.clone()));
+    if let Some(agent) = &agent {
+        metrics.ztunnel(agent.clone());
     }
     metrics.ready(Arc::clone(&pods));
     let listener = bind(&config.socket)?;
@@ -245,8 +248,9 @@ async fn serve(config: DaemonConfig, metrics: Arc<Metrics>) -> anyhow::Result<()
                         continue;
                     };
                     let (pods, owner, metrics) = (Arc::clone(&pods), Arc::clone(&owner), Arc::clone(&metrics));
+                    let agent = agent.clone();
                     tokio::spawn(async move {
-                        connection(stream, pods, owner, metrics).await;
+                        connection(stream, pods, owner, metrics, agent).await;
                         drop(permit);
                     });
                 }
@@ -401,6 +405,7 @@ async fn connection(
     pods: Arc<Pods>,
     owner: Arc<Mutex<()>>,
     metrics: Arc<Metrics>,
+    agent: Option<Agent>,
 ) {
     let refused = refusal(&stream);
     let (reader, mut writer) = stream.into_split();
@@ -449,9 +454,15 @@ async fn connection(
                 let op = request.op();
                 let started = Instant::now();
                 let pods = Arc::clone(&pods);
-                let response = tokio::task::spawn_blocking(move || pods.handle(request))
-                    .await
-                    .unwrap_or_else(|err| Response::failed(format!("the request failed: {err}")));
+                let response = if ambient::concerns(&request, agent.as_ref()) {
+                    ambient::handle(pods, agent.clone(), request).await
+                } else {
+                    tokio::task::spawn_blocking(move || pods.handle(request))
+                        .await
+                        .unwrap_or_else(|err| {
+                            Response::failed(format!("the request failed: {err}"))
+                        })
+                };
                 metrics.observe(op, started.elapsed().as_secs_f64(), !response.ok);
                 response
             }

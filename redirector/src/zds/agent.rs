@@ -40,6 +40,13 @@ pub trait Enrolled: Send + Sync + 'static {
     /// Every enrolled pod. An error ends the connection before any snapshot is sent: an
     /// empty or partial one would have ztunnel drain the pods it left out.
     fn snapshot(&self) -> Result<Vec<Workload>, String>;
+
+    /// ztunnel (process `peer`) connected and said hello, before it is sent the snapshot:
+    /// whatever must run where ztunnel runs is set up here. A failure is logged, and the
+    /// snapshot sent all the same.
+    fn connected(&self, _peer: Peer) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -309,6 +316,12 @@ impl Server {
             .version;
         if version != Version::V1 as i32 {
             return Err(ZdsError::Version(version));
+        }
+        let enrolled = Arc::clone(&self.enrolled);
+        match tokio::task::spawn_blocking(move || enrolled.connected(peer)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(why)) => warn!("ZDS: ztunnel (pid {}): {why}", peer.pid),
+            Err(err) => warn!("ZDS: ztunnel (pid {}): {err}", peer.pid),
         }
         let snapshot = self.enrolled.snapshot().map_err(ZdsError::Snapshot)?;
         let count = snapshot.len();
