@@ -219,19 +219,7 @@ fn istio_cnis_rules_send_a_pods_traffic_through_the_stand_in_ztunnel() {
     privileged!();
     let topology = Topology::new("amb-ref");
     istio_cni::apply(&topology.pod);
-    let families = [false, true];
-    let service_addrs: Vec<_> = families.map(|v6| topology.service_addr(v6, 80)).into();
-    let app_addrs: Vec<_> = families.map(|v6| topology.pod_addr(v6, 8080)).into();
-    let mut service = ProbeServer::serve(&topology.service, "svc");
-    for addr in &service_addrs {
-        service = service.listen(*addr);
-    }
-    let _service = service.start();
-    let mut app = ProbeServer::serve(&topology.pod, "app").cgroup(&topology.pod_cgroup);
-    for addr in &app_addrs {
-        app = app.listen(*addr);
-    }
-    let _app = app.start();
+    let _servers = PodServers::start(&topology);
 
     // The agent, in the test; ztunnel in a namespace and cgroup of its own.
     let zds_dir = StateDir::new("amb-ref-zds");
@@ -255,37 +243,173 @@ fn istio_cnis_rules_send_a_pods_traffic_through_the_stand_in_ztunnel() {
         )
         .expect("the agent listens")
     };
-    let ztunnel_ns = NetNs::new("amb-ref-zt");
-    let ztunnel_cgroup = Cgroup::new("amb-ref-zt");
-    let ztunnel = Spawn::new(bin_path("standin-ztunnel"))
-        .arg("--zds")
-        .arg(&socket)
-        .netns(&ztunnel_ns)
-        .cgroup(&ztunnel_cgroup)
-        .spawn();
-    ztunnel.wait_line("the pod in the snapshot", Duration::from_secs(30), |line| {
-        line == "added amb-ref-uid"
-    });
+    let ztunnel = StandInProcess::start("amb-ref-zt", &socket);
+    ztunnel.wait_line("the pod in the snapshot", "added amb-ref-uid");
+    assert_traffic_through(&topology, &ztunnel, AppSeenFrom::PodAddress);
+}
 
-    for (service, app) in service_addrs.iter().zip(&app_addrs) {
+/// The same pod enrolled through the daemon's API (`pod add --dialect ambient`), captured
+/// by redirector's programs: its traffic takes the same way through the same stand-in
+/// ztunnel as under istio-cni's rules above, the app sees the client's own address, and
+/// nothing of netfilter is in the pod's namespace.
+#[test]
+fn redirectors_programs_send_a_pods_traffic_through_the_stand_in_ztunnel() {
+    privileged!();
+    let topology = Topology::new("amb-rd");
+    let _servers = PodServers::start(&topology);
+    let node = TestNode::new("amb-rd");
+    let socket = node.state.path().join("ztunnel.sock");
+    let daemon = ztunnels_daemon(&node, &socket);
+    let ztunnel = StandInProcess::start("amb-rd-zt", &socket);
+    wait_state(&daemon, "synced");
+
+    let netns = topology.pod.path().display().to_string();
+    let cgroup = topology.pod_cgroup.path().display().to_string();
+    let out = daemon.pod(&[
+        "add",
+        "--dialect",
+        "ambient",
+        "--netns",
+        &netns,
+        "--cgroup",
+        &cgroup,
+        "--name",
+        "default/app",
+        "--pod-uid",
+        "amb-rd-uid",
+        "--service-account",
+        "app",
+    ]);
+    assert!(
+        out.status.success(),
+        "pod add: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        daemon.log()
+    );
+    ztunnel.wait_line("the pod enrolled", "added amb-rd-uid");
+    assert_traffic_through(&topology, &ztunnel, AppSeenFrom::Loopback);
+    let rules = topology.pod.run(&["iptables-save"]);
+    assert!(!rules.contains("REDIRECT"), "{rules}");
+
+    // Taken out: ztunnel is told, and the pod's connections go straight again.
+    let out = daemon.pod(&["del", "--netns", &netns]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ztunnel.wait_line("the pod taken out", "deleted amb-rd-uid");
+    let service = topology.service_addr(false, 80);
+    let out = connect_from(
+        &topology.pod,
+        Some(&topology.pod_cgroup),
+        1000,
+        1000,
+        service,
+        None,
+    );
+    assert!(
+        matches!(&out, ConnOutcome::Served { name, .. } if name == "svc"),
+        "{out:?}"
+    );
+}
+
+/// The service (port 80, in the topology's service namespace) and the pod's app (8080),
+/// on IPv4 and IPv6.
+struct PodServers {
+    _service: ChildGuard,
+    _app: ChildGuard,
+}
+
+impl PodServers {
+    fn start(topology: &Topology) -> PodServers {
+        let mut service = ProbeServer::serve(&topology.service, "svc");
+        let mut app = ProbeServer::serve(&topology.pod, "app").cgroup(&topology.pod_cgroup);
+        for v6 in [false, true] {
+            service = service.listen(topology.service_addr(v6, 80));
+            app = app.listen(topology.pod_addr(v6, 8080));
+        }
+        PodServers {
+            _service: service.start(),
+            _app: app.start(),
+        }
+    }
+}
+
+/// The stand-in ztunnel as a process in a namespace and cgroup of its own, connected to
+/// the agent at `socket`. Fields drop in order: the process before its namespace and cgroup.
+struct StandInProcess {
+    process: ChildGuard,
+    _netns: NetNs,
+    _cgroup: Cgroup,
+}
+
+impl StandInProcess {
+    fn start(hint: &str, socket: &Path) -> StandInProcess {
+        let netns = NetNs::new(hint);
+        let cgroup = Cgroup::new(hint);
+        let process = Spawn::new(bin_path("standin-ztunnel"))
+            .arg("--zds")
+            .arg(socket)
+            .netns(&netns)
+            .cgroup(&cgroup)
+            .spawn();
+        StandInProcess {
+            process,
+            _netns: netns,
+            _cgroup: cgroup,
+        }
+    }
+
+    fn wait_line(&self, what: &str, line: &str) {
+        self.process
+            .wait_line(what, Duration::from_secs(30), |l| l == line);
+    }
+}
+
+/// Where ztunnel's outbound listener sees the app's connection come from.
+#[derive(Clone, Copy)]
+enum AppSeenFrom {
+    /// The pod's address: iptables' REDIRECT rewrites only the destination, after the
+    /// source was chosen for the original one.
+    PodAddress,
+    /// Loopback: the connect program sends the connection to ztunnel's listener on
+    /// loopback before the source is chosen, so the kernel picks loopback's (ztunnel knows
+    /// the pod by the namespace its listener is in, not by the address).
+    Loopback,
+}
+
+/// The pod's outbound connections (IPv4 and IPv6) reach the service through ztunnel's
+/// 15001, which reads their original destination; inbound ones reach the app through its
+/// 15006 with the client's own address.
+fn assert_traffic_through(topology: &Topology, ztunnel: &StandInProcess, seen_from: AppSeenFrom) {
+    for v6 in [false, true] {
+        let (service, app) = (topology.service_addr(v6, 80), topology.pod_addr(v6, 8080));
         let out = connect_from(
             &topology.pod,
             Some(&topology.pod_cgroup),
             1000,
             1000,
-            *service,
+            service,
             None,
         );
         assert!(
             matches!(&out, ConnOutcome::Served { name, .. } if name == "svc"),
             "outbound to {service}: {out:?}"
         );
-        ztunnel.wait_line("the outbound connection", Duration::from_secs(10), |line| {
-            proxied(line, "outbound") == Some((app.ip(), *service))
-        });
+        let from = match seen_from {
+            AppSeenFrom::PodAddress => app.ip(),
+            AppSeenFrom::Loopback if v6 => IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+            AppSeenFrom::Loopback => IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+        };
+        ztunnel
+            .process
+            .wait_line("the outbound connection", Duration::from_secs(10), |line| {
+                proxied(line, "outbound") == Some((from, service))
+            });
 
         let client = service.ip();
-        let out = connect_from(&topology.service, None, 0, 0, *app, None);
+        let out = connect_from(&topology.service, None, 0, 0, app, None);
         match &out {
             ConnOutcome::Served { name, peer, .. } => {
                 assert_eq!(name, "app", "inbound to {app}: {out:?}");
@@ -293,9 +417,11 @@ fn istio_cnis_rules_send_a_pods_traffic_through_the_stand_in_ztunnel() {
             }
             _ => panic!("inbound to {app}: {out:?}"),
         }
-        ztunnel.wait_line("the inbound connection", Duration::from_secs(10), |line| {
-            proxied(line, "inbound") == Some((client, *app))
-        });
+        ztunnel
+            .process
+            .wait_line("the inbound connection", Duration::from_secs(10), |line| {
+                proxied(line, "inbound") == Some((client, app))
+            });
     }
 }
 
