@@ -381,8 +381,17 @@ enum AppSeenFrom {
 
 /// The pod's outbound connections (IPv4 and IPv6) reach the service through ztunnel's
 /// 15001, which reads their original destination; inbound ones reach the app through its
-/// 15006 with the client's own address.
+/// 15006 with the client's own address; kubelet's probe (from 169.254.7.127, the source
+/// istio's host rules give it) reaches the app past ztunnel.
 fn assert_traffic_through(topology: &Topology, ztunnel: &StandInProcess, seen_from: AppSeenFrom) {
+    let probe = IpAddr::V4(std::net::Ipv4Addr::new(169, 254, 7, 127));
+    topology.add_service_addr(probe);
+    let app = topology.pod_addr(false, 8080);
+    let out = connect_from(&topology.service, None, 0, 0, app, Some(probe));
+    assert!(
+        matches!(&out, ConnOutcome::Served { name, peer, .. } if name == "app" && peer.ip() == probe),
+        "the probe: {out:?}"
+    );
     for v6 in [false, true] {
         let (service, app) = (topology.service_addr(v6, 80), topology.pod_addr(v6, 8080));
         let out = connect_from(
@@ -420,7 +429,13 @@ fn assert_traffic_through(topology: &Topology, ztunnel: &StandInProcess, seen_fr
         ztunnel
             .process
             .wait_line("the inbound connection", Duration::from_secs(10), |line| {
-                proxied(line, "inbound") == Some((client, app))
+                let seen = proxied(line, "inbound");
+                assert_ne!(
+                    seen.map(|(from, _)| from),
+                    Some(probe),
+                    "the probe went through ztunnel"
+                );
+                seen == Some((client, app))
             });
     }
 }
@@ -505,9 +520,171 @@ fn a_real_ztunnel_carries_pod_to_pod_through_hbone_under_istio_cnis_rules() {
     }
 
     let a_cgroup = Cgroup::new("amb-real-a");
+    assert_hbone_from_a_to_b(&topology, &a_cgroup, &ztunnel);
+}
+
+/// The same two pods enrolled through the daemon's API and captured by redirector's
+/// programs, with istio's own ztunnel (`ZTUNNEL_BIN`): pod a's connection to pod b goes
+/// through ztunnel's 15001 in a, HBONE to its 15008 in b, and on to the app, which sees
+/// a's address; ztunnel counts it on both sides.
+#[test]
+#[ignore = "needs ZTUNNEL_BIN, a ztunnel built from istio/ztunnel"]
+fn a_real_ztunnel_carries_pod_to_pod_through_hbone_under_redirectors_programs() {
+    privileged!();
+    let topology = Topology::new("amb-realrd");
+    let (a_ip, b_ip) = (topology.pod_ip4(), topology.service_ip4());
+    let (a_cgroup, b_cgroup) = (Cgroup::new("amb-realrd-a"), Cgroup::new("amb-realrd-b"));
+    let _app = ProbeServer::serve(&topology.service, "app")
+        .listen(SocketAddr::new(b_ip.into(), 8080))
+        .cgroup(&b_cgroup)
+        .start();
+    let node = TestNode::new("amb-realrd");
+    let socket = node.state.path().join("ztunnel.sock");
+    let workloads = node.state.path().join("workloads.yaml");
+    std::fs::write(
+        &workloads,
+        ztunnel_workloads(&[("a", a_ip.into()), ("b", b_ip.into())]),
+    )
+    .unwrap();
+    let daemon = ztunnels_daemon(&node, &socket);
+    let ztunnel = RealZtunnel::start("amb-realrd-zt", &socket, &workloads);
+    wait_state(&daemon, "synced");
+    for (name, netns, cgroup) in [
+        ("a", &topology.pod, &a_cgroup),
+        ("b", &topology.service, &b_cgroup),
+    ] {
+        let (netns, cgroup) = (
+            netns.path().display().to_string(),
+            cgroup.path().display().to_string(),
+        );
+        let (name, uid) = (format!("default/{name}"), format!("{name}-uid"));
+        let out = daemon.pod(&[
+            "add",
+            "--dialect",
+            "ambient",
+            "--netns",
+            &netns,
+            "--cgroup",
+            &cgroup,
+            "--name",
+            &name,
+            "--pod-uid",
+            &uid,
+        ]);
+        assert!(
+            out.status.success(),
+            "pod add {name}: {}\nztunnel: {}",
+            String::from_utf8_lossy(&out.stderr),
+            ztunnel.process.stderr()
+        );
+    }
+    assert_hbone_from_a_to_b(&topology, &a_cgroup, &ztunnel);
+}
+
+/// One pod enrolled through the daemon's API with istio's own ztunnel (`ZTUNNEL_BIN`),
+/// the topology's other namespace outside the mesh: the pod's connection out reaches the
+/// server there through ztunnel (passthrough), a connection in reaches the app through
+/// ztunnel's 15006 with the client's address, and kubelet's probe reaches the app past
+/// ztunnel.
+#[test]
+#[ignore = "needs ZTUNNEL_BIN, a ztunnel built from istio/ztunnel"]
+fn a_real_ztunnel_carries_a_pods_traffic_to_and_from_outside_the_mesh_under_redirectors_programs() {
+    privileged!();
+    let topology = Topology::new("amb-realio");
+    let _servers = PodServers::start(&topology);
+    let node = TestNode::new("amb-realio");
+    let socket = node.state.path().join("ztunnel.sock");
+    let workloads = node.state.path().join("workloads.yaml");
+    std::fs::write(
+        &workloads,
+        ztunnel_workloads(&[("a", topology.pod_ip4().into())]),
+    )
+    .unwrap();
+    let daemon = ztunnels_daemon(&node, &socket);
+    let ztunnel = RealZtunnel::start("amb-realio-zt", &socket, &workloads);
+    wait_state(&daemon, "synced");
+    let (netns, cgroup) = (
+        topology.pod.path().display().to_string(),
+        topology.pod_cgroup.path().display().to_string(),
+    );
+    let out = daemon.pod(&[
+        "add",
+        "--dialect",
+        "ambient",
+        "--netns",
+        &netns,
+        "--cgroup",
+        &cgroup,
+        "--name",
+        "default/a",
+        "--pod-uid",
+        "a-uid",
+    ]);
+    assert!(
+        out.status.success(),
+        "pod add: {}\nztunnel: {}",
+        String::from_utf8_lossy(&out.stderr),
+        ztunnel.process.stderr()
+    );
+    let (service, app) = (
+        topology.service_addr(false, 80),
+        topology.pod_addr(false, 8080),
+    );
+    let out = topology.connect(1000, 1000, service);
+    assert!(
+        matches!(&out, ConnOutcome::Served { name, .. } if name == "svc"),
+        "inside out: {out:?}\nztunnel: {}",
+        ztunnel.process.stderr()
+    );
+    let out = connect_from(&topology.service, None, 0, 0, app, None);
+    assert!(
+        matches!(&out, ConnOutcome::Served { name, peer, .. } if name == "app" && peer.ip() == service.ip()),
+        "outside in: {out:?}\nztunnel: {}",
+        ztunnel.process.stderr()
+    );
+    let probe = IpAddr::V4(std::net::Ipv4Addr::new(169, 254, 7, 127));
+    topology.add_service_addr(probe);
+    let out = connect_from(&topology.service, None, 0, 0, app, Some(probe));
+    assert!(
+        matches!(&out, ConnOutcome::Served { name, peer, .. } if name == "app" && peer.ip() == probe),
+        "the probe: {out:?}"
+    );
+    let opened = connections_opened(&ztunnel);
+    eprintln!("{}", opened.join("\n"));
+    // One each way: the probe is not among them.
+    for (reporter, peer) in [("source", "destination"), ("destination", "source")] {
+        let counted = |l: &&String| {
+            l.contains(&format!("reporter=\"{reporter}\""))
+                && l.contains(&format!("{peer}_principal=\"unknown\""))
+                && l.ends_with("} 1")
+        };
+        assert!(
+            opened.iter().any(|l| counted(&l)),
+            "no {reporter} count of 1 with an unknown {peer}: {opened:?}"
+        );
+    }
+}
+
+/// ztunnel's `istio_tcp_connections_opened_total` lines.
+fn connections_opened(ztunnel: &RealZtunnel) -> Vec<String> {
+    let metrics = ztunnel
+        .netns
+        .run(&["curl", "-s", "http://127.0.0.1:15020/metrics"]);
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("istio_tcp_connections_opened_total"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Pod a (the topology's pod namespace, an app in `a_cgroup`) connects to the app on
+/// 8080 of pod b (its other namespace): served, the app sees a's address, and ztunnel
+/// counts the connection as its destination.
+fn assert_hbone_from_a_to_b(topology: &Topology, a_cgroup: &Cgroup, ztunnel: &RealZtunnel) {
+    let (a, a_ip, b_ip) = (&topology.pod, topology.pod_ip4(), topology.service_ip4());
     let out = connect_from(
         a,
-        Some(&a_cgroup),
+        Some(a_cgroup),
         1000,
         1000,
         SocketAddr::new(b_ip.into(), 8080),
