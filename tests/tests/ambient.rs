@@ -22,7 +22,9 @@ use redirector::zds::{
 use socket2::{Domain, Socket, Type};
 
 use redirector_tests::{
-    bin_path, connect_from,
+    bin_path,
+    bpftool::cgroup_attachments,
+    connect_from,
     daemon::{Daemon, StateDir},
     istio_cni, privileged,
     redirector::redirector_bin,
@@ -280,6 +282,19 @@ fn redirectors_programs_send_a_pods_traffic_through_the_stand_in_ztunnel() {
         "--service-account",
         "app",
     ]);
+    if let Some(missing) = ambient_unsupported() {
+        // Refused, naming what the kernel lacks, and nothing of the pod kept.
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains("ambient pods need ztunnel's programs")
+                && missing.iter().all(|m| stderr.contains(m.as_str())),
+            "{stderr}"
+        );
+        assert!(daemon.pod_names().is_empty(), "{:?}", daemon.pod_names());
+        assert!(cgroup_attachments(topology.pod_cgroup.path()).is_empty());
+        return;
+    }
     assert!(
         out.status.success(),
         "pod add: {}\n{}",
@@ -312,6 +327,18 @@ fn redirectors_programs_send_a_pods_traffic_through_the_stand_in_ztunnel() {
         matches!(&out, ConnOutcome::Served { name, .. } if name == "svc"),
         "{out:?}"
     );
+}
+
+/// What the running kernel lacks for ztunnel's programs (each as `status` names it), or
+/// `None` where ambient pods are served (a forced fallback counts as lacking).
+fn ambient_unsupported() -> Option<Vec<String>> {
+    use redirector::{store::programs::ZTUNNEL_FEATURES, sys::kernel};
+    let missing: Vec<String> = ZTUNNEL_FEATURES
+        .iter()
+        .filter(|key| kernel::needs_fallback(key))
+        .map(|key| kernel::describe(key))
+        .collect();
+    (!missing.is_empty()).then_some(missing)
 }
 
 /// The service (port 80, in the topology's service namespace) and the pod's app (8080),

@@ -34,6 +34,9 @@ pub(crate) const TOOLS: &[&str] = &[
     "nft",
 ];
 
+/// The workspace's binaries the tests run: redirector and the test kit's own.
+const GUEST_BINS: [&str; 4] = ["redirector", "probe", "dnsprobe", "standin-ztunnel"];
+
 /// Modules the tests may need; each is loaded with its dependencies when the kernel package
 /// has it as a module (built-in or absent ones are skipped).
 pub(crate) const MODULES: &[&str] = &[
@@ -408,13 +411,13 @@ pub(crate) fn build_initramfs(
         libs.extend(shared_libs(from));
         Ok(())
     };
-    for bin in ["redirector", "probe", "dnsprobe"] {
+    for bin in GUEST_BINS {
         add_stripped(&debug.join(bin), &root.join("bin").join(bin))?;
     }
     // The test binaries also have these paths compiled in (CARGO_BIN_EXE_*): same place.
     let guest_debug = staged(&root, &debug);
     fs::create_dir_all(&guest_debug)?;
-    for bin in ["redirector", "probe", "dnsprobe"] {
+    for bin in GUEST_BINS {
         symlink(Path::new("/bin").join(bin), guest_debug.join(bin))?;
     }
     // The eBPF object as the build left it (the kit reads `<profile>/build/redirector-*/out`).
