@@ -27,7 +27,7 @@ use redirector_tests::{
     connect_from,
     daemon::{Daemon, StateDir},
     istio_cni, privileged,
-    redirector::redirector_bin,
+    redirector::{redirector_bin, status},
     test_node::TestNode,
     topology::Topology,
     ztunnel::{Seen, StandInZtunnel},
@@ -293,8 +293,22 @@ fn redirectors_programs_send_a_pods_traffic_through_the_stand_in_ztunnel() {
         );
         assert!(daemon.pod_names().is_empty(), "{:?}", daemon.pod_names());
         assert!(cgroup_attachments(topology.pod_cgroup.path()).is_empty());
+        let why = &status(&node.root)["objects"][0]["ambient_unsupported"];
+        assert!(
+            missing
+                .iter()
+                .all(|m| why.as_str().unwrap_or("").contains(m.as_str())),
+            "status: {why}"
+        );
         return;
     }
+    // `status` shows where ztunnel's programs are.
+    let object = &status(&node.root)["objects"][0];
+    assert_eq!(object["ambient_unsupported"], serde_json::Value::Null);
+    assert_eq!(
+        object["ztunnel_links"],
+        serde_json::json!(["getsockopt", "sock_ops"])
+    );
     assert!(
         out.status.success(),
         "pod add: {}\n{}",

@@ -54,6 +54,10 @@ struct ObjectStatus {
     variants: Vec<&'static str>,
     /// Daemon mode: the hooks attached once at the node cgroup.
     node_links: Vec<String>,
+    /// Istio ambient: whether the object serves ambient pods (`None`), or why not.
+    ambient_unsupported: Option<String>,
+    /// The hooks attached at ztunnel's cgroup.
+    ztunnel_links: Vec<String>,
     /// Other programs on the hooks of the cgroup paths this object's links are attached
     /// on (the node cgroup's, init-container pods' own), nearest first.
     neighbours: Vec<String>,
@@ -151,12 +155,21 @@ fn read_status(root: &PinRoot, only: Option<NetnsCookie>) -> anyhow::Result<Stat
             pods.push(pod);
         }
         let node_links = object.node().hooks().context("listing node links")?;
+        let ztunnel_links = object
+            .ztunnel()
+            .hooks()
+            .context("listing ztunnel's links")?;
+        let ambient_unsupported = crate::engine::ztunnel_cgroup::check_served(&object)
+            .err()
+            .map(|e| e.to_string());
         let neighbours = neighbours_of(&object);
         objects.push(ObjectStatus {
             id: object.id().to_string(),
             programs,
             variants,
             node_links,
+            ambient_unsupported,
+            ztunnel_links,
             neighbours,
             maps,
             pods,
@@ -273,6 +286,16 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
                 "  node links (while a pod relies on them: a daemon pod whose own cgroup was not found, as `pod list` shows, or an init container's pod they cover): {}",
                 object.node_links.join(" ")
             );
+        }
+        match &object.ambient_unsupported {
+            None if object.ztunnel_links.is_empty() => {
+                println!("  ambient: served (ztunnel has not connected)")
+            }
+            None => println!(
+                "  ambient: served; at ztunnel's cgroup: {}",
+                object.ztunnel_links.join(" ")
+            ),
+            Some(why) => println!("  ambient: not served: {why}"),
         }
         for map in &object.maps {
             println!("  map {}: {}/{}", map.name, map.entries, map.capacity);
