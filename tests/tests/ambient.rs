@@ -320,6 +320,15 @@ fn redirectors_programs_send_a_pods_traffic_through_the_stand_in_ztunnel() {
     let rules = topology.pod.run(&["iptables-save"]);
     assert!(!rules.contains("REDIRECT"), "{rules}");
 
+    // The daemon killed: the pinned programs keep the pod captured, ztunnel's proxies live
+    // on; restarted, it sends ztunnel a snapshot that keeps the pod.
+    let killed = daemon.kill();
+    ztunnel.wait_line("the agent gone", "agent gone");
+    assert_traffic_through(&topology, &ztunnel, AppSeenFrom::Loopback);
+    let daemon = killed.restart();
+    ztunnel.wait_line("the pod kept", "kept amb-rd-uid");
+    wait_state(&daemon, "synced");
+
     // Taken out: ztunnel is told, and the pod's connections go straight again.
     let out = daemon.pod(&["del", "--netns", &netns]);
     assert!(
@@ -355,8 +364,11 @@ fn ambient_unsupported() -> Option<Vec<String>> {
     (!missing.is_empty()).then_some(missing)
 }
 
+/// The source istio's host rules give kubelet's probes.
+const PROBE_SOURCE: std::net::Ipv4Addr = std::net::Ipv4Addr::new(169, 254, 7, 127);
+
 /// The service (port 80, in the topology's service namespace) and the pod's app (8080),
-/// on IPv4 and IPv6.
+/// on IPv4 and IPv6; the service's namespace also has the probes' source address.
 struct PodServers {
     _service: ChildGuard,
     _app: ChildGuard,
@@ -370,6 +382,7 @@ impl PodServers {
             service = service.listen(topology.service_addr(v6, 80));
             app = app.listen(topology.pod_addr(v6, 8080));
         }
+        topology.add_service_addr(IpAddr::V4(PROBE_SOURCE));
         PodServers {
             _service: service.start(),
             _app: app.start(),
@@ -425,8 +438,7 @@ enum AppSeenFrom {
 /// 15006 with the client's own address; kubelet's probe (from 169.254.7.127, the source
 /// istio's host rules give it) reaches the app past ztunnel.
 fn assert_traffic_through(topology: &Topology, ztunnel: &StandInProcess, seen_from: AppSeenFrom) {
-    let probe = IpAddr::V4(std::net::Ipv4Addr::new(169, 254, 7, 127));
-    topology.add_service_addr(probe);
+    let probe = IpAddr::V4(PROBE_SOURCE);
     let app = topology.pod_addr(false, 8080);
     let out = connect_from(&topology.service, None, 0, 0, app, Some(probe));
     assert!(
@@ -683,8 +695,7 @@ fn a_real_ztunnel_carries_a_pods_traffic_to_and_from_outside_the_mesh_under_redi
         "outside in: {out:?}\nztunnel: {}",
         ztunnel.process.stderr()
     );
-    let probe = IpAddr::V4(std::net::Ipv4Addr::new(169, 254, 7, 127));
-    topology.add_service_addr(probe);
+    let probe = IpAddr::V4(PROBE_SOURCE);
     let out = connect_from(&topology.service, None, 0, 0, app, Some(probe));
     assert!(
         matches!(&out, ConnOutcome::Served { name, peer, .. } if name == "app" && peer.ip() == probe),

@@ -6,7 +6,9 @@
 //! address); one on 15006 to its original destination from the client's own address
 //! (`IP_TRANSPARENT`), as ztunnel's transparent upstreams are. Each connection is printed
 //! on stdout, `outbound PEER ORIGINAL` or `inbound PEER ORIGINAL`, the witness a test reads;
-//! `added UID` and `deleted UID` follow the agent's requests.
+//! `added UID`, `kept UID` (a snapshot naming a pod already proxied) and `deleted UID`
+//! follow the agent's requests; `agent gone` when the agent hangs up, after which it
+//! connects again, its pods' listeners kept, as ztunnel does.
 //!
 //! ```text
 //! standin-ztunnel --zds PATH
@@ -51,32 +53,39 @@ fn main() -> io::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let conn = connect(&zds).await;
+        // As ztunnel: the pods' proxies live on while the agent is away, and a snapshot
+        // that names a pod already proxied keeps it as it is.
         let mut pods: HashMap<String, Vec<JoinHandle<()>>> = HashMap::new();
-        serve(&conn, |request, fd| match request {
-            Request::Add(add) => {
-                let netns = Arc::new(fd.expect("an add carries the pod's netns"));
-                match listen_in(&netns) {
-                    Ok(tasks) => {
-                        if let Some(old) = pods.insert(add.uid.clone(), tasks) {
-                            old.iter().for_each(JoinHandle::abort);
+        loop {
+            let conn = connect(&zds).await;
+            serve(&conn, |request, fd| match request {
+                Request::Add(add) if pods.contains_key(&add.uid) => {
+                    say(&format!("kept {}", add.uid));
+                    Answer::Ack
+                }
+                Request::Add(add) => {
+                    let netns = Arc::new(fd.expect("an add carries the pod's netns"));
+                    match listen_in(&netns) {
+                        Ok(tasks) => {
+                            pods.insert(add.uid.clone(), tasks);
+                            say(&format!("added {}", add.uid));
+                            Answer::Ack
                         }
-                        say(&format!("added {}", add.uid));
-                        Answer::Ack
+                        Err(err) => Answer::Refuse(format!("listening in the pod: {err}")),
                     }
-                    Err(err) => Answer::Refuse(format!("listening in the pod: {err}")),
                 }
-            }
-            Request::Del(del) => {
-                if let Some(tasks) = pods.remove(&del.uid) {
-                    tasks.iter().for_each(JoinHandle::abort);
+                Request::Del(del) => {
+                    if let Some(tasks) = pods.remove(&del.uid) {
+                        tasks.iter().for_each(JoinHandle::abort);
+                    }
+                    say(&format!("deleted {}", del.uid));
+                    Answer::Ack
                 }
-                say(&format!("deleted {}", del.uid));
-                Answer::Ack
-            }
-            Request::Keep(_) | Request::SnapshotSent(_) => Answer::Ack,
-        })
-        .await;
+                Request::Keep(_) | Request::SnapshotSent(_) => Answer::Ack,
+            })
+            .await;
+            say("agent gone");
+        }
     });
     Ok(())
 }
