@@ -1,7 +1,8 @@
 //! A stand-in for istio ambient's ztunnel on a node agent's ZDS socket: [`connect`] and
 //! [`serve`] speak the protocol (the `standin-ztunnel` binary opens its listeners in each
-//! pod it is sent); [`StandInZtunnel`] keeps every request it is sent (an add's network
-//! namespace by device and inode) and answers each as the test says.
+//! pod it is sent, and [`StandInProcess`] runs it); [`StandInZtunnel`] keeps every request
+//! it is sent (an add's network namespace by device and inode) and answers each as the test
+//! says; [`FixedPods`] plays the node agent's records when the test is the agent.
 
 use std::{
     os::{fd::OwnedFd, unix::fs::MetadataExt as _},
@@ -178,5 +179,58 @@ impl Drop for StandInZtunnel {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+}
+
+/// The `standin-ztunnel` binary as a process in a network namespace and cgroup of its own,
+/// connected to the agent at `socket`. Fields drop in order: the process before its
+/// namespace and cgroup.
+pub struct StandInProcess {
+    pub process: crate::ChildGuard,
+    _netns: crate::NetNs,
+    _cgroup: crate::Cgroup,
+}
+
+impl StandInProcess {
+    /// It prints every connection it proxies (the tests' witness).
+    pub fn start(hint: &str, socket: &Path) -> StandInProcess {
+        Self::spawn(hint, socket, &[])
+    }
+
+    /// It prints only the agent's requests: for loads of many connections.
+    pub fn start_quiet(hint: &str, socket: &Path) -> StandInProcess {
+        Self::spawn(hint, socket, &["--quiet"])
+    }
+
+    fn spawn(hint: &str, socket: &Path, flags: &[&str]) -> StandInProcess {
+        let netns = crate::NetNs::new(hint);
+        let cgroup = crate::Cgroup::new(hint);
+        let process = crate::Spawn::new(crate::bin_path("standin-ztunnel"))
+            .arg("--zds")
+            .arg(socket)
+            .args(flags)
+            .netns(&netns)
+            .cgroup(&cgroup)
+            .spawn();
+        StandInProcess {
+            process,
+            _netns: netns,
+            _cgroup: cgroup,
+        }
+    }
+
+    /// Waits up to 30 s for the line `line` (earlier lines are consumed).
+    pub fn wait_line(&self, what: &str, line: &str) {
+        self.process
+            .wait_line(what, Duration::from_secs(30), |l| l == line);
+    }
+}
+
+/// The node agent's enrolled pods when the test plays the agent: always these.
+pub struct FixedPods(pub Vec<redirector::zds::agent::Workload>);
+
+impl redirector::zds::agent::Enrolled for FixedPods {
+    fn snapshot(&self) -> Result<Vec<redirector::zds::agent::Workload>, String> {
+        Ok(self.0.clone())
     }
 }

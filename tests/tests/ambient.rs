@@ -22,7 +22,6 @@ use redirector::zds::{
 use socket2::{Domain, Socket, Type};
 
 use redirector_tests::{
-    bin_path,
     bpftool::cgroup_attachments,
     connect_from,
     daemon::{Daemon, StateDir},
@@ -30,7 +29,7 @@ use redirector_tests::{
     redirector::{redirector_bin, status},
     test_node::TestNode,
     topology::Topology,
-    ztunnel::{Seen, StandInZtunnel},
+    ztunnel::{FixedPods, Seen, StandInProcess, StandInZtunnel},
     Cgroup, ChildGuard, ConnOutcome, NetNs, ProbeServer, Spawn,
 };
 
@@ -207,15 +206,6 @@ fn the_reply_route_brings_the_apps_replies_back_to_a_transparent_socket() {
     assert!(table.contains("local default dev lo"), "{table}");
 }
 
-/// The node agent's part played by the test: the pods it enrolls.
-struct Enrolled(Vec<Workload>);
-
-impl zds::agent::Enrolled for Enrolled {
-    fn snapshot(&self) -> Result<Vec<Workload>, String> {
-        Ok(self.0.clone())
-    }
-}
-
 #[test]
 fn istio_cnis_rules_send_a_pods_traffic_through_the_stand_in_ztunnel() {
     privileged!();
@@ -240,7 +230,7 @@ fn istio_cnis_rules_send_a_pods_traffic_through_the_stand_in_ztunnel() {
         let _entered = runtime.enter();
         Agent::start(
             &socket,
-            Arc::new(Enrolled(vec![pod])),
+            Arc::new(FixedPods(vec![pod])),
             Duration::from_secs(5),
         )
         .expect("the agent listens")
@@ -390,37 +380,6 @@ impl PodServers {
     }
 }
 
-/// The stand-in ztunnel as a process in a namespace and cgroup of its own, connected to
-/// the agent at `socket`. Fields drop in order: the process before its namespace and cgroup.
-struct StandInProcess {
-    process: ChildGuard,
-    _netns: NetNs,
-    _cgroup: Cgroup,
-}
-
-impl StandInProcess {
-    fn start(hint: &str, socket: &Path) -> StandInProcess {
-        let netns = NetNs::new(hint);
-        let cgroup = Cgroup::new(hint);
-        let process = Spawn::new(bin_path("standin-ztunnel"))
-            .arg("--zds")
-            .arg(socket)
-            .netns(&netns)
-            .cgroup(&cgroup)
-            .spawn();
-        StandInProcess {
-            process,
-            _netns: netns,
-            _cgroup: cgroup,
-        }
-    }
-
-    fn wait_line(&self, what: &str, line: &str) {
-        self.process
-            .wait_line(what, Duration::from_secs(30), |l| l == line);
-    }
-}
-
 /// Where ztunnel's outbound listener sees the app's connection come from.
 #[derive(Clone, Copy)]
 enum AppSeenFrom {
@@ -556,7 +515,7 @@ fn a_real_ztunnel_carries_pod_to_pod_through_hbone_under_istio_cnis_rules() {
         let _entered = runtime.enter();
         Agent::start(
             &socket,
-            Arc::new(Enrolled(vec![pod("a", a), pod("b", b)])),
+            Arc::new(FixedPods(vec![pod("a", a), pod("b", b)])),
             Duration::from_secs(10),
         )
         .expect("the agent listens")

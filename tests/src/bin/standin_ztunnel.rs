@@ -11,8 +11,10 @@
 //! connects again, its pods' listeners kept, as ztunnel does.
 //!
 //! ```text
-//! standin-ztunnel --zds PATH
+//! standin-ztunnel --zds PATH [--quiet]
 //! ```
+//!
+//! `--quiet`: connections are not printed (for loads of many).
 
 use std::{
     collections::HashMap,
@@ -39,16 +41,20 @@ const INBOUND: u16 = 15006;
 const HBONE: u16 = 15008;
 /// The mark on every ztunnel socket.
 const MARK: u32 = 1337;
+/// `--quiet`: connections are not printed.
+static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 fn main() -> io::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let zds = match args.as_slice() {
-        [flag, path] if flag == "--zds" => PathBuf::from(path),
+    let (zds, quiet) = match args.as_slice() {
+        [flag, path] if flag == "--zds" => (PathBuf::from(path), false),
+        [flag, path, q] if flag == "--zds" && q == "--quiet" => (PathBuf::from(path), true),
         _ => {
-            eprintln!("usage: standin-ztunnel --zds PATH");
+            eprintln!("usage: standin-ztunnel --zds PATH [--quiet]");
             std::process::exit(2);
         }
     };
+    QUIET.store(quiet, std::sync::atomic::Ordering::Relaxed);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -176,10 +182,12 @@ async fn proxy(client: TcpStream, peer: SocketAddr, port: u16, netns: Arc<OwnedF
         return;
     }
     let inbound = port == INBOUND;
-    say(&format!(
-        "{} {peer} {original}",
-        if inbound { "inbound" } else { "outbound" }
-    ));
+    if !QUIET.load(std::sync::atomic::Ordering::Relaxed) {
+        say(&format!(
+            "{} {peer} {original}",
+            if inbound { "inbound" } else { "outbound" }
+        ));
+    }
     let transparent_from = inbound.then_some(peer.ip());
     let Ok(upstream) = in_netns(&netns, move || upstream_socket(original, transparent_from)) else {
         return;
