@@ -20,6 +20,11 @@ pub mod names {
     pub const LISTENERS: &str = "LISTENERS";
     pub const ADDR_MISSES: &str = "ADDR_MISSES";
     pub const POD_COOKIE: &str = "POD_COOKIE";
+    /// The decision trace's ring buffer (`trace::TraceRecord`s). Pinned beside the others
+    /// but in none of the lists below: it holds no state to share or copy on an upgrade,
+    /// and objects pinned by releases before it (whose programs logged through aya-log)
+    /// lack it, which `redirector trace` tells and an object's check must not refuse.
+    pub const TRACE: &str = "TRACE";
     /// Every map, for pinning and status.
     pub const ALL: [&str; 12] = [
         POD_CONFIG,
@@ -211,7 +216,7 @@ pub mod pod_flags {
     /// An `-i` CIDR holds a loopback address: istio then leaves out its rules that let lo
     /// traffic of non-proxy owners through.
     pub const INCLUDE_HAS_LOOPBACK: u32 = 1 << 5;
-    /// `redirector trace` is watching this pod: each decision is logged (aya-log).
+    /// `redirector trace` is watching this pod: each decision goes to the trace ring.
     pub const TRACE: u32 = 1 << 6;
     // Lists the pod left empty, so that connect4/6 look nothing up in them. Set for an
     // empty list rather than a full one: a config written before these bits existed
