@@ -1,7 +1,9 @@
 //! `redirector trace` over real connections: a redirected, a passed, an inbound and a DNS
 //! decision each show up with its reason while the trace runs; the switch is off once the
 //! tracer exits on SIGTERM, and `gc` clears the switch a killed tracer left on. The
-//! daemon's `trace` request streams the same until its client hangs up.
+//! daemon's `trace` request streams the same until its client hangs up. A pod on an object
+//! an earlier release pinned (no trace ring) is named and left untraced until it is set up
+//! again by this release.
 
 use std::os::unix::net::UnixStream;
 use std::process::Command;
@@ -10,7 +12,9 @@ use serde_json::{json, Value};
 
 use redirector_tests::dns::{use_dnsprobe_bin, DnsClient, DnsMode, ResolvConf, DNS_PORT};
 use redirector_tests::prelude::*;
-use redirector_tests::redirector::{trace_switch_on, wait_for_trace_switch};
+use redirector_tests::redirector::{
+    istio_iptables_command, status, trace_switch_on, wait_for_trace_switch, NextObject,
+};
 use redirector_tests::twin_pods::{start_app, start_peer, start_proxy};
 
 /// Each wait here is for a step of milliseconds: 10 s is room for a loaded machine.
@@ -220,4 +224,106 @@ fn the_daemon_streams_a_pods_decisions_until_the_client_hangs_up() {
     drop(stream);
     wait_until("the trace switch is off", || !trace_switch_on(&root));
     assert!(!root.path().join("tracers").exists());
+}
+
+/// Whether the pod's configuration under `root` has its trace switch on.
+fn traced(root: &PinRoot, cookie: u64) -> bool {
+    let status = status(root);
+    let pod = status["objects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|o| o["pods"].as_array().unwrap().clone())
+        .find(|p| p["netns_cookie"] == cookie)
+        .unwrap_or_else(|| panic!("pod {cookie} in {status}"));
+    let flags = pod["config"]["flags"].as_u64().unwrap();
+    flags & u64::from(redirector_common::pod_flags::TRACE) != 0
+}
+
+/// `pod` set up with the object at `next` (as a newer release would load it).
+fn install_with(pod: &ProxiedPod, root: &PinRoot, next: &NextObject) {
+    let mut cmd = istio_iptables_command(&pod.topo.pod, &pod.topo.pod_cgroup, root);
+    cmd.args(STANDARD_INJECTION)
+        .env("REDIRECTOR_EBPF_OBJECT", &next.path);
+    run_ok(&mut cmd);
+}
+
+#[test]
+fn a_pod_on_an_earlier_releases_object_is_named_and_traced_once_set_up_again() {
+    privileged!();
+    let (earlier, current) = (ProxiedPod::new("tearly"), ProxiedPod::new("tcurrent"));
+    let root = PinRoot::new("tearly");
+    earlier.install(&root, &STANDARD_INJECTION);
+    let [old] = <[String; 1]>::try_from(object_ids(&root)).unwrap();
+    // What an earlier release pinned: the object without a trace ring (its programs logged
+    // through aya-log).
+    let ring = root
+        .path()
+        .join("objects")
+        .join(&old)
+        .join("maps")
+        .join(redirector_common::names::TRACE);
+    std::fs::remove_file(&ring).unwrap();
+    let cookie = earlier.topo.pod.cookie();
+    let pod = format!("netns:{cookie}");
+
+    // One of its pods is refused, the message naming the object, the pod and what to do.
+    let out = Command::new(redirector_bin())
+        .args(["trace", "--netns"])
+        .arg(earlier.topo.pod.path())
+        .arg("--pin-root")
+        .arg(root.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    for told in [&old, &pod, "earlier release", "set up again"] {
+        assert!(err.contains(told), "{told:?} in {err}");
+    }
+    assert!(!traced(&root, cookie));
+
+    // Beside a pod on this release's object, tracing every pod traces that one and names
+    // the other in its log, whose switch stays off.
+    let next = NextObject::new();
+    install_with(&current, &root, &next);
+    assert_eq!(object_ids(&root).len(), 2);
+    let tracer = Spawn::new(redirector_bin())
+        .args(["trace", "--json", "--pin-root"])
+        .arg(root.path())
+        .spawn();
+    let current_cookie = current.topo.pod.cookie();
+    wait_until("the current pod's switch is on", || {
+        traced(&root, current_cookie)
+    });
+    let dst = current.service(false);
+    assert_proxied(&current.connect(APP_UID, APP_UID, dst), dst);
+    decision(&tracer, "the current pod's decision", |v| {
+        v["netns_cookie"] == current_cookie && v["reason"] == "redirected"
+    });
+    let notice = tracer.stderr();
+    for told in [&old, &pod, "earlier release"] {
+        assert!(notice.contains(told), "{told:?} in {notice}");
+    }
+    assert!(
+        !traced(&root, cookie),
+        "an earlier object's pod stays untraced"
+    );
+    let dst = earlier.service(false);
+    assert_proxied(&earlier.connect(APP_UID, APP_UID, dst), dst);
+    drop(tracer);
+
+    // Set up again by this release, it moves to this release's object and is traced.
+    install_with(&earlier, &root, &next);
+    assert!(!object_ids(&root).contains(&old), "{:?}", object_ids(&root));
+    let tracer = Spawn::new(redirector_bin())
+        .args(["trace", "--json", "--netns"])
+        .arg(earlier.topo.pod.path())
+        .arg("--pin-root")
+        .arg(root.path())
+        .spawn();
+    wait_until("the moved pod's switch is on", || traced(&root, cookie));
+    assert_proxied(&earlier.connect(APP_UID, APP_UID, dst), dst);
+    decision(&tracer, "the moved pod's decision", |v| {
+        v["netns_cookie"] == cookie && v["reason"] == "redirected"
+    });
 }

@@ -63,7 +63,7 @@ impl fmt::Display for EarlierObject {
         let pods: Vec<String> = self.pods.iter().map(|c| format!("netns:{c}")).collect();
         write!(
             f,
-            "object {} was pinned by an earlier release, whose programs log decisions in a format this release does not read: its pod(s) {} are not traced. They are once set up again by this release: a daemon of this release moves the node's object at its start; an init container's pod moves when the pod restarts",
+            "object {}, pinned by an earlier release, logs decisions in a format this release does not read: its pod(s) {} are not traced until set up again by this release (a daemon of this release moves the node's object when it starts; an init container's pod moves when the pod restarts)",
             self.object,
             if pods.is_empty() {
                 "(none)".into()
