@@ -139,7 +139,7 @@ fn capture<const V6: bool>(
     count_raw(netns_cookie, reason);
     if trace::on(cfg) {
         let (src, dst, families) = traced_addresses::<V6>(ctx, protocol, port);
-        trace::log(TraceRecord {
+        trace::write(TraceRecord {
             format: TRACE_FORMAT,
             reason,
             direction: OUTBOUND,

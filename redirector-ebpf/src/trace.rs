@@ -56,7 +56,7 @@ pub fn inbound(lk: &bpf_sk_lookup, netns_cookie: NetnsCookie, reason: Reason, to
     } else {
         (RawIp::from_v4_be(remote4), RawIp::from_v4_be(local4), 0)
     };
-    log(TraceRecord {
+    write(TraceRecord {
         format: trace::FORMAT,
         reason: reason as u8,
         direction: INBOUND,
@@ -96,9 +96,9 @@ pub fn settle(reason: Reason, port: u16) -> Option<(u8, u16)> {
     }
 }
 
-/// Trace `record`.
+/// Trace `record`: into this CPU's slot, and from there into the ring.
 #[inline(always)]
-pub fn log(record: TraceRecord) {
+pub fn write(record: TraceRecord) {
     if let Some(slot) = RECORD.get_ptr_mut(0) {
         // SAFETY: this CPU's slot, which nothing else uses while the program runs.
         let slot = unsafe { &mut *slot };
