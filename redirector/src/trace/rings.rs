@@ -15,16 +15,11 @@ use crate::store::{node_maps, NodeMaps, ObjectId, ObjectPins, OpenMapError, PinR
 pub enum RingError {
     #[error("listing the objects under {path}: {source}")]
     Objects { path: String, source: io::Error },
-    #[error("opening the trace ring of object {object}: {source}")]
-    Open {
-        object: ObjectId,
-        source: OpenMapError,
-    },
-    #[error("listing the pods of object {object}: {source}")]
-    Pods {
-        object: ObjectId,
-        source: OpenMapError,
-    },
+    /// The map's path names the object.
+    #[error("opening the trace ring: {0}")]
+    Open(OpenMapError),
+    #[error("listing the pods of an earlier release's object: {0}")]
+    Pods(OpenMapError),
     #[error("{0}")]
     EarlierRelease(EarlierObject),
     #[error("watching a trace ring: {0}")]
@@ -65,16 +60,12 @@ impl fmt::Display for EarlierObject {
             f,
             "object {}, pinned by an earlier release, logs decisions in a format this release does not read: its pod(s) {} are not traced until set up again by this release (a daemon of this release moves the node's object when it starts; an init container's pod moves when the pod restarts)",
             self.object,
-            if pods.is_empty() {
-                "(none)".into()
-            } else {
-                pods.join(", ")
-            }
+            pods.join(", ")
         )
     }
 }
 
-/// The trace rings under a pin root, and the objects without one.
+/// The trace rings under a pin root, and the objects without one that serve pods.
 pub struct Rings {
     pub rings: Vec<Ring>,
     pub earlier: Vec<EarlierObject>,
@@ -98,17 +89,14 @@ impl Rings {
 
 /// The pods configured in `object`.
 fn pods_of(object: &ObjectPins) -> Result<Vec<NetnsCookie>, RingError> {
-    let err = |source| RingError::Pods {
-        object: object.id().clone(),
-        source,
-    };
-    let maps = NodeMaps::open(object).map_err(err)?;
+    let maps = NodeMaps::open(object).map_err(RingError::Pods)?;
     let mut pods: Vec<NetnsCookie> = maps.pod_config.keys().filter_map(Result::ok).collect();
     pods.sort();
     Ok(pods)
 }
 
-/// Every object's trace ring under `root`, emptied of what an earlier tracer left unread.
+/// Every object's trace ring under `root`. Opening a ring consumes nothing: a tracer
+/// refused because another one runs takes no record from it.
 pub fn open_rings(root: &PinRoot) -> Result<Rings, RingError> {
     let objects = root.objects().map_err(|source| RingError::Objects {
         path: root.path().display().to_string(),
@@ -120,18 +108,17 @@ pub fn open_rings(root: &PinRoot) -> Result<Rings, RingError> {
     };
     for object in &objects {
         if !object.has_trace_ring() {
-            rings.earlier.push(EarlierObject {
-                object: object.id().clone(),
-                pods: pods_of(object)?,
-            });
+            // One without pods (about to be collected) has nothing to say.
+            let pods = pods_of(object)?;
+            if !pods.is_empty() {
+                rings.earlier.push(EarlierObject {
+                    object: object.id().clone(),
+                    pods,
+                });
+            }
             continue;
         }
-        let mut ring: RingBuf<MapData> =
-            node_maps::open(object, names::TRACE).map_err(|source| RingError::Open {
-                object: object.id().clone(),
-                source,
-            })?;
-        while ring.next().is_some() {}
+        let ring = node_maps::open(object, names::TRACE).map_err(RingError::Open)?;
         rings.rings.push(Ring {
             object: object.id().clone(),
             ring,
