@@ -3,7 +3,7 @@
 //! tracer exits on SIGTERM, and `gc` clears the switch a killed tracer left on. The
 //! daemon's `trace` request streams the same until its client hangs up. A pod on an object
 //! an earlier release pinned (no trace ring) is named and left untraced until it is set up
-//! again by this release.
+//! again by this release, or its daemon moves the node's object.
 
 use std::os::unix::net::UnixStream;
 use std::process::Command;
@@ -172,26 +172,48 @@ fn trace_shows_each_decision_and_switches_off_on_exit() {
     assert!(!root.path().join("tracers").exists());
 }
 
+/// The daemon's answer to `request`, with the connection and the lines that follow.
+fn ask(
+    daemon: &Daemon,
+    request: &str,
+) -> (
+    UnixStream,
+    std::io::Lines<std::io::BufReader<UnixStream>>,
+    Value,
+) {
+    use std::io::{BufRead, BufReader, Write};
+    let mut stream = UnixStream::connect(daemon.socket()).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    writeln!(stream, "{request}").unwrap();
+    let mut lines = BufReader::new(stream.try_clone().unwrap()).lines();
+    let answer: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    (stream, lines, answer)
+}
+
+/// Unpins `object`'s trace ring: what a release before the ring pinned (its programs
+/// logged through aya-log).
+fn as_pinned_by_an_earlier_release(root: &PinRoot, object: &str) {
+    let ring = root
+        .path()
+        .join("objects")
+        .join(object)
+        .join("maps")
+        .join(redirector_common::names::TRACE);
+    std::fs::remove_file(&ring).unwrap();
+}
+
 #[test]
 fn the_daemon_streams_a_pods_decisions_until_the_client_hangs_up() {
     privileged!();
-    use std::io::{BufRead, BufReader, Write};
     let TestNode { root, node, state } = TestNode::new("dtrace");
     // Its gc runs every second while it streams: it must leave its own trace alone.
     let daemon = Daemon::start_with(&root, &node, &state, &["--gc-interval", "1"]);
     let pod = ProxiedPod::under(&node, "dtracepod");
     daemon.add(&pod.topo.pod, "default/traced", &STANDARD_INJECTION);
 
-    let ask = |request: &str| {
-        let mut stream = UnixStream::connect(daemon.socket()).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        writeln!(stream, "{request}").unwrap();
-        let mut lines = BufReader::new(stream.try_clone().unwrap()).lines();
-        let answer: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
-        (stream, lines, answer)
-    };
+    let ask = |request: &str| ask(&daemon, request);
     let (_, _, answer) = ask(r#"{"op":"trace","name":"default/nobody"}"#);
     assert_eq!(answer["ok"], false, "{answer}");
     assert!(answer["error"].as_str().unwrap().contains("no such pod"));
@@ -255,15 +277,7 @@ fn a_pod_on_an_earlier_releases_object_is_named_and_traced_once_set_up_again() {
     let root = PinRoot::new("tearly");
     earlier.install(&root, &STANDARD_INJECTION);
     let [old] = <[String; 1]>::try_from(object_ids(&root)).unwrap();
-    // What an earlier release pinned: the object without a trace ring (its programs logged
-    // through aya-log).
-    let ring = root
-        .path()
-        .join("objects")
-        .join(&old)
-        .join("maps")
-        .join(redirector_common::names::TRACE);
-    std::fs::remove_file(&ring).unwrap();
+    as_pinned_by_an_earlier_release(&root, &old);
     let cookie = earlier.topo.pod.cookie();
     let pod = format!("netns:{cookie}");
 
@@ -326,4 +340,60 @@ fn a_pod_on_an_earlier_releases_object_is_named_and_traced_once_set_up_again() {
     decision(&tracer, "the moved pod's decision", |v| {
         v["netns_cookie"] == cookie && v["reason"] == "redirected"
     });
+}
+
+#[test]
+fn the_daemon_names_an_earlier_releases_object_and_traces_its_pods_once_it_moves_them() {
+    privileged!();
+    let TestNode { root, node, state } = TestNode::new("dtearly");
+    let daemon = Daemon::start(&root, &node, &state);
+    let pod = ProxiedPod::under(&node, "dtearlypod");
+    daemon.add(&pod.topo.pod, "default/early", &STANDARD_INJECTION);
+    let [old] = <[String; 1]>::try_from(object_ids(&root)).unwrap();
+    as_pinned_by_an_earlier_release(&root, &old);
+    let pod_told = format!("netns:{}", pod.topo.pod.cookie());
+
+    // The pod alone: refused, naming the object. Every pod: streamed, the answer and the
+    // log naming the object and its pod.
+    let (_, _, answer) = ask(&daemon, r#"{"op":"trace","name":"default/early"}"#);
+    assert_eq!(answer["ok"], false, "{answer}");
+    let err = answer["error"].as_str().unwrap();
+    for told in [&old, &pod_told, "earlier release"] {
+        assert!(err.contains(told), "{told:?} in {err}");
+    }
+    let (stream, lines, answer) = ask(&daemon, r#"{"op":"trace"}"#);
+    assert_eq!(answer["ok"], true, "{answer}");
+    let message = answer["message"].as_str().unwrap();
+    for told in [&old, &pod_told, "earlier release"] {
+        assert!(message.contains(told), "{told:?} in {message}");
+    }
+    assert!(daemon.log().contains(&pod_told), "{}", daemon.log());
+    assert!(
+        !trace_switch_on(&root),
+        "an earlier object's pod stays untraced"
+    );
+    drop((lines, stream));
+
+    // A daemon of this release moves the node to its object at start: the pod is traced.
+    let next = NextObject::new();
+    let daemon = daemon
+        .kill()
+        .restart_with_env("REDIRECTOR_EBPF_OBJECT", &next.path.display().to_string());
+    assert!(!object_ids(&root).contains(&old));
+    let (_stream, mut lines, answer) = ask(&daemon, r#"{"op":"trace","name":"default/early"}"#);
+    assert_eq!(answer["ok"], true, "{answer}");
+    wait_until("the trace switch is on", || trace_switch_on(&root));
+    let dst = pod.service(false);
+    assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+    let decision = loop {
+        let line = lines
+            .next()
+            .expect("the stream goes on")
+            .expect("a decision within 10 s");
+        let v: Value = serde_json::from_str(&line).unwrap();
+        if v["reason"] == "redirected" {
+            break v;
+        }
+    };
+    assert_fields(&decision, json!({"pod": "default/early", "to": 15001}));
 }
