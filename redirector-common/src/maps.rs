@@ -20,9 +20,18 @@ pub mod names {
     pub const LISTENERS: &str = "LISTENERS";
     pub const ADDR_MISSES: &str = "ADDR_MISSES";
     pub const POD_COOKIE: &str = "POD_COOKIE";
+    /// ztunnel's connections being made to a pod's app (Istio ambient).
     pub const ZTUNNEL_UPSTREAMS: &str = "ZTUNNEL_UPSTREAMS";
+    /// The decision trace's ring buffer (`trace::TraceRecord`s).
+    pub const TRACE: &str = "TRACE";
+    /// Maps pinned beside the others but in none of the lists below, since objects pinned
+    /// by earlier releases lack them and an object's check must not refuse those: the
+    /// trace ring (such objects logged through aya-log, which `redirector trace` tells) and
+    /// ztunnel's connections being made (such objects serve no ambient pod). Neither holds
+    /// state to share or copy on an upgrade.
+    pub const NEWER: [&str; 2] = [TRACE, ZTUNNEL_UPSTREAMS];
     /// Every map, for pinning and status.
-    pub const ALL: [&str; 13] = [
+    pub const ALL: [&str; 12] = [
         POD_CONFIG,
         PORT_SETS,
         CIDRS_V4,
@@ -35,18 +44,16 @@ pub mod names {
         DNS_ORIG_BY_COOKIE,
         ADDR_MISSES,
         POD_COOKIE,
-        ZTUNNEL_UPSTREAMS,
     ];
     /// The maps the programs write as connections come and go. An upgrade has the new
     /// programs use the running object's maps whenever their entries keep their shape
     /// (type, key and value size), whatever the capacities: a connection that meets the old
     /// programs at connect and the new ones at accept then finds its entry.
-    pub const IN_FLIGHT: [&str; 5] = [
+    pub const IN_FLIGHT: [&str; 4] = [
         ORIG_DST_BY_COOKIE,
         ORIG_DST_BY_CONN,
         DNS_ORIG_BY_COOKIE,
         ADDR_MISSES,
-        ZTUNNEL_UPSTREAMS,
     ];
 }
 
@@ -217,7 +224,7 @@ pub mod pod_flags {
     /// An `-i` CIDR holds a loopback address: istio then leaves out its rules that let lo
     /// traffic of non-proxy owners through.
     pub const INCLUDE_HAS_LOOPBACK: u32 = 1 << 5;
-    /// `redirector trace` is watching this pod: each decision is logged (aya-log).
+    /// `redirector trace` is watching this pod: each decision goes to the trace ring.
     pub const TRACE: u32 = 1 << 6;
     // Lists the pod left empty, so that connect4/6 look nothing up in them. Set for an
     // empty list rather than a full one: a config written before these bits existed

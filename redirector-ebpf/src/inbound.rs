@@ -191,7 +191,7 @@ fn unknown_address(ifindex: u32, key: PodAddrKey, to_itself: bool) -> u32 {
     SK_DROP
 }
 
-/// Count a decision, and log it when the pod is traced; `to` is the port steered to.
+/// Count a decision, and trace it when the pod is traced; `to` is the port steered to.
 #[inline(always)]
 fn decided(
     lk: &bpf_sk_lookup,

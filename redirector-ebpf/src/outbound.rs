@@ -9,7 +9,7 @@ use aya_ebpf::{
 };
 use redirector_common::{
     decide_outbound, pod_flags,
-    trace::{DST_V6, OUTBOUND, SRC_V6},
+    trace::{DST_V6, FORMAT as TRACE_FORMAT, OUTBOUND, SRC_V6},
     OrigDst, OutboundAttempt, PodConfig, Protocol, RawIp, Reason, TraceRecord, Verdict, AF_INET6,
     DNS_CAPTURE_PORT,
 };
@@ -139,18 +139,20 @@ fn capture<const V6: bool>(
     count_raw(netns_cookie, reason);
     if trace::on(cfg) {
         let (src, dst, families) = traced_addresses::<V6>(ctx, protocol, port);
-        trace::log(TraceRecord {
+        trace::write(TraceRecord {
+            format: TRACE_FORMAT,
+            reason,
+            direction: OUTBOUND,
+            protocol: protocol.number(),
+            dst_port: attempt.dst_port,
+            to: port,
             netns_cookie: netns_cookie.get(),
             uid: attempt.uid,
             gid: attempt.gid,
             src,
             dst,
-            dst_port: attempt.dst_port,
-            to: port,
-            reason,
-            direction: OUTBOUND,
-            protocol: protocol.number(),
             families,
+            _reserved: [0; 7],
         });
     }
     verdict

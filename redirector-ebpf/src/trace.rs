@@ -1,24 +1,29 @@
-//! The decision trace: one aya-log record per decision of a pod whose config carries
-//! [`pod_flags::TRACE`] (set by `redirector trace`). Other pods pay one bit test on a
-//! config already read.
+//! The decision trace: one record in the object's trace ring per decision of a pod whose
+//! config carries [`pod_flags::TRACE`] (set by `redirector trace`). Other pods pay one bit
+//! test on a config already read.
 //!
-//! Every record goes through the single non-inlined [`emit`], with one argument (the
-//! record's bytes): the log's code exists once per program and stays small, because the
-//! verifier walks it again for each path that logs.
+//! Every record goes through the single non-inlined [`emit`]: the ring's code exists once
+//! per program, and the verifier walks one call for each path that traces.
 
-use aya_ebpf::{bindings::bpf_sk_lookup, macros::map, maps::PerCpuArray};
-use aya_log_ebpf::info;
+use aya_ebpf::{
+    bindings::bpf_sk_lookup,
+    macros::map,
+    maps::{PerCpuArray, RingBuf},
+};
 use redirector_common::{
     kernel_abi::IPPROTO_TCP,
     pod_flags,
-    trace::{DST_V6, INBOUND, SRC_V6},
+    trace::{self, DST_V6, INBOUND, SRC_V6},
     NetnsCookie, PodConfig, RawIp, Reason, TraceRecord, AF_INET6,
 };
 
-const RECORD_SIZE: usize = size_of::<TraceRecord>();
+/// The decisions of traced pods, read by `redirector trace`
+/// (`redirector_common::names::TRACE`).
+#[map]
+static TRACE: RingBuf = RingBuf::with_byte_size(trace::RING_BYTES, 0);
 
-/// This CPU's record being logged. It lives here, not on the stack: a program's stack
-/// (512 bytes, its own and the log's together) has little room left in connect6.
+/// This CPU's record being traced. It lives here, not on the stack: a program's stack
+/// (512 bytes) has little room left in connect6.
 #[map]
 static RECORD: PerCpuArray<TraceRecord> = PerCpuArray::with_max_entries(1, 0);
 
@@ -27,9 +32,9 @@ pub fn on(cfg: &PodConfig) -> bool {
     cfg.flags & pod_flags::TRACE != 0
 }
 
-/// Log an inbound decision. The addresses are read again from the context here rather than
-/// handed over: `sk_lookup`'s own `IpAddr`s, kept live until its end, make the compiler
-/// spill registers the verifier sees as uninitialised.
+/// Trace an inbound decision. The addresses are read again from the context here rather
+/// than handed over: `sk_lookup`'s own `IpAddr`s, kept live until its end, make the
+/// compiler spill registers the verifier sees as uninitialised.
 #[inline(never)]
 pub fn inbound(lk: &bpf_sk_lookup, netns_cookie: NetnsCookie, reason: Reason, to: u16) {
     // Every field read on its own, at a constant offset: the verifier refuses a context
@@ -51,18 +56,20 @@ pub fn inbound(lk: &bpf_sk_lookup, netns_cookie: NetnsCookie, reason: Reason, to
     } else {
         (RawIp::from_v4_be(remote4), RawIp::from_v4_be(local4), 0)
     };
-    log(TraceRecord {
+    write(TraceRecord {
+        format: trace::FORMAT,
+        reason: reason as u8,
+        direction: INBOUND,
+        protocol: IPPROTO_TCP,
+        dst_port: local_port as u16,
+        to,
         netns_cookie: netns_cookie.get(),
         uid: 0,
         gid: 0,
         src,
         dst,
-        dst_port: local_port as u16,
-        to,
-        reason: reason as u8,
-        direction: INBOUND,
-        protocol: IPPROTO_TCP,
         families,
+        _reserved: [0; 7],
     });
 }
 
@@ -89,9 +96,9 @@ pub fn settle(reason: Reason, port: u16) -> Option<(u8, u16)> {
     }
 }
 
-/// Log `record`.
+/// Trace `record`: into this CPU's slot, and from there into the ring.
 #[inline(always)]
-pub fn log(record: TraceRecord) {
+pub fn write(record: TraceRecord) {
     if let Some(slot) = RECORD.get_ptr_mut(0) {
         // SAFETY: this CPU's slot, which nothing else uses while the program runs.
         let slot = unsafe { &mut *slot };
@@ -100,12 +107,9 @@ pub fn log(record: TraceRecord) {
     }
 }
 
-/// The aya-log record: `decision <hex bytes>`, parsed back by `redirector trace`. The macro
-/// takes only a literal: its prefix is `redirector_common::trace::TRACE_PREFIX`.
+/// `record`'s bytes into the trace ring, as they are. A full ring (a reader too slow)
+/// drops the record: the decision itself never waits on its trace.
 #[inline(never)]
 fn emit(record: &TraceRecord) {
-    // SAFETY: `TraceRecord` is `repr(C)` plain data without padding (bytemuck proves it on
-    // the user side), so its bytes are all initialised.
-    let bytes = unsafe { &*(record as *const TraceRecord).cast::<[u8; RECORD_SIZE]>() };
-    info!(record, "decision {:x}", bytes);
+    let _ = TRACE.output::<TraceRecord>(record, 0);
 }

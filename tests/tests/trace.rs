@@ -1,7 +1,9 @@
 //! `redirector trace` over real connections: a redirected, a passed, an inbound and a DNS
 //! decision each show up with its reason while the trace runs; the switch is off once the
 //! tracer exits on SIGTERM, and `gc` clears the switch a killed tracer left on. The
-//! daemon's `trace` request streams the same until its client hangs up.
+//! daemon's `trace` request streams the same until its client hangs up. A pod on an object
+//! an earlier release pinned (no trace ring) is named and left untraced until it is set up
+//! again by this release, or its daemon moves the node's object.
 
 use std::os::unix::net::UnixStream;
 use std::process::Command;
@@ -10,7 +12,9 @@ use serde_json::{json, Value};
 
 use redirector_tests::dns::{use_dnsprobe_bin, DnsClient, DnsMode, ResolvConf, DNS_PORT};
 use redirector_tests::prelude::*;
-use redirector_tests::redirector::{trace_switch_on, wait_for_trace_switch};
+use redirector_tests::redirector::{
+    istio_iptables_command, status, trace_switch_on, wait_for_trace_switch, NextObject,
+};
 use redirector_tests::twin_pods::{start_app, start_peer, start_proxy};
 
 /// Each wait here is for a step of milliseconds: 10 s is room for a loaded machine.
@@ -168,26 +172,48 @@ fn trace_shows_each_decision_and_switches_off_on_exit() {
     assert!(!root.path().join("tracers").exists());
 }
 
+/// The daemon's answer to `request`, with the connection and the lines that follow.
+fn ask(
+    daemon: &Daemon,
+    request: &str,
+) -> (
+    UnixStream,
+    std::io::Lines<std::io::BufReader<UnixStream>>,
+    Value,
+) {
+    use std::io::{BufRead, BufReader, Write};
+    let mut stream = UnixStream::connect(daemon.socket()).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    writeln!(stream, "{request}").unwrap();
+    let mut lines = BufReader::new(stream.try_clone().unwrap()).lines();
+    let answer: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    (stream, lines, answer)
+}
+
+/// Unpins `object`'s trace ring: what a release before the ring pinned (its programs
+/// logged through aya-log).
+fn as_pinned_by_an_earlier_release(root: &PinRoot, object: &str) {
+    let ring = root
+        .path()
+        .join("objects")
+        .join(object)
+        .join("maps")
+        .join(redirector_common::names::TRACE);
+    std::fs::remove_file(&ring).unwrap();
+}
+
 #[test]
 fn the_daemon_streams_a_pods_decisions_until_the_client_hangs_up() {
     privileged!();
-    use std::io::{BufRead, BufReader, Write};
     let TestNode { root, node, state } = TestNode::new("dtrace");
     // Its gc runs every second while it streams: it must leave its own trace alone.
     let daemon = Daemon::start_with(&root, &node, &state, &["--gc-interval", "1"]);
     let pod = ProxiedPod::under(&node, "dtracepod");
     daemon.add(&pod.topo.pod, "default/traced", &STANDARD_INJECTION);
 
-    let ask = |request: &str| {
-        let mut stream = UnixStream::connect(daemon.socket()).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        writeln!(stream, "{request}").unwrap();
-        let mut lines = BufReader::new(stream.try_clone().unwrap()).lines();
-        let answer: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
-        (stream, lines, answer)
-    };
+    let ask = |request: &str| ask(&daemon, request);
     let (_, _, answer) = ask(r#"{"op":"trace","name":"default/nobody"}"#);
     assert_eq!(answer["ok"], false, "{answer}");
     assert!(answer["error"].as_str().unwrap().contains("no such pod"));
@@ -220,4 +246,154 @@ fn the_daemon_streams_a_pods_decisions_until_the_client_hangs_up() {
     drop(stream);
     wait_until("the trace switch is off", || !trace_switch_on(&root));
     assert!(!root.path().join("tracers").exists());
+}
+
+/// Whether the pod's configuration under `root` has its trace switch on.
+fn traced(root: &PinRoot, cookie: u64) -> bool {
+    let status = status(root);
+    let pod = status["objects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|o| o["pods"].as_array().unwrap().clone())
+        .find(|p| p["netns_cookie"] == cookie)
+        .unwrap_or_else(|| panic!("pod {cookie} in {status}"));
+    let flags = pod["config"]["flags"].as_u64().unwrap();
+    flags & u64::from(redirector_common::pod_flags::TRACE) != 0
+}
+
+/// `pod` set up with the object at `next` (as a newer release would load it).
+fn install_with(pod: &ProxiedPod, root: &PinRoot, next: &NextObject) {
+    let mut cmd = istio_iptables_command(&pod.topo.pod, &pod.topo.pod_cgroup, root);
+    cmd.args(STANDARD_INJECTION)
+        .env("REDIRECTOR_EBPF_OBJECT", &next.path);
+    run_ok(&mut cmd);
+}
+
+#[test]
+fn a_pod_on_an_earlier_releases_object_is_named_and_traced_once_set_up_again() {
+    privileged!();
+    let (earlier, current) = (ProxiedPod::new("tearly"), ProxiedPod::new("tcurrent"));
+    let root = PinRoot::new("tearly");
+    earlier.install(&root, &STANDARD_INJECTION);
+    let [old] = <[String; 1]>::try_from(object_ids(&root)).unwrap();
+    as_pinned_by_an_earlier_release(&root, &old);
+    let cookie = earlier.topo.pod.cookie();
+    let pod = format!("netns:{cookie}");
+
+    // One of its pods is refused, the message naming the object, the pod and what to do.
+    let out = Command::new(redirector_bin())
+        .args(["trace", "--netns"])
+        .arg(earlier.topo.pod.path())
+        .arg("--pin-root")
+        .arg(root.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    for told in [&old, &pod, "earlier release", "set up again"] {
+        assert!(err.contains(told), "{told:?} in {err}");
+    }
+    assert!(!traced(&root, cookie));
+
+    // Beside a pod on this release's object, tracing every pod traces that one and names
+    // the other in its log, whose switch stays off.
+    let next = NextObject::new();
+    install_with(&current, &root, &next);
+    assert_eq!(object_ids(&root).len(), 2);
+    let tracer = Spawn::new(redirector_bin())
+        .args(["trace", "--json", "--pin-root"])
+        .arg(root.path())
+        .spawn();
+    let current_cookie = current.topo.pod.cookie();
+    wait_until("the current pod's switch is on", || {
+        traced(&root, current_cookie)
+    });
+    let dst = current.service(false);
+    assert_proxied(&current.connect(APP_UID, APP_UID, dst), dst);
+    decision(&tracer, "the current pod's decision", |v| {
+        v["netns_cookie"] == current_cookie && v["reason"] == "redirected"
+    });
+    let notice = tracer.stderr();
+    for told in [&old, &pod, "earlier release"] {
+        assert!(notice.contains(told), "{told:?} in {notice}");
+    }
+    assert!(
+        !traced(&root, cookie),
+        "an earlier object's pod stays untraced"
+    );
+    let dst = earlier.service(false);
+    assert_proxied(&earlier.connect(APP_UID, APP_UID, dst), dst);
+    drop(tracer);
+
+    // Set up again by this release, it moves to this release's object and is traced.
+    install_with(&earlier, &root, &next);
+    assert!(!object_ids(&root).contains(&old), "{:?}", object_ids(&root));
+    let tracer = Spawn::new(redirector_bin())
+        .args(["trace", "--json", "--netns"])
+        .arg(earlier.topo.pod.path())
+        .arg("--pin-root")
+        .arg(root.path())
+        .spawn();
+    wait_until("the moved pod's switch is on", || traced(&root, cookie));
+    assert_proxied(&earlier.connect(APP_UID, APP_UID, dst), dst);
+    decision(&tracer, "the moved pod's decision", |v| {
+        v["netns_cookie"] == cookie && v["reason"] == "redirected"
+    });
+}
+
+#[test]
+fn the_daemon_names_an_earlier_releases_object_and_traces_its_pods_once_it_moves_them() {
+    privileged!();
+    let TestNode { root, node, state } = TestNode::new("dtearly");
+    let daemon = Daemon::start(&root, &node, &state);
+    let pod = ProxiedPod::under(&node, "dtearlypod");
+    daemon.add(&pod.topo.pod, "default/early", &STANDARD_INJECTION);
+    let [old] = <[String; 1]>::try_from(object_ids(&root)).unwrap();
+    as_pinned_by_an_earlier_release(&root, &old);
+    let pod_told = format!("netns:{}", pod.topo.pod.cookie());
+
+    // The pod alone: refused, naming the object. Every pod: streamed, the answer and the
+    // log naming the object and its pod.
+    let (_, _, answer) = ask(&daemon, r#"{"op":"trace","name":"default/early"}"#);
+    assert_eq!(answer["ok"], false, "{answer}");
+    let err = answer["error"].as_str().unwrap();
+    for told in [&old, &pod_told, "earlier release"] {
+        assert!(err.contains(told), "{told:?} in {err}");
+    }
+    let (stream, lines, answer) = ask(&daemon, r#"{"op":"trace"}"#);
+    assert_eq!(answer["ok"], true, "{answer}");
+    let message = answer["message"].as_str().unwrap();
+    for told in [&old, &pod_told, "earlier release"] {
+        assert!(message.contains(told), "{told:?} in {message}");
+    }
+    assert!(daemon.log().contains(&pod_told), "{}", daemon.log());
+    assert!(
+        !trace_switch_on(&root),
+        "an earlier object's pod stays untraced"
+    );
+    drop((lines, stream));
+
+    // A daemon of this release moves the node to its object at start: the pod is traced.
+    let next = NextObject::new();
+    let daemon = daemon
+        .kill()
+        .restart_with_env("REDIRECTOR_EBPF_OBJECT", &next.path.display().to_string());
+    assert!(!object_ids(&root).contains(&old));
+    let (_stream, mut lines, answer) = ask(&daemon, r#"{"op":"trace","name":"default/early"}"#);
+    assert_eq!(answer["ok"], true, "{answer}");
+    wait_until("the trace switch is on", || trace_switch_on(&root));
+    let dst = pod.service(false);
+    assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
+    let decision = loop {
+        let line = lines
+            .next()
+            .expect("the stream goes on")
+            .expect("a decision within 10 s");
+        let v: Value = serde_json::from_str(&line).unwrap();
+        if v["reason"] == "redirected" {
+            break v;
+        }
+    };
+    assert_fields(&decision, json!({"pod": "default/early", "to": 15001}));
 }

@@ -1,5 +1,5 @@
 //! `redirector trace`: switch tracing on for a pod (or every pod), print each decision the
-//! programs log as it arrives, and switch it off again on exit (Ctrl-C, SIGTERM).
+//! programs trace as it arrives, and switch it off again on exit (Ctrl-C, SIGTERM).
 
 use std::{io::Write as _, path::PathBuf, sync::Mutex};
 
@@ -75,6 +75,13 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<()> {
             );
         }
     }
+    let rings = open_rings(&root)?;
+    rings.check(traced)?;
+    if traced == Traced::All {
+        for earlier in &rings.earlier {
+            tracing::warn!("{earlier}");
+        }
+    }
     let json = args.json;
     let out = Mutex::new(std::io::stdout());
     let sink = DecisionSink::new(move |record| {
@@ -88,7 +95,6 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<()> {
         // A closed stdout (`| head`) ends nothing here; the signals end the run.
         let _ = writeln!(out, "{line}").and_then(|()| out.flush());
     });
-    let rings = open_rings(&root, &sink)?;
     let tracer = Tracer::start(&root, traced)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -104,7 +110,7 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<()> {
                 _ = int.recv() => {}
             }
         };
-        follow(&tracer, rings, stop)
+        follow(&tracer, rings.rings, sink, stop)
             .await
             .map_err(anyhow::Error::from)
     });

@@ -36,14 +36,15 @@ pub async fn stream(
                     counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
             });
-            let rings = open_rings(&pods.root, &sink).map_err(|e| e.to_string())?;
+            let rings = open_rings(&pods.root).map_err(|e| e.to_string())?;
+            rings.check(traced).map_err(|e| e.to_string())?;
             let tracer = Tracer::start(&pods.root, traced).map_err(|e| e.to_string())?;
-            Ok((tracer, rings, rx, dropped))
+            Ok((tracer, rings, sink, rx, dropped))
         })
         .await
         .unwrap_or_else(|err| Err(format!("the request failed: {err}")))
     };
-    let (tracer, rings, mut rx, dropped) = match start {
+    let (tracer, rings, sink, mut rx, dropped) = match start {
         Ok(started) => started,
         Err(err) => {
             let _ = writer
@@ -52,7 +53,12 @@ pub async fn stream(
             return;
         }
     };
-    let answer = Response::done("tracing: one decision per line until you close", Vec::new());
+    let mut message = String::from("tracing: one decision per line until you close");
+    for earlier in &rings.earlier {
+        tracing::warn!("trace: {earlier}");
+        message.push_str(&format!("; {earlier}"));
+    }
+    let answer = Response::done(message, Vec::new());
     if writer.write_all(&response_line(&answer)).await.is_ok() {
         // The client hanging up (or sending anything) ends the stream.
         let hangup = async {
@@ -69,7 +75,7 @@ pub async fn stream(
             }
         };
         tokio::select! {
-            followed = follow(&tracer, rings, hangup) => {
+            followed = follow(&tracer, rings.rings, sink, hangup) => {
                 if let Err(err) = followed {
                     tracing::warn!("trace: {err}");
                 }

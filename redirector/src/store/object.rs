@@ -385,18 +385,29 @@ fn load_and_pin(
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
             .and(first)
     })?;
-    for name in names::ALL {
+    let pin = |name: &str, map: &aya::maps::Map| {
         let path = staging.map(name);
-        let map = ebpf.map(name).ok_or_else(|| ObjectError::Incomplete {
-            path: "embedded object".into(),
-            missing: name.into(),
-        })?;
         map.pin(&path).map_err(|source| ObjectError::Pin {
             what: name.into(),
             path: path.display().to_string(),
             source: io::Error::other(source.to_string()),
         })?;
         crate::sys::fault::step("a pinned map of a new object");
+        Ok::<(), ObjectError>(())
+    };
+    for name in names::ALL {
+        let map = ebpf.map(name).ok_or_else(|| ObjectError::Incomplete {
+            path: "embedded object".into(),
+            missing: name.into(),
+        })?;
+        pin(name, map)?;
+    }
+    // An object built before these (an earlier release's, given by REDIRECTOR_EBPF_OBJECT
+    // to roll back) has none: `redirector trace` says so, and ambient pods are refused.
+    for name in names::NEWER {
+        if let Some(map) = ebpf.map(name) {
+            pin(name, map)?;
+        }
     }
     Ok(())
 }

@@ -216,6 +216,12 @@ impl ObjectPins {
         self.maps_dir().join(name)
     }
 
+    /// Whether the object has a trace ring ([`redirector_common::names::TRACE`]): objects
+    /// pinned by releases before it have none, their programs logging through aya-log.
+    pub fn has_trace_ring(&self) -> bool {
+        self.map(redirector_common::names::TRACE).exists()
+    }
+
     /// Where pods' links are pinned.
     pub fn links_dir(&self) -> PathBuf {
         self.dir.join("links")

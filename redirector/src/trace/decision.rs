@@ -1,11 +1,11 @@
 //! A decision as `redirector trace` prints it (text or JSON) and the daemon streams it,
-//! from the `TraceRecord` the programs log.
+//! from the `TraceRecord` the programs write.
 
 use std::net::IpAddr;
 
 use redirector_common::{
     kernel_abi::IPPROTO_UDP,
-    trace::{DST_V6, INBOUND, SRC_V6, TRACE_PREFIX},
+    trace::{DST_V6, INBOUND, SRC_V6},
     RawIp, Reason, TraceRecord, AF_INET, AF_INET6,
 };
 use serde::Serialize;
@@ -86,51 +86,32 @@ impl Decision {
     }
 }
 
-/// `decision <hex bytes>` back into the record the program logged.
-pub fn parse(message: &str) -> Option<TraceRecord> {
-    let hex = message.strip_prefix(TRACE_PREFIX)?;
-    let mut bytes = [0u8; size_of::<TraceRecord>()];
-    if hex.len() != bytes.len() * 2 {
-        return None;
-    }
-    for (i, b) in bytes.iter_mut().enumerate() {
-        *b = u8::from_str_radix(hex.get(i * 2..i * 2 + 2)?, 16).ok()?;
-    }
-    Some(bytemuck::pod_read_unaligned(&bytes))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn a_logged_record_reads_back_and_prints_with_explains_reason_names() {
+    fn a_record_prints_with_explains_reason_names() {
         let record = TraceRecord {
+            format: redirector_common::trace::FORMAT,
+            reason: Reason::Redirected as u8,
+            direction: redirector_common::trace::OUTBOUND,
+            protocol: redirector_common::kernel_abi::IPPROTO_TCP,
+            dst_port: 80,
+            to: 15001,
             netns_cookie: 4097,
             uid: 1000,
             gid: 1001,
             src: RawIp::from_ip(std::net::Ipv6Addr::LOCALHOST.into()),
             dst: RawIp::from_ip(std::net::Ipv4Addr::new(10, 9, 8, 7).into()),
-            dst_port: 80,
-            to: 15001,
-            reason: Reason::Redirected as u8,
-            direction: redirector_common::trace::OUTBOUND,
-            protocol: redirector_common::kernel_abi::IPPROTO_TCP,
             families: SRC_V6,
+            _reserved: [0; 7],
         };
-        let hex: String = bytemuck::bytes_of(&record)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        let back = parse(&format!("{TRACE_PREFIX}{hex}")).unwrap();
-        assert_eq!(back, record);
-        let decision = Decision::of(&back, None);
+        let decision = Decision::of(&record, None);
         assert_eq!(decision.src, std::net::Ipv6Addr::LOCALHOST);
         assert_eq!(
             decision.text(),
             "netns:4097 out tcp 10.9.8.7:80 redirected -> :15001 uid=1000 gid=1001"
         );
-        assert!(parse("decision 00").is_none());
-        assert!(parse("something else").is_none());
     }
 }

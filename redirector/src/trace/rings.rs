@@ -1,40 +1,34 @@
-//! Reading the decisions the programs log: each pinned object's aya-log ring buffer,
-//! opened through one of its programs by id, so this works beside whoever loaded it.
+//! Reading the decisions the programs trace: each pinned object's trace ring
+//! ([`names::TRACE`]), opened by its pin, so this works beside whoever loaded the object.
+//! An object an earlier release pinned has no such ring; its pods are named, not traced.
 
-use std::{future::Future, io, sync::Arc, time::Duration};
+use std::{fmt, future::Future, io, sync::Arc, time::Duration};
 
-use aya::programs::ProgramInfo;
-use aya_log::EbpfLogger;
-use redirector_common::TraceRecord;
+use aya::maps::{MapData, RingBuf};
+use redirector_common::{names, NetnsCookie, TraceRecord};
 use tokio::io::{unix::AsyncFd, Interest};
 
-use super::{parse, Tracer};
-use crate::store::PinRoot;
-
-/// A program that logs; every program of an object writes to the same ring.
-const LOGGING_PROGRAM: &str = "capture_connect4";
+use super::{record, Traced, Tracer};
+use crate::store::{node_maps, NodeMaps, ObjectId, ObjectPins, OpenMapError, PinRoot};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RingError {
     #[error("listing the objects under {path}: {source}")]
     Objects { path: String, source: io::Error },
-    #[error("opening the program {path}: {source}")]
-    Program {
-        path: String,
-        source: aya::programs::ProgramError,
-    },
-    #[error("opening the log ring of object {object}: {source}")]
-    Open {
-        object: String,
-        source: aya_log::Error,
-    },
-    #[error("watching a log ring: {0}")]
+    /// The map's path names the object.
+    #[error("opening the trace ring: {0}")]
+    Open(OpenMapError),
+    #[error("listing the pods of an earlier release's object: {0}")]
+    Pods(OpenMapError),
+    #[error("{0}")]
+    EarlierRelease(EarlierObject),
+    #[error("watching a trace ring: {0}")]
     Watch(io::Error),
     #[error("refreshing the trace switch: {0}")]
     Refresh(#[from] super::TraceError),
 }
 
-/// Where decisions go: each record aya-log reads that is a decision.
+/// Where decisions go.
 #[derive(Clone)]
 pub struct DecisionSink(Arc<dyn Fn(TraceRecord) + Send + Sync>);
 
@@ -44,72 +38,135 @@ impl DecisionSink {
     }
 }
 
-impl log::Log for DecisionSink {
-    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
-        true
-    }
-
-    fn log(&self, record: &log::Record<'_>) {
-        if let Some(decision) = parse(&record.args().to_string()) {
-            (self.0)(decision);
-        }
-    }
-
-    fn flush(&self) {}
+/// One object's trace ring.
+pub struct Ring {
+    object: ObjectId,
+    ring: RingBuf<MapData>,
 }
 
-/// One object's log ring.
-pub type Ring = EbpfLogger<DecisionSink>;
+/// An object pinned by a release before the trace ring: its programs write decisions in
+/// aya-log's format to aya-log's ring, which this release does not read, so its pods are
+/// not traced (their switch is left off). It goes once its pods are set up by this release.
+#[derive(Debug)]
+pub struct EarlierObject {
+    pub object: ObjectId,
+    pub pods: Vec<NetnsCookie>,
+}
 
-/// Every object's log ring under `root`, each record that is a decision handed to `sink`.
-pub fn open_rings(root: &PinRoot, sink: &DecisionSink) -> Result<Vec<Ring>, RingError> {
+impl fmt::Display for EarlierObject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let pods: Vec<String> = self.pods.iter().map(|c| format!("netns:{c}")).collect();
+        write!(
+            f,
+            "object {}, pinned by an earlier release, logs decisions in a format this release does not read: its pod(s) {} are not traced until set up again by this release (a daemon of this release moves the node's object when it starts; an init container's pod moves when the pod restarts)",
+            self.object,
+            pods.join(", ")
+        )
+    }
+}
+
+/// The trace rings under a pin root, and the objects without one that serve pods.
+pub struct Rings {
+    pub rings: Vec<Ring>,
+    pub earlier: Vec<EarlierObject>,
+}
+
+impl Rings {
+    /// Refuses to trace a single pod that an [`EarlierObject`] serves.
+    pub fn check(&self, traced: Traced) -> Result<(), RingError> {
+        let Traced::One(cookie) = traced else {
+            return Ok(());
+        };
+        match self.earlier.iter().find(|e| e.pods.contains(&cookie)) {
+            Some(earlier) => Err(RingError::EarlierRelease(EarlierObject {
+                object: earlier.object.clone(),
+                pods: vec![cookie],
+            })),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The pods configured in `object`.
+fn pods_of(object: &ObjectPins) -> Result<Vec<NetnsCookie>, RingError> {
+    let maps = NodeMaps::open(object).map_err(RingError::Pods)?;
+    let mut pods: Vec<NetnsCookie> = maps.pod_config.keys().filter_map(Result::ok).collect();
+    pods.sort();
+    Ok(pods)
+}
+
+/// Every object's trace ring under `root`. Opening a ring consumes nothing: a tracer
+/// refused because another one runs takes no record from it.
+pub fn open_rings(root: &PinRoot) -> Result<Rings, RingError> {
     let objects = root.objects().map_err(|source| RingError::Objects {
         path: root.path().display().to_string(),
         source,
     })?;
-    let mut rings = Vec::new();
+    let mut rings = Rings {
+        rings: Vec::new(),
+        earlier: Vec::new(),
+    };
     for object in &objects {
-        let path = object.program(LOGGING_PROGRAM);
-        let id = ProgramInfo::from_pin(&path)
-            .map_err(|source| RingError::Program {
-                path: path.display().to_string(),
-                source,
-            })?
-            .id();
-        rings.push(
-            EbpfLogger::init_from_id_with_logger(id, sink.clone()).map_err(|source| {
-                RingError::Open {
-                    object: object.id().to_string(),
-                    source,
-                }
-            })?,
-        );
+        if !object.has_trace_ring() {
+            // One without pods (about to be collected) has nothing to say.
+            let pods = pods_of(object)?;
+            if !pods.is_empty() {
+                rings.earlier.push(EarlierObject {
+                    object: object.id().clone(),
+                    pods,
+                });
+            }
+            continue;
+        }
+        let ring = node_maps::open(object, names::TRACE).map_err(RingError::Open)?;
+        rings.rings.push(Ring {
+            object: object.id().clone(),
+            ring,
+        });
     }
     Ok(rings)
 }
 
-/// Hand decisions to the rings' sink as they arrive, until `stop` completes; set the
-/// tracer's switch again every second (a re-applied pod, new pods).
+/// Read one ring as it fills, each record handed to `sink`; a record this release cannot
+/// read is skipped, the first one said in the log.
+async fn read(mut fd: AsyncFd<Ring>, sink: DecisionSink) -> io::Result<()> {
+    let mut refused = 0u64;
+    loop {
+        let mut ready = fd.readable_mut().await?;
+        let ring = ready.get_inner_mut();
+        while let Some(item) = ring.ring.next() {
+            match record::decode(&item) {
+                Ok(record) => (sink.0)(record),
+                Err(err) => {
+                    refused += 1;
+                    if refused == 1 {
+                        tracing::warn!(
+                            "trace ring of object {}: {err}; skipping such records",
+                            ring.object
+                        );
+                    }
+                }
+            }
+        }
+        ready.clear_ready();
+    }
+}
+
+/// Hand decisions to `sink` as they arrive, until `stop` completes; set the tracer's
+/// switch again every second (a re-applied pod, new pods).
 pub async fn follow(
     tracer: &Tracer,
     rings: Vec<Ring>,
+    sink: DecisionSink,
     stop: impl Future<Output = ()>,
 ) -> Result<(), RingError> {
     let mut readers = tokio::task::JoinSet::new();
     for ring in rings {
-        // SAFETY: the logger owns its ring buffer's fd and keeps it open, unchanged, for
-        // its whole life, which the AsyncFd holding it bounds.
-        let mut fd = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
+        // SAFETY: the ring owns its map's fd and keeps it open, unchanged, for its whole
+        // life, which the AsyncFd holding it bounds.
+        let fd = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
             .map_err(|e| RingError::Watch(e.into_parts().1))?;
-        readers.spawn(async move {
-            loop {
-                let mut ready = fd.readable_mut().await?;
-                ready.get_inner_mut().flush();
-                ready.clear_ready();
-            }
-            #[allow(unreachable_code)]
-            Ok::<(), io::Error>(())
-        });
+        readers.spawn(read(fd, sink.clone()));
     }
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tokio::pin!(stop);
@@ -123,5 +180,11 @@ pub async fn follow(
             }
             _ = tick.tick() => tracer.refresh()?,
         }
+    }
+}
+
+impl std::os::fd::AsRawFd for Ring {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.ring.as_raw_fd()
     }
 }

@@ -1,8 +1,8 @@
 //! The switch behind `redirector trace`: the `TRACE` bit in pod configurations, and the
 //! marker of the tracer that set it.
 //!
-//! One tracer at a time per pin root: the programs of an object share one log ring, so two
-//! readers would each get a part. The tracer's marker is a directory named by its pid under
+//! One tracer at a time per pin root: the programs of an object share one trace ring, so
+//! two readers would each get a part. The tracer's marker is a directory named by its pid under
 //! `<pin-root>/tracers/`; a tracer that was killed leaves it behind, and the next `trace`
 //! or `gc` (also the daemon's) clears the bits it left set.
 
@@ -93,13 +93,17 @@ pub fn clear_stale_locked(root: &PinRoot) -> Result<Option<u32>, TraceError> {
     Ok(live)
 }
 
-/// Set (`on`) or clear the `TRACE` bit of the traced pods, under every object. Writes only
-/// the configurations whose bit differs.
+/// Set (`on`) or clear the `TRACE` bit of the traced pods, under every object (set only
+/// under objects with a trace ring: an earlier release's programs would log to a ring no
+/// one reads). Writes only the configurations whose bit differs.
 fn switch(root: &PinRoot, traced: Traced, on: bool) -> Result<(), TraceError> {
     for object in root
         .objects()
         .map_err(fs_err("listing", &root.objects_dir()))?
     {
+        if on && !object.has_trace_ring() {
+            continue;
+        }
         let mut maps = NodeMaps::open(&object)?;
         let cookies: Vec<NetnsCookie> = match traced {
             Traced::One(cookie) => vec![cookie],
