@@ -15,17 +15,20 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use redirector::sys::kernel::FORCE_FALLBACKS_ENV;
+use redirector::zds::{agent::Workload, wire::WorkloadInfo};
 use redirector_tests::bpftool::{program_runs, BpfStats};
 use redirector_tests::cgroup::Cgroup;
 use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::dns::protocol::DnsOutcome;
 use redirector_tests::dns::{DnsClient, DnsMode, DnsServer};
 use redirector_tests::iptables::{apply_golden, standard_injection};
+use redirector_tests::istio_cni;
 use redirector_tests::linkerd::{cases::LINKERD_PROXY_UID, linkerd_proxy_init_command};
 use redirector_tests::redirector::{
     install, istio_iptables_command, redirector_bin, run_ok, wait_for_trace_switch, PinRoot,
     STANDARD_INJECTION,
 };
+use redirector_tests::ztunnel::{StandInProcess, TestAgent};
 use redirector_tests::{
     bin_path, wait_tcp_listening, ChildGuard, Spawn, Topology, APP_UID, PROXY_UID,
 };
@@ -60,10 +63,17 @@ pub enum Mode {
     /// capture, dialling the service directly: what a pod outside the mesh pays, against
     /// `direct` (the same pod on a node without redirector).
     Bystander,
+    /// Istio ambient under istio-cni's in-pod rules: the stand-in ztunnel, from its own
+    /// namespace and cgroup, proxies the pod's connections from its 15001 in the pod's
+    /// namespace (the bench plays the node agent).
+    AmbientIptables,
+    /// The same pod and stand-in ztunnel, the pod enrolled through the daemon's API
+    /// (`pod add --dialect ambient`) and captured by redirector's programs.
+    AmbientRedirector,
 }
 
 impl Mode {
-    pub const ALL: [Mode; 9] = [
+    pub const ALL: [Mode; 11] = [
         Mode::Direct,
         Mode::Explicit,
         Mode::Iptables,
@@ -73,6 +83,8 @@ impl Mode {
         Mode::RedirectorFallbacks,
         Mode::RedirectorLinkerd,
         Mode::Bystander,
+        Mode::AmbientIptables,
+        Mode::AmbientRedirector,
     ];
 
     pub fn name(self) -> &'static str {
@@ -86,13 +98,20 @@ impl Mode {
             Mode::RedirectorFallbacks => "redirector-fallbacks",
             Mode::RedirectorLinkerd => "redirector-linkerd",
             Mode::Bystander => "daemon-bystander",
+            Mode::AmbientIptables => "ambient-iptables",
+            Mode::AmbientRedirector => "ambient-redirector",
         }
     }
 
     /// Whether the sidecar captures this mode's connections (its eBPF profile includes
     /// requests the sidecar answers itself).
     pub fn proxied(self) -> bool {
-        !matches!(self, Mode::Direct | Mode::Bystander)
+        !matches!(self, Mode::Direct | Mode::Bystander) && !self.ambient()
+    }
+
+    /// Whether ztunnel proxies the pod (no sidecar).
+    pub fn ambient(self) -> bool {
+        matches!(self, Mode::AmbientIptables | Mode::AmbientRedirector)
     }
 }
 
@@ -105,7 +124,9 @@ struct Bed {
     mode: Mode,
     _tracer: Option<ChildGuard>,
     _nginx: ChildGuard,
-    _sidecar: ChildGuard,
+    _sidecar: Option<ChildGuard>,
+    _ztunnel: Option<StandInProcess>,
+    _agent: Option<TestAgent>,
     daemon: Option<Daemon>,
     topo: Topology,
     _node: Option<Cgroup>,
@@ -171,6 +192,22 @@ fn tune(netns: &redirector_tests::NetNs) {
     netns.run(&["sysctl", "-q", "-w", "net.core.somaxconn=4096"]);
 }
 
+/// The ambient pod's uid, as ztunnel is told of it.
+const AMBIENT_UID: &str = "bench-app-uid";
+
+/// The ambient pod as the bench's agent tells ztunnel of it.
+fn ambient_workload(topo: &Topology) -> Workload {
+    Workload {
+        uid: AMBIENT_UID.to_owned(),
+        info: WorkloadInfo {
+            name: "app".to_owned(),
+            namespace: "bench".to_owned(),
+            service_account: "default".to_owned(),
+        },
+        netns: topo.pod.path(),
+    }
+}
+
 /// `redirector trace` of the pod on the servers' CPU, its lines discarded, once the pod's
 /// trace switch is on.
 fn trace(topo: &Topology, root: &PinRoot) -> ChildGuard {
@@ -189,7 +226,13 @@ impl Bed {
     fn new(mode: Mode, site: &Site) -> Bed {
         let hint = format!("b{}", mode.name());
         let (node, state, root, topo) = match mode {
-            Mode::RedirectorDaemon | Mode::Bystander => {
+            Mode::AmbientIptables => (
+                None,
+                Some(StateDir::on_tmpfs("benchzds")),
+                None,
+                Topology::new(&hint),
+            ),
+            Mode::RedirectorDaemon | Mode::Bystander | Mode::AmbientRedirector => {
                 let node = Cgroup::new("benchnode");
                 let topo = Topology::under(&node, &hint);
                 (
@@ -221,23 +264,77 @@ impl Bed {
             Mode::RedirectorLinkerd => ("127.0.0.1:4140", LINKERD_PROXY_UID),
             _ => ("127.0.0.1:15001", PROXY_UID),
         };
-        let sidecar = Spawn::new("taskset")
-            .args(["-c", "1"])
-            .arg(bin_path("sidecar"))
-            .args(["--listen", listen, "--upstream"])
-            .arg(service.to_string())
-            .args(["--answer-port", &ANSWERED_PORT.to_string()])
-            .netns(&topo.pod)
-            .cgroup(&topo.pod_cgroup)
-            .user(proxy_uid, proxy_uid)
-            .spawn();
-        sidecar.wait_line("sidecar listening", Duration::from_secs(10), |l| {
-            l.starts_with("listening")
+        let sidecar = (!mode.ambient()).then(|| {
+            let sidecar = Spawn::new("taskset")
+                .args(["-c", "1"])
+                .arg(bin_path("sidecar"))
+                .args(["--listen", listen, "--upstream"])
+                .arg(service.to_string())
+                .args(["--answer-port", &ANSWERED_PORT.to_string()])
+                .netns(&topo.pod)
+                .cgroup(&topo.pod_cgroup)
+                .user(proxy_uid, proxy_uid)
+                .spawn();
+            sidecar.wait_line("sidecar listening", Duration::from_secs(10), |l| {
+                l.starts_with("listening")
+            });
+            sidecar
         });
         let mut daemon = None;
         let mut tracer = None;
+        let (mut ztunnel, mut agent) = (None, None);
         match mode {
             Mode::Direct | Mode::Explicit => {}
+            Mode::AmbientIptables => {
+                istio_cni::apply(&topo.pod);
+                let socket = state.as_ref().unwrap().path().join("ztunnel.sock");
+                agent = Some(TestAgent::start(
+                    &socket,
+                    vec![ambient_workload(&topo)],
+                    Duration::from_secs(10),
+                ));
+                // On the servers' CPU, as the sidecar is.
+                let z = StandInProcess::start_for_load(&format!("{hint}zt"), &socket, 1);
+                z.wait_line("the pod in the snapshot", &format!("added {AMBIENT_UID}"));
+                ztunnel = Some(z);
+            }
+            Mode::AmbientRedirector => {
+                let state = state.as_ref().unwrap();
+                let socket = state.path().join("ztunnel.sock");
+                let socket_flag = socket.display().to_string();
+                let d = Daemon::start_with(
+                    root.as_ref().unwrap(),
+                    node.as_ref().unwrap(),
+                    state,
+                    &["--ztunnel-socket", &socket_flag],
+                );
+                let z = StandInProcess::start_for_load(&format!("{hint}zt"), &socket, 1);
+                let (netns, cgroup) = (
+                    topo.pod.path().display().to_string(),
+                    topo.pod_cgroup.path().display().to_string(),
+                );
+                let out = d.pod(&[
+                    "add",
+                    "--dialect",
+                    "ambient",
+                    "--netns",
+                    &netns,
+                    "--cgroup",
+                    &cgroup,
+                    "--name",
+                    "bench/app",
+                    "--pod-uid",
+                    AMBIENT_UID,
+                ]);
+                assert!(
+                    out.status.success(),
+                    "pod add --dialect ambient: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                z.wait_line("the pod enrolled", &format!("added {AMBIENT_UID}"));
+                daemon = Some(d);
+                ztunnel = Some(z);
+            }
             Mode::Bystander => {
                 daemon = Some(Daemon::start(
                     root.as_ref().unwrap(),
@@ -298,6 +395,8 @@ impl Bed {
             _tracer: tracer,
             _nginx: nginx,
             _sidecar: sidecar,
+            _ztunnel: ztunnel,
+            _agent: agent,
             daemon,
             topo,
             _node: node,

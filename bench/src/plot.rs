@@ -20,6 +20,8 @@ const COLORS: [RGBColor; Mode::ALL.len()] = [
     RGBColor(140, 110, 190),
     RGBColor(230, 160, 40),
     RGBColor(120, 180, 120),
+    RGBColor(190, 120, 90),
+    RGBColor(40, 150, 150),
 ];
 
 pub fn draw(dp: &DataPath, path: &Path) -> Result<(), Box<dyn std::error::Error>> {

@@ -108,6 +108,7 @@ pub fn markdown(dp: &DataPath, setup: &Setup, machine: &str) -> String {
             (Mode::RedirectorFallbacks, Mode::Redirector),
             (Mode::RedirectorLinkerd, Mode::Explicit),
             (Mode::Bystander, Mode::Direct),
+            (Mode::AmbientRedirector, Mode::AmbientIptables),
         ];
         let pairs: Vec<_> = pairs
             .into_iter()

@@ -194,24 +194,30 @@ pub struct StandInProcess {
 impl StandInProcess {
     /// It prints every connection it proxies (the tests' witness).
     pub fn start(hint: &str, socket: &Path) -> StandInProcess {
-        Self::spawn(hint, socket, &[])
+        Self::spawn(hint, socket, None)
     }
 
-    /// It prints only the agent's requests: for loads of many connections.
-    pub fn start_quiet(hint: &str, socket: &Path) -> StandInProcess {
-        Self::spawn(hint, socket, &["--quiet"])
+    /// For loads of many connections: it prints only the agent's requests, and runs on
+    /// CPU `cpu` alone.
+    pub fn start_for_load(hint: &str, socket: &Path, cpu: u32) -> StandInProcess {
+        Self::spawn(hint, socket, Some(cpu))
     }
 
-    fn spawn(hint: &str, socket: &Path, flags: &[&str]) -> StandInProcess {
+    fn spawn(hint: &str, socket: &Path, cpu: Option<u32>) -> StandInProcess {
         let netns = crate::NetNs::new(hint);
         let cgroup = crate::Cgroup::new(hint);
-        let process = crate::Spawn::new(crate::bin_path("standin-ztunnel"))
-            .arg("--zds")
-            .arg(socket)
-            .args(flags)
-            .netns(&netns)
-            .cgroup(&cgroup)
-            .spawn();
+        let bin = crate::bin_path("standin-ztunnel");
+        let spawn = match cpu {
+            None => crate::Spawn::new(bin),
+            Some(cpu) => crate::Spawn::new("taskset")
+                .args(["-c", &cpu.to_string()])
+                .arg(bin),
+        };
+        let mut spawn = spawn.arg("--zds").arg(socket);
+        if cpu.is_some() {
+            spawn = spawn.arg("--quiet");
+        }
+        let process = spawn.netns(&netns).cgroup(&cgroup).spawn();
         StandInProcess {
             process,
             _netns: netns,
@@ -232,5 +238,31 @@ pub struct FixedPods(pub Vec<redirector::zds::agent::Workload>);
 impl redirector::zds::agent::Enrolled for FixedPods {
     fn snapshot(&self) -> Result<Vec<redirector::zds::agent::Workload>, String> {
         Ok(self.0.clone())
+    }
+}
+
+/// The node agent played by the test: redirector's ZDS agent serving `pods` at a socket,
+/// on a runtime of its own. Fields drop in order: the agent before its runtime.
+pub struct TestAgent {
+    pub agent: redirector::zds::agent::Agent,
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl TestAgent {
+    pub fn start(
+        socket: &Path,
+        pods: Vec<redirector::zds::agent::Workload>,
+        ack_within: Duration,
+    ) -> TestAgent {
+        let runtime = tokio::runtime::Runtime::new().expect("a runtime for the agent");
+        let agent = {
+            let _entered = runtime.enter();
+            redirector::zds::agent::Agent::start(socket, Arc::new(FixedPods(pods)), ack_within)
+                .expect("the agent listens")
+        };
+        TestAgent {
+            agent,
+            _runtime: runtime,
+        }
     }
 }

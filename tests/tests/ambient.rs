@@ -8,17 +8,11 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use std::sync::Arc;
-
 use redirector::sys::{
     netns::Netns,
     reply_route::{self, REPLY_MARK},
 };
-use redirector::zds::{
-    self,
-    agent::{Agent, Workload},
-    wire::WorkloadInfo,
-};
+use redirector::zds::{self, agent::Workload, wire::WorkloadInfo};
 use socket2::{Domain, Socket, Type};
 
 use redirector_tests::{
@@ -29,7 +23,7 @@ use redirector_tests::{
     redirector::{redirector_bin, status},
     test_node::TestNode,
     topology::Topology,
-    ztunnel::{FixedPods, Seen, StandInProcess, StandInZtunnel},
+    ztunnel::{Seen, StandInProcess, StandInZtunnel, TestAgent},
     Cgroup, ChildGuard, ConnOutcome, NetNs, ProbeServer, Spawn,
 };
 
@@ -216,7 +210,6 @@ fn istio_cnis_rules_send_a_pods_traffic_through_the_stand_in_ztunnel() {
     // The agent, in the test; ztunnel in a namespace and cgroup of its own.
     let zds_dir = StateDir::new("amb-ref-zds");
     let socket = zds_dir.path().join("ztunnel.sock");
-    let runtime = tokio::runtime::Runtime::new().expect("a runtime for the agent");
     let pod = Workload {
         uid: "amb-ref-uid".to_owned(),
         info: WorkloadInfo {
@@ -226,15 +219,7 @@ fn istio_cnis_rules_send_a_pods_traffic_through_the_stand_in_ztunnel() {
         },
         netns: topology.pod.path(),
     };
-    let _agent = {
-        let _entered = runtime.enter();
-        Agent::start(
-            &socket,
-            Arc::new(FixedPods(vec![pod])),
-            Duration::from_secs(5),
-        )
-        .expect("the agent listens")
-    };
+    let _agent = TestAgent::start(&socket, vec![pod], Duration::from_secs(5));
     let ztunnel = StandInProcess::start("amb-ref-zt", &socket);
     ztunnel.wait_line("the pod in the snapshot", "added amb-ref-uid");
     assert_traffic_through(&topology, &ztunnel, AppSeenFrom::PodAddress);
@@ -501,7 +486,6 @@ fn a_real_ztunnel_carries_pod_to_pod_through_hbone_under_istio_cnis_rules() {
         ztunnel_workloads(&[("a", a_ip.into()), ("b", b_ip.into())]),
     )
     .unwrap();
-    let runtime = tokio::runtime::Runtime::new().expect("a runtime for the agent");
     let pod = |name: &str, netns: &NetNs| Workload {
         uid: format!("{name}-uid"),
         info: WorkloadInfo {
@@ -511,18 +495,14 @@ fn a_real_ztunnel_carries_pod_to_pod_through_hbone_under_istio_cnis_rules() {
         },
         netns: netns.path(),
     };
-    let agent = {
-        let _entered = runtime.enter();
-        Agent::start(
-            &socket,
-            Arc::new(FixedPods(vec![pod("a", a), pod("b", b)])),
-            Duration::from_secs(10),
-        )
-        .expect("the agent listens")
-    };
+    let agent = TestAgent::start(
+        &socket,
+        vec![pod("a", a), pod("b", b)],
+        Duration::from_secs(10),
+    );
     let ztunnel = RealZtunnel::start("amb-real-zt", &socket, &workloads);
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !matches!(agent.ztunnel(), zds::agent::Ztunnel::Synced(_)) {
+    while !matches!(agent.agent.ztunnel(), zds::agent::Ztunnel::Synced(_)) {
         assert!(
             Instant::now() < deadline,
             "ztunnel: {}",

@@ -274,7 +274,8 @@ pub fn bench(args: &[String]) -> Result<()> {
         .env("REDIRECTOR_BIN", redirector)
         .env("PROBE_BIN", bin.join("probe"))
         .env("SIDECAR_BIN", bin.join("sidecar"))
-        .env("DNSPROBE_BIN", bin.join("dnsprobe"));
+        .env("DNSPROBE_BIN", bin.join("dnsprobe"))
+        .env("STANDIN_ZTUNNEL_BIN", bin.join("standin-ztunnel"));
     status(cmd)?;
     let partial = ["--quick", "--only", "--modes"];
     if args.iter().any(|a| partial.contains(&a.as_str())) {

@@ -282,6 +282,7 @@ fi
     s.push_str(
         &r#"ip link set lo up
 export REDIRECTOR_BIN=@BIN@/redirector PROBE_BIN=@BIN@/probe DNSPROBE_BIN=@BIN@/dnsprobe
+export STANDIN_ZTUNNEL_BIN=@BIN@/standin-ztunnel
 export ISTIO_GOLDEN_DIR=/istio-golden RUST_BACKTRACE=1
 cd /tmp
 failed=
