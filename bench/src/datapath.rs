@@ -309,23 +309,7 @@ impl Bed {
                     &["--ztunnel-socket", &socket_flag],
                 );
                 let z = StandInProcess::start_for_load(&format!("{hint}zt"), &socket, 1);
-                let (netns, cgroup) = (
-                    topo.pod.path().display().to_string(),
-                    topo.pod_cgroup.path().display().to_string(),
-                );
-                let out = d.pod(&[
-                    "add",
-                    "--dialect",
-                    "ambient",
-                    "--netns",
-                    &netns,
-                    "--cgroup",
-                    &cgroup,
-                    "--name",
-                    "bench/app",
-                    "--pod-uid",
-                    AMBIENT_UID,
-                ]);
+                let out = d.add_ambient(&topo.pod, &topo.pod_cgroup, "bench/app", AMBIENT_UID);
                 assert!(
                     out.status.success(),
                     "pod add --dialect ambient: {}",

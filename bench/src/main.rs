@@ -14,6 +14,7 @@
 //!
 //! `bench soak [--minutes N] [--pods N] …` runs the daemon's soak instead ([`soak`]).
 
+mod ambient;
 mod cpu;
 mod datapath;
 mod memory;

@@ -273,6 +273,34 @@ pub fn markdown(dp: &DataPath, setup: &Setup, machine: &str) -> String {
             let _ = writeln!(s, "| {name} | {:.2} | {:.2} |", median(v), median(v) / ipt);
         }
     }
+    let ambient = &setup.ambient;
+    if !ambient.redirector_ms.is_empty() {
+        let reference = median(&ambient.istio_cni_ms);
+        let _ = writeln!(
+            s,
+            "\n### Enrolling an ambient pod, the stand-in ztunnel's ack included: median of {}\n",
+            ambient.samples
+        );
+        let _ = writeln!(s, "| way | ms | / istio-cni's way |");
+        let _ = writeln!(s, "|---|---:|---:|");
+        for (name, v) in [
+            (
+                "istio-cni's: `iptables-restore` + `ip6tables-restore` of its in-pod rules, the policy route, ZDS add",
+                &ambient.istio_cni_ms,
+            ),
+            (
+                "`redirector pod add --dialect ambient` (through the daemon)",
+                &ambient.redirector_ms,
+            ),
+        ] {
+            let _ = writeln!(
+                s,
+                "| {name} | {:.2} | {:.2} |",
+                median(v),
+                median(v) / reference
+            );
+        }
+    }
     if !setup.sequences.is_empty() {
         let _ = writeln!(s, "\n### Pods in sequence\n");
         let _ = writeln!(

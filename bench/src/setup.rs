@@ -24,7 +24,7 @@ use crate::sequence::{Api, MemoryMarks, Sequence, API_MODE};
 use crate::stats::median;
 
 /// Runs `cmd` (with `stdin`), panics unless it exits 0; returns its wall time in ms.
-fn timed(cmd: &mut Command, stdin: Option<&str>) -> f64 {
+pub(crate) fn timed(cmd: &mut Command, stdin: Option<&str>) -> f64 {
     cmd.stdin(if stdin.is_some() {
         Stdio::piped()
     } else {
@@ -52,7 +52,7 @@ fn timed(cmd: &mut Command, stdin: Option<&str>) -> f64 {
     ms
 }
 
-fn nsenter(netns: &NetNs) -> Command {
+pub(crate) fn nsenter(netns: &NetNs) -> Command {
     let mut cmd = Command::new("nsenter");
     cmd.arg(format!("--net={}", netns.path().display()));
     cmd
@@ -137,6 +137,8 @@ pub struct Setup {
     pub scale: Option<crate::scale::Scale>,
     /// Pod adds under concurrent `/metrics` scrapes.
     pub scrapes: Option<crate::scrapes::Scrapes>,
+    /// Istio ambient pods enrolled one at a time, istio-cni's way and redirector's.
+    pub ambient: crate::ambient::Enrollment,
     pub object_memlock: u64,
     pub map_memlock: Vec<(String, u64)>,
     pub map_fill: serde_json::Value,
@@ -360,6 +362,12 @@ pub fn run(samples: usize, pods: usize) -> Setup {
         median(&out.one_pod.redirector_ms),
         median(&out.one_pod.iptables_restore_ms),
         median(&out.one_pod.nsenter_true_ms)
+    );
+    out.ambient = crate::ambient::run(samples);
+    eprintln!(
+        "bench: ambient enrollment: istio-cni's way {:.2} ms, redirector {:.2} ms (medians)",
+        median(&out.ambient.istio_cni_ms),
+        median(&out.ambient.redirector_ms)
     );
     let mut kept = Kept::new();
     let (seq, root) = init_sequence(pods, &mut kept);

@@ -236,6 +236,28 @@ impl Daemon {
             .expect("running redirector pod")
     }
 
+    /// `redirector pod add --dialect ambient` of the pod in `netns` and `cgroup`, named
+    /// `namespace/name` with uid `uid`, as it ran.
+    pub fn add_ambient(&self, netns: &NetNs, cgroup: &Cgroup, name: &str, uid: &str) -> Output {
+        let (netns, cgroup) = (
+            netns.path().display().to_string(),
+            cgroup.path().display().to_string(),
+        );
+        self.pod(&[
+            "add",
+            "--dialect",
+            "ambient",
+            "--netns",
+            &netns,
+            "--cgroup",
+            &cgroup,
+            "--name",
+            name,
+            "--pod-uid",
+            uid,
+        ])
+    }
+
     /// `redirector pod add --netns NETNS --name NAME -- FLAGS`; panics with the daemon's log
     /// unless it succeeds.
     pub fn add(&self, netns: &NetNs, name: &str, flags: &[&str]) {

@@ -245,7 +245,7 @@ impl redirector::zds::agent::Enrolled for FixedPods {
 /// on a runtime of its own. Fields drop in order: the agent before its runtime.
 pub struct TestAgent {
     pub agent: redirector::zds::agent::Agent,
-    _runtime: tokio::runtime::Runtime,
+    runtime: tokio::runtime::Runtime,
 }
 
 impl TestAgent {
@@ -260,9 +260,14 @@ impl TestAgent {
             redirector::zds::agent::Agent::start(socket, Arc::new(FixedPods(pods)), ack_within)
                 .expect("the agent listens")
         };
-        TestAgent {
-            agent,
-            _runtime: runtime,
-        }
+        TestAgent { agent, runtime }
+    }
+
+    /// Enrolls `pod`: sends it to ztunnel and waits for the ack.
+    pub fn add(
+        &self,
+        pod: redirector::zds::agent::Workload,
+    ) -> Result<(), redirector::zds::agent::ZdsError> {
+        self.runtime.block_on(self.agent.add(pod))
     }
 }

@@ -241,22 +241,12 @@ fn redirectors_programs_send_a_pods_traffic_through_the_stand_in_ztunnel() {
     wait_state(&daemon, "synced");
 
     let netns = topology.pod.path().display().to_string();
-    let cgroup = topology.pod_cgroup.path().display().to_string();
-    let out = daemon.pod(&[
-        "add",
-        "--dialect",
-        "ambient",
-        "--netns",
-        &netns,
-        "--cgroup",
-        &cgroup,
-        "--name",
+    let out = daemon.add_ambient(
+        &topology.pod,
+        &topology.pod_cgroup,
         "default/app",
-        "--pod-uid",
         "amb-rd-uid",
-        "--service-account",
-        "app",
-    ]);
+    );
     if let Some(missing) = ambient_unsupported() {
         // Refused, naming what the kernel lacks, and nothing of the pod kept.
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -524,52 +514,15 @@ fn a_real_ztunnel_carries_pod_to_pod_through_hbone_under_istio_cnis_rules() {
 fn a_real_ztunnel_carries_pod_to_pod_through_hbone_under_redirectors_programs() {
     privileged!();
     let topology = Topology::new("amb-realrd");
-    let (a_ip, b_ip) = (topology.pod_ip4(), topology.service_ip4());
+    let b_ip = topology.service_ip4();
     let (a_cgroup, b_cgroup) = (Cgroup::new("amb-realrd-a"), Cgroup::new("amb-realrd-b"));
     let _app = ProbeServer::serve(&topology.service, "app")
         .listen(SocketAddr::new(b_ip.into(), 8080))
         .cgroup(&b_cgroup)
         .start();
-    let node = TestNode::new("amb-realrd");
-    let socket = node.state.path().join("ztunnel.sock");
-    let workloads = node.state.path().join("workloads.yaml");
-    std::fs::write(
-        &workloads,
-        ztunnel_workloads(&[("a", a_ip.into()), ("b", b_ip.into())]),
-    )
-    .unwrap();
-    let daemon = ztunnels_daemon(&node, &socket);
-    let ztunnel = RealZtunnel::start("amb-realrd-zt", &socket, &workloads);
-    wait_state(&daemon, "synced");
-    for (name, netns, cgroup) in [
-        ("a", &topology.pod, &a_cgroup),
-        ("b", &topology.service, &b_cgroup),
-    ] {
-        let (netns, cgroup) = (
-            netns.path().display().to_string(),
-            cgroup.path().display().to_string(),
-        );
-        let (name, uid) = (format!("default/{name}"), format!("{name}-uid"));
-        let out = daemon.pod(&[
-            "add",
-            "--dialect",
-            "ambient",
-            "--netns",
-            &netns,
-            "--cgroup",
-            &cgroup,
-            "--name",
-            &name,
-            "--pod-uid",
-            &uid,
-        ]);
-        assert!(
-            out.status.success(),
-            "pod add {name}: {}\nztunnel: {}",
-            String::from_utf8_lossy(&out.stderr),
-            ztunnel.process.stderr()
-        );
-    }
+    let a = (topology.pod_ip4(), &topology.pod, &a_cgroup);
+    let b = (b_ip, &topology.service, &b_cgroup);
+    let (_node, _daemon, ztunnel) = real_ztunnel_node("amb-realrd", &[("a", a), ("b", b)]);
     assert_hbone_from_a_to_b(&topology, &a_cgroup, &ztunnel);
 }
 
@@ -584,40 +537,8 @@ fn a_real_ztunnel_carries_a_pods_traffic_to_and_from_outside_the_mesh_under_redi
     privileged!();
     let topology = Topology::new("amb-realio");
     let _servers = PodServers::start(&topology);
-    let node = TestNode::new("amb-realio");
-    let socket = node.state.path().join("ztunnel.sock");
-    let workloads = node.state.path().join("workloads.yaml");
-    std::fs::write(
-        &workloads,
-        ztunnel_workloads(&[("a", topology.pod_ip4().into())]),
-    )
-    .unwrap();
-    let daemon = ztunnels_daemon(&node, &socket);
-    let ztunnel = RealZtunnel::start("amb-realio-zt", &socket, &workloads);
-    wait_state(&daemon, "synced");
-    let (netns, cgroup) = (
-        topology.pod.path().display().to_string(),
-        topology.pod_cgroup.path().display().to_string(),
-    );
-    let out = daemon.pod(&[
-        "add",
-        "--dialect",
-        "ambient",
-        "--netns",
-        &netns,
-        "--cgroup",
-        &cgroup,
-        "--name",
-        "default/a",
-        "--pod-uid",
-        "a-uid",
-    ]);
-    assert!(
-        out.status.success(),
-        "pod add: {}\nztunnel: {}",
-        String::from_utf8_lossy(&out.stderr),
-        ztunnel.process.stderr()
-    );
+    let a = (topology.pod_ip4(), &topology.pod, &topology.pod_cgroup);
+    let (_node, _daemon, ztunnel) = real_ztunnel_node("amb-realio", &[("a", a)]);
     let (service, app) = (
         topology.service_addr(false, 80),
         topology.pod_addr(false, 8080),
@@ -666,6 +587,41 @@ fn connections_opened(ztunnel: &RealZtunnel) -> Vec<String> {
         .filter(|l| l.starts_with("istio_tcp_connections_opened_total"))
         .map(str::to_owned)
         .collect()
+}
+
+/// A daemon node serving istio's own ztunnel (`ZTUNNEL_BIN`), with `pods` (name, address,
+/// namespace, cgroup) in ztunnel's workloads and enrolled through the daemon's API
+/// (`default/NAME`, uid `NAME-uid`). Fields drop in order: ztunnel last, after the daemon.
+fn real_ztunnel_node(
+    hint: &str,
+    pods: &[(&str, (std::net::Ipv4Addr, &NetNs, &Cgroup))],
+) -> (TestNode, Daemon, RealZtunnel) {
+    let node = TestNode::new(hint);
+    let socket = node.state.path().join("ztunnel.sock");
+    let workloads = node.state.path().join("workloads.yaml");
+    let addresses: Vec<(&str, IpAddr)> = pods
+        .iter()
+        .map(|(n, (ip, ..))| (*n, (*ip).into()))
+        .collect();
+    std::fs::write(&workloads, ztunnel_workloads(&addresses)).unwrap();
+    let daemon = ztunnels_daemon(&node, &socket);
+    let ztunnel = RealZtunnel::start(&format!("{hint}-zt"), &socket, &workloads);
+    wait_state(&daemon, "synced");
+    for (name, (_, netns, cgroup)) in pods {
+        let out = daemon.add_ambient(
+            netns,
+            cgroup,
+            &format!("default/{name}"),
+            &format!("{name}-uid"),
+        );
+        assert!(
+            out.status.success(),
+            "pod add {name}: {}\nztunnel: {}",
+            String::from_utf8_lossy(&out.stderr),
+            ztunnel.process.stderr()
+        );
+    }
+    (node, daemon, ztunnel)
 }
 
 /// Pod a (the topology's pod namespace, an app in `a_cgroup`) connects to the app on

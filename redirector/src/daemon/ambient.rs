@@ -30,28 +30,14 @@ pub fn concerns(request: &Request, agent: Option<&Agent>) -> bool {
 /// Answers `request` ([`concerns`] said yes).
 pub async fn handle(pods: Arc<Pods>, agent: Option<Agent>, request: Request) -> Response {
     match request {
-        Request::Add {
-            netns,
-            name,
-            dialect,
-            args,
-            annotations,
-            cgroup,
-        } => {
+        Request::Add { ref netns, .. } => {
             let Some(agent) = agent else {
                 return Response::failed(
                     "ambient pods need the daemon to be ztunnel's node agent: start it with --ztunnel-socket",
                 );
             };
-            let add = Request::Add {
-                netns: netns.clone(),
-                name,
-                dialect,
-                args,
-                annotations,
-                cgroup,
-            };
-            add_pod(pods, agent, netns, add).await
+            let netns = netns.clone();
+            add_pod(pods, agent, netns, request).await
         }
         Request::Del(pod) => del_pod(pods, agent, pod).await,
         other => answer(blocking(pods, move |pods| Ok(pods.handle(other))).await),
@@ -122,31 +108,15 @@ fn prepare(pods: &Pods, peer: Option<crate::zds::seqpacket::Peer>) -> Result<(),
 
 /// The add with the node's addresses in its flags: connections from them (kubelet's
 /// probes, host-network pods) are never captured inbound.
-fn with_node_addresses(add: Request) -> Result<Request, Response> {
-    let Request::Add {
-        netns,
-        name,
-        dialect,
-        mut args,
-        annotations,
-        cgroup,
-    } = add
-    else {
-        return Ok(add);
-    };
-    let addresses = crate::engine::facts::local_addresses()
-        .map_err(|e| Response::failed(format!("reading the node's addresses: {e}")))?;
-    for address in addresses {
-        args.extend(["--node-address".to_owned(), address.to_string()]);
+fn with_node_addresses(mut add: Request) -> Result<Request, Response> {
+    if let Request::Add { args, .. } = &mut add {
+        let addresses = crate::engine::facts::local_addresses()
+            .map_err(|e| Response::failed(format!("reading the node's addresses: {e}")))?;
+        for address in addresses {
+            args.extend(["--node-address".to_owned(), address.to_string()]);
+        }
     }
-    Ok(Request::Add {
-        netns,
-        name,
-        dialect,
-        args,
-        annotations,
-        cgroup,
-    })
+    Ok(add)
 }
 
 /// Take the pod out again after `why`, and answer with `why`.
