@@ -20,6 +20,8 @@ use crate::setup::{nsenter, timed};
 pub struct Enrollment {
     pub samples: usize,
     pub istio_cni_ms: Vec<f64>,
+    /// Of which its rules and route (the rest is the ZDS add and ztunnel's ack).
+    pub istio_cni_rules_ms: Vec<f64>,
     pub redirector_ms: Vec<f64>,
 }
 
@@ -46,6 +48,8 @@ pub fn run(samples: usize) -> Enrollment {
             .run(redirector::sys::reply_route::install)
             .expect("entering the pod's namespace")
             .expect("the policy route");
+        out.istio_cni_rules_ms
+            .push(start.elapsed().as_secs_f64() * 1e3);
         agent
             .add(Workload {
                 uid: format!("ref-{i}"),

@@ -289,6 +289,10 @@ pub fn markdown(dp: &DataPath, setup: &Setup, machine: &str) -> String {
                 &ambient.istio_cni_ms,
             ),
             (
+                "… of which its rules and the route (the rest: the ZDS add and ztunnel's ack)",
+                &ambient.istio_cni_rules_ms,
+            ),
+            (
                 "`redirector pod add --dialect ambient` (through the daemon)",
                 &ambient.redirector_ms,
             ),
