@@ -37,6 +37,7 @@ pub async fn handle(pods: Arc<Pods>, agent: Option<Agent>, request: Request) -> 
             args,
             annotations,
             cgroup,
+            cni,
         } => {
             let Some(agent) = agent else {
                 return Response::failed(
@@ -50,6 +51,7 @@ pub async fn handle(pods: Arc<Pods>, agent: Option<Agent>, request: Request) -> 
                 args,
                 annotations,
                 cgroup,
+                cni,
             };
             add_pod(pods, agent, netns, add).await
         }
@@ -130,6 +132,7 @@ fn with_node_addresses(add: Request) -> Result<Request, Response> {
         mut args,
         annotations,
         cgroup,
+        cni,
     } = add
     else {
         return Ok(add);
@@ -146,6 +149,7 @@ fn with_node_addresses(add: Request) -> Result<Request, Response> {
         args,
         annotations,
         cgroup,
+        cni,
     })
 }
 

@@ -36,6 +36,7 @@ impl Node {
             exclude_namespaces: vec!["kube-system".into()],
             pin_root: None,
             state_dir: None,
+            ambient: None,
         };
         Node {
             installer: Installer {
