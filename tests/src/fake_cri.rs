@@ -124,7 +124,8 @@ impl Service<http::Request<Body>> for RuntimeService {
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
         if request.uri().path() != "/runtime.v1.RuntimeService/PodSandboxStatus" {
             return Box::pin(async {
-                let status = tonic::Status::unimplemented("the fake CRI answers PodSandboxStatus only");
+                let status =
+                    tonic::Status::unimplemented("the fake CRI answers PodSandboxStatus only");
                 Ok(status.into_http())
             });
         }

@@ -33,7 +33,7 @@ use redirector_tests::{
     redirector::{redirector_bin, status},
     test_node::{failed, succeeded, CniPlugin, TestNode},
     topology::Topology,
-    ztunnel::{Answer, Seen, StandInZtunnel},
+    ztunnel::{Seen, StandInZtunnel},
     Cgroup, ChildGuard, ConnOutcome, NetNs, ProbeServer, Spawn,
 };
 
@@ -307,7 +307,7 @@ fn redirectors_programs_send_a_pods_traffic_through_the_stand_in_ztunnel() {
     }
     // `status` shows where ztunnel's programs are.
     let object = &status(&node.root)["objects"][0];
-    assert_eq!(object["ambient_unsupported"], serde_json::Value::Null);
+    assert_eq!(object["ambient_unsupported"], Value::Null);
     assert_eq!(
         object["ztunnel_links"],
         serde_json::json!(["getsockopt", "sock_ops"])
@@ -403,11 +403,17 @@ struct StandInProcess {
 
 impl StandInProcess {
     fn start(hint: &str, socket: &Path) -> StandInProcess {
+        Self::start_with(hint, socket, &[])
+    }
+
+    /// [`StandInProcess::start`] with more flags (`--silent`: it never answers an add).
+    fn start_with(hint: &str, socket: &Path, extra: &[&str]) -> StandInProcess {
         let netns = NetNs::new(hint);
         let cgroup = Cgroup::new(hint);
         let process = Spawn::new(bin_path("standin-ztunnel"))
             .arg("--zds")
             .arg(socket)
+            .args(extra)
             .netns(&netns)
             .cgroup(&cgroup)
             .spawn();
@@ -902,8 +908,12 @@ fn the_chained_plugin_enrolls_a_labelled_pod_through_the_daemon_and_del_takes_it
     let plugin = CniPlugin::new();
     let uid = uid_of(&topology.pod_cgroup);
     let netns = topology.pod.path().display().to_string();
-    let conf = ambient_conf(&node, daemon.socket(), &cri, topology.pod.path());
-    cri.sandbox("sb-app", &[("app", "web"), ("istio.io/dataplane-mode", "ambient")], &[]);
+    let conf = ambient_conf(&node, daemon.socket(), &cri, &topology.pod.path());
+    cri.sandbox(
+        "sb-app",
+        &[("app", "web"), ("istio.io/dataplane-mode", "ambient")],
+        &[],
+    );
 
     let add = plugin.call_with_args(&cni_args("app", &uid), "ADD", "sb-app", &netns, &conf);
     if let Some(missing) = ambient_unsupported() {
@@ -929,10 +939,14 @@ fn the_chained_plugin_enrolls_a_labelled_pod_through_the_daemon_and_del_takes_it
     // Not labelled, labelled out, or unknown to the runtime: left alone, ADD passes.
     cri.sandbox("sb-plain", &[("app", "plain")], &[]);
     cri.sandbox("sb-out", &[("istio.io/dataplane-mode", "none")], &[]);
-    for (sandbox, name) in [("sb-plain", "plain"), ("sb-out", "out"), ("sb-unknown", "unknown")] {
+    for (sandbox, name) in [
+        ("sb-plain", "plain"),
+        ("sb-out", "out"),
+        ("sb-unknown", "unknown"),
+    ] {
         let other = NetNs::new(&format!("amb-cni-{name}"));
         let path = other.path().display().to_string();
-        let conf = ambient_conf(&node, daemon.socket(), &cri, other.path());
+        let conf = ambient_conf(&node, daemon.socket(), &cri, &other.path());
         let args = cni_args(name, &format!("{name}-uid"));
         succeeded(plugin.call_with_args(&args, "ADD", sandbox, &path, &conf));
         succeeded(plugin.call_with_args(&args, "DEL", sandbox, &path, &conf));
@@ -943,8 +957,20 @@ fn the_chained_plugin_enrolls_a_labelled_pod_through_the_daemon_and_del_takes_it
     succeeded(plugin.call_with_args(&cni_args("app", &uid), "DEL", "sb-app", &netns, &conf));
     ztunnel.wait_line("the pod taken out", &format!("deleted {uid}"));
     assert!(daemon.pod_names().is_empty(), "{:?}", daemon.pod_names());
+    let rules = topology.pod.run(&["ip", "rule", "list"]);
+    assert!(
+        !rules.contains("lookup 100"),
+        "the route back is left: {rules}"
+    );
     let service = topology.service_addr(false, 80);
-    let out = connect_from(&topology.pod, Some(&topology.pod_cgroup), 1000, 1000, service, None);
+    let out = connect_from(
+        &topology.pod,
+        Some(&topology.pod_cgroup),
+        1000,
+        1000,
+        service,
+        None,
+    );
     assert!(
         matches!(&out, ConnOutcome::Served { name, .. } if name == "svc"),
         "{out:?}"
@@ -972,23 +998,28 @@ fn an_ambient_pods_add_fails_when_ztunnel_never_acks_or_the_daemon_is_down() {
 
     // No daemon: fails closed for the meshed pod (try again later), open for the other.
     let nowhere = node.state.path().join("no-daemon.sock");
-    let conf = ambient_conf(&node, &nowhere, &cri, pod.path());
+    let conf = ambient_conf(&node, &nowhere, &cri, &pod.path());
     let err = failed(plugin.call_with_args(&args, "ADD", "sb-app", &netns, &conf));
     assert_eq!(err["code"], 11, "{err}");
     assert!(
         err["msg"].as_str().unwrap_or("").contains("not reachable"),
         "{err}"
     );
-    succeeded(plugin.call_with_args(&cni_args("plain", "plain-uid"), "ADD", "sb-plain", &netns, &conf));
+    succeeded(plugin.call_with_args(
+        &cni_args("plain", "plain-uid"),
+        "ADD",
+        "sb-plain",
+        &netns,
+        &conf,
+    ));
     succeeded(plugin.call_with_args(&args, "DEL", "sb-app", &netns, &conf));
 
     // ztunnel connected but silent: the add fails once the agent gives up on its ack.
     let zsocket = node.state.path().join("ztunnel.sock");
     let daemon = ztunnels_daemon(&node, &zsocket);
-    let ztunnel = StandInZtunnel::connect(&zsocket);
+    let ztunnel = StandInProcess::start_with("amb-cnf-zt", &zsocket, &["--silent"]);
     wait_state(&daemon, "synced");
-    ztunnel.answer(Answer::Silence);
-    let conf = ambient_conf(&node, daemon.socket(), &cri, pod.path());
+    let conf = ambient_conf(&node, daemon.socket(), &cri, &pod.path());
     let err = failed(plugin.call_with_args(&args, "ADD", "sb-app", &netns, &conf));
     assert_eq!(err["code"], 100, "{err}");
     let msg = err["msg"].as_str().unwrap_or("");
@@ -998,10 +1029,16 @@ fn an_ambient_pods_add_fails_when_ztunnel_never_acks_or_the_daemon_is_down() {
             "{err}"
         );
     }
+    if ambient_unsupported().is_none() {
+        ztunnel.wait_line("the add unanswered", &format!("silent on {uid}"));
+    }
     assert!(daemon.pod_names().is_empty(), "{:?}", daemon.pod_names());
     assert!(cgroup_attachments(pod_cgroup.path()).is_empty());
     let rules = pod.run(&["ip", "rule", "list"]);
-    assert!(!rules.contains("lookup 100"), "the route back is left: {rules}");
+    assert!(
+        !rules.contains("lookup 100"),
+        "the route back is left: {rules}"
+    );
     // The runtime's DEL of the failed sandbox passes.
     succeeded(plugin.call_with_args(&args, "DEL", "sb-app", &netns, &conf));
 }

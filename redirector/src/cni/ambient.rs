@@ -106,7 +106,10 @@ fn chosen(conf: &NetConf, pod: &Pod) -> Result<Option<PodFlags>, CniError> {
         Ok(Ok((flags, _spec))) => Ok(Some(flags)),
         Ok(Err(why)) => {
             if pod.labels.is_none() {
-                eprintln!("redirector-cni: pod {} left out of ambient: {why}", pod.display());
+                eprintln!(
+                    "redirector-cni: pod {} left out of ambient: {why}",
+                    pod.display()
+                );
             }
             Ok(None)
         }
@@ -155,7 +158,10 @@ pub(super) fn add(
         .details(err),
         CallError::Failed(err) => CniError::new(
             code::SETUP_FAILED,
-            format!("ambient pod {}: asking the daemon to enroll it", pod.display()),
+            format!(
+                "ambient pod {}: asking the daemon to enroll it",
+                pod.display()
+            ),
         )
         .details(format!("{err:#}")),
     })?;

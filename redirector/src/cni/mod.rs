@@ -12,6 +12,9 @@
 //! and, until it has, a meshed pod starts uncaptured for its mesh's own check to stop it
 //! and STATUS answers ready. DEL is keyed on
 //! CNI_CONTAINERID, idempotent, and never fails for want of pins or of a usable kernel.
+//!
+//! An ambient network's pods are the exception: ztunnel's node agent lives in the daemon,
+//! so they are enrolled through its API ([`ambient`]).
 
 mod ambient;
 pub mod conf;

@@ -8,10 +8,11 @@
 //! on stdout, `outbound PEER ORIGINAL` or `inbound PEER ORIGINAL`, the witness a test reads;
 //! `added UID`, `kept UID` (a snapshot naming a pod already proxied) and `deleted UID`
 //! follow the agent's requests; `agent gone` when the agent hangs up, after which it
-//! connects again, its pods' listeners kept, as ztunnel does.
+//! connects again, its pods' listeners kept, as ztunnel does. With `--silent` it never
+//! answers an add (a ztunnel that hangs), printing `silent on UID`.
 //!
 //! ```text
-//! standin-ztunnel --zds PATH
+//! standin-ztunnel --zds PATH [--silent]
 //! ```
 
 use std::{
@@ -42,10 +43,13 @@ const MARK: u32 = 1337;
 
 fn main() -> io::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let zds = match args.as_slice() {
-        [flag, path] if flag == "--zds" => PathBuf::from(path),
+    let (zds, silent) = match args.as_slice() {
+        [flag, path] if flag == "--zds" => (PathBuf::from(path), false),
+        [flag, path, silent] if flag == "--zds" && silent == "--silent" => {
+            (PathBuf::from(path), true)
+        }
         _ => {
-            eprintln!("usage: standin-ztunnel --zds PATH");
+            eprintln!("usage: standin-ztunnel --zds PATH [--silent]");
             std::process::exit(2);
         }
     };
@@ -59,6 +63,10 @@ fn main() -> io::Result<()> {
         loop {
             let conn = connect(&zds).await;
             serve(&conn, |request, fd| match request {
+                Request::Add(add) if silent => {
+                    say(&format!("silent on {}", add.uid));
+                    Answer::Silence
+                }
                 Request::Add(add) if pods.contains_key(&add.uid) => {
                     say(&format!("kept {}", add.uid));
                     Answer::Ack

@@ -37,8 +37,13 @@ pub fn node_flags(network: &Network<'_>, pod: &PodMeta<'_>) -> Selected {
     if let Some(why) = network.excluded(pod.namespace) {
         return Ok(Selection::LeftAlone(why));
     }
-    if labels.get(ZTUNNEL_LABEL.0).is_some_and(|v| v == ZTUNNEL_LABEL.1) {
-        return Ok(Selection::LeftAlone("ztunnel's own pod (app=ztunnel)".into()));
+    if labels
+        .get(ZTUNNEL_LABEL.0)
+        .is_some_and(|v| v == ZTUNNEL_LABEL.1)
+    {
+        return Ok(Selection::LeftAlone(
+            "ztunnel's own pod (app=ztunnel)".into(),
+        ));
     }
     // The opt-out label, then the annotations' (the opt-out annotation, a sidecar).
     if labels.get(DATAPLANE_MODE).is_some_and(|m| m == "none") {
@@ -63,7 +68,11 @@ pub fn node_flags(network: &Network<'_>, pod: &PodMeta<'_>) -> Selected {
     args.extend(network.arg_list()?);
     let args = with_annotations(&args, pod.annotations)?;
     // Read now, so that a bad network flag fails the pod's ADD naming it.
-    AmbientArgs::read(std::iter::once("ambient".to_owned()).chain(args.clone()).collect())?;
+    AmbientArgs::read(
+        std::iter::once("ambient".to_owned())
+            .chain(args.clone())
+            .collect(),
+    )?;
     Ok(Selection::Capture(args))
 }
 
@@ -81,7 +90,11 @@ fn identity(pod: &PodMeta<'_>) -> Result<Vec<String>, MeshError> {
         "--name".to_owned(),
         format!("{namespace}/{name}"),
     ];
-    if let Some(sa) = pod.annotations.get(SERVICE_ACCOUNT).filter(|sa| !sa.is_empty()) {
+    if let Some(sa) = pod
+        .annotations
+        .get(SERVICE_ACCOUNT)
+        .filter(|sa| !sa.is_empty())
+    {
         flags.extend(["--service-account".to_owned(), sa.clone()]);
     }
     Ok(flags)
@@ -218,7 +231,12 @@ mod tests {
                 meta(&[]),
                 "ztunnel",
             ),
-            ("kube-system", Some(ambient.clone()), meta(&[AMBIENT]), "excluded"),
+            (
+                "kube-system",
+                Some(ambient.clone()),
+                meta(&[AMBIENT]),
+                "excluded",
+            ),
             // The ztunnel's namespace, listed as ambient's and excluded: excluded wins.
             ("istio-system", None, meta(&[AMBIENT]), "excluded"),
             (
