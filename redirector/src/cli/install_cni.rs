@@ -46,8 +46,9 @@ pub struct InstallCniArgs {
     plugin: Option<PathBuf>,
     /// Which mesh the network's pods are meshed by: `istio` (its flags, annotations and
     /// injector's mark), `linkerd` (proxy-init's flags, Linkerd's annotations, pods
-    /// carrying `linkerd.io/proxy-version`) or `ambient` (Istio ambient: pods labelled
-    /// `istio.io/dataplane-mode=ambient`, their labels read from the CRI, or of
+    /// carrying `linkerd.io/proxy-version`) or `ambient` (Istio ambient: pods labelled or
+    /// annotated `istio.io/dataplane-mode=ambient` — labels are read from the CRI, where the
+    /// runtime answers during a pod's set-up, which containerd does not — or of
     /// --ambient-namespaces, enrolled with ztunnel through the daemon, which needs
     /// --ztunnel-socket).
     #[arg(
