@@ -48,6 +48,37 @@ pub fn runtime_version(socket: &Path) -> anyhow::Result<(String, String)> {
         .block_on(ask)
 }
 
+/// A sandbox's labels and annotations, as the runtime keeps them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SandboxMeta {
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// The labels and annotations of sandbox `id`, asked once (PodSandboxStatus), from outside
+/// any async runtime (the CNI plugin), within `timeout`; `None` when the runtime does not
+/// know the sandbox. containerd adds a sandbox to what it answers for only once its
+/// network is set up and its pause process runs, so during the sandbox's own CNI ADD it
+/// answers NotFound.
+pub fn sandbox_meta(
+    socket: &Path,
+    id: &str,
+    timeout: std::time::Duration,
+) -> anyhow::Result<Option<SandboxMeta>> {
+    let ask = async {
+        tokio::time::timeout(timeout, async {
+            Runtime::connect(socket).await?.sandbox_meta(id).await
+        })
+        .await
+        .with_context(|| format!("the CRI socket {} does not answer", socket.display()))?
+    };
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting an async runtime")?
+        .block_on(ask)
+}
+
 /// A gRPC channel to the unix socket `socket` (tonic speaks TCP URIs; the URI here is
 /// only a placeholder).
 pub async fn channel(socket: &Path) -> anyhow::Result<Channel> {
@@ -79,6 +110,26 @@ impl Runtime {
             .context("Version")?
             .into_inner();
         Ok((version.runtime_name, version.runtime_version))
+    }
+
+    /// Sandbox `id`'s labels and annotations; `None` when the runtime does not know it.
+    pub async fn sandbox_meta(&mut self, id: &str) -> anyhow::Result<Option<SandboxMeta>> {
+        let status = self
+            .0
+            .pod_sandbox_status(PodSandboxStatusRequest {
+                pod_sandbox_id: id.to_owned(),
+                verbose: false,
+            })
+            .await;
+        let status = match status {
+            Ok(status) => status.into_inner().status.unwrap_or_default(),
+            Err(err) if err.code() == tonic::Code::NotFound => return Ok(None),
+            Err(err) => return Err(err).with_context(|| format!("PodSandboxStatus {id}")),
+        };
+        Ok(Some(SandboxMeta {
+            labels: status.labels.into_iter().collect(),
+            annotations: status.annotations.into_iter().collect(),
+        }))
     }
 
     /// Every ready sandbox whose network namespace the runtime reports (a host-network

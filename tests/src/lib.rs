@@ -19,6 +19,7 @@
 //!   the CNI plugin as a runtime calls it.
 //! - [`twin_pods`]: the differential harness of both conformance suites.
 //! - [`ztunnel`]: a stand-in for istio ambient's ztunnel on a node agent's ZDS socket.
+//! - [`fake_cri`]: a CRI socket answering PodSandboxStatus with the labels a test gives.
 //! - [`remove_stale_leftovers`]: what killed test processes could not clean up.
 
 pub mod bpftool;
@@ -28,6 +29,7 @@ pub mod conformance;
 pub mod cri;
 pub mod daemon;
 pub mod dns;
+pub mod fake_cri;
 pub mod iptables;
 pub mod istio_cni;
 pub mod kubelet;

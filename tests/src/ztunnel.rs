@@ -194,16 +194,21 @@ pub struct StandInProcess {
 impl StandInProcess {
     /// It prints every connection it proxies (the tests' witness).
     pub fn start(hint: &str, socket: &Path) -> StandInProcess {
-        Self::spawn(hint, socket, None)
+        Self::spawn(hint, socket, None, &[])
+    }
+
+    /// A ztunnel that hangs: it never answers an add (printing `silent on UID`).
+    pub fn start_silent(hint: &str, socket: &Path) -> StandInProcess {
+        Self::spawn(hint, socket, None, &["--silent"])
     }
 
     /// For loads of many connections: it prints only the agent's requests, and runs on
     /// CPU `cpu` alone.
     pub fn start_for_load(hint: &str, socket: &Path, cpu: u32) -> StandInProcess {
-        Self::spawn(hint, socket, Some(cpu))
+        Self::spawn(hint, socket, Some(cpu), &["--quiet"])
     }
 
-    fn spawn(hint: &str, socket: &Path, cpu: Option<u32>) -> StandInProcess {
+    fn spawn(hint: &str, socket: &Path, cpu: Option<u32>, flags: &[&str]) -> StandInProcess {
         let netns = crate::NetNs::new(hint);
         let cgroup = crate::Cgroup::new(hint);
         let bin = crate::bin_path("standin-ztunnel");
@@ -213,11 +218,13 @@ impl StandInProcess {
                 .args(["-c", &cpu.to_string()])
                 .arg(bin),
         };
-        let mut spawn = spawn.arg("--zds").arg(socket);
-        if cpu.is_some() {
-            spawn = spawn.arg("--quiet");
-        }
-        let process = spawn.netns(&netns).cgroup(&cgroup).spawn();
+        let process = spawn
+            .arg("--zds")
+            .arg(socket)
+            .args(flags)
+            .netns(&netns)
+            .cgroup(&cgroup)
+            .spawn();
         StandInProcess {
             process,
             _netns: netns,

@@ -1,7 +1,8 @@
 //! Istio ambient: the daemon as ztunnel's node agent (`--ztunnel-socket`), with a
 //! stand-in ztunnel on its ZDS socket — a snapshot sent on every connection, the state
 //! shown in `/metrics`, a daemon killed and restarted taking its socket back — and the
-//! route that brings an app's replies back to ztunnel's transparent sockets.
+//! route that brings an app's replies back to ztunnel's transparent sockets; the chained
+//! plugin enrolling a labelled pod through the daemon, its labels from a CRI.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
@@ -13,15 +14,17 @@ use redirector::sys::{
     reply_route::{self, REPLY_MARK},
 };
 use redirector::zds::{self, agent::Workload, wire::WorkloadInfo};
+use serde_json::{json, Value};
 use socket2::{Domain, Socket, Type};
 
 use redirector_tests::{
     bpftool::cgroup_attachments,
     connect_from,
     daemon::{Daemon, StateDir},
+    fake_cri::FakeCri,
     istio_cni, privileged,
     redirector::{redirector_bin, status},
-    test_node::TestNode,
+    test_node::{failed, succeeded, CniPlugin, TestNode},
     topology::Topology,
     ztunnel::{Seen, StandInProcess, StandInZtunnel, TestAgent},
     Cgroup, ChildGuard, ConnOutcome, NetNs, ProbeServer, Spawn,
@@ -269,7 +272,7 @@ fn redirectors_programs_send_a_pods_traffic_through_the_stand_in_ztunnel() {
     }
     // `status` shows where ztunnel's programs are.
     let object = &status(&node.root)["objects"][0];
-    assert_eq!(object["ambient_unsupported"], serde_json::Value::Null);
+    assert_eq!(object["ambient_unsupported"], Value::Null);
     assert_eq!(
         object["ztunnel_links"],
         serde_json::json!(["getsockopt", "sock_ops"])
@@ -741,4 +744,190 @@ impl RealZtunnel {
             _cgroup: cgroup,
         }
     }
+}
+
+/// The chained plugin's network configuration on an ambient network: the daemon at
+/// `socket`, the pods' labels read at `cri`, the pod in `netns` with its address.
+fn ambient_conf(node: &TestNode, socket: &Path, cri: &FakeCri, netns: &Path) -> Value {
+    json!({
+        "cniVersion": "1.0.0",
+        "name": "pods",
+        "type": "redirector-cni",
+        "dialect": "ambient",
+        "socket": socket,
+        "criSocket": cri.socket(),
+        "pinRoot": node.root.path(),
+        "stateDir": node.state.path(),
+        "excludeNamespaces": ["kube-system", "istio-system"],
+        "ambientNamespaces": [],
+        "prevResult": {
+            "cniVersion": "1.0.0",
+            "interfaces": [{"name": "eth0", "sandbox": netns}],
+            "ips": [{"address": "10.1.0.2/16", "interface": 0}]
+        }
+    })
+}
+
+/// CNI_ARGS for pod `default/NAME` with `uid`, as containerd writes them.
+fn cni_args(name: &str, uid: &str) -> String {
+    format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID=x;K8S_POD_UID={uid}")
+}
+
+/// The uid kubelet named the pod's cgroup after (`pod<uid>`).
+fn uid_of(cgroup: &Cgroup) -> String {
+    let name = cgroup.path().file_name().unwrap().to_string_lossy();
+    name.strip_prefix("pod").expect("a pod's cgroup").to_owned()
+}
+
+/// The chained plugin as the runtime calls it: a pod labelled
+/// `istio.io/dataplane-mode=ambient` (its labels from the CRI) is enrolled through the
+/// daemon with ztunnel and its traffic goes through the stand-in; pods without the label
+/// are left alone; DEL takes the pod out and tells ztunnel, and a second DEL passes.
+#[test]
+fn the_chained_plugin_enrolls_a_labelled_pod_through_the_daemon_and_del_takes_it_out() {
+    privileged!();
+    let node = TestNode::new("amb-cni");
+    let topology = Topology::under(&node.node, "amb-cni");
+    let _servers = PodServers::start(&topology);
+    let zsocket = node.state.path().join("ztunnel.sock");
+    let daemon = ztunnels_daemon(&node, &zsocket);
+    let ztunnel = StandInProcess::start("amb-cni-zt", &zsocket);
+    wait_state(&daemon, "synced");
+    let cri = FakeCri::start("amb-cni-cri");
+    let plugin = CniPlugin::new();
+    let uid = uid_of(&topology.pod_cgroup);
+    let netns = topology.pod.path().display().to_string();
+    let conf = ambient_conf(&node, daemon.socket(), &cri, &topology.pod.path());
+    cri.sandbox(
+        "sb-app",
+        &[("app", "web"), ("istio.io/dataplane-mode", "ambient")],
+        &[],
+    );
+
+    let add = plugin.call_with_args(&cni_args("app", &uid), "ADD", "sb-app", &netns, &conf);
+    if let Some(missing) = ambient_unsupported() {
+        // Fails closed, naming what the kernel lacks; nothing of the pod kept.
+        let err = failed(add);
+        assert_eq!(err["code"], 100, "{err}");
+        let msg = err["msg"].as_str().unwrap_or("");
+        assert!(missing.iter().all(|m| msg.contains(m.as_str())), "{err}");
+        assert!(daemon.pod_names().is_empty(), "{:?}", daemon.pod_names());
+        return;
+    }
+    let result = succeeded(add);
+    // Chained: the previous result, passed on.
+    assert_eq!(result["ips"][0]["address"], "10.1.0.2/16", "{result}");
+    ztunnel.wait_line("the pod enrolled", &format!("added {uid}"));
+    assert_eq!(daemon.pod_names(), ["default/app"], "{}", daemon.log());
+    assert_traffic_through(&topology, &ztunnel, AppSeenFrom::Loopback);
+    // Its programs at its own cgroup, which the plugin found by the pod's uid.
+    assert!(!cgroup_attachments(topology.pod_cgroup.path()).is_empty());
+    // CHECK: the pod is enrolled as planned.
+    succeeded(plugin.call_with_args(&cni_args("app", &uid), "CHECK", "sb-app", &netns, &conf));
+
+    // Not labelled, labelled out, or unknown to the runtime: left alone, ADD passes.
+    cri.sandbox("sb-plain", &[("app", "plain")], &[]);
+    cri.sandbox("sb-out", &[("istio.io/dataplane-mode", "none")], &[]);
+    for (sandbox, name) in [
+        ("sb-plain", "plain"),
+        ("sb-out", "out"),
+        ("sb-unknown", "unknown"),
+    ] {
+        let other = NetNs::new(&format!("amb-cni-{name}"));
+        let path = other.path().display().to_string();
+        let conf = ambient_conf(&node, daemon.socket(), &cri, &other.path());
+        let args = cni_args(name, &format!("{name}-uid"));
+        succeeded(plugin.call_with_args(&args, "ADD", sandbox, &path, &conf));
+        succeeded(plugin.call_with_args(&args, "DEL", sandbox, &path, &conf));
+    }
+    assert_eq!(daemon.pod_names(), ["default/app"]);
+
+    // DEL: ztunnel told, the capture gone, the pod's connections straight again.
+    succeeded(plugin.call_with_args(&cni_args("app", &uid), "DEL", "sb-app", &netns, &conf));
+    ztunnel.wait_line("the pod taken out", &format!("deleted {uid}"));
+    assert!(daemon.pod_names().is_empty(), "{:?}", daemon.pod_names());
+    let rules = topology.pod.run(&["ip", "rule", "list"]);
+    assert!(
+        !rules.contains("lookup 100"),
+        "the route back is left: {rules}"
+    );
+    let service = topology.service_addr(false, 80);
+    let out = connect_from(
+        &topology.pod,
+        Some(&topology.pod_cgroup),
+        1000,
+        1000,
+        service,
+        None,
+    );
+    assert!(
+        matches!(&out, ConnOutcome::Served { name, .. } if name == "svc"),
+        "{out:?}"
+    );
+    // Again, the namespace gone as after the runtime's teardown: still passes.
+    succeeded(plugin.call_with_args(&cni_args("app", &uid), "DEL", "sb-app", "", &conf));
+}
+
+/// A labelled pod's ADD fails — a CNI error, the runtime retries the pod's start — when
+/// ztunnel never acks or the daemon is down, and nothing of the pod is left; a pod outside
+/// the mesh passes ADD with the daemon down.
+#[test]
+fn an_ambient_pods_add_fails_when_ztunnel_never_acks_or_the_daemon_is_down() {
+    privileged!();
+    let node = TestNode::new("amb-cnf");
+    let pod_cgroup = Cgroup::pod_under(&node.node);
+    let pod = NetNs::new("amb-cnf-pod");
+    let netns = pod.path().display().to_string();
+    let uid = uid_of(&pod_cgroup);
+    let cri = FakeCri::start("amb-cnf-cri");
+    cri.sandbox("sb-app", &[("istio.io/dataplane-mode", "ambient")], &[]);
+    cri.sandbox("sb-plain", &[], &[]);
+    let plugin = CniPlugin::new();
+    let args = cni_args("app", &uid);
+
+    // No daemon: fails closed for the meshed pod (try again later), open for the other.
+    let nowhere = node.state.path().join("no-daemon.sock");
+    let conf = ambient_conf(&node, &nowhere, &cri, &pod.path());
+    let err = failed(plugin.call_with_args(&args, "ADD", "sb-app", &netns, &conf));
+    assert_eq!(err["code"], 11, "{err}");
+    assert!(
+        err["msg"].as_str().unwrap_or("").contains("not reachable"),
+        "{err}"
+    );
+    succeeded(plugin.call_with_args(
+        &cni_args("plain", "plain-uid"),
+        "ADD",
+        "sb-plain",
+        &netns,
+        &conf,
+    ));
+    succeeded(plugin.call_with_args(&args, "DEL", "sb-app", &netns, &conf));
+
+    // ztunnel connected but silent: the add fails once the agent gives up on its ack.
+    let zsocket = node.state.path().join("ztunnel.sock");
+    let daemon = ztunnels_daemon(&node, &zsocket);
+    let ztunnel = StandInProcess::start_silent("amb-cnf-zt", &zsocket);
+    wait_state(&daemon, "synced");
+    let conf = ambient_conf(&node, daemon.socket(), &cri, &pod.path());
+    let err = failed(plugin.call_with_args(&args, "ADD", "sb-app", &netns, &conf));
+    assert_eq!(err["code"], 100, "{err}");
+    let msg = err["msg"].as_str().unwrap_or("");
+    if ambient_unsupported().is_none() {
+        assert!(
+            msg.contains("ztunnel") && msg.contains("nothing of the pod was kept"),
+            "{err}"
+        );
+    }
+    if ambient_unsupported().is_none() {
+        ztunnel.wait_line("the add unanswered", &format!("silent on {uid}"));
+    }
+    assert!(daemon.pod_names().is_empty(), "{:?}", daemon.pod_names());
+    assert!(cgroup_attachments(pod_cgroup.path()).is_empty());
+    let rules = pod.run(&["ip", "rule", "list"]);
+    assert!(
+        !rules.contains("lookup 100"),
+        "the route back is left: {rules}"
+    );
+    // The runtime's DEL of the failed sandbox passes.
+    succeeded(plugin.call_with_args(&args, "DEL", "sb-app", &netns, &conf));
 }

@@ -365,3 +365,111 @@ fn containerd_starts_linkerd_pods_captured_by_a_linkerd_network() {
         &cookies,
     );
 }
+
+/// The stand-in ztunnel as a process in a namespace and cgroup of its own, connected to
+/// the agent at `socket`. Fields drop in order: the process before its namespace and cgroup.
+struct StandInZtunnel {
+    process: ChildGuard,
+    _netns: NetNs,
+    _cgroup: Cgroup,
+}
+
+impl StandInZtunnel {
+    fn start(socket: &Path) -> Self {
+        let netns = NetNs::new("criamb-zt");
+        let cgroup = Cgroup::new("criamb-zt");
+        let process = Spawn::new(redirector_tests::bin_path("standin-ztunnel"))
+            .arg("--zds")
+            .arg(socket)
+            .netns(&netns)
+            .cgroup(&cgroup)
+            .spawn();
+        StandInZtunnel {
+            process,
+            _netns: netns,
+            _cgroup: cgroup,
+        }
+    }
+
+    fn wait_line(&self, what: &str, line: &str) {
+        self.process
+            .wait_line(what, Duration::from_secs(30), |l| l == line);
+    }
+}
+
+/// An ambient network under containerd: containerd answers PodSandboxStatus for a sandbox
+/// only once its network is set up, so during the sandbox's CNI ADD the plugin finds no
+/// labels. A pod labelled `istio.io/dataplane-mode=ambient` starts left alone, the plugin
+/// saying why in the runtime's log; a pod annotated so is enrolled with ztunnel at its ADD,
+/// and removing its sandbox takes it out.
+#[test]
+fn containerd_starts_an_annotated_ambient_pod_enrolled_and_a_labelled_one_left_alone() {
+    privileged!("containerd pod", &["containerd", "runc"]);
+    const MODE: &str = "istio.io/dataplane-mode";
+    let (TestNode { root, node, state }, ipam, _forwarding) = cri_node("criamb");
+    let zsocket = state.path().join("ztunnel.sock");
+    let daemon = Daemon::start_with(
+        &root,
+        &node,
+        &state,
+        &["--ztunnel-socket", &zsocket.display().to_string()],
+    );
+    let ztunnel = StandInZtunnel::start(&zsocket);
+    // The plugin's CRI socket, pointed at containerd's once it runs.
+    let link = StateDir::new("crilink");
+    let cri_socket = link.path().join("cri.sock");
+    let mut conflist = primary_network("1.0.0", 79, &ipam);
+    conflist["plugins"].as_array_mut().unwrap().push(json!(
+        {"type": "redirector-cni", "dialect": "ambient", "pinRoot": root.path(),
+         "stateDir": state.path(), "socket": daemon.socket(), "criSocket": cri_socket,
+         "capabilities": {"io.kubernetes.cri.pod-annotations": true}}
+    ));
+    let mut cri = Containerd::start(&conflist, &[("redirector-cni", &redirector_bin())]);
+    std::os::unix::fs::symlink(cri.dir().join("containerd.sock"), &cri_socket)
+        .expect("linking the CRI socket");
+    let parent = node.relative_path();
+
+    // Labelled only: during its ADD containerd does not know the sandbox.
+    let mut config = cri.sandbox_config("default", "labelled", &[], &format!("{parent}/labelled"));
+    config.labels.insert(MODE.into(), "ambient".into());
+    let (labelled, _) = cri
+        .run_pod_sandbox(config)
+        .unwrap_or_else(|e| panic!("RunPodSandbox labelled: {e}\n{}", cri.log()));
+    assert!(daemon.pod_names().is_empty(), "{:?}", daemon.pod_names());
+    let log = cri.log();
+    assert!(
+        log.contains(&format!(
+            "sandbox {labelled}: the runtime does not know it yet"
+        )),
+        "{log}"
+    );
+
+    // Annotated: enrolled at its ADD (where the kernel serves ambient pods).
+    let annotated = cri.try_run_sandbox(
+        "default",
+        "annotated",
+        &[(MODE, "ambient")],
+        &format!("{parent}/annotated"),
+    );
+    let ztunnel_served = redirector::store::programs::ZTUNNEL_FEATURES
+        .iter()
+        .all(|key| !redirector::sys::kernel::needs_fallback(key));
+    if !ztunnel_served {
+        let refused = annotated.expect_err("an ambient pod on a kernel that cannot serve it");
+        assert!(refused.message().contains("ztunnel"), "{refused}");
+        cri.remove_sandbox(&labelled);
+        return;
+    }
+    let (annotated, _) = annotated.unwrap_or_else(|e| panic!("RunPodSandbox annotated: {e}"));
+    ztunnel.wait_line("the annotated pod enrolled", "added uid-default-annotated");
+    assert_eq!(daemon.pod_names(), ["default/annotated"]);
+
+    // Removed (CNI DEL, twice): ztunnel told, nothing left.
+    cri.remove_sandbox(&annotated);
+    ztunnel.wait_line(
+        "the annotated pod taken out",
+        "deleted uid-default-annotated",
+    );
+    cri.remove_sandbox(&labelled);
+    assert!(daemon.pods().is_empty(), "{:?}", daemon.pod_names());
+}

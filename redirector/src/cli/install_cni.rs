@@ -6,8 +6,8 @@ use anyhow::Context;
 
 use crate::{
     cni::DEFAULT_EXCLUDED_NAMESPACES,
-    install_cni::{readiness::Readiness, watch, Entry, Installer},
-    mesh::{pod_spec, Dialect, PodFlags},
+    install_cni::{readiness::Readiness, watch, AmbientEntry, Entry, Installer},
+    mesh::{ambient::select::check_network_args, pod_spec, Dialect, PodFlags},
     node_check::{assess, Unservable},
     store::pins::DEFAULT_ROOT,
 };
@@ -45,8 +45,12 @@ pub struct InstallCniArgs {
     #[arg(long, value_name = "PATH")]
     plugin: Option<PathBuf>,
     /// Which mesh the network's pods are meshed by: `istio` (its flags, annotations and
-    /// injector's mark) or `linkerd` (proxy-init's flags, Linkerd's annotations, pods
-    /// carrying `linkerd.io/proxy-version`).
+    /// injector's mark), `linkerd` (proxy-init's flags, Linkerd's annotations, pods
+    /// carrying `linkerd.io/proxy-version`) or `ambient` (Istio ambient: pods labelled or
+    /// annotated `istio.io/dataplane-mode=ambient` — labels are read from the CRI, where the
+    /// runtime answers during a pod's set-up, which containerd does not — or of
+    /// --ambient-namespaces, enrolled with ztunnel through the daemon, which needs
+    /// --ztunnel-socket).
     #[arg(
         long,
         value_enum,
@@ -64,14 +68,28 @@ pub struct InstallCniArgs {
         action = clap::ArgAction::Set
     )]
     require_sidecar_status: bool,
-    /// Namespaces whose pods are never captured, comma-separated ("" for none).
+    /// Namespaces whose pods are never captured, comma-separated ("" for none) [default:
+    /// kube-system; with --dialect ambient kube-system,istio-system, where ztunnel runs].
+    #[arg(long, value_name = "NS,...", env = "REDIRECTOR_CNI_EXCLUDE_NAMESPACES")]
+    exclude_namespaces: Option<String>,
+    /// With --dialect ambient: namespaces every pod of which is enrolled, comma-separated
+    /// (istio's namespace label `istio.io/dataplane-mode=ambient`, which a node plugin
+    /// cannot read without the API server).
     #[arg(
         long,
         value_name = "NS,...",
-        env = "REDIRECTOR_CNI_EXCLUDE_NAMESPACES",
-        default_value = DEFAULT_EXCLUDED_NAMESPACES
+        env = "REDIRECTOR_CNI_AMBIENT_NAMESPACES",
+        default_value = ""
     )]
-    exclude_namespaces: String,
+    ambient_namespaces: String,
+    /// With --dialect ambient: the runtime's CRI socket, where the plugin reads a pod's
+    /// labels [default: containerd's].
+    #[arg(long, value_name = "PATH", env = "REDIRECTOR_CRI_SOCKET")]
+    cri_socket: Option<PathBuf>,
+    /// With --dialect ambient: the daemon's API socket the plugin enrolls pods through,
+    /// when not the default.
+    #[arg(long, value_name = "PATH", env = "REDIRECTOR_SOCKET")]
+    daemon_socket: Option<PathBuf>,
     /// The pin root the plugin (and the daemon) uses, when not the default.
     #[arg(long, value_name = "DIR", env = "REDIRECTOR_PIN_ROOT")]
     pin_root: Option<PathBuf>,
@@ -99,18 +117,21 @@ pub fn run(args: &InstallCniArgs) -> anyhow::Result<()> {
     } else {
         args.flags.clone()
     };
-    pod_spec(&PodFlags {
-        dialect: args.dialect,
-        args: flags.clone(),
-    })
+    match args.dialect {
+        // An ambient pod's flags begin with who it is, which only its ADD says.
+        Dialect::Ambient => check_network_args(&flags),
+        dialect => pod_spec(&PodFlags {
+            dialect,
+            args: flags.clone(),
+        })
+        .map(drop),
+    }
     .map_err(|e| anyhow::anyhow!("the pods' flags: {e}"))?;
-    let exclude_namespaces = args
-        .exclude_namespaces
-        .split(',')
-        .map(str::trim)
-        .filter(|ns| !ns.is_empty())
-        .map(String::from)
-        .collect();
+    let exclude_namespaces = match (&args.exclude_namespaces, args.dialect) {
+        (Some(list), _) => list_of(list),
+        (None, Dialect::Ambient) => list_of(AMBIENT_EXCLUDED_NAMESPACES),
+        (None, _) => list_of(DEFAULT_EXCLUDED_NAMESPACES),
+    };
     let plugin = match &args.plugin {
         Some(path) => path.clone(),
         None => std::env::current_exe().context("finding this binary")?,
@@ -126,6 +147,11 @@ pub fn run(args: &InstallCniArgs) -> anyhow::Result<()> {
             exclude_namespaces,
             pin_root: args.pin_root.clone(),
             state_dir: args.state_dir.clone(),
+            ambient: (args.dialect == Dialect::Ambient).then(|| AmbientEntry {
+                namespaces: list_of(&args.ambient_namespaces),
+                cri_socket: args.cri_socket.clone(),
+                daemon_socket: args.daemon_socket.clone(),
+            }),
         }
         .to_json(),
     };
@@ -158,6 +184,19 @@ pub fn run(args: &InstallCniArgs) -> anyhow::Result<()> {
         None => tracing::info!("the entry is in place"),
     }
     Ok(())
+}
+
+/// The namespaces an ambient network leaves alone unless told otherwise: istio's system
+/// namespace too, where ztunnel, istiod and the gateways run.
+const AMBIENT_EXCLUDED_NAMESPACES: &str = "kube-system,istio-system";
+
+/// A comma-separated list's items.
+fn list_of(text: &str) -> Vec<String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|ns| !ns.is_empty())
+        .map(String::from)
+        .collect()
 }
 
 /// A node that cannot be served: no entry (one an earlier run left goes too, since no

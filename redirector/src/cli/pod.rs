@@ -2,12 +2,10 @@
 
 use std::{
     collections::BTreeMap,
-    io::{BufRead, BufReader, Write},
-    os::unix::net::UnixStream,
-    path::PathBuf,
+    path::{Path, PathBuf},
 };
 
-use anyhow::{bail, Context as _};
+use anyhow::bail;
 
 use crate::{
     daemon::api::{PodInfo, PodRef, Request, Response, DEFAULT_SOCKET},
@@ -122,21 +120,8 @@ fn pod_ref(which: &Which) -> PodRef {
 }
 
 /// One request, one response.
-pub(super) fn call(socket: &PathBuf, request: &Request) -> anyhow::Result<Response> {
-    let mut stream = UnixStream::connect(socket)
-        .with_context(|| format!("connecting to the daemon at {}", socket.display()))?;
-    let mut line = serde_json::to_vec(request)?;
-    line.push(b'\n');
-    // A daemon that refuses the caller answers at once and closes without reading: the
-    // write then fails, but its answer is waiting to be read and says why.
-    let sent = stream.write_all(&line);
-    let mut answer = String::new();
-    let read = BufReader::new(stream).read_line(&mut answer);
-    if answer.is_empty() {
-        sent.context("sending the request")?;
-        read.context("reading the daemon's answer")?;
-    }
-    serde_json::from_str(&answer).with_context(|| format!("the daemon's answer {answer:?}"))
+pub(super) fn call(socket: &Path, request: &Request) -> anyhow::Result<Response> {
+    Ok(crate::daemon::client::call(socket, request, None)?)
 }
 
 fn summary(pod: &PodInfo) -> String {
@@ -196,6 +181,7 @@ pub fn run(args: &PodArgs) -> anyhow::Result<()> {
                 args: args.clone(),
                 annotations,
                 cgroup: cgroup.clone(),
+                cni: None,
             };
             (request, false)
         }

@@ -1,7 +1,11 @@
 //! `redirector trace`: switch tracing on for a pod (or every pod), print each decision the
 //! programs trace as it arrives, and switch it off again on exit (Ctrl-C, SIGTERM).
 
-use std::{io::Write as _, path::PathBuf, sync::Mutex};
+use std::{
+    io::Write as _,
+    path::{Path, PathBuf},
+    sync::Mutex,
+};
 
 use anyhow::{bail, Context as _};
 use redirector_common::NetnsCookie;
@@ -32,7 +36,7 @@ pub struct TraceArgs {
 }
 
 /// The pod `--name` names, asked of the daemon.
-fn cookie_by_name(socket: &PathBuf, name: &str) -> anyhow::Result<NetnsCookie> {
+fn cookie_by_name(socket: &Path, name: &str) -> anyhow::Result<NetnsCookie> {
     let response = super::pod::call(socket, &Request::List)?;
     if !response.ok {
         bail!(

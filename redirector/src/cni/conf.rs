@@ -29,16 +29,21 @@ pub struct NetConf {
     #[serde(default)]
     pub name: Option<String>,
     /// Which mesh's flags `args` are and whose rules choose the pods: `istio` (the
-    /// default) or `linkerd`.
+    /// default), `linkerd` or `ambient`.
     #[serde(default)]
     pub dialect: Dialect,
     /// The flags for the pods of this network (a list), in `dialect`; the spec's `args`
     /// object convention is accepted and ignored.
     #[serde(default)]
     pub args: Value,
-    /// The daemon's socket; the plugin does not need the daemon to run.
+    /// The daemon's API socket (default: the daemon's default): an ambient network's pods
+    /// are enrolled through it; other dialects' pods need no daemon running.
     #[serde(default)]
     pub socket: Option<PathBuf>,
+    /// The container runtime's CRI socket (default: containerd's), where an ambient
+    /// network's pods' labels are read.
+    #[serde(default, rename = "criSocket")]
+    pub cri_socket: Option<PathBuf>,
     #[serde(default, rename = "pinRoot")]
     pub pin_root: Option<PathBuf>,
     #[serde(default, rename = "stateDir")]

@@ -12,7 +12,11 @@
 //! and, until it has, a meshed pod starts uncaptured for its mesh's own check to stop it
 //! and STATUS answers ready. DEL is keyed on
 //! CNI_CONTAINERID, idempotent, and never fails for want of pins or of a usable kernel.
+//!
+//! An ambient network's pods are the exception: ztunnel's node agent lives in the daemon,
+//! so they are enrolled through its API ([`ambient`]).
 
+mod ambient;
 pub mod conf;
 mod error;
 
@@ -28,7 +32,7 @@ use self::{
 use crate::{
     engine::node::node_object,
     engine::spec::PodSpec,
-    mesh::{self, PodFlags},
+    mesh::{self, Dialect, PodFlags},
     pods::{
         records::{CniAttachment, PodRecord, Records, DEFAULT_STATE_DIR},
         remove_pod, PodError, Pods,
@@ -78,7 +82,7 @@ fn run(version: &mut &'static str) -> Result<Option<Value>, CniError> {
     let plugin = Plugin::new(&conf);
     match command.as_str() {
         "ADD" => plugin.add(&conf),
-        "DEL" => plugin.del().map(|()| None),
+        "DEL" => plugin.del(&conf).map(|()| None),
         "CHECK" => plugin.check(&conf).map(|()| None),
         "STATUS" => plugin.status().map(|()| None),
         "GC" => plugin.gc(&conf).map(|()| None),
@@ -104,13 +108,11 @@ fn pod_settings(
     conf: &NetConf,
     namespace: Option<&str>,
 ) -> Result<Option<(PodFlags, PodSpec)>, CniError> {
-    mesh::node_flags(
-        conf.dialect,
-        &conf.network(),
-        namespace,
-        &conf.annotations(),
-    )
-    .map_err(|e| CniError::new(code::INVALID_CONFIG, e.to_string()))
+    let annotations = conf.annotations();
+    let pod = mesh::PodMeta::annotated(namespace, &annotations);
+    mesh::node_flags(conf.dialect, &conf.network(), &pod)
+        .map(Result::ok)
+        .map_err(|e| CniError::new(code::INVALID_CONFIG, e.to_string()))
 }
 
 /// The kernel check, for the commands that need the programs: a kernel redirector refuses
@@ -188,6 +190,10 @@ impl Plugin {
         if let Some(object) = result.as_object_mut() {
             object.insert("cniVersion".into(), conf.cni_version.clone().into());
         }
+        if conf.dialect == Dialect::Ambient {
+            ambient::add(conf, &container, &netns, self.pod_cgroup())?;
+            return Ok(Some(result));
+        }
         let Some(settings) = pod_settings(conf, pod_namespace().as_deref())? else {
             return Ok(Some(result));
         };
@@ -204,12 +210,7 @@ impl Plugin {
             container_id: container,
             network: conf.name.clone(),
         };
-        // The pod's cgroup, which kubelet made before asking for the sandbox: its programs
-        // go there, and no other pod runs them.
-        let cgroup = cni_arg("K8S_POD_UID").and_then(|uid| {
-            let node = self.records.node_cgroup()?;
-            crate::sys::pod_cgroup::by_pod_uid(&node, &uid)
-        });
+        let cgroup = self.pod_cgroup();
         let (flags, spec) = settings;
         pods.add(
             &PathBuf::from(netns),
@@ -227,10 +228,18 @@ impl Plugin {
         Ok(Some(result))
     }
 
+    /// The pod's cgroup, which kubelet made before asking for the sandbox: its programs
+    /// go there, and no other pod runs them.
+    fn pod_cgroup(&self) -> Option<PathBuf> {
+        let uid = cni_arg("K8S_POD_UID")?;
+        let node = self.records.node_cgroup()?;
+        crate::sys::pod_cgroup::by_pod_uid(&node, &uid)
+    }
+
     /// Best effort and repeatable: with nothing pinned (a node just rebooted, an uninstall
     /// half done) or a kernel redirector refuses, nothing of the pod can be in the kernel,
     /// and only its record goes.
-    fn del(&self) -> Result<(), CniError> {
+    fn del(&self, conf: &NetConf) -> Result<(), CniError> {
         let container = required_env("CNI_CONTAINERID")?;
         // The namespace, while it is still there, names the record without reading the others.
         let netns_cookie = env("CNI_NETNS")
@@ -241,6 +250,12 @@ impl Plugin {
             .records
             .by_container(&container, netns_cookie)
             .map_err(|e| CniError::new(code::SETUP_FAILED, e.to_string()))?;
+        // An ambient pod goes through the daemon, which tells ztunnel first.
+        if let Some(record) = record.as_ref().filter(|r| ambient::is_ambient(r)) {
+            if ambient::del(conf, record)? {
+                return Ok(());
+            }
+        }
         if !self.may_hold_kernel_state() {
             if let Some(record) = record {
                 self.forget(&record)?;
@@ -282,7 +297,11 @@ impl Plugin {
     /// as its flags plan it.
     fn check(&self, conf: &NetConf) -> Result<(), CniError> {
         let container = required_env("CNI_CONTAINERID")?;
-        if pod_settings(conf, pod_namespace().as_deref())?.is_none() {
+        let chosen = match conf.dialect {
+            Dialect::Ambient => ambient::enrolled(conf, &container)?,
+            _ => pod_settings(conf, pod_namespace().as_deref())?.is_some(),
+        };
+        if !chosen {
             return Ok(());
         }
         kernel_ready(&self.root, code::SETUP_FAILED)?;

@@ -132,12 +132,27 @@ fn undo(pods: &Pods, netns: &Path, why: String) -> Response {
             removed.error.unwrap_or_default()
         );
     }
+    remove_route(netns);
     Response::failed(format!("{why}; nothing of the pod was kept"))
+}
+
+/// Take the route back out of the pod's namespace at `netns`, if it is still there.
+fn remove_route(netns: &Path) {
+    let Ok(ns) = Netns::open(netns) else {
+        return;
+    };
+    let removed = ns
+        .run(crate::sys::reply_route::remove)
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| e.to_string()));
+    if let Err(err) = removed {
+        warn!("removing the route back in {}: {err}", netns.display());
+    }
 }
 
 async fn del_pod(pods: Arc<Pods>, agent: Option<Agent>, pod: PodRef) -> Response {
     let asked = pod.clone();
-    let uid = blocking(Arc::clone(&pods), move |pods| {
+    let workload = blocking(Arc::clone(&pods), move |pods| {
         let record = pods
             .records
             .find(asked.name.as_deref(), asked.netns.as_deref())
@@ -145,16 +160,27 @@ async fn del_pod(pods: Arc<Pods>, agent: Option<Agent>, pod: PodRef) -> Response
             .flatten();
         Ok(record.and_then(|r| {
             let flags: PodFlags = r.flags();
-            ztunnel_workload(&flags, &r.netns).map(|w| w.uid)
+            ztunnel_workload(&flags, &r.netns)
         }))
     })
-    .await;
-    if let (Ok(Some(uid)), Some(agent)) = (uid, agent) {
-        if let Err(err) = agent.del(&uid).await {
-            warn!("telling ztunnel pod {uid} is gone: {err}");
+    .await
+    .ok()
+    .flatten();
+    if let (Some(workload), Some(agent)) = (&workload, agent) {
+        if let Err(err) = agent.del(&workload.uid).await {
+            warn!("telling ztunnel pod {} is gone: {err}", workload.uid);
         }
     }
-    answer(blocking(pods, move |pods| Ok(pods.handle(Request::Del(pod)))).await)
+    answer(
+        blocking(pods, move |pods| {
+            let response = pods.handle(Request::Del(pod));
+            if let (true, Some(workload)) = (response.ok, workload) {
+                remove_route(&workload.netns);
+            }
+            Ok(response)
+        })
+        .await,
+    )
 }
 
 /// `work` on the pods, off the async threads.

@@ -5,6 +5,7 @@
 //! ```text
 //! {"op":"add","netns":"/run/netns/p1","name":"default/app","args":["-p","15001",...],
 //!  "annotations":{"traffic.sidecar.istio.io/excludeOutboundPorts":"3306"}}
+//!  (the chained plugin adds "cni":{"container_id":"…","network":"…"})
 //! {"op":"del","name":"default/app"}            (or "netns")
 //! {"op":"list"}
 //! {"op":"check","netns":"/run/netns/p1"}       (or "name")
@@ -17,7 +18,7 @@ use std::{collections::BTreeMap, path::PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::mesh::Dialect;
+use crate::{mesh::Dialect, pods::records::CniAttachment};
 
 /// Where the daemon listens unless told otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/redirector/redirector.sock";
@@ -51,6 +52,10 @@ pub enum Request {
         /// of a process in the namespace, else the node cgroup.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cgroup: Option<PathBuf>,
+        /// The CNI attachment the chained plugin asks for (an ambient pod's): the record
+        /// keeps it, so that the runtime's CNI DEL and GC find the pod by its sandbox.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cni: Option<CniAttachment>,
     },
     /// Remove a pod; an unknown one is not an error (removal is idempotent).
     Del(PodRef),
@@ -146,6 +151,7 @@ mod tests {
                 args: vec!["-p".into(), "15001".into()],
                 annotations: BTreeMap::new(),
                 cgroup: None,
+                cni: None,
             }
         );
         let del: Request = serde_json::from_str(r#"{"op":"del","name":"default/app"}"#).unwrap();

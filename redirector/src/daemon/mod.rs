@@ -6,6 +6,7 @@
 
 mod ambient;
 pub mod api;
+pub mod client;
 mod decision_totals;
 mod heap;
 pub mod http;

@@ -66,17 +66,18 @@ impl Pods {
     /// the plugin's rules in `conf` capture and that is neither recorded nor installed.
     pub fn repair(&self, sandboxes: &[Sandbox], conf: &NetConf, capture: bool) -> Round {
         let mut round = Round::default();
+        // An ambient pod is enrolled with ztunnel through the daemon's agent, which a
+        // repair round does not hold: ambient networks are not repaired.
+        if conf.dialect == mesh::Dialect::Ambient {
+            return round;
+        }
         for sandbox in sandboxes {
             let pod = format!("{}/{}", sandbox.namespace, sandbox.name);
             let network = conf.network();
-            let (flags, spec) = match mesh::node_flags(
-                conf.dialect,
-                &network,
-                Some(&sandbox.namespace),
-                &sandbox.annotations,
-            ) {
-                Ok(Some(settings)) => settings,
-                Ok(None) => continue,
+            let pod_meta = mesh::PodMeta::annotated(Some(&sandbox.namespace), &sandbox.annotations);
+            let (flags, spec) = match mesh::node_flags(conf.dialect, &network, &pod_meta) {
+                Ok(Ok(settings)) => settings,
+                Ok(Err(_left_alone)) => continue,
                 Err(err) => {
                     tracing::warn!("pod {pod}: {err}");
                     round.uncaptured.push(pod);

@@ -37,6 +37,7 @@ impl Pods {
                 args,
                 annotations,
                 cgroup,
+                cni,
             } => {
                 let flags = match crate::mesh::requested(dialect, &args, &annotations) {
                     Ok(Ok(flags)) => flags,
@@ -47,7 +48,7 @@ impl Pods {
                 };
                 crate::mesh::pod_spec(&flags)
                     .map_err(PodError::from)
-                    .and_then(|spec| self.add(&netns, name, (flags, &spec), None, cgroup))
+                    .and_then(|spec| self.add(&netns, name, (flags, &spec), cni, cgroup))
                     .map(|added| self.added(added))
                     .map_err(RequestError::from)
             }

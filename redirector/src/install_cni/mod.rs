@@ -60,6 +60,19 @@ pub struct Entry {
     pub exclude_namespaces: Vec<String>,
     pub pin_root: Option<PathBuf>,
     pub state_dir: Option<PathBuf>,
+    /// An ambient network's own keys.
+    pub ambient: Option<AmbientEntry>,
+}
+
+/// The keys of an ambient network's entry.
+#[derive(Debug, Clone, Default)]
+pub struct AmbientEntry {
+    /// `ambientNamespaces`: every pod of these is enrolled.
+    pub namespaces: Vec<String>,
+    /// `criSocket`, where the plugin reads a pod's labels, when not containerd's.
+    pub cri_socket: Option<PathBuf>,
+    /// `socket`, the daemon's API, when not the default.
+    pub daemon_socket: Option<PathBuf>,
 }
 
 impl Entry {
@@ -78,6 +91,19 @@ impl Entry {
         }
         if let Some(dir) = &self.state_dir {
             entry["stateDir"] = json!(dir);
+        }
+        if let Some(ambient) = &self.ambient {
+            // Enrolled by label or namespace, never by the injector's mark.
+            if let Some(keys) = entry.as_object_mut() {
+                keys.remove("requireSidecarStatus");
+            }
+            entry["ambientNamespaces"] = json!(ambient.namespaces);
+            if let Some(socket) = &ambient.cri_socket {
+                entry["criSocket"] = json!(socket);
+            }
+            if let Some(socket) = &ambient.daemon_socket {
+                entry["socket"] = json!(socket);
+            }
         }
         entry["capabilities"] = json!({"io.kubernetes.cri.pod-annotations": true});
         entry

@@ -36,6 +36,7 @@ impl Node {
             exclude_namespaces: vec!["kube-system".into()],
             pin_root: None,
             state_dir: None,
+            ambient: None,
         };
         Node {
             installer: Installer {
@@ -244,4 +245,32 @@ fn the_chained_entry_is_read_as_the_runtime_hands_it_to_the_plugin() {
     assert_eq!(found["args"], serde_json::json!(["-p", "15001"]));
     assert_eq!(found["cniVersion"], "0.3.1");
     assert_eq!(found["name"], "k8s");
+}
+
+#[test]
+fn an_ambient_entry_has_its_namespaces_and_sockets_and_reads_back_as_the_plugins() {
+    let entry = Entry {
+        dialect: Dialect::Ambient,
+        args: vec![],
+        require_sidecar_status: true,
+        exclude_namespaces: vec!["kube-system".into(), "istio-system".into()],
+        pin_root: None,
+        state_dir: None,
+        ambient: Some(AmbientEntry {
+            namespaces: vec!["shop".into()],
+            cri_socket: Some("/run/crio/crio.sock".into()),
+            daemon_socket: None,
+        }),
+    }
+    .to_json();
+    assert_eq!(entry["dialect"], "ambient");
+    assert_eq!(entry["ambientNamespaces"], json!(["shop"]));
+    assert!(entry.get("requireSidecarStatus").is_none(), "{entry}");
+    assert!(entry.get("socket").is_none(), "{entry}");
+    let mut conf = entry.clone();
+    conf["cniVersion"] = json!("1.0.0");
+    let conf = crate::cni::conf::parse_conf(&conf.to_string()).unwrap();
+    assert_eq!(conf.dialect, Dialect::Ambient);
+    assert_eq!(conf.cri_socket, Some("/run/crio/crio.sock".into()));
+    assert_eq!(conf.mesh_keys["ambientNamespaces"], json!(["shop"]));
 }

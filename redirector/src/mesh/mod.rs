@@ -122,9 +122,27 @@ pub fn ztunnel_workload(flags: &PodFlags, netns: &std::path::Path) -> Option<Wor
 /// A pod as a node's rules see it.
 #[derive(Debug, Clone, Copy)]
 pub struct PodMeta<'a> {
-    /// Its namespace, where the runtime names it.
+    /// Its namespace, name and uid, where the runtime names them.
     pub namespace: Option<&'a str>,
+    pub name: Option<&'a str>,
+    pub uid: Option<&'a str>,
     pub annotations: &'a Annotations,
+    /// Its labels, where they could be read: the runtime passes a plugin none, and asking
+    /// the CRI for them may find nothing yet (see `cni::labels`).
+    pub labels: Option<&'a Annotations>,
+}
+
+impl<'a> PodMeta<'a> {
+    /// A pod known by its namespace and annotations only.
+    pub fn annotated(namespace: Option<&'a str>, annotations: &'a Annotations) -> Self {
+        PodMeta {
+            namespace,
+            name: None,
+            uid: None,
+            annotations,
+            labels: None,
+        }
+    }
 }
 
 /// A mesh's answer for a pod.
@@ -206,24 +224,20 @@ pub fn requested(
     })
 }
 
-/// The chained plugin: the flags and spec of a pod of `namespace` with `annotations` on
-/// `network`, in `dialect`; `None` when the pod is left alone.
+/// The chained plugin: the flags and spec of `pod` on `network`, in `dialect`; `Err` with
+/// the reason when the pod is left alone.
 pub fn node_flags(
     dialect: Dialect,
     network: &Network<'_>,
-    namespace: Option<&str>,
-    annotations: &Annotations,
-) -> Result<Option<(PodFlags, PodSpec)>, MeshError> {
-    let pod = PodMeta {
-        namespace,
-        annotations,
-    };
-    let Selection::Capture(args) = dialect.mesh().node_flags(network, &pod)? else {
-        return Ok(None);
+    pod: &PodMeta<'_>,
+) -> Result<Result<(PodFlags, PodSpec), String>, MeshError> {
+    let args = match dialect.mesh().node_flags(network, pod)? {
+        Selection::Capture(args) => args,
+        Selection::LeftAlone(why) => return Ok(Err(why)),
     };
     let flags = PodFlags { dialect, args };
     let spec = pod_spec(&flags)?;
-    Ok(Some((flags, spec)))
+    Ok(Ok((flags, spec)))
 }
 
 /// Whether a run option was given.

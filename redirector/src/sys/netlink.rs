@@ -88,6 +88,15 @@ pub fn create(kind: u16, body: &[u8]) -> io::Result<()> {
     }
 }
 
+/// Deletes the `(kind, body)` message's rule or route; one already gone is fine.
+pub fn delete(kind: u16, body: &[u8]) -> io::Result<()> {
+    let request = message(kind, NLM_F_REQUEST | NLM_F_ACK, body);
+    match exchange(NETLINK_ROUTE, &request, |_, _| {}) {
+        Err(err) if matches!(err.raw_os_error(), Some(libc::ENOENT | libc::ESRCH)) => Ok(()),
+        other => other,
+    }
+}
+
 /// Send `request` on a new `protocol` socket of the current network namespace and pass
 /// each reply (type, body) to `on_reply`, until NLMSG_DONE or an acknowledgement.
 pub fn exchange(protocol: i32, request: &[u8], on_reply: impl FnMut(u16, &[u8])) -> io::Result<()> {

@@ -63,6 +63,22 @@ pub fn install() -> Result<(), ReplyRouteError> {
     Ok(())
 }
 
+/// Takes the rule and the table's route out again (a failed add, a pod taken out of
+/// ambient), in the calling thread's network namespace; what is not there is fine. The
+/// sysctl stays: it changes nothing for connections whose SYN carries no mark.
+pub fn remove() -> io::Result<()> {
+    const RTM_DELROUTE: u16 = 25;
+    const RTM_DELRULE: u16 = 33;
+    for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
+        if family == libc::AF_INET6 as u8 && !std::path::Path::new("/proc/sys/net/ipv6").exists() {
+            continue;
+        }
+        netlink::delete(RTM_DELRULE, &rule(family).1)?;
+        netlink::delete(RTM_DELROUTE, &local_route(family).1)?;
+    }
+    Ok(())
+}
+
 fn attribute(body: &mut Vec<u8>, kind: u16, value: u32) {
     body.extend_from_slice(&8u16.to_ne_bytes());
     body.extend_from_slice(&kind.to_ne_bytes());

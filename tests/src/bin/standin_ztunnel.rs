@@ -8,10 +8,11 @@
 //! on stdout, `outbound PEER ORIGINAL` or `inbound PEER ORIGINAL`, the witness a test reads;
 //! `added UID`, `kept UID` (a snapshot naming a pod already proxied) and `deleted UID`
 //! follow the agent's requests; `agent gone` when the agent hangs up, after which it
-//! connects again, its pods' listeners kept, as ztunnel does.
+//! connects again, its pods' listeners kept, as ztunnel does. With `--silent` it never
+//! answers an add (a ztunnel that hangs), printing `silent on UID`.
 //!
 //! ```text
-//! standin-ztunnel --zds PATH [--quiet]
+//! standin-ztunnel --zds PATH [--quiet] [--silent]
 //! ```
 //!
 //! `--quiet`: connections are not printed (for loads of many).
@@ -46,14 +47,21 @@ static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new
 
 fn main() -> io::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (zds, quiet) = match args.as_slice() {
-        [flag, path] if flag == "--zds" => (PathBuf::from(path), false),
-        [flag, path, q] if flag == "--zds" && q == "--quiet" => (PathBuf::from(path), true),
-        _ => {
-            eprintln!("usage: standin-ztunnel --zds PATH [--quiet]");
-            std::process::exit(2);
-        }
+    let Some((flag, path, options)) = args.split_first().and_then(|(flag, rest)| {
+        let (path, options) = rest.split_first()?;
+        Some((flag, path, options))
+    }) else {
+        eprintln!("usage: standin-ztunnel --zds PATH [--quiet] [--silent]");
+        std::process::exit(2);
     };
+    let known = |o: &String| o == "--quiet" || o == "--silent";
+    if flag != "--zds" || !options.iter().all(known) {
+        eprintln!("usage: standin-ztunnel --zds PATH [--quiet] [--silent]");
+        std::process::exit(2);
+    }
+    let zds = PathBuf::from(path);
+    let quiet = options.iter().any(|o| o == "--quiet");
+    let silent = options.iter().any(|o| o == "--silent");
     QUIET.store(quiet, std::sync::atomic::Ordering::Relaxed);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -65,6 +73,10 @@ fn main() -> io::Result<()> {
         loop {
             let conn = connect(&zds).await;
             serve(&conn, |request, fd| match request {
+                Request::Add(add) if silent => {
+                    say(&format!("silent on {}", add.uid));
+                    Answer::Silence
+                }
                 Request::Add(add) if pods.contains_key(&add.uid) => {
                     say(&format!("kept {}", add.uid));
                     Answer::Ack

@@ -17,6 +17,7 @@ use crate::mesh::{
 };
 use crate::zds::wire::WorkloadInfo;
 
+pub mod select;
 #[cfg(test)]
 mod tests;
 
@@ -43,7 +44,8 @@ pub struct Ambient;
 
 /// An ambient pod's command line, as the records keep it.
 #[derive(clap::Parser, Debug, Clone, PartialEq, Eq)]
-#[command(name = "ambient")]
+// A setting given twice (the network's flags, then a pod's annotation) takes the last.
+#[command(name = "ambient", args_override_self = true)]
 pub struct AmbientArgs {
     /// The pod's uid: ztunnel's key for it.
     #[arg(long, value_name = "UID")]
@@ -211,13 +213,8 @@ impl Mesh for Ambient {
         Ok(Selection::Capture(args))
     }
 
-    fn node_flags(&self, _network: &Network<'_>, _pod: &PodMeta<'_>) -> Selected {
-        // The runtime gives a plugin no labels, and ambient enrolls by label: pods are
-        // enrolled through the daemon's API. Left alone, never refused: a plugin error
-        // would keep every pod of the node from starting.
-        Ok(Selection::LeftAlone(
-            "the chained plugin does not enroll ambient pods; enroll them with `redirector pod add --dialect ambient`".to_owned(),
-        ))
+    fn node_flags(&self, network: &Network<'_>, pod: &PodMeta<'_>) -> Selected {
+        select::node_flags(network, pod)
     }
 
     fn ztunnel_workload(&self, args: &[String]) -> Option<(String, WorkloadInfo)> {

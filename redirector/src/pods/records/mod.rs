@@ -84,7 +84,7 @@ fn format_one() -> u32 {
 }
 
 /// The CNI attachment a pod is set up for: the runtime's sandbox id, and the network.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CniAttachment {
     pub container_id: String,
     pub network: Option<String>,
