@@ -23,7 +23,7 @@ use redirector_tests::{
     daemon::{Daemon, StateDir},
     fake_cri::FakeCri,
     istio_cni, privileged,
-    redirector::{redirector_bin, status},
+    redirector::{redirector_bin, status, PinRoot},
     test_node::{failed, succeeded, CniPlugin, TestNode},
     topology::Topology,
     ztunnel::{Seen, StandInProcess, StandInZtunnel, TestAgent},
@@ -250,24 +250,15 @@ fn redirectors_programs_send_a_pods_traffic_through_the_stand_in_ztunnel() {
         "default/app",
         "amb-rd-uid",
     );
-    if let Some(missing) = ambient_unsupported() {
-        // Refused, naming what the kernel lacks, and nothing of the pod kept.
+    if let Some(why) = ambient_not_served(&node.root) {
+        // Refused, saying why (status says it too), and nothing of the pod kept.
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{stderr}");
-        assert!(
-            stderr.contains("ambient pods need ztunnel's programs")
-                && missing.iter().all(|m| stderr.contains(m.as_str())),
-            "{stderr}"
-        );
+        let refusal = "ambient pods need ztunnel's programs";
+        assert!(stderr.contains(refusal), "{stderr}");
+        assert!(why.contains(refusal), "status: {why}");
         assert!(daemon.pod_names().is_empty(), "{:?}", daemon.pod_names());
         assert!(cgroup_attachments(topology.pod_cgroup.path()).is_empty());
-        let why = &status(&node.root)["objects"][0]["ambient_unsupported"];
-        assert!(
-            missing
-                .iter()
-                .all(|m| why.as_str().unwrap_or("").contains(m.as_str())),
-            "status: {why}"
-        );
         return;
     }
     // `status` shows where ztunnel's programs are.
@@ -320,33 +311,13 @@ fn redirectors_programs_send_a_pods_traffic_through_the_stand_in_ztunnel() {
     );
 }
 
-/// What the running kernel lacks for ztunnel's programs (each as `status` names it), or
-/// `None` where ambient pods are served (a forced fallback counts as lacking). Read from
-/// `redirector status`, whose probes run as redirector's do: the test's own process may
-/// lack the memlock allowance a probe needs before Linux 5.11.
-fn ambient_unsupported() -> Option<Vec<String>> {
-    use redirector::{store::programs::ZTUNNEL_FEATURES, sys::kernel};
-    let root = redirector_tests::redirector::PinRoot::new("ambprobe");
-    let status = status(&root);
-    let lacking: Vec<String> = status["kernel"]["features"]
-        .as_array()
-        .expect("status lists the kernel's features")
-        .iter()
-        .filter(|f| f["present"] == false)
-        .map(|f| {
-            format!(
-                "{} (Linux {})",
-                f["feature"].as_str().unwrap_or(""),
-                f["since"].as_str().unwrap_or("")
-            )
-        })
-        .collect();
-    let missing: Vec<String> = ZTUNNEL_FEATURES
-        .iter()
-        .map(|key| kernel::describe(key))
-        .filter(|described| lacking.contains(described))
-        .collect();
-    (!missing.is_empty()).then_some(missing)
+/// Why the node's object under `root` (the daemon's) serves no ambient pod, as `status`
+/// says — on a kernel before 5.15, or with the fallbacks forced, the object is loaded
+/// without ztunnel's programs — or `None` where it serves them.
+fn ambient_not_served(root: &PinRoot) -> Option<String> {
+    let status = status(root);
+    let why = &status["objects"][0]["ambient_unsupported"];
+    why.as_str().map(str::to_owned)
 }
 
 /// The source istio's host rules give kubelet's probes.
@@ -822,12 +793,15 @@ fn the_chained_plugin_enrolls_a_labelled_pod_through_the_daemon_and_del_takes_it
     );
 
     let add = plugin.call_with_args(&cni_args("app", &uid), "ADD", "sb-app", &netns, &conf);
-    if let Some(missing) = ambient_unsupported() {
-        // Fails closed, naming what the kernel lacks; nothing of the pod kept.
+    if ambient_not_served(&node.root).is_some() {
+        // Fails closed, saying why; nothing of the pod kept.
         let err = failed(add);
         assert_eq!(err["code"], 100, "{err}");
         let msg = err["msg"].as_str().unwrap_or("");
-        assert!(missing.iter().all(|m| msg.contains(m.as_str())), "{err}");
+        assert!(
+            msg.contains("ambient pods need ztunnel's programs"),
+            "{err}"
+        );
         assert!(daemon.pod_names().is_empty(), "{:?}", daemon.pod_names());
         return;
     }
@@ -929,14 +903,17 @@ fn an_ambient_pods_add_fails_when_ztunnel_never_acks_or_the_daemon_is_down() {
     let err = failed(plugin.call_with_args(&args, "ADD", "sb-app", &netns, &conf));
     assert_eq!(err["code"], 100, "{err}");
     let msg = err["msg"].as_str().unwrap_or("");
-    if ambient_unsupported().is_none() {
+    if ambient_not_served(&node.root).is_none() {
         assert!(
             msg.contains("ztunnel") && msg.contains("nothing of the pod was kept"),
             "{err}"
         );
-    }
-    if ambient_unsupported().is_none() {
         ztunnel.wait_line("the add unanswered", &format!("silent on {uid}"));
+    } else {
+        assert!(
+            msg.contains("ambient pods need ztunnel's programs"),
+            "{err}"
+        );
     }
     assert!(daemon.pod_names().is_empty(), "{:?}", daemon.pod_names());
     assert!(cgroup_attachments(pod_cgroup.path()).is_empty());
