@@ -34,9 +34,23 @@ pub struct Runtime(RuntimeServiceClient<Channel>);
 /// The name and version of the runtime at `socket`, asked once, from outside any async
 /// runtime (`redirector check`); at most a few seconds.
 pub fn runtime_version(socket: &Path) -> anyhow::Result<(String, String)> {
-    let ask = async {
-        tokio::time::timeout(std::time::Duration::from_secs(3), async {
-            Runtime::connect(socket).await?.version().await
+    ask_once(
+        socket,
+        std::time::Duration::from_secs(3),
+        |mut runtime| async move { runtime.version().await },
+    )
+}
+
+/// One question to the runtime at `socket`, from outside any async runtime, answered
+/// within `timeout` or an error saying the socket does not answer.
+fn ask_once<T, F, Fut>(socket: &Path, timeout: std::time::Duration, ask: F) -> anyhow::Result<T>
+where
+    F: FnOnce(Runtime) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>>,
+{
+    let asked = async {
+        tokio::time::timeout(timeout, async {
+            ask(Runtime::connect(socket).await?).await
         })
         .await
         .with_context(|| format!("the CRI socket {} does not answer", socket.display()))?
@@ -45,7 +59,7 @@ pub fn runtime_version(socket: &Path) -> anyhow::Result<(String, String)> {
         .enable_all()
         .build()
         .context("starting an async runtime")?
-        .block_on(ask)
+        .block_on(asked)
 }
 
 /// A sandbox's labels and annotations, as the runtime keeps them.
@@ -65,18 +79,9 @@ pub fn sandbox_meta(
     id: &str,
     timeout: std::time::Duration,
 ) -> anyhow::Result<Option<SandboxMeta>> {
-    let ask = async {
-        tokio::time::timeout(timeout, async {
-            Runtime::connect(socket).await?.sandbox_meta(id).await
-        })
-        .await
-        .with_context(|| format!("the CRI socket {} does not answer", socket.display()))?
-    };
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting an async runtime")?
-        .block_on(ask)
+    ask_once(socket, timeout, |mut runtime| async move {
+        runtime.sandbox_meta(id).await
+    })
 }
 
 /// A gRPC channel to the unix socket `socket` (tonic speaks TCP URIs; the URI here is

@@ -296,19 +296,7 @@ fn redirectors_programs_send_a_pods_traffic_through_the_stand_in_ztunnel() {
         String::from_utf8_lossy(&out.stderr)
     );
     ztunnel.wait_line("the pod taken out", "deleted amb-rd-uid");
-    let service = topology.service_addr(false, 80);
-    let out = connect_from(
-        &topology.pod,
-        Some(&topology.pod_cgroup),
-        1000,
-        1000,
-        service,
-        None,
-    );
-    assert!(
-        matches!(&out, ConnOutcome::Served { name, .. } if name == "svc"),
-        "{out:?}"
-    );
+    assert_service_reached(&topology);
 }
 
 /// Why the node's object under `root` (the daemon's) serves no ambient pod, as `status`
@@ -344,6 +332,23 @@ impl PodServers {
             _app: app.start(),
         }
     }
+}
+
+/// The pod's app reaches the service (IPv4) with its connection.
+fn assert_service_reached(topology: &Topology) {
+    let service = topology.service_addr(false, 80);
+    let out = connect_from(
+        &topology.pod,
+        Some(&topology.pod_cgroup),
+        1000,
+        1000,
+        service,
+        None,
+    );
+    assert!(
+        matches!(&out, ConnOutcome::Served { name, .. } if name == "svc"),
+        "{out:?}"
+    );
 }
 
 /// Where ztunnel's outbound listener sees the app's connection come from.
@@ -842,19 +847,7 @@ fn the_chained_plugin_enrolls_a_labelled_pod_through_the_daemon_and_del_takes_it
         !rules.contains("lookup 100"),
         "the route back is left: {rules}"
     );
-    let service = topology.service_addr(false, 80);
-    let out = connect_from(
-        &topology.pod,
-        Some(&topology.pod_cgroup),
-        1000,
-        1000,
-        service,
-        None,
-    );
-    assert!(
-        matches!(&out, ConnOutcome::Served { name, .. } if name == "svc"),
-        "{out:?}"
-    );
+    assert_service_reached(&topology);
     // Again, the namespace gone as after the runtime's teardown: still passes.
     succeeded(plugin.call_with_args(&cni_args("app", &uid), "DEL", "sb-app", "", &conf));
 }

@@ -83,6 +83,15 @@ impl AmbientArgs {
         AmbientArgs::try_parse_from(argv).map_err(|e| MeshError::Settings(e.to_string()))
     }
 
+    /// The flags `args` (no `argv[0]`), as a pod's record keeps them.
+    pub fn of(args: &[String]) -> Result<Self, MeshError> {
+        Self::read(
+            std::iter::once("ambient".to_owned())
+                .chain(args.iter().cloned())
+                .collect(),
+        )
+    }
+
     /// What the programs capture for the pod: istio-cni's in-pod rules.
     pub fn capture(&self) -> CaptureConfig {
         let host = |ip: IpAddr| IpNet::from(ip);
@@ -205,11 +214,7 @@ impl Mesh for Ambient {
         }
         let args = with_annotations(args, annotations)?;
         // Read now, so that a bad command line is refused before anything is set up.
-        AmbientArgs::read(
-            std::iter::once("ambient".to_owned())
-                .chain(args.clone())
-                .collect(),
-        )?;
+        AmbientArgs::of(&args)?;
         Ok(Selection::Capture(args))
     }
 
@@ -218,7 +223,6 @@ impl Mesh for Ambient {
     }
 
     fn ztunnel_workload(&self, args: &[String]) -> Option<(String, WorkloadInfo)> {
-        let argv = std::iter::once("ambient".to_owned()).chain(args.iter().cloned());
-        AmbientArgs::read(argv.collect()).ok().map(|a| a.workload())
+        AmbientArgs::of(args).ok().map(|a| a.workload())
     }
 }

@@ -68,11 +68,7 @@ pub fn node_flags(network: &Network<'_>, pod: &PodMeta<'_>) -> Selected {
     args.extend(network.arg_list()?);
     let args = with_annotations(&args, pod.annotations)?;
     // Read now, so that a bad network flag fails the pod's ADD naming it.
-    AmbientArgs::read(
-        std::iter::once("ambient".to_owned())
-            .chain(args.clone())
-            .collect(),
-    )?;
+    AmbientArgs::of(&args)?;
     Ok(Selection::Capture(args))
 }
 
@@ -104,12 +100,12 @@ fn identity(pod: &PodMeta<'_>) -> Result<Vec<String>, MeshError> {
 /// pod's identity before them.
 pub fn check_network_args(args: &[String]) -> Result<(), MeshError> {
     let pod = ["--pod-uid", "uid", "--name", "namespace/name"];
-    let argv = std::iter::once("ambient")
-        .chain(pod)
+    let argv: Vec<String> = pod
+        .into_iter()
         .map(str::to_owned)
         .chain(args.iter().cloned())
         .collect();
-    AmbientArgs::read(argv).map(drop)
+    AmbientArgs::of(&argv).map(drop)
 }
 
 #[cfg(test)]
@@ -300,8 +296,7 @@ mod tests {
         let Selection::Capture(args) = node_flags(&net.network(), &pod).unwrap() else {
             panic!("not enrolled");
         };
-        let argv = std::iter::once("ambient".to_owned()).chain(args).collect();
-        assert!(!AmbientArgs::read(argv).unwrap().dns_capture);
+        assert!(!AmbientArgs::of(&args).unwrap().dns_capture);
         assert!(check_network_args(&["--dns-capture".into(), "true".into()]).is_ok());
         assert!(check_network_args(&["--no-such-flag".into()]).is_err());
     }
