@@ -228,16 +228,7 @@ fn the_daemon_streams_a_pods_decisions_until_the_client_hangs_up() {
     );
     let dst = pod.service(false);
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
-    let decision = loop {
-        let line = lines
-            .next()
-            .expect("the stream goes on")
-            .expect("a decision within 10 s");
-        let v: Value = serde_json::from_str(&line).unwrap();
-        if v["reason"] == "redirected" {
-            break v;
-        }
-    };
+    let decision = next_redirected(&mut lines);
     let want = json!({"pod": "default/traced", "dst": dst.ip().to_string(), "to": 15001});
     assert_fields(&decision, want);
 
@@ -385,15 +376,20 @@ fn the_daemon_names_an_earlier_releases_object_and_traces_its_pods_once_it_moves
     wait_until("the trace switch is on", || trace_switch_on(&root));
     let dst = pod.service(false);
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
-    let decision = loop {
+    let decision = next_redirected(&mut lines);
+    assert_fields(&decision, json!({"pod": "default/early", "to": 15001}));
+}
+
+/// The next decision of the daemon's trace stream `lines` whose reason is `redirected`.
+fn next_redirected(lines: &mut impl Iterator<Item = Result<String, std::io::Error>>) -> Value {
+    loop {
         let line = lines
             .next()
             .expect("the stream goes on")
             .expect("a decision within 10 s");
         let v: Value = serde_json::from_str(&line).unwrap();
         if v["reason"] == "redirected" {
-            break v;
+            return v;
         }
-    };
-    assert_fields(&decision, json!({"pod": "default/early", "to": 15001}));
+    }
 }
