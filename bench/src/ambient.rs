@@ -13,7 +13,7 @@ use redirector_tests::redirector::PinRoot;
 use redirector_tests::ztunnel::{StandInProcess, TestAgent};
 use redirector_tests::{istio_cni, NetNs};
 
-use crate::setup::{nsenter, timed};
+use crate::timed::{nsenter, timed};
 
 /// Wall times in ms, one per pod.
 #[derive(Debug, Default, serde::Serialize)]

@@ -26,6 +26,7 @@ mod sequence;
 mod setup;
 mod soak;
 mod stats;
+mod timed;
 mod wrk;
 
 use std::path::PathBuf;

@@ -5,8 +5,7 @@
 //! directory on a tmpfs, as `/run/redirector` is on a node), with the kernel memory they add.
 
 use std::any::Any;
-use std::io::Write as _;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Instant;
 
 use redirector_tests::cgroup::Cgroup;
@@ -22,41 +21,7 @@ use redirector_tests::NetNs;
 use crate::memory;
 use crate::sequence::{Api, MemoryMarks, Sequence, API_MODE};
 use crate::stats::median;
-
-/// Runs `cmd` (with `stdin`), panics unless it exits 0; returns its wall time in ms.
-pub(crate) fn timed(cmd: &mut Command, stdin: Option<&str>) -> f64 {
-    cmd.stdin(if stdin.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    })
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped());
-    let start = Instant::now();
-    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    if let Some(text) = stdin {
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(text.as_bytes())
-            .unwrap();
-    }
-    let out = child.wait_with_output().unwrap();
-    let ms = start.elapsed().as_secs_f64() * 1e3;
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    ms
-}
-
-pub(crate) fn nsenter(netns: &NetNs) -> Command {
-    let mut cmd = Command::new("nsenter");
-    cmd.arg(format!("--net={}", netns.path().display()));
-    cmd
-}
+use crate::timed::{nsenter, timed};
 
 /// `redirector istio-iptables` as an init container runs it: inside the pod's netns.
 fn init_container(netns: &NetNs, cgroup: &Cgroup, root: &PinRoot) -> Command {

@@ -66,7 +66,7 @@ enum Command {
         only: Option<String>,
         /// Only these data-path modes, comma-separated (direct, explicit, iptables,
         /// redirector, redirector-daemon, redirector-traced, redirector-fallbacks,
-        /// redirector-linkerd, daemon-bystander).
+        /// redirector-linkerd, daemon-bystander, ambient-iptables, ambient-redirector).
         #[arg(long, value_name = "NAME,...")]
         modes: Option<String>,
     },
