@@ -19,11 +19,16 @@ use anyhow::{anyhow, bail, Context as _};
 use cargo_metadata::{Artifact, Message};
 
 const VERBOSE_ENV: &str = "REDIRECTOR_EBPF_BUILD_LOG";
+/// A target directory for the eBPF build shared by every build of the binary that names it
+/// (`cargo xtask` does, for its debug, release, cross and rust-version builds): the object
+/// is then compiled once per architecture, not once per outer target directory and profile.
+const SHARED_TARGET_ENV: &str = "REDIRECTOR_EBPF_TARGET_DIR";
 
 fn main() -> anyhow::Result<()> {
     println!("cargo:rerun-if-env-changed=PATH");
     println!("cargo:rerun-if-env-changed=REDIRECTOR_SKIP_EBPF");
     println!("cargo:rerun-if-env-changed={VERBOSE_ENV}");
+    println!("cargo:rerun-if-env-changed={SHARED_TARGET_ENV}");
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").context("OUT_DIR not set")?);
     let object = out_dir.join("redirector");
     let linker_works = Command::new("bpf-linker")
@@ -79,8 +84,12 @@ fn build_ebpf(package: &str, out_dir: &Path) -> anyhow::Result<PathBuf> {
         ])
         .args(["-Z", "build-std=core"])
         // Its own target dir: cargo would otherwise wait on the lock the outer build holds.
+        // Per architecture when shared: `bpf_target_arch` below differs between them.
         .arg("--target-dir")
-        .arg(out_dir.join("ebpf-target"))
+        .arg(match env::var_os(SHARED_TARGET_ENV) {
+            Some(shared) => PathBuf::from(shared).join(&arch),
+            None => out_dir.join("ebpf-target"),
+        })
         .env(
             "CARGO_ENCODED_RUSTFLAGS",
             [

@@ -55,6 +55,7 @@ pub fn check() -> Result<()> {
         .env_remove("RUSTC")
         .env_remove("RUSTC_WORKSPACE_WRAPPER")
         .env_remove("CARGO");
+    crate::workspace::share_ebpf_build(&mut check);
     status(check).with_context(|| format!("the workspace does not build with Rust {version}"))
 }
 

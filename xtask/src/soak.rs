@@ -44,18 +44,24 @@ impl SoakArgs {
     }
 }
 
-/// Builds the shipped (static release) redirector and the bench and the probe, then runs
-/// `bench soak`, which writes its table under target/soak/.
+/// Builds the shipped (static release) redirector, then the bench and the probe, which
+/// only drive it (pods in, connections through), in the debug profile `cargo xtask test`
+/// has built already; runs `bench soak`, which writes its table under target/soak/.
 pub fn run(args: &SoakArgs) -> Result<()> {
     let redirector = crate::image::static_release_binary(crate::arch::Arch::Amd64)?;
-    for package in ["redirector-tests", "redirector-bench"] {
-        let mut build = cargo();
-        build.args(["build", "--release", "--package", package, "--bins"]);
-        status(build)?;
-    }
+    let mut build = cargo();
+    build.args([
+        "build",
+        "--package",
+        "redirector-tests",
+        "--package",
+        "redirector-bench",
+    ]);
+    build.arg("--bins");
+    status(build)?;
     let out = target_dir().join("soak");
     std::fs::create_dir_all(&out)?;
-    let bin = target_dir().join("release");
+    let bin = target_dir().join("debug");
     let mut cmd = Command::new(bin.join("bench"));
     cmd.args(args.to_bench_args())
         .arg("--table")

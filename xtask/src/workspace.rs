@@ -21,10 +21,19 @@ pub(crate) fn target_dir() -> PathBuf {
         .unwrap_or_else(|| workspace_root().join("target"))
 }
 
+/// cargo, in the workspace, with the eBPF object's build shared between target directories.
 pub(crate) fn cargo() -> Command {
     let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     cmd.current_dir(workspace_root());
+    share_ebpf_build(&mut cmd);
     cmd
+}
+
+/// Points `redirector/build.rs` at one eBPF target directory for every build xtask runs
+/// (host and cross, debug and release, the rust-version check), so that the object, built
+/// with nightly's `build-std`, is compiled once per architecture.
+pub(crate) fn share_ebpf_build(cmd: &mut Command) {
+    cmd.env("REDIRECTOR_EBPF_TARGET_DIR", target_dir().join("ebpf"));
 }
 
 pub(crate) fn status(mut cmd: Command) -> Result<()> {
