@@ -179,6 +179,17 @@ impl Daemon {
         self.child.stderr()
     }
 
+    /// Waits until the daemon's log holds `text` (it is read as the daemon writes it, so a
+    /// line can come after what the daemon did), or panics with the log.
+    pub fn assert_logged(&self, text: &str) {
+        let found = within(Duration::from_secs(10), || self.log().contains(text));
+        assert!(
+            found.is_some(),
+            "{text:?} not in the daemon's log:\n{}",
+            self.log()
+        );
+    }
+
     /// GET `path` from the metrics server on loopback (started with `--metrics-addr`):
     /// the status code and the body.
     pub fn http_get(&self, path: &str) -> (u16, String) {

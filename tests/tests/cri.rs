@@ -259,7 +259,7 @@ fn pods_started_before_the_plugin_are_repaired_through_the_cri() {
     wait_for(&daemon, "no report of the uncaptured pod", || {
         metric(&daemon, "redirector_pods_uncaptured 1")
     });
-    assert!(daemon.log().contains("pod default/web"), "{}", daemon.log());
+    daemon.assert_logged("pod default/web");
     assert!(daemon.pod_names().is_empty());
     assert_reaches_service(&mut cri, &app, svc_addr);
     daemon.terminate();

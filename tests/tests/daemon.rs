@@ -340,11 +340,7 @@ fn the_daemons_next_add_removes_pods_that_went_without_a_cleanup() {
     for cookie in gone {
         assert_eq!(pod_links(&root, cookie), None, "{}", daemon.log());
     }
-    assert!(
-        daemon.log().contains("removed 2 pod(s) that are gone"),
-        "{}",
-        daemon.log()
-    );
+    daemon.assert_logged("removed 2 pod(s) that are gone");
     for (netns, _) in [&kept, &new] {
         assert_eq!(
             pod_links(&root, netns.cookie()),

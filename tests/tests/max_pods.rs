@@ -49,11 +49,7 @@ fn a_pod_past_the_capacity_is_added_once_the_node_is_sized_for_it() {
 
     // Restarted larger: the node moves to an object of that size, its pods with it.
     let daemon = daemon.kill().restart_with_flag("--max-pods", "5");
-    assert!(
-        daemon.log().contains("upgraded the node from object"),
-        "{}",
-        daemon.log()
-    );
+    daemon.assert_logged("upgraded the node from object");
     assert_ne!(object_ids(&root), small);
     assert_eq!(capacity(&root, "POD_CONFIG"), 5);
     assert_eq!(capacity(&root, "PORT_SETS"), 40);

@@ -358,7 +358,7 @@ fn the_daemon_names_an_earlier_releases_object_and_traces_its_pods_once_it_moves
     for told in [&old, &pod_told, "earlier release"] {
         assert!(message.contains(told), "{told:?} in {message}");
     }
-    assert!(daemon.log().contains(&pod_told), "{}", daemon.log());
+    daemon.assert_logged(&pod_told);
     assert!(
         !trace_switch_on(&root),
         "an earlier object's pod stays untraced"
