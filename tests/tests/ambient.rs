@@ -558,6 +558,9 @@ impl DnsPods {
                     .listen(LOOPBACK_RESOLVER);
             resolvers.extend([remote.start(), on_loopback.start()]);
         }
+        for topology in [&on, &off] {
+            topology.wait_ipv6_ready();
+        }
         DnsPods {
             _resolvers: resolvers,
             on,
