@@ -129,6 +129,13 @@ fn in_loopback_cidr(cfg: &PodConfig, dst: IpAddr) -> bool {
     }
 }
 
+/// Whether DNS to `dst` is captured: every address with `--capture-all-dns`, else the
+/// resolv.conf servers.
+#[inline(always)]
+fn dns_server<L: PodLookups>(cfg: &PodConfig, dst: IpAddr, lookups: &L) -> bool {
+    cfg.flags & pod_flags::CAPTURE_ALL_DNS != 0 || lookups.cidr_in(CidrList::DnsServer, dst)
+}
+
 /// Decide what happens to a TCP connection from a pod, first matching rule wins.
 #[inline(always)]
 pub fn decide_outbound<L: PodLookups>(
@@ -176,6 +183,22 @@ pub fn decide_outbound<L: PodLookups>(
     let local = tcp
         && (cfg.proxy_uid_count > 0 || cfg.proxy_gid_count > 0 || local_pass)
         && is_local(conn.dst, lookups);
+    // istio-cni's DNS rules (an ambient pod's) come before its pass of local destinations:
+    // UDP 53 is left alone only when it leaves through lo (`! -o lo`), TCP 53 only to the
+    // loopback CIDR (`! -d 127.0.0.1/32`).
+    if local_pass && dns_port {
+        let left_alone = if tcp {
+            in_loopback_cidr(cfg, conn.dst)
+        } else {
+            is_local(conn.dst, lookups)
+        };
+        if left_alone {
+            return Verdict::Pass(Reason::PassedLoopback);
+        }
+        if dns_server(cfg, conn.dst, lookups) {
+            return Verdict::CaptureDns;
+        }
+    }
     // Local destinations passing (Linkerd's `-o lo -j RETURN`) for every owner, before the
     // owners' rules, so that the proxy calling its own pod is never sent inbound.
     if local_pass && local {
@@ -219,10 +242,7 @@ pub fn decide_outbound<L: PodLookups>(
     }
     // 5. DNS (ISTIO_OUTPUT_DNS): port 53 to a resolv.conf server, or to any address with
     //    --capture-all-dns, TCP and UDP.
-    if dns_port
-        && (cfg.flags & pod_flags::CAPTURE_ALL_DNS != 0
-            || lookups.cidr_in(CidrList::DnsServer, conn.dst))
-    {
+    if dns_port && dns_server(cfg, conn.dst, lookups) {
         return Verdict::CaptureDns;
     }
     // The rest of ISTIO_OUTPUT ends in ISTIO_REDIRECT, a TCP rule.

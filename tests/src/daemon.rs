@@ -250,23 +250,37 @@ impl Daemon {
     /// `redirector pod add --dialect ambient` of the pod in `netns` and `cgroup`, named
     /// `namespace/name` with uid `uid`, as it ran.
     pub fn add_ambient(&self, netns: &NetNs, cgroup: &Cgroup, name: &str, uid: &str) -> Output {
+        self.add_ambient_annotated(netns, cgroup, name, uid, &[])
+    }
+
+    /// [`Daemon::add_ambient`] with the pod's `annotations` (`--annotation KEY=VALUE`).
+    pub fn add_ambient_annotated(
+        &self,
+        netns: &NetNs,
+        cgroup: &Cgroup,
+        name: &str,
+        uid: &str,
+        annotations: &[(&str, &str)],
+    ) -> Output {
         let (netns, cgroup) = (
             netns.path().display().to_string(),
             cgroup.path().display().to_string(),
         );
-        self.pod(&[
-            "add",
-            "--dialect",
-            "ambient",
-            "--netns",
-            &netns,
-            "--cgroup",
-            &cgroup,
-            "--name",
-            name,
-            "--pod-uid",
-            uid,
-        ])
+        let mut args = vec![
+            "add".to_owned(),
+            "--dialect".to_owned(),
+            "ambient".to_owned(),
+            format!("--netns={netns}"),
+            format!("--cgroup={cgroup}"),
+            format!("--name={name}"),
+            format!("--pod-uid={uid}"),
+        ];
+        args.extend(
+            annotations
+                .iter()
+                .map(|(key, value)| format!("--annotation={key}={value}")),
+        );
+        self.pod(&args.iter().map(String::as_str).collect::<Vec<_>>())
     }
 
     /// `redirector pod add --netns NETNS --name NAME -- FLAGS`; panics with the daemon's log

@@ -1,6 +1,7 @@
 //! A pod and a service, each in its own netns, joined by a veth pair.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::{Duration, Instant};
 
 use crate::probe::connect_from;
 use crate::{next_id, words, Cgroup, ConnOutcome, NetNs};
@@ -119,6 +120,28 @@ impl Topology {
     /// stand-in for an "external" destination; the pod reaches it over its default route.
     pub fn add_service_addr(&self, ip: IpAddr) {
         add_host_addr(&self.service, SERVICE_IFACE, ip);
+    }
+
+    /// Waits up to 5 s until neither end of the veth pair has a tentative IPv6 address:
+    /// their link-local addresses go through duplicate address detection (a second or
+    /// two), and until then neighbour discovery fails, so the first IPv6 packet between
+    /// the two is lost — TCP sends its SYN again, a UDP query is not.
+    pub fn wait_ipv6_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for (netns, iface) in [(&self.pod, POD_IFACE), (&self.service, SERVICE_IFACE)] {
+            let tentative = || {
+                let args = ["ip", "-6", "addr", "show", "dev", iface, "tentative"];
+                !netns.run(&args).trim().is_empty()
+            };
+            while tentative() {
+                assert!(
+                    Instant::now() < deadline,
+                    "{iface} of {} still has a tentative IPv6 address",
+                    netns.name()
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
     }
 
     /// `probe connect dst` from the pod: its netns and its cgroup, as `uid`/`gid`.

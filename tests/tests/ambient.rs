@@ -2,13 +2,16 @@
 //! stand-in ztunnel on its ZDS socket — a snapshot sent on every connection, the state
 //! shown in `/metrics`, a daemon killed and restarted taking its socket back — and the
 //! route that brings an app's replies back to ztunnel's transparent sockets; the chained
-//! plugin enrolling a labelled pod through the daemon, its labels from a CRI.
+//! plugin enrolling a labelled pod through the daemon, its labels from a CRI; and the
+//! differential scenarios: a pod's traffic and its DNS under istio-cni's rules and under
+//! redirector's programs, through the same stand-in ztunnel.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use redirector::mesh::ambient::DNS_CAPTURE;
 use redirector::sys::{
     netns::Netns,
     reply_route::{self, REPLY_MARK},
@@ -21,8 +24,13 @@ use redirector_tests::{
     bpftool::cgroup_attachments,
     connect_from,
     daemon::{Daemon, StateDir},
+    dns::{
+        protocol::DnsOutcome, use_dnsprobe_bin, DnsClient, DnsMode, DnsServer, DNS_PORT,
+        PROXY_ANSWER_V4,
+    },
     fake_cri::FakeCri,
-    istio_cni, privileged,
+    istio_cni::{self, DnsCapture},
+    privileged,
     redirector::{redirector_bin, status, PinRoot},
     test_node::{failed, succeeded, CniPlugin, TestNode},
     topology::Topology,
@@ -299,6 +307,67 @@ fn redirectors_programs_send_a_pods_traffic_through_the_stand_in_ztunnel() {
     assert_service_reached(&topology);
 }
 
+/// DNS under istio-cni's rules, applied with DNS capture on in one pod and off in
+/// another: [`assert_dns_through`], ztunnel seeing each query from the pod's address.
+#[test]
+fn istio_cnis_rules_send_a_pods_dns_to_the_stand_in_ztunnels_dns_proxy_where_capture_is_on() {
+    privileged!();
+    let pods = DnsPods::start("amb-refdns");
+    istio_cni::apply_with(&pods.on.pod, DnsCapture::On);
+    istio_cni::apply_with(&pods.off.pod, DnsCapture::Off);
+    let zds_dir = StateDir::new("amb-refdns-zds");
+    let socket = zds_dir.path().join("ztunnel.sock");
+    let enrolled = vec![
+        workload("amb-refdns-on", &pods.on.pod),
+        workload("amb-refdns-off", &pods.off.pod),
+    ];
+    let _agent = TestAgent::start(&socket, enrolled, Duration::from_secs(5));
+    let ztunnel = StandInProcess::start("amb-refdns-zt", &socket);
+    ztunnel.wait_line("the pod with DNS capture", "added amb-refdns-on");
+    ztunnel.wait_line("the pod without", "added amb-refdns-off");
+    pods.assert_dns(&ztunnel, AppSeenFrom::PodAddress);
+}
+
+/// The same two pods enrolled through the daemon's API with the annotation
+/// `ambient.istio.io/dns-capture` "true" and "false": their DNS takes the same ways as
+/// under istio-cni's rules above, ztunnel seeing each query from loopback.
+#[test]
+fn redirectors_programs_send_a_pods_dns_to_the_stand_in_ztunnels_dns_proxy_where_capture_is_on() {
+    privileged!();
+    let pods = DnsPods::start("amb-rddns");
+    let node = TestNode::new("amb-rddns");
+    let socket = node.state.path().join("ztunnel.sock");
+    let daemon = ztunnels_daemon(&node, &socket);
+    let ztunnel = StandInProcess::start("amb-rddns-zt", &socket);
+    wait_state(&daemon, "synced");
+    for (topology, uid, dns_capture) in [
+        (&pods.on, "amb-rddns-on", "true"),
+        (&pods.off, "amb-rddns-off", "false"),
+    ] {
+        let out = daemon.add_ambient_annotated(
+            &topology.pod,
+            &topology.pod_cgroup,
+            &format!("default/{uid}"),
+            uid,
+            &[(DNS_CAPTURE, dns_capture)],
+        );
+        if let Some(why) = ambient_not_served(&node.root) {
+            // The refusal itself is the traffic scenario's to check.
+            eprintln!("note: ambient pods are not served here: {why}");
+            assert!(!out.status.success());
+            return;
+        }
+        assert!(
+            out.status.success(),
+            "pod add {uid}: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            daemon.log()
+        );
+        ztunnel.wait_line("the pod enrolled", &format!("added {uid}"));
+    }
+    pods.assert_dns(&ztunnel, AppSeenFrom::Loopback);
+}
+
 /// Why the node's object under `root` (the daemon's) serves no ambient pod, as `status`
 /// says — on a kernel before 5.15, or with the fallbacks forced, the object is loaded
 /// without ztunnel's programs — or `None` where it serves them.
@@ -309,7 +378,7 @@ fn ambient_not_served(root: &PinRoot) -> Option<String> {
 }
 
 /// The source istio's host rules give kubelet's probes.
-const PROBE_SOURCE: std::net::Ipv4Addr = std::net::Ipv4Addr::new(169, 254, 7, 127);
+const PROBE_SOURCE: Ipv4Addr = Ipv4Addr::new(169, 254, 7, 127);
 
 /// The service (port 80, in the topology's service namespace) and the pod's app (8080),
 /// on IPv4 and IPv6; the service's namespace also has the probes' source address.
@@ -389,11 +458,7 @@ fn assert_traffic_through(topology: &Topology, ztunnel: &StandInProcess, seen_fr
             matches!(&out, ConnOutcome::Served { name, .. } if name == "svc"),
             "outbound to {service}: {out:?}"
         );
-        let from = match seen_from {
-            AppSeenFrom::PodAddress => app.ip(),
-            AppSeenFrom::Loopback if v6 => IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
-            AppSeenFrom::Loopback => IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
-        };
+        let from = app_seen_from(topology, seen_from, service);
         ztunnel
             .process
             .wait_line("the outbound connection", Duration::from_secs(10), |line| {
@@ -426,10 +491,178 @@ fn assert_traffic_through(topology: &Topology, ztunnel: &StandInProcess, seen_fr
 /// A stand-in ztunnel's line `KIND PEER ORIGINAL`: the peer's address and the original
 /// destination.
 fn proxied(line: &str, kind: &str) -> Option<(IpAddr, SocketAddr)> {
+    match ztunnel_saw(line, kind)? {
+        (peer, Some(original)) => Some((peer, original)),
+        (_, None) => None,
+    }
+}
+
+/// A stand-in ztunnel's line `KIND PEER [ORIGINAL]`: the peer's address and the original
+/// destination where the line has one.
+fn ztunnel_saw(line: &str, kind: &str) -> Option<(IpAddr, Option<SocketAddr>)> {
     let mut words = line.split_whitespace();
     (words.next()? == kind).then_some(())?;
     let peer: SocketAddr = words.next()?.parse().ok()?;
-    Some((peer.ip(), words.next()?.parse().ok()?))
+    let original = match words.next() {
+        Some(word) => Some(word.parse().ok()?),
+        None => None,
+    };
+    Some((peer.ip(), original))
+}
+
+/// The pod as the test, playing istio-cni's agent, enrolls it with ztunnel.
+fn workload(uid: &str, netns: &NetNs) -> Workload {
+    Workload {
+        uid: uid.to_owned(),
+        info: WorkloadInfo {
+            name: uid.to_owned(),
+            namespace: "default".to_owned(),
+            service_account: "default".to_owned(),
+        },
+        netns: netns.path(),
+    }
+}
+
+/// What the pod's resolver (in the other namespace) answers, and the one on a loopback
+/// address of the pod's own (as systemd-resolved's 127.0.0.53).
+const RESOLVER_ANSWER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
+const RESOLVER_ANSWER_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1);
+const LOOPBACK_RESOLVER: SocketAddr =
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 53)), DNS_PORT);
+const LOOPBACK_RESOLVER_ANSWER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 7);
+
+/// Two pods, each with its resolvers, for the DNS scenario: `on` with DNS capture, `off`
+/// without. Fields drop in order: the resolvers before their namespaces.
+struct DnsPods {
+    _resolvers: Vec<ChildGuard>,
+    on: Topology,
+    off: Topology,
+}
+
+impl DnsPods {
+    fn start(hint: &str) -> DnsPods {
+        use_dnsprobe_bin(env!("CARGO_BIN_EXE_dnsprobe"));
+        let (on, off) = (
+            Topology::new(&format!("{hint}-on")),
+            Topology::new(&format!("{hint}-off")),
+        );
+        let mut resolvers = Vec::new();
+        for topology in [&on, &off] {
+            let answer_v6 = Some(RESOLVER_ANSWER_V6);
+            let remote =
+                DnsServer::server(&topology.service, "resolver", RESOLVER_ANSWER, answer_v6)
+                    .listen(topology.service_addr(false, DNS_PORT))
+                    .listen(topology.service_addr(true, DNS_PORT));
+            let on_loopback =
+                DnsServer::server(&topology.pod, "loopback", LOOPBACK_RESOLVER_ANSWER, None)
+                    .listen(LOOPBACK_RESOLVER);
+            resolvers.extend([remote.start(), on_loopback.start()]);
+        }
+        for topology in [&on, &off] {
+            topology.wait_ipv6_ready();
+        }
+        DnsPods {
+            _resolvers: resolvers,
+            on,
+            off,
+        }
+    }
+
+    /// Each pod's app queries its resolvers ([`assert_dns_through`]).
+    fn assert_dns(&self, ztunnel: &StandInProcess, seen_from: AppSeenFrom) {
+        assert_dns_through(&self.on, ztunnel, DnsCapture::On, seen_from);
+        assert_dns_through(&self.off, ztunnel, DnsCapture::Off, seen_from);
+    }
+}
+
+/// Which way an app's DNS query goes, by istio-cni's rules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DnsWay {
+    /// To ztunnel's DNS proxy (15053), which answers it.
+    Proxy,
+    /// Straight to the resolver asked.
+    Resolver,
+    /// As any TCP, through ztunnel's outbound listener (15001) to the resolver.
+    Outbound,
+}
+
+/// With DNS capture, UDP 53 goes to the proxy unless it leaves through `lo`, TCP 53 unless
+/// it is to 127.0.0.1 (or ::1); without, TCP 53 is outbound TCP like any other, except to
+/// the pod's own addresses.
+fn dns_way(dns: DnsCapture, resolver: SocketAddr, mode: DnsMode) -> DnsWay {
+    let through_lo = resolver.ip().is_loopback();
+    match (dns, mode) {
+        (DnsCapture::On, DnsMode::Tcp) => DnsWay::Proxy,
+        (DnsCapture::On, _) if through_lo => DnsWay::Resolver,
+        (DnsCapture::On, _) => DnsWay::Proxy,
+        (DnsCapture::Off, DnsMode::Tcp) if !through_lo => DnsWay::Outbound,
+        (DnsCapture::Off, _) => DnsWay::Resolver,
+    }
+}
+
+/// The app's queries (an A record; UDP sent and connected, and TCP) to its resolver in the
+/// other namespace (IPv4 and IPv6) and to the one on 127.0.0.53 take the way [`dns_way`]
+/// says: the answer is the proxy's or the resolver's, a UDP reply always comes from the
+/// resolver's address the app asked (restored where the proxy answered), and ztunnel says
+/// it saw the query (over TCP with the resolver as its original destination) from the
+/// address `seen_from` says.
+fn assert_dns_through(
+    topology: &Topology,
+    ztunnel: &StandInProcess,
+    dns: DnsCapture,
+    seen_from: AppSeenFrom,
+) {
+    let app = DnsClient::new(topology, Some(&topology.pod_cgroup), 1000, 1000);
+    let resolvers = [
+        topology.service_addr(false, DNS_PORT),
+        topology.service_addr(true, DNS_PORT),
+        LOOPBACK_RESOLVER,
+    ];
+    for resolver in resolvers {
+        for mode in DnsMode::ALL {
+            let way = dns_way(dns, resolver, mode);
+            let what = format!("{dns:?}: {mode} to {resolver}, {way:?}");
+            let answer = match way {
+                DnsWay::Proxy => PROXY_ANSWER_V4,
+                _ if resolver == LOOPBACK_RESOLVER => LOOPBACK_RESOLVER_ANSWER,
+                _ => RESOLVER_ANSWER,
+            };
+            let reply = DnsOutcome::Reply {
+                rcode: 0,
+                addrs: vec![answer.into()],
+                from: (mode != DnsMode::Tcp).then_some(resolver),
+            };
+            assert_eq!(app.query(resolver, mode), reply, "{what}");
+            let from = app_seen_from(topology, seen_from, resolver);
+            let kind = match (way, mode) {
+                (DnsWay::Resolver, _) => continue,
+                (DnsWay::Proxy, DnsMode::Tcp) => "dns-tcp",
+                (DnsWay::Proxy, _) => "dns-udp",
+                (DnsWay::Outbound, _) => "outbound",
+            };
+            // A UDP query's original destination shows only at the app (the reply's source).
+            let original = (kind != "dns-udp").then_some(resolver);
+            ztunnel
+                .process
+                .wait_line(&what, Duration::from_secs(10), |line| {
+                    ztunnel_saw(line, kind) == Some((from, original))
+                });
+        }
+    }
+}
+
+/// The address ztunnel sees the app's connection or query to `dst` come from: loopback's
+/// when `dst` is on loopback, else as `seen_from` says.
+fn app_seen_from(topology: &Topology, seen_from: AppSeenFrom, dst: SocketAddr) -> IpAddr {
+    let loopback = match dst.ip() {
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::LOCALHOST),
+    };
+    match seen_from {
+        _ if dst.ip().is_loopback() => loopback,
+        AppSeenFrom::PodAddress => topology.pod_addr(dst.is_ipv6(), 0).ip(),
+        AppSeenFrom::Loopback => loopback,
+    }
 }
 
 /// The workloads file of a real ztunnel (`LOCAL_XDS_PATH`): each pod with its address, over
@@ -590,7 +823,7 @@ fn connections_opened(ztunnel: &RealZtunnel) -> Vec<String> {
 /// (`default/NAME`, uid `NAME-uid`). Fields drop in order: ztunnel last, after the daemon.
 fn real_ztunnel_node(
     hint: &str,
-    pods: &[(&str, (std::net::Ipv4Addr, &NetNs, &Cgroup))],
+    pods: &[(&str, (Ipv4Addr, &NetNs, &Cgroup))],
 ) -> (TestNode, Daemon, RealZtunnel) {
     let node = TestNode::new(hint);
     let socket = node.state.path().join("ztunnel.sock");

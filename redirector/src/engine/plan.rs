@@ -944,6 +944,64 @@ mod tests {
         assert_eq!(all.programs.len(), POD_PROGRAMS.len());
     }
 
+    /// An ambient pod's plan (ztunnel's ports, every destination), its DNS capture `dns`.
+    fn ambient(dns: bool) -> PodPlan {
+        let flags: Vec<String> = ["--pod-uid", "u", "--name", "ns/app", "--dns-capture"]
+            .into_iter()
+            .map(str::to_owned)
+            .chain(std::iter::once(dns.to_string()))
+            .collect();
+        let cfg = crate::mesh::ambient::AmbientArgs::of(&flags)
+            .expect("an ambient pod's flags")
+            .capture();
+        let facts = PodFacts {
+            netns_cookie: NetnsCookie(9),
+            local_addrs: vec![POD_IP.parse().unwrap(), "fd00::5".parse().unwrap()],
+            cgroup: Some("/sys/fs/cgroup/pod".into()),
+            interfaces: vec![("lo".into(), 1), ("eth0".into(), 2)],
+            dns_servers: vec![],
+            routes: vec![],
+            ids: None,
+        };
+        plan_pod(&cfg, &facts)
+    }
+
+    #[test]
+    fn an_ambient_pods_dns_is_captured_before_its_local_destinations_pass() {
+        let p = ambient(true);
+        let (dns, local) = (Verdict::CaptureDns, Verdict::Pass(Reason::PassedLoopback));
+        // Any server off the pod, both protocols, both families.
+        for server in ["10.96.0.10", "8.8.8.8", "2001:db8::53"] {
+            assert_eq!(decide_udp(&p, 1000, server, 53), dns, "{server}");
+            assert_eq!(decide(&p, 1000, server, 53), dns, "{server}");
+        }
+        // UDP leaving through lo (loopback, the pod's own addresses) is left alone
+        // (`! -o lo`); TCP only to 127.0.0.1 and ::1 (`! -d 127.0.0.1/32`).
+        for server in ["127.0.0.53", "127.0.0.1", POD_IP, "::1", "fd00::5"] {
+            assert_eq!(decide_udp(&p, 1000, server, 53), local, "{server}");
+        }
+        for server in ["127.0.0.53", POD_IP, "fd00::5"] {
+            assert_eq!(decide(&p, 1000, server, 53), dns, "{server}");
+        }
+        for server in ["127.0.0.1", "::1"] {
+            assert_eq!(decide(&p, 1000, server, 53), local, "{server}");
+        }
+        // Other local TCP passes as before; other UDP is never captured.
+        assert_eq!(decide(&p, 1000, POD_IP, 8080), local);
+        assert_eq!(
+            decide_udp(&p, 1000, "10.96.0.10", 5353),
+            Verdict::Pass(Reason::PassedNotTcp)
+        );
+        // DNS capture off: UDP 53 passes, TCP 53 is outbound TCP (ztunnel's 15001).
+        let off = ambient(false);
+        assert_eq!(
+            decide_udp(&off, 1000, "10.96.0.10", 53),
+            Verdict::Pass(Reason::PassedNotTcp)
+        );
+        assert_eq!(decide(&off, 1000, "10.96.0.10", 53), Verdict::Capture);
+        assert_eq!(decide(&off, 1000, "127.0.0.53", 53), local);
+    }
+
     #[test]
     fn excluded_interface_routes_pass_outbound() {
         // Routes: default and 10.244.1.0/24 via eth0 (2), 172.16.0.0/12 via eth1 (3).

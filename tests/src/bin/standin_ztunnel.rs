@@ -5,7 +5,12 @@
 //! 15001 is sent on to its original destination (`SO_ORIGINAL_DST`, else the local
 //! address); one on 15006 to its original destination from the client's own address
 //! (`IP_TRANSPARENT`), as ztunnel's transparent upstreams are. Each connection is printed
-//! on stdout, `outbound PEER ORIGINAL` or `inbound PEER ORIGINAL`, the witness a test reads;
+//! on stdout, `outbound PEER ORIGINAL` or `inbound PEER ORIGINAL`, the witness a test reads.
+//! Its DNS proxy listens in the pod on 127.0.0.1 and [::1], port 15053, UDP and TCP (marked
+//! 1337 too), as ztunnel's does, and answers every query itself with the DNS kit's proxy
+//! addresses (`PROXY_ANSWER_V4`, `PROXY_ANSWER_V6`), printing `dns-udp PEER` or `dns-tcp
+//! PEER ORIGINAL` (`SO_ORIGINAL_DST`, else the local address) for each query: a UDP query's
+//! original destination shows only at the client, as the source of the reply it gets.
 //! `added UID`, `kept UID` (a snapshot naming a pod already proxied) and `deleted UID`
 //! follow the agent's requests; `agent gone` when the agent hangs up, after which it
 //! connects again, its pods' listeners kept, as ztunnel does. With `--silent` it never
@@ -15,25 +20,30 @@
 //! standin-ztunnel --zds PATH [--quiet] [--silent]
 //! ```
 //!
-//! `--quiet`: connections are not printed (for loads of many).
+//! `--quiet`: connections and DNS queries are not printed (for loads of many).
 
 use std::{
     collections::HashMap,
     io::{self, Write as _},
-    net::{IpAddr, Ipv6Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     os::fd::{AsRawFd as _, OwnedFd},
     path::PathBuf,
     sync::Arc,
+    time::Duration,
 };
 
 use redirector::zds::wire::Request;
 use redirector_tests::{
+    dns::{
+        net::{read_frame, write_frame, Frame},
+        wire, DNS_PROXY_PORT, PROXY_ANSWER_V4, PROXY_ANSWER_V6,
+    },
     sockaddr::original_dst_at,
     ztunnel::{connect, serve, Answer},
 };
 use socket2::{Domain, Socket, Type};
 use tokio::{
-    net::{TcpListener, TcpSocket, TcpStream},
+    net::{TcpListener, TcpSocket, TcpStream, UdpSocket},
     task::JoinHandle,
 };
 
@@ -42,6 +52,8 @@ const INBOUND: u16 = 15006;
 const HBONE: u16 = 15008;
 /// The mark on every ztunnel socket.
 const MARK: u32 = 1337;
+/// How long the DNS proxy waits for the next query on an idle TCP connection.
+const DNS_TCP_IDLE: Duration = Duration::from_secs(10);
 /// `--quiet`: connections are not printed.
 static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -134,7 +146,7 @@ fn in_netns<T: Send + 'static>(
 
 /// The pod's listeners, each served by a task.
 fn listen_in(netns: &Arc<OwnedFd>) -> io::Result<Vec<JoinHandle<()>>> {
-    let mut tasks = Vec::new();
+    let mut tasks = dns_proxy_in(netns)?;
     for port in [OUTBOUND, INBOUND] {
         let listener = in_netns(netns, move || {
             let socket = Socket::new(Domain::IPV6, Type::STREAM, None)?;
@@ -225,4 +237,93 @@ fn upstream_socket(to: SocketAddr, from: Option<IpAddr>) -> io::Result<std::net:
     }
     socket.set_nonblocking(true)?;
     Ok(socket.into())
+}
+
+/// ztunnel's DNS proxy in the pod: UDP and TCP on 127.0.0.1:15053 and [::1]:15053, each
+/// served by a task.
+fn dns_proxy_in(netns: &Arc<OwnedFd>) -> io::Result<Vec<JoinHandle<()>>> {
+    let mut tasks = Vec::new();
+    for ip in [
+        IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(Ipv6Addr::LOCALHOST),
+    ] {
+        let addr = SocketAddr::new(ip, DNS_PROXY_PORT);
+        let udp = in_netns(netns, move || dns_socket(addr, Type::DGRAM))?;
+        let udp = UdpSocket::from_std(udp.into())?;
+        tasks.push(tokio::spawn(answer_udp(udp)));
+        let tcp = in_netns(netns, move || {
+            let socket = dns_socket(addr, Type::STREAM)?;
+            socket.listen(128)?;
+            Ok(socket)
+        })?;
+        let tcp = TcpListener::from_std(tcp.into())?;
+        tasks.push(tokio::spawn(async move {
+            while let Ok((client, peer)) = tcp.accept().await {
+                if let Ok(client) = client.into_std() {
+                    tokio::task::spawn_blocking(move || answer_tcp(client, peer));
+                }
+            }
+        }));
+    }
+    Ok(tasks)
+}
+
+/// A socket of ztunnel's DNS proxy bound to `addr` (IPv6 apart from IPv4, as ztunnel binds
+/// the two loopbacks), non-blocking.
+fn dns_socket(addr: SocketAddr, kind: Type) -> io::Result<Socket> {
+    let socket = Socket::new(Domain::for_address(addr), kind, None)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.set_reuse_address(true)?;
+    socket.set_mark(MARK)?;
+    socket.bind(&addr.into())?;
+    socket.set_nonblocking(true)?;
+    Ok(socket)
+}
+
+/// The proxy's own answer to `query`, or `None` for what is not a DNS query.
+fn dns_answer(query: &[u8]) -> Option<Vec<u8>> {
+    wire::answer(query, PROXY_ANSWER_V4, Some(PROXY_ANSWER_V6)).ok()
+}
+
+async fn answer_udp(socket: UdpSocket) {
+    let mut buf = [0u8; 4096];
+    while let Ok((len, peer)) = socket.recv_from(&mut buf).await {
+        let Some(reply) = dns_answer(&buf[..len]) else {
+            continue;
+        };
+        if !QUIET.load(std::sync::atomic::Ordering::Relaxed) {
+            say(&format!("dns-udp {}", unmapped(peer)));
+        }
+        let _ = socket.send_to(&reply, peer).await;
+    }
+}
+
+/// Answers one TCP connection's length-prefixed queries until the client closes (blocking:
+/// the DNS kit's framing is on std streams).
+fn answer_tcp(mut client: std::net::TcpStream, peer: SocketAddr) {
+    let prepared = client
+        .set_nonblocking(false)
+        .and_then(|()| client.set_read_timeout(Some(DNS_TCP_IDLE)));
+    if prepared.is_err() {
+        return;
+    }
+    let original = original_dst_at(&client, libc::SOL_IP)
+        .or_else(|_| original_dst_at(&client, libc::SOL_IPV6))
+        .ok()
+        .or_else(|| client.local_addr().ok())
+        .map(unmapped);
+    while let Ok(Frame::Message(query)) = read_frame(&mut client) {
+        let Some(reply) = dns_answer(&query) else {
+            return;
+        };
+        if !QUIET.load(std::sync::atomic::Ordering::Relaxed) {
+            let original = original.map_or_else(|| "unknown".to_owned(), |o| o.to_string());
+            say(&format!("dns-tcp {} {original}", unmapped(peer)));
+        }
+        if write_frame(&mut client, &reply).is_err() {
+            return;
+        }
+    }
 }
