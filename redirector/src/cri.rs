@@ -1,6 +1,6 @@
 //! The node's pod sandboxes, read from the container runtime's CRI socket as kubelet
-//! reads them: which are ready, their namespace, name and annotations, and their network
-//! namespace.
+//! reads them: which are ready, who their pod is (namespace, name, uid), its labels and
+//! annotations, and their network namespace.
 
 use std::{
     collections::BTreeMap,
@@ -23,6 +23,9 @@ pub struct Sandbox {
     pub id: String,
     pub namespace: String,
     pub name: String,
+    /// The pod's uid (empty where the runtime has none).
+    pub uid: String,
+    pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
     /// Its network namespace, from the runtime's verbose status.
     pub netns: PathBuf,
@@ -174,6 +177,8 @@ impl Runtime {
                 id: item.id,
                 namespace: metadata.namespace,
                 name: metadata.name,
+                uid: metadata.uid,
+                labels: item.labels.into_iter().collect(),
                 annotations: item.annotations.into_iter().collect(),
                 netns,
             });

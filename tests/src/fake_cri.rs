@@ -1,7 +1,9 @@
-//! A container runtime's CRI socket that answers PodSandboxStatus alone, from sandboxes
-//! the test declares: the labels and annotations a plugin reads there. An undeclared
-//! sandbox is not found, as containerd answers for a sandbox whose network it is still
-//! setting up. Every other method is unimplemented.
+//! A container runtime's CRI socket that answers PodSandboxStatus and ListPodSandbox
+//! alone, from sandboxes the test declares: the labels and annotations a plugin reads
+//! there, and for a sandbox declared running, its pod and network namespace as the
+//! daemon's repair reads them. An undeclared sandbox is not found, as containerd answers
+//! for a sandbox whose network it is still setting up. Every other method is
+//! unimplemented.
 
 use std::{
     collections::BTreeMap,
@@ -11,7 +13,10 @@ use std::{
     task::{Context, Poll},
 };
 
-use k8s_cri::v1::{PodSandboxStatus, PodSandboxStatusRequest, PodSandboxStatusResponse};
+use k8s_cri::v1::{
+    ListPodSandboxRequest, ListPodSandboxResponse, PodSandbox, PodSandboxMetadata,
+    PodSandboxStatus, PodSandboxStatusRequest, PodSandboxStatusResponse,
+};
 use tonic::{
     body::Body,
     codegen::{http, BoxFuture, Service},
@@ -20,7 +25,32 @@ use tonic::{
 
 use crate::daemon::StateDir;
 
-type Sandboxes = Arc<Mutex<BTreeMap<String, PodSandboxStatus>>>;
+/// A declared sandbox: its status, and for a running one the verbose status's `info`
+/// (containerd's JSON, naming its network namespace).
+#[derive(Clone)]
+struct Declared {
+    status: PodSandboxStatus,
+    info: Option<String>,
+}
+
+type Sandboxes = Arc<Mutex<BTreeMap<String, Declared>>>;
+
+/// A running pod as the runtime lists it.
+pub struct RunningPod<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub uid: &'a str,
+    pub netns: &'a Path,
+    pub labels: &'a [(&'a str, &'a str)],
+    pub annotations: &'a [(&'a str, &'a str)],
+}
+
+fn string_map(pairs: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
 
 /// The runtime, served on a thread of its own until dropped.
 pub struct FakeCri {
@@ -77,19 +107,51 @@ impl FakeCri {
 
     /// Sandbox `id` is known from now on, with `labels` and `annotations`.
     pub fn sandbox(&self, id: &str, labels: &[(&str, &str)], annotations: &[(&str, &str)]) {
-        let map = |pairs: &[(&str, &str)]| {
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        };
         let status = PodSandboxStatus {
             id: id.to_owned(),
-            labels: map(labels),
-            annotations: map(annotations),
+            labels: string_map(labels),
+            annotations: string_map(annotations),
             ..Default::default()
         };
-        self.sandboxes.lock().unwrap().insert(id.to_owned(), status);
+        let declared = Declared { status, info: None };
+        self.sandboxes
+            .lock()
+            .unwrap()
+            .insert(id.to_owned(), declared);
+    }
+
+    /// Sandbox `id` runs `pod` from now on: listed ready, its network namespace in its
+    /// verbose status.
+    pub fn running(&self, id: &str, pod: &RunningPod<'_>) {
+        let status = PodSandboxStatus {
+            id: id.to_owned(),
+            metadata: Some(PodSandboxMetadata {
+                name: pod.name.to_owned(),
+                uid: pod.uid.to_owned(),
+                namespace: pod.namespace.to_owned(),
+                attempt: 0,
+            }),
+            state: k8s_cri::v1::PodSandboxState::SandboxReady.into(),
+            labels: string_map(pod.labels),
+            annotations: string_map(pod.annotations),
+            ..Default::default()
+        };
+        let info = serde_json::json!({"runtimeSpec": {"linux": {"namespaces": [
+            {"type": "network", "path": pod.netns}
+        ]}}});
+        let declared = Declared {
+            status,
+            info: Some(info.to_string()),
+        };
+        self.sandboxes
+            .lock()
+            .unwrap()
+            .insert(id.to_owned(), declared);
+    }
+
+    /// Sandbox `id` is gone from now on.
+    pub fn remove(&self, id: &str) {
+        self.sandboxes.lock().unwrap().remove(id);
     }
 }
 
@@ -122,18 +184,23 @@ impl Service<http::Request<Body>> for RuntimeService {
     }
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        if request.uri().path() != "/runtime.v1.RuntimeService/PodSandboxStatus" {
-            return Box::pin(async {
-                let status =
-                    tonic::Status::unimplemented("the fake CRI answers PodSandboxStatus only");
+        let sandboxes = Arc::clone(&self.0);
+        match request.uri().path() {
+            "/runtime.v1.RuntimeService/PodSandboxStatus" => Box::pin(async move {
+                let mut grpc = Grpc::new(tonic_prost::ProstCodec::default());
+                Ok(grpc.unary(SandboxStatus(sandboxes), request).await)
+            }),
+            "/runtime.v1.RuntimeService/ListPodSandbox" => Box::pin(async move {
+                let mut grpc = Grpc::new(tonic_prost::ProstCodec::default());
+                Ok(grpc.unary(ListSandboxes(sandboxes), request).await)
+            }),
+            _ => Box::pin(async {
+                let status = tonic::Status::unimplemented(
+                    "the fake CRI answers PodSandboxStatus and ListPodSandbox only",
+                );
                 Ok(status.into_http())
-            });
+            }),
         }
-        let method = SandboxStatus(Arc::clone(&self.0));
-        Box::pin(async move {
-            let mut grpc = Grpc::new(tonic_prost::ProstCodec::default());
-            Ok(grpc.unary(method, request).await)
-        })
     }
 }
 
@@ -144,15 +211,54 @@ impl UnaryService<PodSandboxStatusRequest> for SandboxStatus {
     type Future = BoxFuture<tonic::Response<Self::Response>, tonic::Status>;
 
     fn call(&mut self, request: tonic::Request<PodSandboxStatusRequest>) -> Self::Future {
-        let id = request.into_inner().pod_sandbox_id;
+        let request = request.into_inner();
+        let id = request.pod_sandbox_id;
         let found = self.0.lock().unwrap().get(&id).cloned();
         Box::pin(async move {
-            let status =
+            let declared =
                 found.ok_or_else(|| tonic::Status::not_found(format!("sandbox {id} not found")))?;
+            let info = match (request.verbose, declared.info) {
+                (true, Some(info)) => [("info".to_owned(), info)].into(),
+                _ => Default::default(),
+            };
             Ok(tonic::Response::new(PodSandboxStatusResponse {
-                status: Some(status),
+                status: Some(declared.status),
+                info,
                 ..Default::default()
             }))
         })
+    }
+}
+
+/// ListPodSandbox: the declared sandboxes in the state the filter asks for.
+struct ListSandboxes(Sandboxes);
+
+impl UnaryService<ListPodSandboxRequest> for ListSandboxes {
+    type Response = ListPodSandboxResponse;
+    type Future = BoxFuture<tonic::Response<Self::Response>, tonic::Status>;
+
+    fn call(&mut self, request: tonic::Request<ListPodSandboxRequest>) -> Self::Future {
+        let state = request
+            .into_inner()
+            .filter
+            .and_then(|filter| filter.state)
+            .map(|wanted| wanted.state);
+        let items = self
+            .0
+            .lock()
+            .unwrap()
+            .values()
+            .map(|declared| &declared.status)
+            .filter(|status| state.is_none_or(|wanted| wanted == status.state))
+            .map(|status| PodSandbox {
+                id: status.id.clone(),
+                metadata: status.metadata.clone(),
+                state: status.state,
+                labels: status.labels.clone(),
+                annotations: status.annotations.clone(),
+                ..Default::default()
+            })
+            .collect();
+        Box::pin(async move { Ok(tonic::Response::new(ListPodSandboxResponse { items })) })
     }
 }

@@ -1151,3 +1151,402 @@ fn an_ambient_pods_add_fails_when_ztunnel_never_acks_or_the_daemon_is_down() {
     // The runtime's DEL of the failed sandbox passes.
     succeeded(plugin.call_with_args(&args, "DEL", "sb-app", &netns, &conf));
 }
+
+/// The label that enrolls a pod in ambient, and the one that opts it out.
+const LABEL_AMBIENT: (&str, &str) = ("istio.io/dataplane-mode", "ambient");
+const LABEL_NONE: (&str, &str) = ("istio.io/dataplane-mode", "none");
+
+/// The chained plugin's ambient entry (the daemon's socket of `node`, the pods' labels at
+/// `cri`, namespace `shop` listed), chained after ptp in a configuration file of `dir` as
+/// install-cni leaves it — the rules the daemon's repair reads — and the same entry as the
+/// runtime passes it to the plugin for the pod in `netns`.
+fn chain_ambient_network(dir: &Path, node: &TestNode, cri: &FakeCri, netns: &Path) -> Value {
+    let socket = node.state.path().join("redirector.sock");
+    let mut conf = ambient_conf(node, &socket, cri, netns);
+    conf["ambientNamespaces"] = json!(["shop"]);
+    let mut entry = conf.clone();
+    for key in ["cniVersion", "name", "prevResult"] {
+        entry.as_object_mut().unwrap().remove(key);
+    }
+    let list = json!({"cniVersion": "1.0.0", "name": "pods", "plugins": [{"type": "ptp"}, entry]});
+    std::fs::write(dir.join("10-pods.conflist"), list.to_string()).unwrap();
+    conf
+}
+
+/// `redirector daemon` of `node` repairing every second (`mode`: capture or report) by the
+/// plugin's rules in `conf_dir`, the sandboxes read from `cri`; ztunnel's agent at
+/// `ztunnel` when given.
+fn repairing_daemon(
+    node: &TestNode,
+    conf_dir: &Path,
+    cri: &FakeCri,
+    mode: &str,
+    ztunnel: Option<&Path>,
+) -> Daemon {
+    let (conf_dir, cri) = (conf_dir.display().to_string(), cri.socket().display());
+    let cri = cri.to_string();
+    let mut args = vec![
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--cri-socket",
+        &cri,
+        "--cni-conf-dir",
+        &conf_dir,
+        "--repair",
+        mode,
+        "--repair-interval",
+        "1",
+    ];
+    let ztunnel = ztunnel.map(|path| path.display().to_string());
+    if let Some(socket) = &ztunnel {
+        args.extend(["--ztunnel-socket", socket]);
+    }
+    Daemon::start_with(&node.root, &node.node, &node.state, &args)
+}
+
+/// Whether the daemon's `/metrics` has the line `line`.
+fn has_metric(daemon: &Daemon, line: &str) -> bool {
+    daemon.http_get("/metrics").1.lines().any(|l| l == line)
+}
+
+/// Waits up to 60 s for `done` (a few repair rounds, one of them waiting out a silent
+/// ztunnel), failing with `what` and the daemon's log.
+fn wait_repair(daemon: &Daemon, what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}\n{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The lines the stand-in ztunnel printed since the last read, once it is quiet for a
+/// moment.
+fn ztunnel_lines(ztunnel: &StandInProcess) -> Vec<String> {
+    std::iter::from_fn(|| ztunnel.process.next_line(Duration::from_millis(300))).collect()
+}
+
+/// A running pod `namespace/name` (uid `NAME-uid`) in `netns`, as the runtime lists it.
+fn running<'a>(
+    namespace: &'a str,
+    name: &'a str,
+    uid: &'a str,
+    netns: &'a Path,
+    labels: &'a [(&'a str, &'a str)],
+) -> redirector_tests::fake_cri::RunningPod<'a> {
+    redirector_tests::fake_cri::RunningPod {
+        namespace,
+        name,
+        uid,
+        netns,
+        labels,
+        annotations: &[],
+    }
+}
+
+/// On containerd the plugin cannot read a sandbox's labels during its own ADD, so a pod
+/// enrolled by its label alone is left alone there. The daemon's next repair round reads
+/// the running sandboxes and their labels from the CRI and enrolls it through the API's
+/// own add: ztunnel told, its traffic through the stand-in from then on. Sandboxes
+/// unlabelled or labelled `none` (in a listed namespace) stay alone, and an enrolled pod is
+/// not enrolled again; the repaired pod is the plugin's: its CNI DEL takes it out, ztunnel
+/// told.
+#[test]
+fn a_pod_labelled_ambient_that_its_add_left_alone_is_enrolled_by_the_next_repair_round() {
+    privileged!();
+    let node = TestNode::new("amb-rep");
+    let topology = Topology::under(&node.node, "amb-rep");
+    let _servers = PodServers::start(&topology);
+    let cri = FakeCri::start("amb-rep-cri");
+    let conf_dir = StateDir::new("amb-rep-conf");
+    let conf = chain_ambient_network(conf_dir.path(), &node, &cri, &topology.pod.path());
+    let zsocket = node.state.path().join("ztunnel.sock");
+    let daemon = repairing_daemon(&node, conf_dir.path(), &cri, "capture", Some(&zsocket));
+    let ztunnel = StandInProcess::start("amb-rep-zt", &zsocket);
+    wait_state(&daemon, "synced");
+    let uid = uid_of(&topology.pod_cgroup);
+    let netns = topology.pod.path().display().to_string();
+
+    // ADD, the sandbox unknown to the runtime as containerd's is: its label unread, the pod
+    // left alone.
+    let plugin = CniPlugin::new();
+    let args = cni_args("app", &uid);
+    succeeded(plugin.call_with_args(&args, "ADD", "sb-app", &netns, &conf));
+    assert!(daemon.pod_names().is_empty(), "{:?}", daemon.pod_names());
+
+    // Running: listed with its labels, beside two sandboxes the rules leave alone.
+    let (plain, out) = (NetNs::new("amb-rep-plain"), NetNs::new("amb-rep-out"));
+    let (plain_ns, out_ns) = (plain.path(), out.path());
+    cri.running(
+        "sb-plain",
+        &running(
+            "default",
+            "plain",
+            "plain-uid",
+            &plain_ns,
+            &[("app", "plain")],
+        ),
+    );
+    cri.running(
+        "sb-out",
+        &running("shop", "out", "out-uid", &out_ns, &[LABEL_NONE]),
+    );
+    let pod_ns = topology.pod.path();
+    let labels = [("app", "web"), LABEL_AMBIENT];
+    cri.running("sb-app", &running("default", "app", &uid, &pod_ns, &labels));
+
+    if let Some(why) = ambient_not_served(&node.root) {
+        // The enrollment fails as the API's add does, logged and counted, nothing kept.
+        wait_repair(&daemon, "the failed enrollment is not counted", || {
+            has_metric(&daemon, "redirector_pods_uncaptured 1")
+        });
+        let log = daemon.log();
+        assert!(
+            log.contains("repairing pod default/app (sandbox sb-app)"),
+            "{log}"
+        );
+        assert!(
+            log.contains("ambient pods need ztunnel's programs"),
+            "{why}\n{log}"
+        );
+        assert!(daemon.pod_names().is_empty(), "{:?}", daemon.pod_names());
+        return;
+    }
+    ztunnel.wait_line(
+        "the pod enrolled by a repair round",
+        &format!("added {uid}"),
+    );
+    wait_repair(&daemon, "the repair is not counted", || {
+        has_metric(&daemon, "redirector_pods_repaired_total 1")
+            && has_metric(&daemon, "redirector_pods_uncaptured 0")
+    });
+    assert_eq!(daemon.pod_names(), ["default/app"]);
+    assert!(
+        daemon
+            .log()
+            .contains("repaired pod default/app (sandbox sb-app)"),
+        "{}",
+        daemon.log()
+    );
+    assert_traffic_through(&topology, &ztunnel, AppSeenFrom::Loopback);
+    // Two more rounds: nothing else is sent to ztunnel, nothing else is enrolled.
+    std::thread::sleep(Duration::from_millis(2500));
+    let sent: Vec<String> = ztunnel_lines(&ztunnel)
+        .into_iter()
+        .filter(|l| l.starts_with("added") || l.starts_with("kept"))
+        .collect();
+    assert!(sent.is_empty(), "{sent:?}");
+    assert_eq!(daemon.pod_names(), ["default/app"]);
+    assert!(has_metric(&daemon, "redirector_pods_repaired_total 1"));
+
+    // The plugin's pod like any other: the runtime's teardown DELs it, ztunnel told.
+    cri.remove("sb-app");
+    succeeded(plugin.call_with_args(&args, "DEL", "sb-app", &netns, &conf));
+    ztunnel.wait_line("the pod taken out", &format!("deleted {uid}"));
+    assert!(daemon.pod_names().is_empty(), "{:?}", daemon.pod_names());
+    let rules = topology.pod.run(&["ip", "rule", "list"]);
+    assert!(
+        !rules.contains("lookup 100"),
+        "the route back is left: {rules}"
+    );
+}
+
+/// `--repair report` enrolls nothing: the labelled pod is logged and counted
+/// (`redirector_pods_uncaptured`), ztunnel is sent nothing. A daemon that is not ztunnel's
+/// agent repairs no pod of an ambient network, and says why once.
+#[test]
+fn repair_in_report_mode_or_without_ztunnel_enrolls_no_ambient_pod() {
+    privileged!();
+    let node = TestNode::new("amb-rpt");
+    let pod = NetNs::new("amb-rpt-pod");
+    let cri = FakeCri::start("amb-rpt-cri");
+    let conf_dir = StateDir::new("amb-rpt-conf");
+    chain_ambient_network(conf_dir.path(), &node, &cri, &pod.path());
+    let pod_ns = pod.path();
+    cri.running(
+        "sb-app",
+        &running("default", "app", "app-uid", &pod_ns, &[LABEL_AMBIENT]),
+    );
+
+    let zsocket = node.state.path().join("ztunnel.sock");
+    let daemon = repairing_daemon(&node, conf_dir.path(), &cri, "report", Some(&zsocket));
+    let ztunnel = StandInProcess::start("amb-rpt-zt", &zsocket);
+    wait_state(&daemon, "synced");
+    wait_repair(&daemon, "the labelled pod is not reported", || {
+        has_metric(&daemon, "redirector_pods_uncaptured 1")
+    });
+    let reported =
+        "pod default/app (sandbox sb-app) should be captured and is not (--repair report)";
+    assert!(daemon.log().contains(reported), "{}", daemon.log());
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(daemon.pod_names().is_empty(), "{:?}", daemon.pod_names());
+    assert!(has_metric(&daemon, "redirector_pods_repaired_total 0"));
+    let sent: Vec<String> = ztunnel_lines(&ztunnel)
+        .into_iter()
+        .filter(|l| l.starts_with("added"))
+        .collect();
+    assert!(sent.is_empty(), "{sent:?}");
+    daemon.terminate();
+    drop(ztunnel);
+
+    // Not ztunnel's agent: the rounds pass the ambient network by, saying so once.
+    let daemon = repairing_daemon(&node, conf_dir.path(), &cri, "capture", None);
+    let why = "without --ztunnel-socket they are not repaired";
+    wait_repair(&daemon, "the daemon does not say why", || {
+        daemon.log().contains(why)
+    });
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(daemon.pod_names().is_empty(), "{:?}", daemon.pod_names());
+    assert_eq!(daemon.log().matches(why).count(), 1, "{}", daemon.log());
+}
+
+/// A repair enrollment that fails is logged, counted uncaptured and tried again at the
+/// next round, and leaves nothing of the pod: with ztunnel away (no add is tried), then
+/// with a ztunnel that never acks (the add is undone); with one that acks, the pod is
+/// enrolled and its traffic goes through it.
+#[test]
+fn a_failed_repair_enrollment_keeps_nothing_and_is_tried_again_next_round() {
+    privileged!();
+    let node = TestNode::new("amb-rpf");
+    let topology = Topology::under(&node.node, "amb-rpf");
+    let _servers = PodServers::start(&topology);
+    let cri = FakeCri::start("amb-rpf-cri");
+    let conf_dir = StateDir::new("amb-rpf-conf");
+    chain_ambient_network(conf_dir.path(), &node, &cri, &topology.pod.path());
+    let uid = uid_of(&topology.pod_cgroup);
+    let pod_ns = topology.pod.path();
+    cri.running(
+        "sb-app",
+        &running("default", "app", &uid, &pod_ns, &[LABEL_AMBIENT]),
+    );
+
+    // ztunnel away: counted, said, not tried.
+    let zsocket = node.state.path().join("ztunnel.sock");
+    let daemon = repairing_daemon(&node, conf_dir.path(), &cri, "capture", Some(&zsocket));
+    wait_repair(
+        &daemon,
+        "the pod waiting for ztunnel is not counted",
+        || {
+            has_metric(&daemon, "redirector_pods_uncaptured 1")
+                && daemon.log().contains("ztunnel is not connected")
+        },
+    );
+    assert_nothing_kept(&daemon, &topology);
+
+    // A ztunnel that never acks: the add is tried and undone, and tried again.
+    let silent = StandInProcess::start_silent("amb-rpf-zt", &zsocket);
+    if let Some(why) = ambient_not_served(&node.root) {
+        wait_repair(&daemon, "the refused enrollment is not logged", || {
+            daemon
+                .log()
+                .contains("ambient pods need ztunnel's programs")
+        });
+        assert!(has_metric(&daemon, "redirector_pods_uncaptured 1"), "{why}");
+        assert_nothing_kept(&daemon, &topology);
+        return;
+    }
+    silent.wait_line("the add unanswered", &format!("silent on {uid}"));
+    let failures = || {
+        let log = daemon.log();
+        let failed = |l: &&str| {
+            l.contains("repairing pod default/app (sandbox sb-app)")
+                && l.contains("nothing of the pod was kept")
+        };
+        log.lines().filter(failed).count()
+    };
+    wait_repair(&daemon, "the failed enrollment is not logged", || {
+        failures() >= 1
+    });
+    assert!(has_metric(&daemon, "redirector_pods_uncaptured 1"));
+    assert!(has_metric(&daemon, "redirector_pods_repaired_total 0"));
+    silent.wait_line("the add tried again", &format!("silent on {uid}"));
+    // ztunnel gone while that add waits: it fails, and the rounds after it try none, so
+    // what the failed adds left can be looked at with no add under way.
+    let away = "ztunnel is not connected";
+    let said_away = daemon.log().matches(away).count();
+    drop(silent);
+    wait_repair(&daemon, "no round after the failed add", || {
+        daemon.log().matches(away).count() > said_away
+    });
+    assert!(failures() >= 2, "{}", daemon.log());
+    assert!(has_metric(&daemon, "redirector_pods_uncaptured 1"));
+    assert_nothing_kept(&daemon, &topology);
+
+    // A ztunnel that acks: enrolled at a following round.
+    let ztunnel = StandInProcess::start("amb-rpf-zt2", &zsocket);
+    ztunnel.wait_line("the pod enrolled", &format!("added {uid}"));
+    wait_repair(&daemon, "the repair is not counted", || {
+        has_metric(&daemon, "redirector_pods_repaired_total 1")
+            && has_metric(&daemon, "redirector_pods_uncaptured 0")
+    });
+    assert_eq!(daemon.pod_names(), ["default/app"]);
+    assert_traffic_through(&topology, &ztunnel, AppSeenFrom::Loopback);
+}
+
+/// Nothing of the pod of `topology` is kept: no record, no programs at its cgroup, no
+/// route back in its namespace.
+fn assert_nothing_kept(daemon: &Daemon, topology: &Topology) {
+    assert!(daemon.pod_names().is_empty(), "{:?}", daemon.pod_names());
+    assert!(cgroup_attachments(topology.pod_cgroup.path()).is_empty());
+    let rules = topology.pod.run(&["ip", "rule", "list"]);
+    assert!(
+        !rules.contains("lookup 100"),
+        "the route back is left: {rules}"
+    );
+}
+
+/// CNI GC of an ambient pod whose sandbox the runtime no longer has: the daemon tells
+/// ztunnel (`DelWorkload`) before the capture goes, as at DEL. With the daemon down, GC
+/// takes the capture out itself, and the restarted daemon's snapshot leaves the pod out.
+#[test]
+fn cni_gc_of_an_ambient_pod_tells_ztunnel_first() {
+    privileged!();
+    let node = TestNode::new("amb-gc");
+    let topology = Topology::under(&node.node, "amb-gc");
+    let _servers = PodServers::start(&topology);
+    let zsocket = node.state.path().join("ztunnel.sock");
+    let daemon = ztunnels_daemon(&node, &zsocket);
+    let ztunnel = StandInProcess::start("amb-gc-zt", &zsocket);
+    wait_state(&daemon, "synced");
+    if ambient_not_served(&node.root).is_some() {
+        // No ambient pod can be enrolled here, so none is collected.
+        return;
+    }
+    let cri = FakeCri::start("amb-gc-cri");
+    cri.sandbox("sb-1", &[LABEL_AMBIENT], &[]);
+    cri.sandbox("sb-2", &[LABEL_AMBIENT], &[]);
+    let plugin = CniPlugin::new();
+    let uid = uid_of(&topology.pod_cgroup);
+    let args = cni_args("app", &uid);
+    let netns = topology.pod.path().display().to_string();
+    let conf = ambient_conf(&node, daemon.socket(), &cri, &topology.pod.path());
+    let mut gc = conf.clone();
+    gc["cni.dev/valid-attachments"] = json!([]);
+
+    // The runtime no longer has the pod's sandbox: GC asks the daemon, ztunnel is told.
+    succeeded(plugin.call_with_args(&args, "ADD", "sb-1", &netns, &conf));
+    ztunnel.wait_line("the pod enrolled", &format!("added {uid}"));
+    succeeded(plugin.call_with_args(&args, "GC", "", "", &gc));
+    ztunnel.wait_line("the pod collected", &format!("deleted {uid}"));
+    assert!(daemon.pod_names().is_empty(), "{:?}", daemon.pod_names());
+    assert!(cgroup_attachments(topology.pod_cgroup.path()).is_empty());
+    let rules = topology.pod.run(&["ip", "rule", "list"]);
+    assert!(
+        !rules.contains("lookup 100"),
+        "the route back is left: {rules}"
+    );
+    assert_service_reached(&topology);
+
+    // The daemon down: GC passes, the capture out; ztunnel is not told until the daemon's
+    // next snapshot, which no longer names the pod.
+    succeeded(plugin.call_with_args(&args, "ADD", "sb-2", &netns, &conf));
+    ztunnel.wait_line("the pod enrolled again", &format!("added {uid}"));
+    let killed = daemon.kill();
+    ztunnel.wait_line("the agent gone", "agent gone");
+    succeeded(plugin.call_with_args(&args, "GC", "", "", &gc));
+    assert!(cgroup_attachments(topology.pod_cgroup.path()).is_empty());
+    let daemon = killed.restart();
+    wait_state(&daemon, "synced");
+    assert!(daemon.pod_names().is_empty(), "{:?}", daemon.pod_names());
+    let sent = ztunnel_lines(&ztunnel);
+    assert!(!sent.contains(&format!("kept {uid}")), "{sent:?}");
+}

@@ -2,6 +2,9 @@
 //! choose is enrolled through the daemon, ztunnel's node agent, with the same request as
 //! `redirector pod add --dialect ambient`; its ADD ends with ztunnel's ack. The rules need
 //! the pod's labels, which the runtime does not pass a plugin: they are asked of the CRI.
+//! Where the runtime cannot answer yet (containerd, during the sandbox's own ADD), a pod
+//! chosen by its label alone is left alone here and enrolled by the daemon's next repair
+//! round (`daemon::ambient_repair`).
 //!
 //! Failing open for pods outside the mesh, closed for meshed ones: a pod the rules leave
 //! alone passes ADD whatever the daemon's or the runtime's state; a chosen pod whose
@@ -107,7 +110,7 @@ fn chosen(conf: &NetConf, pod: &Pod) -> Result<Option<PodFlags>, CniError> {
         Ok(Err(why)) => {
             if pod.labels.is_none() {
                 eprintln!(
-                    "redirector-cni: pod {} left out of ambient: {why}",
+                    "redirector-cni: pod {} left out of ambient for now: {why}; labelled, it is enrolled by the daemon's next repair round",
                     pod.display()
                 );
             }
@@ -184,7 +187,8 @@ pub(super) fn enrolled(conf: &NetConf, container: &str) -> Result<bool, CniError
     Ok(chosen(conf, &pod(conf, container))?.is_some())
 }
 
-/// DEL of an ambient pod's `record`: the daemon tells ztunnel, then takes the capture out.
+/// DEL (or GC) of an ambient pod's `record`: the daemon tells ztunnel, then takes the
+/// capture out.
 /// `false` when the daemon is not reachable (the caller removes the capture itself; a
 /// daemon that starts again sends ztunnel a snapshot without the pod, and ztunnel drops
 /// it).

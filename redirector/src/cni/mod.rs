@@ -365,6 +365,11 @@ impl Plugin {
                 .into_iter()
                 .filter(|record| is_stale(record, conf.name.as_deref(), &valid));
             for record in stale {
+                // An ambient pod goes through the daemon, which tells ztunnel first, as
+                // at DEL; with the daemon not reachable, its capture is taken out here.
+                if ambient::is_ambient(&record) && ambient::del(conf, &record)? {
+                    continue;
+                }
                 let cookie = record.cookie();
                 match &pods {
                     Some(pods) => pods

@@ -2,8 +2,8 @@
 //! (its programs and map entries), then given the route back to ztunnel's transparent
 //! sockets, then enrolled with ztunnel, whose ack ends the add. All or nothing: a step
 //! that fails takes the earlier ones out again, and the add fails (the pod's start is
-//! retried). A removal tells ztunnel first, so that it closes its sockets in the pod
-//! before the capture goes.
+//! retried). The repair rounds enroll a pod through the same add ([`enroll`]). A removal
+//! tells ztunnel first, so that it closes its sockets in the pod before the capture goes.
 
 use std::{path::Path, sync::Arc};
 
@@ -30,26 +30,27 @@ pub fn concerns(request: &Request, agent: Option<&Agent>) -> bool {
 /// Answers `request` ([`concerns`] said yes).
 pub async fn handle(pods: Arc<Pods>, agent: Option<Agent>, request: Request) -> Response {
     match request {
-        Request::Add { ref netns, .. } => {
+        Request::Add { .. } => {
             let Some(agent) = agent else {
                 return Response::failed(
                     "ambient pods need the daemon to be ztunnel's node agent: start it with --ztunnel-socket",
                 );
             };
-            let netns = netns.clone();
-            add_pod(pods, agent, netns, request).await
+            enroll(pods, agent, request).await
         }
         Request::Del(pod) => del_pod(pods, agent, pod).await,
         other => answer(blocking(pods, move |pods| Ok(pods.handle(other))).await),
     }
 }
 
-async fn add_pod(
-    pods: Arc<Pods>,
-    agent: Agent,
-    netns: std::path::PathBuf,
-    add: Request,
-) -> Response {
+/// Enrolls the ambient pod of `add` (an add request): set up, its route back, ztunnel's
+/// ack; all or nothing. The one way an ambient pod is added, for the API (the plugin's
+/// ADD, `pod add`) and the repair rounds alike.
+pub(super) async fn enroll(pods: Arc<Pods>, agent: Agent, add: Request) -> Response {
+    let Request::Add { netns, .. } = &add else {
+        return Response::failed("only an add enrolls a pod");
+    };
+    let netns = netns.clone();
     let peer = match agent.ztunnel() {
         Ztunnel::Syncing(peer) | Ztunnel::Synced(peer) => Some(peer),
         Ztunnel::Away => None,
@@ -184,7 +185,7 @@ async fn del_pod(pods: Arc<Pods>, agent: Option<Agent>, pod: PodRef) -> Response
 }
 
 /// `work` on the pods, off the async threads.
-async fn blocking<T: Send + 'static>(
+pub(super) async fn blocking<T: Send + 'static>(
     pods: Arc<Pods>,
     work: impl FnOnce(&Pods) -> Result<T, Response> + Send + 'static,
 ) -> Result<T, Response> {

@@ -5,6 +5,7 @@
 //! one rebuilds its view from the pins and its records before it serves.
 
 mod ambient;
+mod ambient_repair;
 pub mod api;
 pub mod client;
 mod decision_totals;
@@ -215,7 +216,7 @@ async fn serve(config: DaemonConfig, metrics: Arc<Metrics>) -> anyhow::Result<()
     let mut int = signal(SignalKind::interrupt())?;
     if let Some(repair) = config.repair.clone() {
         let (pods, owner, metrics) = (Arc::clone(&pods), Arc::clone(&owner), Arc::clone(&metrics));
-        tokio::spawn(repair_rounds(repair, pods, owner, metrics));
+        tokio::spawn(repair_rounds(repair, pods, owner, metrics, agent.clone()));
     }
     tokio::spawn(adopt_new_addresses(Arc::clone(&pods), Arc::clone(&owner)));
     tokio::spawn(heap::trim_now_and_then());
@@ -292,17 +293,20 @@ async fn adopt_new_addresses(pods: Arc<Pods>, owner: Arc<Mutex<()>>) {
 
 /// A repair round now and then every `config.interval`, for as long as the daemon runs.
 /// A runtime that cannot be reached or a configuration with no entry of the plugin's
-/// makes a round do nothing, with a warning.
+/// makes a round do nothing, with a warning. An ambient network's pods are repaired only
+/// where the daemon is ztunnel's agent (`agent`).
 async fn repair_rounds(
     config: repair::RepairConfig,
     pods: Arc<Pods>,
     owner: Arc<Mutex<()>>,
     metrics: Arc<Metrics>,
+    agent: Option<Agent>,
 ) {
     let capture = config.mode == repair::RepairMode::Capture;
     let mut runtime: Option<crate::cri::Runtime> = None;
     let mut ticks = tokio::time::interval(config.interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut told_no_agent = false;
     loop {
         ticks.tick().await;
         let conf = match repair::plugin_conf(&config.cni_conf_dir) {
@@ -319,6 +323,16 @@ async fn repair_rounds(
                 continue;
             }
         };
+        let ambient = conf.dialect == crate::mesh::Dialect::Ambient;
+        if ambient && agent.is_none() {
+            if !told_no_agent {
+                tracing::warn!(
+                    "repair: the plugin's network is ambient's, and ambient pods are enrolled by ztunnel's node agent: without --ztunnel-socket they are not repaired"
+                );
+                told_no_agent = true;
+            }
+            continue;
+        }
         if runtime.is_none() {
             match crate::cri::Runtime::connect(&config.cri_socket).await {
                 Ok(connected) => runtime = Some(connected),
@@ -341,12 +355,26 @@ async fn repair_rounds(
                 continue;
             }
         };
-        let _owner = owner.lock().await;
-        let pods = Arc::clone(&pods);
-        match tokio::task::spawn_blocking(move || pods.repair(&sandboxes, &conf, capture)).await {
-            Ok(round) => metrics.repaired(round.captured.len(), round.uncaptured.len()),
-            Err(err) => tracing::warn!("repair: {err}"),
-        }
+        let round = match &agent {
+            Some(agent) if ambient => {
+                let pods = Arc::clone(&pods);
+                ambient_repair::round(pods, agent, &owner, &sandboxes, &conf, capture).await
+            }
+            _ => {
+                let _owner = owner.lock().await;
+                let pods = Arc::clone(&pods);
+                let repaired =
+                    tokio::task::spawn_blocking(move || pods.repair(&sandboxes, &conf, capture));
+                match repaired.await {
+                    Ok(round) => round,
+                    Err(err) => {
+                        tracing::warn!("repair: {err}");
+                        continue;
+                    }
+                }
+            }
+        };
+        metrics.repaired(round.captured.len(), round.uncaptured.len());
     }
 }
 
