@@ -18,9 +18,9 @@ use super::{
 };
 use crate::{
     cri::{sandbox_meta, CONTAINERD_SOCKET},
-    daemon::{
-        api::{PodRef, Request, DEFAULT_SOCKET},
+    api::{
         client::{call, CallError},
+        PodRef, Request, DEFAULT_SOCKET,
     },
     mesh::{self, Annotations, Dialect, PodFlags, PodMeta},
     pods::records::{CniAttachment, PodRecord},

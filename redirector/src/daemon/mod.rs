@@ -5,8 +5,6 @@
 //! one rebuilds its view from the pins and its records before it serves.
 
 mod ambient;
-pub mod api;
-pub mod client;
 mod decision_totals;
 mod heap;
 pub mod http;
@@ -37,10 +35,8 @@ use tokio::{
 };
 use tracing::info;
 
-use self::{
-    api::{Request, Response},
-    metrics::Metrics,
-};
+use self::metrics::Metrics;
+use crate::api::{Request, Response};
 use crate::node_check::Unservable;
 use crate::pods::{records::Records, Pods};
 use crate::zds::agent::Agent;
