@@ -20,6 +20,7 @@
 //!   commands), [`daemon`] (the node daemon and its API), [`cni`] (the chained plugin),
 //!   [`install_cni`], and [`trace`] (the live decision trace).
 
+pub mod api;
 pub mod cli;
 pub mod cni;
 pub mod cri;

@@ -3,9 +3,9 @@
 use std::path::PathBuf;
 
 use crate::{
+    api::DEFAULT_SOCKET,
     daemon::{
         self,
-        api::DEFAULT_SOCKET,
         repair::{RepairConfig, RepairMode},
         DaemonConfig,
     },

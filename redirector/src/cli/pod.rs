@@ -8,7 +8,7 @@ use std::{
 use anyhow::bail;
 
 use crate::{
-    daemon::api::{PodInfo, PodRef, Request, Response, DEFAULT_SOCKET},
+    api::{PodInfo, PodRef, Request, Response, DEFAULT_SOCKET},
     mesh::{pod_spec, requested, Dialect},
 };
 
@@ -121,7 +121,7 @@ fn pod_ref(which: &Which) -> PodRef {
 
 /// One request, one response.
 pub(super) fn call(socket: &Path, request: &Request) -> anyhow::Result<Response> {
-    Ok(crate::daemon::client::call(socket, request, None)?)
+    Ok(crate::api::client::call(socket, request, None)?)
 }
 
 fn summary(pod: &PodInfo) -> String {

@@ -11,7 +11,7 @@ use anyhow::{bail, Context as _};
 use redirector_common::NetnsCookie;
 
 use crate::{
-    daemon::api::{Request, DEFAULT_SOCKET},
+    api::{Request, DEFAULT_SOCKET},
     engine::live_pod::LivePod,
     sys::netns::Netns,
     trace::{follow, open_rings, Decision, DecisionSink, Traced, Tracer},

@@ -20,11 +20,11 @@ use super::{
     pod_namespace,
 };
 use crate::{
-    cri::{sandbox_meta, CONTAINERD_SOCKET},
-    daemon::{
-        api::{PodRef, Request, DEFAULT_SOCKET},
+    api::{
         client::{call, CallError},
+        PodRef, Request, DEFAULT_SOCKET,
     },
+    cri::{sandbox_meta, CONTAINERD_SOCKET},
     mesh::{self, Annotations, Dialect, PodFlags, PodMeta},
     pods::records::{CniAttachment, PodRecord},
 };

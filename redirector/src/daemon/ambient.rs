@@ -9,7 +9,7 @@ use std::{path::Path, sync::Arc};
 
 use tracing::warn;
 
-use super::api::{PodRef, Request, Response};
+use crate::api::{PodRef, Request, Response};
 use crate::{
     mesh::{ztunnel_workload, Dialect, PodFlags},
     pods::Pods,

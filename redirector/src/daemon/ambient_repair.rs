@@ -15,10 +15,10 @@ use tokio::sync::Mutex;
 
 use super::{
     ambient::{blocking, enroll},
-    api::Request,
     repair::{chosen, Chosen, Round},
 };
 use crate::{
+    api::Request,
     cni::conf::NetConf,
     cri::Sandbox,
     pods::Pods,

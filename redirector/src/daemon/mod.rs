@@ -6,8 +6,6 @@
 
 mod ambient;
 mod ambient_repair;
-pub mod api;
-pub mod client;
 mod decision_totals;
 mod heap;
 pub mod http;
@@ -38,10 +36,8 @@ use tokio::{
 };
 use tracing::info;
 
-use self::{
-    api::{Request, Response},
-    metrics::Metrics,
-};
+use self::metrics::Metrics;
+use crate::api::{Request, Response};
 use crate::node_check::Unservable;
 use crate::pods::{records::Records, Pods};
 use crate::zds::agent::Agent;

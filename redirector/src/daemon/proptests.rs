@@ -4,7 +4,7 @@
 
 use proptest::prelude::*;
 
-use super::api::Request;
+use crate::api::Request;
 use crate::mesh::{pod_spec, PodFlags};
 
 const CASES: u32 = 2000;

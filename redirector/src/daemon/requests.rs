@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use redirector_common::{NetnsCookie, PodConfig, Reason, COUNTER_SLOTS};
 
-use super::api::{PodInfo, PodRef, Request, Response};
+use crate::api::{PodInfo, PodRef, Request, Response};
 use crate::{
     engine::live_pod::LivePod,
     pods::{records::PodRecord, Added, Change, PodError, Pods},

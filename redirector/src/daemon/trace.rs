@@ -9,7 +9,8 @@ use tokio::{
     sync::mpsc,
 };
 
-use super::{api::PodRef, api::Response, response_line};
+use super::response_line;
+use crate::api::{PodRef, Response};
 use crate::pods::Pods;
 use crate::trace::{follow, open_rings, Decision, DecisionSink, Tracer};
 

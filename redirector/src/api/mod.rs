@@ -1,6 +1,7 @@
-//! The daemon's local API: JSON lines over a unix socket. Each request is one JSON object
-//! on one line; the daemon answers each with one JSON object on one line. A connection may
-//! carry any number of requests.
+//! The daemon's local API, what its server (`daemon`) and its clients (`client`: `pod`,
+//! `trace`, the CNI plugin's ambient enrollment) share: JSON lines over a unix socket. Each
+//! request is one JSON object on one line; the daemon answers each with one JSON object on
+//! one line. A connection may carry any number of requests.
 //!
 //! ```text
 //! {"op":"add","netns":"/run/netns/p1","name":"default/app","args":["-p","15001",...],
@@ -19,6 +20,8 @@ use std::{collections::BTreeMap, path::PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::{mesh::Dialect, pods::records::CniAttachment};
+
+pub mod client;
 
 /// Where the daemon listens unless told otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/redirector/redirector.sock";

@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::Context as _;
 
-use super::api::{Request, Response};
+use super::{Request, Response};
 
 /// Why a request got no answer.
 #[derive(Debug, thiserror::Error)]
