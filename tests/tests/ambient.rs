@@ -1074,12 +1074,7 @@ fn the_chained_plugin_enrolls_a_labelled_pod_through_the_daemon_and_del_takes_it
     // DEL: ztunnel told, the capture gone, the pod's connections straight again.
     succeeded(plugin.call_with_args(&cni_args("app", &uid), "DEL", "sb-app", &netns, &conf));
     ztunnel.wait_line("the pod taken out", &format!("deleted {uid}"));
-    assert!(daemon.pod_names().is_empty(), "{:?}", daemon.pod_names());
-    let rules = topology.pod.run(&["ip", "rule", "list"]);
-    assert!(
-        !rules.contains("lookup 100"),
-        "the route back is left: {rules}"
-    );
+    assert_nothing_kept_of(&daemon, &topology.pod, None);
     assert_service_reached(&topology);
     // Again, the namespace gone as after the runtime's teardown: still passes.
     succeeded(plugin.call_with_args(&cni_args("app", &uid), "DEL", "sb-app", "", &conf));
@@ -1141,13 +1136,7 @@ fn an_ambient_pods_add_fails_when_ztunnel_never_acks_or_the_daemon_is_down() {
             "{err}"
         );
     }
-    assert!(daemon.pod_names().is_empty(), "{:?}", daemon.pod_names());
-    assert!(cgroup_attachments(pod_cgroup.path()).is_empty());
-    let rules = pod.run(&["ip", "rule", "list"]);
-    assert!(
-        !rules.contains("lookup 100"),
-        "the route back is left: {rules}"
-    );
+    assert_nothing_kept_of(&daemon, &pod, Some(&pod_cgroup));
     // The runtime's DEL of the failed sandbox passes.
     succeeded(plugin.call_with_args(&args, "DEL", "sb-app", &netns, &conf));
 }
@@ -1342,12 +1331,7 @@ fn a_pod_labelled_ambient_that_its_add_left_alone_is_enrolled_by_the_next_repair
     cri.remove("sb-app");
     succeeded(plugin.call_with_args(&args, "DEL", "sb-app", &netns, &conf));
     ztunnel.wait_line("the pod taken out", &format!("deleted {uid}"));
-    assert!(daemon.pod_names().is_empty(), "{:?}", daemon.pod_names());
-    let rules = topology.pod.run(&["ip", "rule", "list"]);
-    assert!(
-        !rules.contains("lookup 100"),
-        "the route back is left: {rules}"
-    );
+    assert_nothing_kept_of(&daemon, &topology.pod, None);
 }
 
 /// `--repair report` enrolls nothing: the labelled pod is logged and counted
@@ -1488,9 +1472,17 @@ fn a_failed_repair_enrollment_keeps_nothing_and_is_tried_again_next_round() {
 /// Nothing of the pod of `topology` is kept: no record, no programs at its cgroup, no
 /// route back in its namespace.
 fn assert_nothing_kept(daemon: &Daemon, topology: &Topology) {
+    assert_nothing_kept_of(daemon, &topology.pod, Some(&topology.pod_cgroup));
+}
+
+/// Nothing of the pod in `pod` is kept: no record, no route back in its namespace, and no
+/// programs at `cgroup` where the test looks at it.
+fn assert_nothing_kept_of(daemon: &Daemon, pod: &NetNs, cgroup: Option<&Cgroup>) {
     assert!(daemon.pod_names().is_empty(), "{:?}", daemon.pod_names());
-    assert!(cgroup_attachments(topology.pod_cgroup.path()).is_empty());
-    let rules = topology.pod.run(&["ip", "rule", "list"]);
+    if let Some(cgroup) = cgroup {
+        assert!(cgroup_attachments(cgroup.path()).is_empty());
+    }
+    let rules = pod.run(&["ip", "rule", "list"]);
     assert!(
         !rules.contains("lookup 100"),
         "the route back is left: {rules}"
@@ -1530,13 +1522,7 @@ fn cni_gc_of_an_ambient_pod_tells_ztunnel_first() {
     ztunnel.wait_line("the pod enrolled", &format!("added {uid}"));
     succeeded(plugin.call_with_args(&args, "GC", "", "", &gc));
     ztunnel.wait_line("the pod collected", &format!("deleted {uid}"));
-    assert!(daemon.pod_names().is_empty(), "{:?}", daemon.pod_names());
-    assert!(cgroup_attachments(topology.pod_cgroup.path()).is_empty());
-    let rules = topology.pod.run(&["ip", "rule", "list"]);
-    assert!(
-        !rules.contains("lookup 100"),
-        "the route back is left: {rules}"
-    );
+    assert_nothing_kept(&daemon, &topology);
     assert_service_reached(&topology);
 
     // The daemon down: GC passes, the capture out; ztunnel is not told until the daemon's
