@@ -531,6 +531,20 @@ mod tests {
         plan_pod(&cfg.capture, &facts)
     }
 
+    /// A pod with `lo` and `eth0`, the pod's addresses on them, and no routes or DNS
+    /// servers of note.
+    fn two_interface_facts(netns_cookie: NetnsCookie) -> PodFacts {
+        PodFacts {
+            netns_cookie,
+            local_addrs: vec![POD_IP.parse().unwrap(), "fd00::5".parse().unwrap()],
+            cgroup: Some("/sys/fs/cgroup/pod".into()),
+            interfaces: vec![("lo".into(), 1), ("eth0".into(), 2)],
+            dns_servers: vec![],
+            routes: vec![],
+            ids: None,
+        }
+    }
+
     fn decide(plan: &PodPlan, uid: u32, dst: &str, port: u16) -> Verdict {
         decide_from(plan, uid, uid, "0.0.0.0", dst, port)
     }
@@ -954,16 +968,7 @@ mod tests {
         let cfg = crate::mesh::ambient::AmbientArgs::of(&flags)
             .expect("an ambient pod's flags")
             .capture();
-        let facts = PodFacts {
-            netns_cookie: NetnsCookie(9),
-            local_addrs: vec![POD_IP.parse().unwrap(), "fd00::5".parse().unwrap()],
-            cgroup: Some("/sys/fs/cgroup/pod".into()),
-            interfaces: vec![("lo".into(), 1), ("eth0".into(), 2)],
-            dns_servers: vec![],
-            routes: vec![],
-            ids: None,
-        };
-        plan_pod(&cfg, &facts)
+        plan_pod(&cfg, &two_interface_facts(NetnsCookie(9)))
     }
 
     #[test]
@@ -1053,16 +1058,7 @@ mod tests {
         cfg.local_destinations_pass = true;
         cfg.orig_dst_of_unredirected = true;
         cfg.ipv6_off = ipv6_off;
-        let facts = PodFacts {
-            netns_cookie: NetnsCookie(7),
-            local_addrs: vec![POD_IP.parse().unwrap(), "fd00::5".parse().unwrap()],
-            cgroup: Some("/sys/fs/cgroup/pod".into()),
-            interfaces: vec![("lo".into(), 1), ("eth0".into(), 2)],
-            dns_servers: vec![],
-            routes: vec![],
-            ids: None,
-        };
-        plan_pod(&cfg, &facts)
+        plan_pod(&cfg, &two_interface_facts(NetnsCookie(7)))
     }
 
     fn inbound_from(plan: &PodPlan, src: &str, port: u16) -> Verdict {

@@ -181,18 +181,22 @@ fn unmapped(addr: SocketAddr) -> SocketAddr {
     }
 }
 
+/// A connection's original destination as ztunnel asks for it: at SOL_IP, then SOL_IPV6 (a
+/// dual-stack socket's IPv4 connection answers only the first), else the local address.
+fn original_dst(client: &std::net::TcpStream) -> Option<SocketAddr> {
+    original_dst_at(client, libc::SOL_IP)
+        .or_else(|_| original_dst_at(client, libc::SOL_IPV6))
+        .ok()
+        .or_else(|| client.local_addr().ok())
+        .map(unmapped)
+}
+
 async fn proxy(client: TcpStream, peer: SocketAddr, port: u16, netns: Arc<OwnedFd>) {
     let peer = unmapped(peer);
     let Ok(client) = client.into_std() else {
         return;
     };
-    // As ztunnel asks: at SOL_IP, then SOL_IPV6 (a dual-stack socket's IPv4 connection
-    // answers only the first), else the local address.
-    let original = original_dst_at(&client, libc::SOL_IP)
-        .or_else(|_| original_dst_at(&client, libc::SOL_IPV6))
-        .ok()
-        .or_else(|| client.local_addr().ok())
-        .map(unmapped);
+    let original = original_dst(&client);
     let Ok(client) = TcpStream::from_std(client) else {
         return;
     };
@@ -309,11 +313,7 @@ fn answer_tcp(mut client: std::net::TcpStream, peer: SocketAddr) {
     if prepared.is_err() {
         return;
     }
-    let original = original_dst_at(&client, libc::SOL_IP)
-        .or_else(|_| original_dst_at(&client, libc::SOL_IPV6))
-        .ok()
-        .or_else(|| client.local_addr().ok())
-        .map(unmapped);
+    let original = original_dst(&client);
     while let Ok(Frame::Message(query)) = read_frame(&mut client) {
         let Some(reply) = dns_answer(&query) else {
             return;
