@@ -60,7 +60,12 @@ pub enum Answer {
 /// Connects to the agent at `socket` (waiting up to 30 s for it to listen) and says hello
 /// in version 1.
 pub async fn connect(socket: &Path) -> Conn {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    connect_within(socket, Duration::from_secs(30)).await
+}
+
+/// [`connect`], waiting up to `wait` for the agent to listen.
+pub async fn connect_within(socket: &Path, wait: Duration) -> Conn {
+    let deadline = Instant::now() + wait;
     let conn = loop {
         match Conn::connect(socket) {
             Ok(conn) => break conn,

@@ -39,7 +39,7 @@ use redirector_tests::{
         wire, DNS_PROXY_PORT, PROXY_ANSWER_V4, PROXY_ANSWER_V6,
     },
     sockaddr::original_dst_at,
-    ztunnel::{connect, serve, Answer},
+    ztunnel::{connect_within, serve, Answer},
 };
 use socket2::{Domain, Socket, Type};
 use tokio::{
@@ -83,7 +83,10 @@ fn main() -> io::Result<()> {
         // that names a pod already proxied keeps it as it is.
         let mut pods: HashMap<String, Vec<JoinHandle<()>>> = HashMap::new();
         loop {
-            let conn = connect(&zds).await;
+            // As ztunnel, it waits for an agent that is gone, here far longer than the kit's
+            // 30 s: a daemon's restart under emulation can take longer. The test that started
+            // it ends it.
+            let conn = connect_within(&zds, AGENT_AWAY_FOR).await;
             serve(&conn, |request, fd| match request {
                 Request::Add(add) if silent => {
                     say(&format!("silent on {}", add.uid));
@@ -119,6 +122,9 @@ fn main() -> io::Result<()> {
     });
     Ok(())
 }
+
+/// How long an agent may be away before the stand-in gives up on it.
+const AGENT_AWAY_FOR: Duration = Duration::from_secs(600);
 
 fn say(line: &str) {
     let mut out = io::stdout().lock();
