@@ -405,7 +405,12 @@ impl PodServers {
 
 /// The pod's app reaches the service (IPv4) with its connection.
 fn assert_service_reached(topology: &Topology) {
-    let service = topology.service_addr(false, 80);
+    assert_service_reached_over(topology, false);
+}
+
+/// The pod's app reaches the service over IPv6 (`v6`) or IPv4; the service's address.
+fn assert_service_reached_over(topology: &Topology, v6: bool) -> SocketAddr {
+    let service = topology.service_addr(v6, 80);
     let out = connect_from(
         &topology.pod,
         Some(&topology.pod_cgroup),
@@ -416,8 +421,9 @@ fn assert_service_reached(topology: &Topology) {
     );
     assert!(
         matches!(&out, ConnOutcome::Served { name, .. } if name == "svc"),
-        "{out:?}"
+        "outbound to {service}: {out:?}"
     );
+    service
 }
 
 /// Where ztunnel's outbound listener sees the app's connection come from.
@@ -445,18 +451,9 @@ fn assert_traffic_through(topology: &Topology, ztunnel: &StandInProcess, seen_fr
         "the probe: {out:?}"
     );
     for v6 in [false, true] {
-        let (service, app) = (topology.service_addr(v6, 80), topology.pod_addr(v6, 8080));
-        let out = connect_from(
-            &topology.pod,
-            Some(&topology.pod_cgroup),
-            1000,
-            1000,
-            service,
-            None,
-        );
-        assert!(
-            matches!(&out, ConnOutcome::Served { name, .. } if name == "svc"),
-            "outbound to {service}: {out:?}"
+        let (service, app) = (
+            assert_service_reached_over(topology, v6),
+            topology.pod_addr(v6, 8080),
         );
         let from = app_seen_from(topology, seen_from, service);
         ztunnel
@@ -930,6 +927,18 @@ fn a_real_ztunnel_is_synced_and_ready_on_the_daemons_socket() {
     }
 }
 
+/// ztunnel's daemon on `node` with the stand-in `start` makes at its socket, synced.
+fn synced_with_standin(
+    node: &TestNode,
+    start: impl FnOnce(&Path) -> StandInProcess,
+) -> (Daemon, StandInProcess) {
+    let socket = node.state.path().join("ztunnel.sock");
+    let daemon = ztunnels_daemon(node, &socket);
+    let ztunnel = start(&socket);
+    wait_state(&daemon, "synced");
+    (daemon, ztunnel)
+}
+
 /// `redirector daemon` of `node` serving ztunnel at `socket`, its metrics on loopback.
 fn ztunnels_daemon(node: &TestNode, socket: &Path) -> Daemon {
     let socket = socket.display().to_string();
@@ -1015,10 +1024,8 @@ fn the_chained_plugin_enrolls_a_labelled_pod_through_the_daemon_and_del_takes_it
     let node = TestNode::new("amb-cni");
     let topology = Topology::under(&node.node, "amb-cni");
     let _servers = PodServers::start(&topology);
-    let zsocket = node.state.path().join("ztunnel.sock");
-    let daemon = ztunnels_daemon(&node, &zsocket);
-    let ztunnel = StandInProcess::start("amb-cni-zt", &zsocket);
-    wait_state(&daemon, "synced");
+    let (daemon, ztunnel) =
+        synced_with_standin(&node, |at| StandInProcess::start("amb-cni-zt", at));
     let cri = FakeCri::start("amb-cni-cri");
     let plugin = CniPlugin::new();
     let uid = uid_of(&topology.pod_cgroup);
@@ -1116,10 +1123,8 @@ fn an_ambient_pods_add_fails_when_ztunnel_never_acks_or_the_daemon_is_down() {
     succeeded(plugin.call_with_args(&args, "DEL", "sb-app", &netns, &conf));
 
     // ztunnel connected but silent: the add fails once the agent gives up on its ack.
-    let zsocket = node.state.path().join("ztunnel.sock");
-    let daemon = ztunnels_daemon(&node, &zsocket);
-    let ztunnel = StandInProcess::start_silent("amb-cnf-zt", &zsocket);
-    wait_state(&daemon, "synced");
+    let (daemon, ztunnel) =
+        synced_with_standin(&node, |at| StandInProcess::start_silent("amb-cnf-zt", at));
     let conf = ambient_conf(&node, daemon.socket(), &cri, &pod.path());
     let err = failed(plugin.call_with_args(&args, "ADD", "sb-app", &netns, &conf));
     assert_eq!(err["code"], 100, "{err}");
@@ -1498,10 +1503,7 @@ fn cni_gc_of_an_ambient_pod_tells_ztunnel_first() {
     let node = TestNode::new("amb-gc");
     let topology = Topology::under(&node.node, "amb-gc");
     let _servers = PodServers::start(&topology);
-    let zsocket = node.state.path().join("ztunnel.sock");
-    let daemon = ztunnels_daemon(&node, &zsocket);
-    let ztunnel = StandInProcess::start("amb-gc-zt", &zsocket);
-    wait_state(&daemon, "synced");
+    let (daemon, ztunnel) = synced_with_standin(&node, |at| StandInProcess::start("amb-gc-zt", at));
     if ambient_not_served(&node.root).is_some() {
         // No ambient pod can be enrolled here, so none is collected.
         return;
