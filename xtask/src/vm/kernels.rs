@@ -204,6 +204,13 @@ pub(crate) fn fetch_kernel(pkg: &str, source: Source) -> Result<PathBuf> {
         return Ok(root);
     }
     fs::create_dir_all(&dir)?;
+    // Two runs side by side may want the same kernel: the second waits for the first.
+    let lock = fs::File::create(dir.join(".lock"))?;
+    lock.lock()
+        .with_context(|| format!("locking {}", dir.display()))?;
+    if done.exists() {
+        return Ok(root);
+    }
     eprintln!("xtask vm: fetching {pkg}");
     source.download(&[pkg.to_string()], &dir)?;
     let deb = fs::read_dir(&dir)?

@@ -139,23 +139,7 @@ pub fn run(arch: Arch, specs: &[String], suites: &[String], filter: &[String]) -
     eprintln!("xtask vm: {} test binaries", tests.len());
     let mut rows = Vec::new();
     for (i, kernel) in kernels.iter().enumerate() {
-        // One directory per kernel, so runs for different kernels do not share one.
-        let name: String = kernel
-            .label
-            .rsplit(['(', '/'])
-            .next()
-            .unwrap_or("kernel")
-            .trim_end_matches(')')
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || ".-_+".contains(c) {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect();
-        let name = format!("{i}-{name}");
+        let name = guest_name(i, &kernel.label, crate::run::forced_fallbacks().as_deref());
         eprintln!("xtask vm: [{}] building the initramfs", kernel.label);
         let initrd = build_initramfs(&name, kernel, &tests, filter)?;
         let logs = vm_dir().join("logs");
@@ -261,6 +245,30 @@ pub fn run(arch: Arch, specs: &[String], suites: &[String], filter: &[String]) -
     Ok(())
 }
 
+/// The guest's directory and log name: one per kernel and per forced fallback set, so that
+/// runs for different kernels, or the same kernel with and without fallbacks forced, can
+/// run side by side.
+fn guest_name(index: usize, label: &str, forced: Option<&str>) -> String {
+    let kernel = label
+        .rsplit(['(', '/'])
+        .next()
+        .unwrap_or("kernel")
+        .trim_end_matches(')');
+    let name = match forced {
+        Some(f) => format!("{index}-{kernel}-fallbacks-{f}"),
+        None => format!("{index}-{kernel}"),
+    };
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || ".-_+".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
 /// Each failed test's output as the test harness prints it (`---- name stdout ----` up to
 /// the next such block or the `failures:` list), at most 40 lines each.
 fn failure_output(log: &str) -> Vec<String> {
@@ -340,6 +348,20 @@ mod tests {
                   vm: TIMEOUT b after 1500s"
                     .to_string()
             ]
+        );
+    }
+
+    #[test]
+    fn a_run_with_fallbacks_forced_has_a_guest_of_its_own() {
+        let plain = guest_name(0, "6.1 (linux-image-6.1.0-56-amd64)", None);
+        assert_eq!(plain, "0-linux-image-6.1.0-56-amd64");
+        assert_eq!(
+            guest_name(0, "6.1 (linux-image-6.1.0-56-amd64)", Some("all")),
+            "0-linux-image-6.1.0-56-amd64-fallbacks-all"
+        );
+        assert_eq!(
+            guest_name(1, "/boot/vmlinuz 6", Some("sk-lookup,x")),
+            "1-vmlinuz_6-fallbacks-sk-lookup_x"
         );
     }
 
