@@ -24,21 +24,16 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, U
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use clap::{Args, CommandFactory, Parser};
 use redirector_tests::dns::net::{bind_udp, read_frame, write_frame, Frame};
 use redirector_tests::dns::protocol::{
-    self as protocol, client_exit, dns_error_kind, emit, error_kind, flag_value, io_error_line,
-    server_name,
+    self as protocol, client_exit, dns_error_kind, emit, error_kind, io_error_line, millis,
+    server_name, usage_exit,
 };
 use redirector_tests::dns::wire::{self as wire, TYPE_A, TYPE_AAAA};
 use redirector_tests::sockaddr;
 
-const USAGE: &str = "usage:
-  dnsprobe server  --listen ADDR:PORT [--listen ...] --answer IP [--answer IP6] [--name NAME]
-  dnsprobe proxy   --listen ADDR:PORT [--listen ...] --upstream ADDR:PORT --answer IP [--answer IP6] [--name NAME] [--timeout-ms N]
-  dnsprobe resolve NAME [--tcp] [--family 4|6|any]
-  dnsprobe query   SERVER:PORT NAME [--tcp] [--connect] [--aaaa] [--bind IP] [--timeout-ms N]";
-
-const DEFAULT_TIMEOUT: Duration = Duration::from_millis(2000);
+const DEFAULT_TIMEOUT_MS: &str = "2000";
 /// How long a server waits for the next query on an idle TCP connection.
 const TCP_IDLE: Duration = Duration::from_secs(10);
 
@@ -49,169 +44,99 @@ struct Answers {
     v6: Option<Ipv6Addr>,
 }
 
-/// `dnsprobe query`'s arguments.
-#[derive(Debug)]
-struct QueryArgs {
-    server: SocketAddr,
-    name: String,
-    tcp: bool,
-    connect: bool,
-    qtype: u16,
-    bind: Option<IpAddr>,
-    timeout: Duration,
-}
-
-#[derive(Debug)]
+#[derive(Parser, Debug)]
+#[command(
+    name = "dnsprobe",
+    about = "DNS servers and clients for redirector's tests"
+)]
 enum Cmd {
+    /// Answer A queries with the IPv4 --answer, AAAA ones with the IPv6 one.
     Server {
+        #[command(flatten)]
+        server: ServerArgs,
+        #[arg(long, value_parser = server_name, default_value = "dns")]
         name: String,
-        listen: Vec<SocketAddr>,
-        answers: Answers,
     },
+    /// Relay each query to --upstream and put the --answer addresses in its reply.
     Proxy {
+        #[command(flatten)]
+        server: ServerArgs,
+        #[arg(long, value_parser = server_name, default_value = "dns-proxy")]
         name: String,
-        listen: Vec<SocketAddr>,
+        #[arg(long)]
         upstream: SocketAddr,
-        answers: Answers,
+        #[arg(long = "timeout-ms", value_parser = millis, default_value = DEFAULT_TIMEOUT_MS)]
         timeout: Duration,
     },
+    /// Resolve NAME through glibc (`getaddrinfo`).
     Resolve {
         name: String,
+        /// Only checks that /etc/resolv.conf says `options use-vc`.
+        #[arg(long)]
         tcp: bool,
+        /// 4, 6 or any.
+        #[arg(long, value_parser = family, default_value = "any")]
         family: libc::c_int,
     },
+    /// Send one hand-built query to SERVER:PORT.
     Query(QueryArgs),
 }
 
-#[derive(Default)]
-struct Flags {
+/// A server's or proxy's listeners and answers.
+#[derive(Args, Debug)]
+struct ServerArgs {
+    #[arg(long, required = true)]
     listen: Vec<SocketAddr>,
-    answers: Vec<IpAddr>,
-    name: Option<String>,
-    upstream: Option<SocketAddr>,
-    bind: Option<IpAddr>,
-    timeout: Option<Duration>,
-    family: Option<String>,
+    /// At most one IPv4 (required) and one IPv6 address.
+    #[arg(long = "answer", required = true)]
+    answer: Vec<IpAddr>,
+}
+
+impl ServerArgs {
+    fn answers(&self) -> Result<Answers, String> {
+        let list = &self.answer;
+        let v4 = list.iter().find_map(|a| match a {
+            IpAddr::V4(v4) => Some(*v4),
+            IpAddr::V6(_) => None,
+        });
+        let v6 = list.iter().find_map(|a| match a {
+            IpAddr::V6(v6) => Some(*v6),
+            IpAddr::V4(_) => None,
+        });
+        if list.len() != usize::from(v4.is_some()) + usize::from(v6.is_some()) {
+            return Err("--answer: at most one IPv4 and one IPv6 address".into());
+        }
+        Ok(Answers {
+            v4: v4.ok_or("--answer with an IPv4 address is required")?,
+            v6,
+        })
+    }
+}
+
+/// `dnsprobe query`'s arguments.
+#[derive(Args, Debug)]
+struct QueryArgs {
+    server: SocketAddr,
+    name: String,
+    #[arg(long)]
     tcp: bool,
+    /// `connect` + `send` instead of `sendto` (UDP: TCP always connects).
+    #[arg(long, conflicts_with = "tcp")]
     connect: bool,
+    #[arg(long)]
     aaaa: bool,
-    positional: Vec<String>,
+    #[arg(long)]
+    bind: Option<IpAddr>,
+    #[arg(long = "timeout-ms", value_parser = millis, default_value = DEFAULT_TIMEOUT_MS)]
+    timeout: Duration,
 }
 
-fn parse_flags(rest: &[String]) -> Result<Flags, String> {
-    let mut f = Flags::default();
-    let mut it = rest.iter();
-    while let Some(arg) = it.next() {
-        let flag = arg.as_str();
-        match flag {
-            "--listen" => f.listen.push(flag_value(flag, &mut it)?),
-            "--answer" => f.answers.push(flag_value(flag, &mut it)?),
-            "--name" => f.name = Some(flag_value(flag, &mut it)?),
-            "--upstream" => f.upstream = Some(flag_value(flag, &mut it)?),
-            "--bind" => f.bind = Some(flag_value(flag, &mut it)?),
-            "--timeout-ms" => f.timeout = Some(Duration::from_millis(flag_value(flag, &mut it)?)),
-            "--family" => f.family = Some(flag_value(flag, &mut it)?),
-            "--tcp" => f.tcp = true,
-            "--connect" => f.connect = true,
-            "--aaaa" => f.aaaa = true,
-            flag if flag.starts_with("--") => return Err(format!("unknown flag {flag}")),
-            _ => f.positional.push(arg.clone()),
-        }
-    }
-    Ok(f)
-}
-
-fn answers(list: &[IpAddr]) -> Result<Answers, String> {
-    let v4 = list.iter().find_map(|a| match a {
-        IpAddr::V4(v4) => Some(*v4),
-        IpAddr::V6(_) => None,
-    });
-    let v6 = list.iter().find_map(|a| match a {
-        IpAddr::V6(v6) => Some(*v6),
-        IpAddr::V4(_) => None,
-    });
-    if list.len() > 2 || list.len() != usize::from(v4.is_some()) + usize::from(v6.is_some()) {
-        return Err("--answer: at most one IPv4 and one IPv6 address".into());
-    }
-    Ok(Answers {
-        v4: v4.ok_or("--answer with an IPv4 address is required")?,
-        v6,
-    })
-}
-
-fn name_or(f: &Flags, default: &str) -> Result<String, String> {
-    server_name(f.name.clone().unwrap_or_else(|| default.to_owned()))
-}
-
-fn parse_args(args: &[String]) -> Result<Cmd, String> {
-    let (sub, rest) = args.split_first().ok_or("missing subcommand")?;
-    let f = parse_flags(rest)?;
-    let no_positional = |f: &Flags| {
-        if f.positional.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("unexpected arguments {:?}", f.positional))
-        }
-    };
-    match sub.as_str() {
-        "server" | "proxy" => {
-            no_positional(&f)?;
-            if f.listen.is_empty() {
-                return Err("at least one --listen is required".into());
-            }
-            let answers = answers(&f.answers)?;
-            if sub == "server" {
-                Ok(Cmd::Server {
-                    name: name_or(&f, "dns")?,
-                    listen: f.listen,
-                    answers,
-                })
-            } else {
-                Ok(Cmd::Proxy {
-                    name: name_or(&f, "dns-proxy")?,
-                    upstream: f.upstream.ok_or("--upstream is required")?,
-                    listen: f.listen,
-                    answers,
-                    timeout: f.timeout.unwrap_or(DEFAULT_TIMEOUT),
-                })
-            }
-        }
-        "resolve" => {
-            let [name] = f.positional.as_slice() else {
-                return Err("resolve takes exactly one NAME".into());
-            };
-            let family = match f.family.as_deref().unwrap_or("any") {
-                "4" => libc::AF_INET,
-                "6" => libc::AF_INET6,
-                "any" => libc::AF_UNSPEC,
-                other => return Err(format!("--family {other}: expected 4, 6 or any")),
-            };
-            Ok(Cmd::Resolve {
-                name: name.clone(),
-                tcp: f.tcp,
-                family,
-            })
-        }
-        "query" => {
-            let [server, name] = f.positional.as_slice() else {
-                return Err("query takes SERVER:PORT and NAME".into());
-            };
-            if f.tcp && f.connect {
-                return Err("--connect is for UDP (TCP always connects)".into());
-            }
-            Ok(Cmd::Query(QueryArgs {
-                server: server
-                    .parse()
-                    .map_err(|e| format!("SERVER {server}: {e}"))?,
-                name: name.clone(),
-                tcp: f.tcp,
-                connect: f.connect,
-                qtype: if f.aaaa { TYPE_AAAA } else { TYPE_A },
-                bind: f.bind,
-                timeout: f.timeout.unwrap_or(DEFAULT_TIMEOUT),
-            }))
-        }
-        other => Err(format!("unknown subcommand {other}")),
+fn family(value: &str) -> Result<libc::c_int, String> {
+    match value {
+        "4" => Ok(libc::AF_INET),
+        "6" => Ok(libc::AF_INET6),
+        "any" => Ok(libc::AF_UNSPEC),
+        _ => Err("expected 4, 6 or any".into()),
     }
 }
 
@@ -486,10 +411,11 @@ fn query(args: &QueryArgs) -> Result<String, String> {
         name,
         tcp,
         connect,
-        qtype,
+        aaaa,
         bind,
         timeout,
     } = args;
+    let qtype = &if *aaaa { TYPE_AAAA } else { TYPE_A };
     let id = query_id();
     let msg = wire::query(id, name, *qtype)
         .map_err(|e| protocol::error_line(dns_error_kind::MALFORMED, &e.to_string()))?;
@@ -605,41 +531,43 @@ fn resolve(name: &str, family: libc::c_int) -> Result<String, String> {
     Ok(protocol::resolved_line(&addrs, &servers))
 }
 
+/// The command line, its answers checked.
+fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Cmd, clap::Error> {
+    let cmd = Cmd::try_parse_from(std::iter::once("dnsprobe".to_owned()).chain(args))?;
+    if let Cmd::Server { server, .. } | Cmd::Proxy { server, .. } = &cmd {
+        server
+            .answers()
+            .map_err(|e| Cmd::command().error(clap::error::ErrorKind::ValueValidation, e))?;
+    }
+    Ok(cmd)
+}
+
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let cmd = match parse_args(&args) {
+    let cmd = match parse_args(std::env::args().skip(1)) {
         Ok(cmd) => cmd,
-        Err(msg) => {
-            eprintln!("dnsprobe: {msg}\n{USAGE}");
-            return ExitCode::from(64);
-        }
+        Err(e) => return usage_exit(&e),
     };
     match cmd {
-        Cmd::Server {
-            name,
-            listen,
-            answers,
-        } => {
+        Cmd::Server { server, name } => {
             let authority = Authority {
                 name: name.clone(),
-                answers,
+                answers: server.answers().expect("checked"),
             };
-            serve(&name, &listen, authority)
+            serve(&name, &server.listen, authority)
         }
         Cmd::Proxy {
+            server,
             name,
-            listen,
             upstream,
-            answers,
             timeout,
         } => {
             let relay = Relay {
                 name: name.clone(),
                 upstream,
-                answers,
+                answers: server.answers().expect("checked"),
                 timeout,
             };
-            serve(&name, &listen, relay)
+            serve(&name, &server.listen, relay)
         }
         Cmd::Resolve { name, tcp, family } => {
             if tcp && !read_resolv_conf().1 {
@@ -663,12 +591,12 @@ mod tests {
 
     #[test]
     fn parses_each_subcommand_and_rejects_bad_answers() {
-        let cmd = parse_args(&args("proxy --listen 127.0.0.1:15053 --listen [::1]:15053 --upstream 127.0.0.53:53 --answer 192.0.2.53 --answer 2001:db8::53")).unwrap();
+        let cmd = parse_args(args("proxy --listen 127.0.0.1:15053 --listen [::1]:15053 --upstream 127.0.0.53:53 --answer 192.0.2.53 --answer 2001:db8::53")).unwrap();
         assert!(
-            matches!(cmd, Cmd::Proxy { ref listen, answers: Answers { v6: Some(_), .. }, .. } if listen.len() == 2)
+            matches!(cmd, Cmd::Proxy { ref server, .. } if server.listen.len() == 2 && server.answers().unwrap().v6.is_some())
         );
         assert!(matches!(
-            parse_args(&args("query 10.0.0.1:53 a.test --connect")),
+            parse_args(args("query 10.0.0.1:53 a.test --connect")),
             Ok(Cmd::Query(QueryArgs {
                 connect: true,
                 tcp: false,
@@ -676,20 +604,20 @@ mod tests {
             }))
         ));
         assert!(matches!(
-            parse_args(&args("resolve a.test --tcp --family 6")),
+            parse_args(args("resolve a.test --tcp --family 6")),
             Ok(Cmd::Resolve {
                 tcp: true,
                 family: libc::AF_INET6,
                 ..
             })
         ));
-        assert!(parse_args(&args("server --listen 127.0.0.1:53 --answer 2001:db8::1")).is_err());
-        assert!(parse_args(&args(
+        assert!(parse_args(args("server --listen 127.0.0.1:53 --answer 2001:db8::1")).is_err());
+        assert!(parse_args(args(
             "server --listen 127.0.0.1:53 --answer 192.0.2.1 --answer 192.0.2.2"
         ))
         .is_err());
-        assert!(parse_args(&args("proxy --listen 127.0.0.1:53 --answer 192.0.2.1")).is_err());
-        assert!(parse_args(&args("query 10.0.0.1:53 a.test --tcp --connect")).is_err());
+        assert!(parse_args(args("proxy --listen 127.0.0.1:53 --answer 192.0.2.1")).is_err());
+        assert!(parse_args(args("query 10.0.0.1:53 a.test --tcp --connect")).is_err());
     }
 
     #[test]

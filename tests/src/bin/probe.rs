@@ -24,19 +24,12 @@ use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::{Args, Parser};
 use redirector_tests::probe::protocol::{
-    self as protocol, client_exit, describe_io_error, emit, error_kind, flag_value, io_error_line,
-    server_name,
+    self as protocol, client_exit, describe_io_error, emit, error_kind, io_error_line, millis,
+    server_name, usage_exit,
 };
 use redirector_tests::sockaddr;
-
-const USAGE: &str = "usage:
-  probe serve   --listen ADDR:PORT [--listen ...] --name NAME
-  probe proxy   --listen ADDR:PORT [--listen ...] --name NAME [--forward] [--timeout-ms N]
-  probe connect ADDR:PORT [--bind ADDR] [--timeout-ms N]
-  probe peername ADDR:PORT [--timeout-ms N]
-  probe hammer ADDR:PORT --for-ms N
-  probe hold ADDR:PORT --for-ms N";
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(3000);
 
@@ -46,107 +39,58 @@ enum Role {
     Proxy { forward: bool },
 }
 
-#[derive(Debug)]
+#[derive(Parser, Debug)]
+#[command(
+    name = "probe",
+    about = "Tiny TCP servers and client for redirector's tests"
+)]
 enum Cmd {
-    Server {
-        role: Role,
-        name: String,
-        listen: Vec<SocketAddr>,
-        timeout: Duration,
+    /// Answer each connection with a `served` line.
+    Serve(Server),
+    /// Answer each connection with a `proxied` line and its SO_ORIGINAL_DST.
+    Proxy {
+        #[command(flatten)]
+        server: Server,
+        /// Also connect to the original destination and append its reply.
+        #[arg(long)]
+        forward: bool,
     },
+    /// Connect, print the reply.
     Connect {
         dst: SocketAddr,
+        #[arg(long)]
         bind: Option<IpAddr>,
+        #[arg(long = "timeout-ms", value_parser = millis, default_value = "3000")]
         timeout: Duration,
     },
+    /// Connect and print what getpeername() says.
     Peername {
         dst: SocketAddr,
+        #[arg(long = "timeout-ms", value_parser = millis, default_value = "3000")]
         timeout: Duration,
     },
-    Hold {
-        dst: SocketAddr,
-        duration: Duration,
-    },
+    /// Connect again and again, then print one count line.
     Hammer {
         dst: SocketAddr,
+        #[arg(long = "for-ms", value_parser = millis)]
+        duration: Duration,
+    },
+    /// Connect, hold the connection, ask again on it.
+    Hold {
+        dst: SocketAddr,
+        #[arg(long = "for-ms", value_parser = millis)]
         duration: Duration,
     },
 }
 
-fn parse_args(args: &[String]) -> Result<Cmd, String> {
-    let (sub, rest) = args.split_first().ok_or("missing subcommand")?;
-    let mut listen = Vec::new();
-    let mut name = None;
-    let mut forward = false;
-    let mut bind = None;
-    let mut timeout = DEFAULT_TIMEOUT;
-    let mut duration = None;
-    let mut positional = Vec::new();
-    let mut it = rest.iter();
-    while let Some(arg) = it.next() {
-        let flag = arg.as_str();
-        match flag {
-            "--listen" => listen.push(flag_value(flag, &mut it)?),
-            "--name" => name = Some(flag_value(flag, &mut it)?),
-            "--bind" => bind = Some(flag_value(flag, &mut it)?),
-            "--timeout-ms" => timeout = Duration::from_millis(flag_value(flag, &mut it)?),
-            "--for-ms" => duration = Some(Duration::from_millis(flag_value(flag, &mut it)?)),
-            "--forward" => forward = true,
-            flag if flag.starts_with("--") => return Err(format!("unknown flag {flag}")),
-            _ => positional.push(arg.clone()),
-        }
-    }
-    // The client subcommands' one ADDR:PORT, and hold's and hammer's --for-ms.
-    let dst = || -> Result<SocketAddr, String> {
-        let [dst] = positional.as_slice() else {
-            return Err(format!("{sub} takes exactly one ADDR:PORT"));
-        };
-        dst.parse().map_err(|e| format!("{dst}: {e}"))
-    };
-    let for_ms = || duration.ok_or(format!("{sub} needs --for-ms"));
-    match sub.as_str() {
-        "serve" | "proxy" => {
-            let name = server_name(name.ok_or("--name is required")?)?;
-            if listen.is_empty() {
-                return Err("at least one --listen is required".into());
-            }
-            if !positional.is_empty() {
-                return Err(format!("unexpected arguments {positional:?}"));
-            }
-            let role = if sub == "serve" {
-                if forward {
-                    return Err("--forward is only for proxy".into());
-                }
-                Role::Serve
-            } else {
-                Role::Proxy { forward }
-            };
-            Ok(Cmd::Server {
-                role,
-                name,
-                listen,
-                timeout,
-            })
-        }
-        "connect" => Ok(Cmd::Connect {
-            dst: dst()?,
-            bind,
-            timeout,
-        }),
-        "peername" => Ok(Cmd::Peername {
-            dst: dst()?,
-            timeout,
-        }),
-        "hold" => Ok(Cmd::Hold {
-            dst: dst()?,
-            duration: for_ms()?,
-        }),
-        "hammer" => Ok(Cmd::Hammer {
-            dst: dst()?,
-            duration: for_ms()?,
-        }),
-        other => Err(format!("unknown subcommand {other}")),
-    }
+#[derive(Args, Debug)]
+struct Server {
+    #[arg(long, required = true)]
+    listen: Vec<SocketAddr>,
+    #[arg(long, value_parser = server_name)]
+    name: String,
+    #[arg(long = "timeout-ms", value_parser = millis, default_value = "3000")]
+    timeout: Duration,
 }
 
 /// Connects, reads the whole reply, and returns the `reply …` or `error …` line.
@@ -327,21 +271,18 @@ fn serve(role: Role, name: String, listen: Vec<SocketAddr>, timeout: Duration) -
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match parse_args(&args) {
-        Ok(Cmd::Server {
-            role,
-            name,
-            listen,
-            timeout,
-        }) => serve(role, name, listen, timeout),
-        Ok(Cmd::Connect { dst, bind, timeout }) => client_exit(connect(dst, bind, timeout)),
-        Ok(Cmd::Peername { dst, timeout }) => client_exit(peername(dst, timeout)),
-        Ok(Cmd::Hammer { dst, duration }) => client_exit(Ok(hammer(dst, duration))),
-        Ok(Cmd::Hold { dst, duration }) => client_exit(hold(dst, duration)),
-        Err(msg) => {
-            eprintln!("probe: {msg}\n{USAGE}");
-            ExitCode::from(64)
+    let cmd = match Cmd::try_parse() {
+        Ok(cmd) => cmd,
+        Err(e) => return usage_exit(&e),
+    };
+    match cmd {
+        Cmd::Serve(s) => serve(Role::Serve, s.name, s.listen, s.timeout),
+        Cmd::Proxy { server: s, forward } => {
+            serve(Role::Proxy { forward }, s.name, s.listen, s.timeout)
         }
+        Cmd::Connect { dst, bind, timeout } => client_exit(connect(dst, bind, timeout)),
+        Cmd::Peername { dst, timeout } => client_exit(peername(dst, timeout)),
+        Cmd::Hammer { dst, duration } => client_exit(Ok(hammer(dst, duration))),
+        Cmd::Hold { dst, duration } => client_exit(hold(dst, duration)),
     }
 }

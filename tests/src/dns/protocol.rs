@@ -106,7 +106,7 @@ pub fn notdns_line(text: &str) -> String {
 }
 
 pub use crate::probe::protocol::{
-    client_exit, emit, error_line, flag_value, io_error_line, server_name,
+    client_exit, emit, error_line, io_error_line, millis, server_name, usage_exit,
 };
 
 /// What a `dnsprobe query` or `dnsprobe resolve` reported.

@@ -26,7 +26,6 @@
 //! improves on). Each family's rules here keep only the CIDRs of that family: what proxy-init
 //! writes when the list holds only that family's.
 
-use std::fmt;
 use std::net::IpAddr;
 
 use crate::scenario::Family;
@@ -37,50 +36,26 @@ pub const REDIRECT_CHAIN: &str = "PROXY_INIT_REDIRECT";
 pub const MULTIPORT_LIMIT: usize = 15;
 
 /// Why proxy-init would refuse a command line (exit 1), or why this model does not cover it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ProxyInitError {
     /// A flag proxy-init does not have, or one the suite does not model (`--simulate`).
+    #[error("unknown flag {0}")]
     UnknownFlag(String),
+    #[error("flag {0} needs a value")]
     MissingValue(String),
-    InvalidValue {
-        flag: String,
-        value: String,
-    },
+    #[error("invalid value {value:?} for {flag}")]
+    InvalidValue { flag: String, value: String },
     /// `--incoming-proxy-port` / `--outgoing-proxy-port` outside 0..=65535 (or unset).
-    InvalidProxyPort {
-        flag: &'static str,
-        value: i64,
-    },
+    #[error("{flag} must be a valid TCP port number (got {value})")]
+    InvalidProxyPort { flag: &'static str, value: i64 },
     /// proxy-init: `"<s> is not a valid CIDR address"`.
+    #[error("{0} is not a valid CIDR address")]
     InvalidCidr(String),
     /// A non-empty ignore list none of whose entries parses: proxy-init still writes a
     /// multiport rule, with `--dports ""`, which iptables refuses.
-    NoValidPort {
-        flag: &'static str,
-    },
+    #[error("{flag}: no entry is a port or range; proxy-init writes `--dports \"\"`, which iptables refuses")]
+    NoValidPort { flag: &'static str },
 }
-
-impl fmt::Display for ProxyInitError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ProxyInitError::UnknownFlag(flag) => write!(f, "unknown flag {flag}"),
-            ProxyInitError::MissingValue(flag) => write!(f, "flag {flag} needs a value"),
-            ProxyInitError::InvalidValue { flag, value } => {
-                write!(f, "invalid value {value:?} for {flag}")
-            }
-            ProxyInitError::InvalidProxyPort { flag, value } => {
-                write!(f, "{flag} must be a valid TCP port number (got {value})")
-            }
-            ProxyInitError::InvalidCidr(s) => write!(f, "{s} is not a valid CIDR address"),
-            ProxyInitError::NoValidPort { flag } => write!(
-                f,
-                "{flag}: no entry is a port or range; proxy-init writes `--dports \"\"`, which iptables refuses"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for ProxyInitError {}
 
 /// An inclusive port range from an ignore list (`4190` or `1000-2000`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -89,27 +89,23 @@ pub fn io_error_line(err: &std::io::Error) -> String {
     error_line(kind, &describe_io_error(err))
 }
 
-/// The value after `flag` among a command line's arguments `rest`, parsed; a usage error
-/// naming both otherwise.
-pub fn flag_value<'a, T: std::str::FromStr>(
-    flag: &str,
-    rest: &mut impl Iterator<Item = &'a String>,
-) -> Result<T, String>
-where
-    T::Err: std::fmt::Display,
-{
-    let value = rest.next().ok_or(format!("{flag} needs a value"))?;
-    value.parse().map_err(|e| format!("{flag} {value}: {e}"))
+/// A `--*-ms` flag's value as a duration.
+pub fn millis(value: &str) -> Result<std::time::Duration, std::num::ParseIntError> {
+    value.parse().map(std::time::Duration::from_millis)
 }
 
 /// A server's `--name`, which its lines write as `name=NAME` among spaces.
-pub fn server_name(name: String) -> Result<String, String> {
+pub fn server_name(name: &str) -> Result<String, String> {
     if name.is_empty() || name.contains(|c: char| c.is_whitespace() || c == '=') {
-        return Err(format!(
-            "--name {name:?}: must be non-empty, without spaces or '='"
-        ));
+        return Err("must be non-empty, without spaces or '='".into());
     }
-    Ok(name)
+    Ok(name.to_owned())
+}
+
+/// A usage error's exit: clap's message, and 64 (0 for `--help`).
+pub fn usage_exit(err: &clap::Error) -> std::process::ExitCode {
+    let _ = err.print();
+    std::process::ExitCode::from(if err.use_stderr() { 64 } else { 0 })
 }
 
 /// One event line to stdout, flushed at once so a test reading the pipe sees it now.
