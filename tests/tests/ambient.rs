@@ -51,8 +51,11 @@ fn ztunnel_state(daemon: &Daemon) -> String {
         .unwrap_or_else(|| panic!("no redirector_ztunnel in:\n{metrics}"))
 }
 
+/// Waits for ztunnel's `state` in the daemon's metrics: up to 120 s, as for a daemon's start,
+/// since a guest under emulation beside busy neighbours was seen to take longer than 30 s
+/// to reconnect after a restart.
 fn wait_state(daemon: &Daemon, state: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(120);
     while ztunnel_state(daemon) != state {
         assert!(
             Instant::now() < deadline,
