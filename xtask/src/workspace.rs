@@ -87,8 +87,9 @@ pub(crate) fn ensure_tool(tool: &str, package: &str) -> Result<()> {
         .env("DEBIAN_FRONTEND", "noninteractive");
     if status(cmd).is_err() {
         status({
+            // Two VM jobs may install their QEMU at once: each waits for the other's lock.
             let mut c = Command::new("apt-get");
-            c.args(["update", "-qq"]);
+            c.args(["update", "-qq"]).args(APT_WAITS_FOR_LOCK);
             c
         })?;
         let mut cmd = Command::new("apt-get");
