@@ -28,6 +28,9 @@
 
 use std::net::IpAddr;
 
+use clap::{ArgAction, Parser};
+use ipnet::IpNet;
+
 use crate::scenario::Family;
 
 pub const OUTPUT_CHAIN: &str = "PROXY_INIT_OUTPUT";
@@ -38,11 +41,10 @@ pub const MULTIPORT_LIMIT: usize = 15;
 /// Why proxy-init would refuse a command line (exit 1), or why this model does not cover it.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ProxyInitError {
-    /// A flag proxy-init does not have, or one the suite does not model (`--simulate`).
-    #[error("unknown flag {0}")]
-    UnknownFlag(String),
-    #[error("flag {0} needs a value")]
-    MissingValue(String),
+    /// A command line proxy-init's flags refuse: a flag it does not have, or one the suite
+    /// does not model (`--simulate`), a missing value, or one not among a flag's choices.
+    #[error("{0}")]
+    Usage(String),
     #[error("invalid value {value:?} for {flag}")]
     InvalidValue { flag: String, value: String },
     /// `--incoming-proxy-port` / `--outgoing-proxy-port` outside 0..=65535 (or unset).
@@ -126,8 +128,8 @@ fn atoi_port(s: &str) -> Option<u16> {
 pub struct IgnoredSubnet {
     /// As given (trimmed): proxy-init's comment carries it like this.
     pub text: String,
-    pub network: IpAddr,
-    pub prefix: u8,
+    /// The network, host bits cleared.
+    pub net: IpNet,
 }
 
 impl IgnoredSubnet {
@@ -135,55 +137,28 @@ impl IgnoredSubnet {
         let text = entry.trim();
         let invalid = || ProxyInitError::InvalidCidr(text.to_owned());
         let (addr, prefix) = text.split_once('/').ok_or_else(invalid)?;
-        let addr: IpAddr = addr.parse().map_err(|_| invalid())?;
+        // Go takes decimal digits only (no sign), which u8's parse would let through.
         if prefix.is_empty() || !prefix.bytes().all(|b| b.is_ascii_digit()) {
             return Err(invalid());
         }
+        let addr: IpAddr = addr.parse().map_err(|_| invalid())?;
         let prefix: u8 = prefix.parse().map_err(|_| invalid())?;
-        let max = if addr.is_ipv4() { 32 } else { 128 };
-        if prefix > max {
-            return Err(invalid());
-        }
+        let net = IpNet::new(addr, prefix).map_err(|_| invalid())?.trunc();
         Ok(IgnoredSubnet {
             text: text.to_owned(),
-            network: mask(addr, prefix),
-            prefix,
+            net,
         })
     }
 
     pub fn family(&self) -> Family {
-        if self.network.is_ipv4() {
-            Family::V4
-        } else {
-            Family::V6
+        match self.net {
+            IpNet::V4(_) => Family::V4,
+            IpNet::V6(_) => Family::V6,
         }
     }
 
     pub fn contains(&self, ip: IpAddr) -> bool {
-        ip.is_ipv4() == self.network.is_ipv4() && mask(ip, self.prefix) == self.network
-    }
-}
-
-fn mask(ip: IpAddr, prefix: u8) -> IpAddr {
-    match ip {
-        IpAddr::V4(v4) => {
-            let bits = u32::from(v4);
-            let kept = if prefix == 0 {
-                0
-            } else {
-                bits & (u32::MAX << (32 - u32::from(prefix)))
-            };
-            IpAddr::V4(kept.into())
-        }
-        IpAddr::V6(v6) => {
-            let bits = u128::from(v6);
-            let kept = if prefix == 0 {
-                0
-            } else {
-                bits & (u128::MAX << (128 - u32::from(prefix)))
-            };
-            IpAddr::V6(kept.into())
-        }
+        self.net.contains(&ip)
     }
 }
 
@@ -215,31 +190,14 @@ pub struct ProxyInitOptions {
 }
 
 impl ProxyInitOptions {
-    /// Parses proxy-init's command line as its flag library (pflag) does: `--flag value`,
-    /// `--flag=value`, `-f value`, `-f=value`, `-fvalue`; bool flags only as `--flag` or
-    /// `--flag=bool`; list flags comma-separated, repeats appending. The iptables plumbing
-    /// flags are accepted and have no effect on the rules.
+    /// Parses proxy-init's command line (see [`Flags`]) and checks it as proxy-init does.
     pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Self, ProxyInitError> {
-        let mut raw = RawFlags::default();
-        let mut it = args.iter().map(AsRef::as_ref);
-        while let Some(arg) = it.next() {
-            let (name, inline) = split_flag(arg)?;
-            let (flag, is_bool) =
-                flag_named(&name).ok_or_else(|| ProxyInitError::UnknownFlag(arg.into()))?;
-            let value = if is_bool {
-                inline.unwrap_or_else(|| "true".to_owned())
-            } else {
-                match inline {
-                    Some(v) => v,
-                    None => it
-                        .next()
-                        .ok_or_else(|| ProxyInitError::MissingValue(arg.into()))?
-                        .to_owned(),
-                }
-            };
-            raw.set(flag, arg, &value)?;
-        }
-        raw.validate()
+        let flags = Flags::try_parse_from(args.iter().map(AsRef::as_ref)).map_err(|e| {
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or_default();
+            ProxyInitError::Usage(first.trim_start_matches("error: ").to_owned())
+        })?;
+        flags.validate()
     }
 
     /// The nat table proxy-init leaves for `family` as `iptables-restore` input.
@@ -274,9 +232,8 @@ impl ProxyInitOptions {
             .filter(|s| s.family() == family)
         {
             redirect.push(format!(
-                "-s {}/{} {} -j RETURN",
-                subnet.network,
-                subnet.prefix,
+                "-s {} {} -j RETURN",
+                subnet.net,
                 comment(&format!("ignore-subnet-{}", subnet.text))
             ));
         }
@@ -358,140 +315,72 @@ fn ignore_ports(ranges: &[PortRange]) -> Vec<String> {
         .collect()
 }
 
-/// `--name[=value]` or `-n[=value|value]` → the flag's long name and an inline value.
-fn split_flag(arg: &str) -> Result<(String, Option<String>), ProxyInitError> {
-    if let Some(long) = arg.strip_prefix("--") {
-        return Ok(match long.split_once('=') {
-            Some((name, value)) => (name.to_owned(), Some(value.to_owned())),
-            None => (long.to_owned(), None),
-        });
-    }
-    let short = arg
-        .strip_prefix('-')
-        .filter(|s| !s.is_empty())
-        .ok_or_else(|| ProxyInitError::UnknownFlag(arg.into()))?;
-    let mut chars = short.chars();
-    let letter = chars.next().expect("non-empty");
-    let rest = chars.as_str();
-    let long = flag_short(letter).ok_or_else(|| ProxyInitError::UnknownFlag(arg.into()))?;
-    let inline = match rest.strip_prefix('=') {
-        Some(value) => Some(value.to_owned()),
-        None if rest.is_empty() => None,
-        None => Some(rest.to_owned()),
-    };
-    Ok((long.to_owned(), inline))
-}
-
-/// proxy-init's flags: the long name, the short letter if any, and whether it is a bool.
-/// The plumbing ones (`--netns`, the iptables mode and bin paths, logging,
+/// proxy-init's command line as its flag library (pflag) reads it: `--flag value`,
+/// `--flag=value`, `-f value`, `-f=value`, `-fvalue`; bool flags only as `--flag` or
+/// `--flag=bool`; a repeated flag's last value wins, a list flag's repeats append. The
+/// plumbing flags (`--netns`, the iptables mode and binaries, logging,
 /// `--timeout-close-wait-secs`, `-w`) are taken and change no rule.
-const FLAGS: &[(&str, Option<char>, bool)] = &[
-    ("incoming-proxy-port", Some('p'), false),
-    ("outgoing-proxy-port", Some('o'), false),
-    ("proxy-uid", Some('u'), false),
-    ("proxy-gid", Some('g'), false),
-    ("ports-to-redirect", Some('r'), false),
-    ("inbound-ports-to-ignore", None, false),
-    ("outbound-ports-to-ignore", None, false),
-    ("subnets-to-ignore", None, false),
-    ("ipv6", None, true),
-    ("iptables-mode", None, false),
-    ("firewall-bin-path", None, false),
-    ("netns", None, false),
-    ("firewall-save-bin-path", None, false),
-    ("log-level", None, false),
-    ("log-format", None, false),
-    ("timeout-close-wait-secs", None, false),
-    ("use-wait-flag", Some('w'), true),
-];
-
-/// The flag named `name`: its long name and whether it is a bool.
-fn flag_named(name: &str) -> Option<(&'static str, bool)> {
-    FLAGS
-        .iter()
-        .find(|(long, _, _)| *long == name)
-        .map(|(long, _, is_bool)| (*long, *is_bool))
-}
-
-/// The long name of short flag `letter`.
-fn flag_short(letter: char) -> Option<&'static str> {
-    FLAGS
-        .iter()
-        .find(|(_, short, _)| *short == Some(letter))
-        .map(|(long, _, _)| *long)
-}
-
-/// Flag values as given, before proxy-init's checks.
-#[derive(Default)]
-struct RawFlags {
-    incoming: Option<i64>,
-    outgoing: Option<i64>,
-    uid: Option<i64>,
-    gid: Option<i64>,
-    redirect: Vec<i64>,
-    inbound_ignore: Vec<String>,
-    outbound_ignore: Vec<String>,
-    subnets: Vec<String>,
+#[derive(Parser)]
+#[command(
+    no_binary_name = true,
+    args_override_self = true,
+    disable_help_flag = true
+)]
+struct Flags {
+    #[arg(short = 'p', long, allow_negative_numbers = true)]
+    incoming_proxy_port: Option<i64>,
+    #[arg(short = 'o', long, allow_negative_numbers = true)]
+    outgoing_proxy_port: Option<i64>,
+    #[arg(short = 'u', long, allow_negative_numbers = true)]
+    proxy_uid: Option<i64>,
+    #[arg(short = 'g', long, allow_negative_numbers = true)]
+    proxy_gid: Option<i64>,
+    /// The lists as given, each comma-separated.
+    #[arg(short = 'r', long, action = ArgAction::Append)]
+    ports_to_redirect: Vec<String>,
+    #[arg(long, action = ArgAction::Append)]
+    inbound_ports_to_ignore: Vec<String>,
+    #[arg(long, action = ArgAction::Append)]
+    outbound_ports_to_ignore: Vec<String>,
+    #[arg(long, action = ArgAction::Append)]
+    subnets_to_ignore: Vec<String>,
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
     ipv6: Option<bool>,
+    #[arg(short = 'w', long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool)]
+    use_wait_flag: Option<bool>,
+    #[arg(long, value_parser = ["", "legacy", "nft", "plain"])]
+    iptables_mode: Option<String>,
+    #[arg(long, value_parser = ["", "iptables-legacy", "iptables-nft", "iptables"])]
+    firewall_bin_path: Option<String>,
+    #[arg(long)]
+    firewall_save_bin_path: Option<String>,
+    #[arg(long)]
+    netns: Option<String>,
+    #[arg(long)]
+    log_level: Option<String>,
+    #[arg(long)]
+    log_format: Option<String>,
+    #[arg(long)]
+    timeout_close_wait_secs: Option<String>,
 }
 
-impl RawFlags {
-    fn set(&mut self, flag: &str, arg: &str, value: &str) -> Result<(), ProxyInitError> {
-        let invalid = || ProxyInitError::InvalidValue {
-            flag: arg.to_owned(),
-            value: value.to_owned(),
-        };
-        let int = |s: &str| -> Result<i64, ProxyInitError> { s.parse().map_err(|_| invalid()) };
-        let list = |s: &str| -> Vec<String> {
-            if s.is_empty() {
-                Vec::new()
-            } else {
-                s.split(',').map(str::to_owned).collect()
-            }
-        };
-        match flag {
-            "incoming-proxy-port" => self.incoming = Some(int(value)?),
-            "outgoing-proxy-port" => self.outgoing = Some(int(value)?),
-            "proxy-uid" => self.uid = Some(int(value)?),
-            "proxy-gid" => self.gid = Some(int(value)?),
-            "ports-to-redirect" => {
-                for entry in list(value) {
-                    self.redirect.push(int(&entry)?);
-                }
-            }
-            "inbound-ports-to-ignore" => self.inbound_ignore.extend(list(value)),
-            "outbound-ports-to-ignore" => self.outbound_ignore.extend(list(value)),
-            "subnets-to-ignore" => self.subnets.extend(list(value)),
-            "ipv6" => self.ipv6 = Some(parse_bool(value).ok_or_else(invalid)?),
-            "use-wait-flag" => {
-                parse_bool(value).ok_or_else(invalid)?;
-            }
-            "iptables-mode" if !["", "legacy", "nft", "plain"].contains(&value) => {
-                return Err(invalid())
-            }
-            "firewall-bin-path"
-                if !["", "iptables-legacy", "iptables-nft", "iptables"].contains(&value) =>
-            {
-                return Err(invalid())
-            }
-            _ => {}
-        }
-        Ok(())
-    }
+/// A list flag's entries: its values split at commas (pflag's string slices; `""` is none).
+fn entries(values: &[String]) -> Vec<&str> {
+    values
+        .iter()
+        .filter(|v| !v.is_empty())
+        .flat_map(|v| v.split(','))
+        .collect()
+}
 
+impl Flags {
     fn validate(self) -> Result<ProxyInitOptions, ProxyInitError> {
         let port = |flag: &'static str, value: Option<i64>| {
             let value = value.unwrap_or(-1);
             u16::try_from(value).map_err(|_| ProxyInitError::InvalidProxyPort { flag, value })
         };
-        let incoming_proxy_port = port("--incoming-proxy-port", self.incoming)?;
-        let outgoing_proxy_port = port("--outgoing-proxy-port", self.outgoing)?;
-        let subnets_to_ignore = self
-            .subnets
-            .iter()
-            .map(|s| IgnoredSubnet::parse(s))
-            .collect::<Result<Vec<_>, _>>()?;
-        let ranges = |entries: &[String], flag: &'static str| {
+        let ranges = |values: &[String], flag: &'static str| {
+            let entries = entries(values);
             let ranges: Vec<PortRange> =
                 entries.iter().filter_map(|e| PortRange::parse(e)).collect();
             if ranges.is_empty() && !entries.is_empty() {
@@ -500,41 +389,48 @@ impl RawFlags {
                 Ok(ranges)
             }
         };
-        let inbound = if self.redirect.is_empty() {
-            InboundMode::RedirectAll
-        } else {
-            let ports = self
-                .redirect
-                .iter()
-                .map(|p| {
-                    u16::try_from(*p).map_err(|_| ProxyInitError::InvalidValue {
-                        flag: "--ports-to-redirect".into(),
-                        value: p.to_string(),
-                    })
+        let redirect = entries(&self.ports_to_redirect)
+            .into_iter()
+            .map(|p| {
+                p.parse().map_err(|_| ProxyInitError::InvalidValue {
+                    flag: "--ports-to-redirect".into(),
+                    value: p.to_owned(),
                 })
-                .collect::<Result<Vec<_>, _>>()?;
-            InboundMode::RedirectListed(ports)
-        };
+            })
+            .collect::<Result<Vec<u16>, _>>()?;
         Ok(ProxyInitOptions {
-            incoming_proxy_port,
-            outgoing_proxy_port,
-            proxy_uid: self.uid,
-            proxy_gid: self.gid,
-            inbound,
-            inbound_ports_to_ignore: ranges(&self.inbound_ignore, "--inbound-ports-to-ignore")?,
-            outbound_ports_to_ignore: ranges(&self.outbound_ignore, "--outbound-ports-to-ignore")?,
-            subnets_to_ignore,
+            incoming_proxy_port: port("--incoming-proxy-port", self.incoming_proxy_port)?,
+            outgoing_proxy_port: port("--outgoing-proxy-port", self.outgoing_proxy_port)?,
+            proxy_uid: self.proxy_uid,
+            proxy_gid: self.proxy_gid,
+            inbound: if redirect.is_empty() {
+                InboundMode::RedirectAll
+            } else {
+                InboundMode::RedirectListed(redirect)
+            },
+            inbound_ports_to_ignore: ranges(
+                &self.inbound_ports_to_ignore,
+                "--inbound-ports-to-ignore",
+            )?,
+            outbound_ports_to_ignore: ranges(
+                &self.outbound_ports_to_ignore,
+                "--outbound-ports-to-ignore",
+            )?,
+            subnets_to_ignore: entries(&self.subnets_to_ignore)
+                .into_iter()
+                .map(IgnoredSubnet::parse)
+                .collect::<Result<_, _>>()?,
             ipv6: self.ipv6.unwrap_or(true),
         })
     }
 }
 
 /// Go's `strconv.ParseBool`.
-fn parse_bool(s: &str) -> Option<bool> {
+fn go_bool(s: &str) -> Result<bool, String> {
     match s {
-        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
-        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
-        _ => None,
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
+        _ => Err(format!("{s:?} is not a Go bool")),
     }
 }
 
@@ -676,7 +572,7 @@ COMMIT
         ));
         assert!(matches!(
             parse("-p 1 -o 2 --iptables-mode fancy"),
-            Err(ProxyInitError::InvalidValue { .. })
+            Err(ProxyInitError::Usage(_))
         ));
     }
 
