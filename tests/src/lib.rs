@@ -71,9 +71,9 @@ pub mod prelude {
     };
     pub use crate::test_node::{failed, succeeded, CniPlugin, TestNode};
     pub use crate::{
-        assert_all_proxied, assert_direct, assert_proxied, connect_from, privileged, probe_bin,
-        words, Cgroup, ChildGuard, ConnOutcome, NetNs, ProbeServer, ProxiedPod, Spawn, Topology,
-        APP_UID, PROXY_UID,
+        assert_all_proxied, assert_contains, assert_direct, assert_lacks, assert_proxied,
+        connect_from, privileged, probe_bin, words, Cgroup, ChildGuard, ConnOutcome, NetNs,
+        ProbeServer, ProxiedPod, Spawn, Topology, APP_UID, PROXY_UID,
     };
 }
 
@@ -112,6 +112,21 @@ pub(crate) fn unique_name(hint: &str) -> String {
         .take(12)
         .collect();
     format!("{NAME_PREFIX}-{}-{}-{hint}", std::process::id(), next_id())
+}
+
+/// `text` (a log, an answer, an error) contains `needle`; the whole text is the message when
+/// it does not.
+#[track_caller]
+pub fn assert_contains(text: &str, needle: impl AsRef<str>) {
+    let needle = needle.as_ref();
+    assert!(text.contains(needle), "no {needle:?} in:\n{text}");
+}
+
+/// `text` does not contain `needle`; the whole text is the message when it does.
+#[track_caller]
+pub fn assert_lacks(text: &str, needle: impl AsRef<str>) {
+    let needle = needle.as_ref();
+    assert!(!text.contains(needle), "{needle:?} in:\n{text}");
 }
 
 /// A command line written as one string: its words, `""` standing for an empty argument.

@@ -6,10 +6,8 @@
 //! differential scenarios: a pod's traffic and its DNS under istio-cni's rules and under
 //! redirector's programs, through the same stand-in ztunnel.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::path::Path;
+use std::net::Ipv6Addr;
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 use redirector::mesh::ambient::DNS_CAPTURE;
 use redirector::sys::{
@@ -20,23 +18,15 @@ use redirector::zds::{self, agent::Workload, wire::WorkloadInfo};
 use serde_json::{json, Value};
 use socket2::{Domain, Socket, Type};
 
-use redirector_tests::{
-    bpftool::cgroup_attachments,
-    connect_from,
-    daemon::{Daemon, StateDir},
-    dns::{
-        protocol::DnsOutcome, use_dnsprobe_bin, DnsClient, DnsMode, DnsServer, DNS_PORT,
-        PROXY_ANSWER_V4,
-    },
-    fake_cri::FakeCri,
-    istio_cni::{self, DnsCapture},
-    privileged,
-    redirector::{redirector_bin, status, PinRoot},
-    test_node::{failed, succeeded, CniPlugin, TestNode},
-    topology::Topology,
-    ztunnel::{Seen, StandInProcess, StandInZtunnel, TestAgent},
-    Cgroup, ChildGuard, ConnOutcome, NetNs, ProbeServer, Spawn,
+use redirector_tests::dns::{
+    protocol::DnsOutcome, use_dnsprobe_bin, DnsClient, DnsMode, DnsServer, DNS_PORT,
+    PROXY_ANSWER_V4,
 };
+use redirector_tests::fake_cri::FakeCri;
+use redirector_tests::istio_cni::{self, DnsCapture};
+use redirector_tests::prelude::*;
+use redirector_tests::redirector::status;
+use redirector_tests::ztunnel::{Seen, StandInProcess, StandInZtunnel, TestAgent};
 
 /// The `redirector_ztunnel` series the daemon's `/metrics` shows at 1.
 fn ztunnel_state(daemon: &Daemon) -> String {
@@ -96,11 +86,7 @@ fn ztunnel_is_sent_a_snapshot_on_every_connection_and_across_a_daemon_restart() 
         seen == [Seen::SnapshotSent]
     });
     wait_state(&daemon, "synced");
-    assert!(
-        daemon.log().contains("has the snapshot of 0 pods"),
-        "{}",
-        daemon.log()
-    );
+    assert_contains(&daemon.log(), "has the snapshot of 0 pods");
 }
 
 #[test]
@@ -1297,10 +1283,7 @@ fn a_pod_labelled_ambient_that_its_add_left_alone_is_enrolled_by_the_next_repair
             has_metric(&daemon, "redirector_pods_uncaptured 1")
         });
         let log = daemon.log();
-        assert!(
-            log.contains("repairing pod default/app (sandbox sb-app)"),
-            "{log}"
-        );
+        assert_contains(&log, "repairing pod default/app (sandbox sb-app)");
         assert!(
             log.contains("ambient pods need ztunnel's programs"),
             "{why}\n{log}"

@@ -489,9 +489,9 @@ fn an_older_plugin_never_writes_for_a_newer_format() {
     succeeded(plugin.call("ADD", "skew-ctr", &netns, &conf));
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
     let records = recorded(state.path());
-    assert!(
-        records.contains(&format!("\"format\":{}", redirector_common::FORMAT)),
-        "{records}"
+    assert_contains(
+        &records,
+        format!("\"format\":{}", redirector_common::FORMAT),
     );
 }
 

@@ -437,11 +437,9 @@ fn containerd_starts_an_annotated_ambient_pod_enrolled_and_a_labelled_one_left_a
         .unwrap_or_else(|e| panic!("RunPodSandbox labelled: {e}\n{}", cri.log()));
     assert!(daemon.pod_names().is_empty(), "{:?}", daemon.pod_names());
     let log = cri.log();
-    assert!(
-        log.contains(&format!(
-            "sandbox {labelled}: the runtime does not know it yet"
-        )),
-        "{log}"
+    assert_contains(
+        &log,
+        format!("sandbox {labelled}: the runtime does not know it yet"),
     );
 
     // Annotated: enrolled at its ADD (where the kernel serves ambient pods).

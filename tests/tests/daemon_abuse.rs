@@ -46,11 +46,9 @@ fn callers_that_are_not_root_are_refused() {
     let out = as_app();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains(&format!(
-            "only root may use this socket (caller uid {APP_UID})"
-        )),
-        "{err}"
+    assert_contains(
+        &err,
+        format!("only root may use this socket (caller uid {APP_UID})"),
     );
     assert_serving(&daemon);
 }
@@ -98,10 +96,7 @@ fn oversized_endless_and_silent_clients_do_not_stop_the_others() {
     let _ = big.write_all(request.as_bytes());
     let mut answer = String::new();
     let _ = BufReader::new(&big).read_line(&mut answer);
-    assert!(
-        answer.contains("request longer than 65536 bytes"),
-        "{answer}"
-    );
+    assert_contains(&answer, "request longer than 65536 bytes");
 
     // Endless: 32 MiB with no newline; the daemon closes it long before.
     let mut endless = daemon.connect();

@@ -100,10 +100,7 @@ fn from_the_root_cgroup_a_dry_run_prints_the_plan_and_an_apply_says_to_pass_cgro
         String::from_utf8_lossy(&out.stderr),
     );
     assert!(out.status.success(), "{log}");
-    assert!(
-        plan.contains("to cgroup <no pod cgroup found: pass --cgroup>"),
-        "{plan}"
-    );
+    assert_contains(&plan, "to cgroup <no pod cgroup found: pass --cgroup>");
     assert!(plan.contains("POD_CONFIG["), "{plan}");
     assert!(log.contains("runs in the root cgroup"), "{log}");
 

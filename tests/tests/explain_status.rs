@@ -100,11 +100,9 @@ fn explain_matches_real_connections_and_status_counts_them() {
     );
 
     let status = redirector(&["status", "--netns", netns, "--pin-root", pin_root]);
-    assert!(
-        status.contains(
-            "links: connect4 connect6 getpeername4 getpeername6 getsockopt sk_lookup sock_ops"
-        ),
-        "{status}"
+    assert_contains(
+        &status,
+        "links: connect4 connect6 getpeername4 getpeername6 getsockopt sk_lookup sock_ops",
     );
     let counters: Vec<&str> = status
         .lines()

@@ -48,10 +48,7 @@ fn gc_removes_pods_that_are_gone_and_keeps_live_ones() {
         said = gc(&root);
         said.contains("removed 1")
     });
-    assert!(
-        said.contains(&format!("netns cookies [{gone_cookie}]")),
-        "{said}"
-    );
+    assert_contains(&said, format!("netns cookies [{gone_cookie}]"));
     assert_eq!(pod_links(&root, gone_cookie), None, "{:#}", status(&root));
     assert!(wait_gone("link", &gone_links, Duration::from_secs(5)).is_empty());
     // The live pod keeps its links and its object.

@@ -131,11 +131,7 @@ fn install_chains_the_entry_once_and_bad_input_writes_nothing() {
     std::fs::write(&broken, "{not json").unwrap();
     let out = dirs.install(&[]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(
-        stderr(&out).contains("00-broken.conflist"),
-        "{}",
-        stderr(&out)
-    );
+    assert_contains(&stderr(&out), "00-broken.conflist");
     assert_eq!(std::fs::read_to_string(&broken).unwrap(), "{not json");
 }
 

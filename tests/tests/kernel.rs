@@ -41,12 +41,12 @@ fn an_unsupported_kernel_is_refused_by_name_and_a_supported_one_is_used() {
     }
     eprintln!("Linux {release} lacks {missing:?}: redirector said: {log}");
     assert_eq!(out.status.code(), Some(1), "{log}");
-    assert!(
-        log.contains(&format!(
+    assert_contains(
+        &log,
+        format!(
             "Linux {release} lacks kernel features redirector needs, as probed: {}",
             missing.join(", ")
-        )),
-        "{log}"
+        ),
     );
     assert!(log.contains(redirector::sys::kernel::ALLOW_ENV), "{log}");
     assert!(cgroup_attachments(topo.pod_cgroup.path()).is_empty());

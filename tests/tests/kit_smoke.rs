@@ -275,10 +275,7 @@ fn standard_injection_applies() {
     apply_golden(&netns, &v4, Some(&v6));
     for v6 in [false, true] {
         let saved = iptables::saved_rules(&netns, v6, "nat");
-        assert!(
-            saved.contains("-A ISTIO_OUTPUT -j ISTIO_REDIRECT"),
-            "{saved}"
-        );
+        assert_contains(&saved, "-A ISTIO_OUTPUT -j ISTIO_REDIRECT");
         assert!(saved.contains("--dport 15020 -j RETURN"), "{saved}");
     }
 }

@@ -77,10 +77,7 @@ fn a_pod_past_the_capacity_is_added_once_the_node_is_sized_for_it() {
     let out = killed.run_refused("--max-pods", "4");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(
-        err.contains("--max-pods 4 is fewer than the 5 pods"),
-        "{err}"
-    );
+    assert_contains(&err, "--max-pods 4 is fewer than the 5 pods");
     assert_eq!(object_ids(&root), sized);
 
     // The shipped size (the default) again.

@@ -83,11 +83,7 @@ fn the_hosts_namespace_and_files_that_are_not_namespaces_are_refused_at_every_wa
         &[],
         "",
     );
-    assert!(
-        !text(&out).contains("host's network namespace"),
-        "{}",
-        text(&out)
-    );
+    assert_lacks(&text(&out), "host's network namespace");
 
     // The daemon's API: refused, the daemon still serving, nothing recorded.
     let daemon = Daemon::start(&root, &node, &state);

@@ -68,10 +68,7 @@ fn a_pod_outside_the_node_cgroup_is_reported_and_fails_its_check() {
     assert!(listed.contains("NOT CAPTURED"), "{listed}");
     let (status, metrics) = daemon.http_get("/metrics");
     assert_eq!(status, 200);
-    assert!(
-        metrics.contains("redirector_pods_outside_node_cgroup 1"),
-        "{metrics}"
-    );
+    assert_contains(&metrics, "redirector_pods_outside_node_cgroup 1");
     let log = daemon.log();
     assert!(
         log.lines().any(|l| l.contains("default/bad")

@@ -206,10 +206,7 @@ fn a_daemon_on_a_node_it_cannot_serve_stays_up_not_ready_and_pins_nothing() {
             .spawn();
         let (code, body) = get_when_up(&mut daemon, &addr, "/readyz");
         assert_eq!(code, 503, "{}: {body}", node.reason);
-        assert!(
-            body.contains(&format!("cannot be served ({})", node.reason)),
-            "{body}"
-        );
+        assert_contains(&body, format!("cannot be served ({})", node.reason));
         assert_eq!(http_get(&addr, "/healthz").unwrap().0, 200);
         let (_, metrics) = http_get(&addr, "/metrics").unwrap();
         let series = format!("redirector_node_unservable{{reason=\"{}\"}} 1", node.reason);
@@ -297,10 +294,7 @@ fn install_cni_on_a_node_it_cannot_serve_takes_its_entry_out_and_stays_up_not_re
         });
         let (code, body) = answer;
         assert_eq!(code, 503, "{}: {body}", node.reason);
-        assert!(
-            body.contains(&format!("cannot be served ({})", node.reason)),
-            "{body}"
-        );
+        assert_contains(&body, format!("cannot be served ({})", node.reason));
         assert_stays_up(&mut install);
         assert!(!chained(conf.path()), "chained again");
         stop(install);

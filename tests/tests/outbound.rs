@@ -324,10 +324,7 @@ fn a_new_object_takes_over_the_pod_without_doubling() {
     let out = install_with_a_new_object(&pod, &root, &STANDARD_INJECTION);
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{log}");
-    assert!(
-        log.contains(&format!("moved from objects [\"{}\"]", before[0])),
-        "{log}"
-    );
+    assert_contains(&log, format!("moved from objects [\"{}\"]", before[0]));
 
     let after = object_ids(&root);
     assert_eq!(

@@ -134,10 +134,7 @@ fn trace_shows_each_decision_and_switches_off_on_exit() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains(&format!("(pid {}) is tracing", tracer.pid())),
-        "{err}"
-    );
+    assert_contains(&err, format!("(pid {}) is tracing", tracer.pid()));
 
     // SIGTERM: the tracer switches tracing off and exits 0.
     // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
