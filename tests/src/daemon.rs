@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use procfs::net::TcpState;
+
 use crate::process::within;
 use crate::redirector::{redirector_bin, PinRoot};
 use crate::{unique_name, Cgroup, ChildGuard, NetNs, Spawn};
@@ -464,54 +466,26 @@ fn set_flag(args: &mut Vec<String>, flag: &str, value: &str) {
 
 /// The resident memory (VmRSS) of process `pid`, in KiB.
 pub fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_else(|e| panic!("reading /proc/{pid}/status: {e}"));
+    let status = procfs::process::Process::new(pid as i32).and_then(|p| p.status());
+    let status = status.unwrap_or_else(|e| panic!("reading /proc/{pid}/status: {e}"));
     status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status:\n{status}"))
+        .vmrss
+        .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status"))
 }
 
 /// The addresses TCP sockets of this network namespace listen on at `port`, from
 /// /proc/net/tcp and tcp6: which addresses a server is reachable at, read without
 /// sending anything.
 pub fn tcp_listeners(port: u16) -> Vec<std::net::SocketAddr> {
-    const LISTEN: &str = "0A";
-    let mut found = Vec::new();
-    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let text =
-            std::fs::read_to_string(table).unwrap_or_else(|e| panic!("reading {table}: {e}"));
-        for line in text.lines().skip(1) {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            let (Some(local), Some(&state)) = (fields.get(1), fields.get(3)) else {
-                continue;
-            };
-            let Some((ip, hex_port)) = local.split_once(':') else {
-                continue;
-            };
-            if state != LISTEN || u16::from_str_radix(hex_port, 16) != Ok(port) {
-                continue;
-            }
-            found.push(std::net::SocketAddr::new(proc_net_ip(ip), port));
-        }
-    }
+    let tables = [procfs::net::tcp(), procfs::net::tcp6()];
+    let mut found: Vec<_> = tables
+        .into_iter()
+        .flat_map(|table| table.unwrap_or_else(|e| panic!("reading /proc/net/tcp: {e}")))
+        .filter(|entry| entry.state == TcpState::Listen && entry.local_address.port() == port)
+        .map(|entry| entry.local_address)
+        .collect();
     found.sort();
     found
-}
-
-/// An address as /proc/net/tcp{,6} writes it: 32-bit words in hex, each in host order.
-fn proc_net_ip(hex: &str) -> std::net::IpAddr {
-    let words: Vec<u32> = (0..hex.len() / 8)
-        .map(|i| u32::from_str_radix(&hex[i * 8..i * 8 + 8], 16).expect("hex in /proc/net/tcp"))
-        .collect();
-    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
-    match <[u8; 4]>::try_from(bytes.as_slice()) {
-        Ok(v4) => v4.into(),
-        Err(_) => <[u8; 16]>::try_from(bytes.as_slice())
-            .expect("an IPv4 or IPv6 address in /proc/net/tcp")
-            .into(),
-    }
 }
 
 /// One API request line on `stream`, and the daemon's answer line, parsed.
@@ -546,17 +520,17 @@ pub fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
 
 #[cfg(test)]
 mod tests {
-    use super::proc_net_ip;
+    use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 
     #[test]
-    fn proc_net_addresses_are_words_in_host_order() {
-        let v4 = u32::from_ne_bytes([127, 0, 0, 1]);
-        assert_eq!(
-            proc_net_ip(&format!("{v4:08X}")),
-            std::net::Ipv4Addr::LOCALHOST
-        );
-        let one = u32::from_ne_bytes([0, 0, 0, 1]);
-        let v6 = format!("{:024X}{one:08X}", 0);
-        assert_eq!(proc_net_ip(&v6), std::net::Ipv6Addr::LOCALHOST);
+    fn listeners_are_read_with_their_addresses() {
+        let v4 = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let port = v4.local_addr().unwrap().port();
+        let v6 = SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port));
+        // The port may be taken on ::1 by someone else: then only IPv4 is looked for.
+        let v6_listener = TcpListener::bind(v6).ok();
+        let mut expected = vec![v4.local_addr().unwrap()];
+        expected.extend(v6_listener.as_ref().map(|_| v6));
+        assert_eq!(super::tcp_listeners(port), expected);
     }
 }
