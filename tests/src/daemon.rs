@@ -1,10 +1,11 @@
 //! A `redirector daemon` of a test's own: its pin root, node cgroup, socket and state
 //! directory; killed on drop (it never detaches anything, the pin root's drop does).
 
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use procfs::net::TcpState;
@@ -165,15 +166,7 @@ impl Daemon {
 
     /// Stop it with SIGTERM; its exit status and log.
     pub fn terminate(mut self) -> (std::process::ExitStatus, String) {
-        // SAFETY: kill(2) on the pid of our own unreaped child.
-        let sent = unsafe { libc::kill(self.child.pid() as i32, libc::SIGTERM) };
-        assert_eq!(sent, 0, "sending SIGTERM to the daemon");
-        let mut status = None;
-        within(Duration::from_secs(10), || {
-            status = self.child.try_wait();
-            status.is_some()
-        });
-        let status = status.expect("the daemon did not stop on SIGTERM");
+        let status = self.child.terminate(Duration::from_secs(10));
         (status, self.child.stderr())
     }
 
@@ -410,19 +403,11 @@ impl Killed {
     }
 
     /// The daemon's command with `flag` set to `value`, run until it exits: a start it
-    /// refuses. Panics if it is still running after 30 s.
-    pub fn run_refused(&self, flag: &str, value: &str) -> Output {
+    /// refuses ([`refused`]).
+    pub fn run_refused(&self, flag: &str, value: &str) -> (i32, String) {
         let mut args = self.args.clone();
         set_flag(&mut args, flag, value);
-        let out = Command::new("timeout")
-            .arg("30")
-            .arg(redirector_bin())
-            .args(&args)
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .output()
-            .expect("running redirector daemon");
-        assert_ne!(out.status.code(), Some(124), "the daemon started: {args:?}");
-        out
+        refused(&args, &self.env)
     }
 
     /// A new daemon with the same flags and env var `key` set to `value`.
@@ -454,6 +439,23 @@ pub fn uninstall(root: &PinRoot, node: &Cgroup, state: &StateDir, extra: &[&str]
         .args(extra)
         .output()
         .expect("running redirector daemon --uninstall")
+}
+
+/// `redirector ARGS` with `env`, a daemon expected to refuse its start: its exit code and
+/// stderr. Panics if it still runs after 30 s.
+pub fn refused<S: AsRef<OsStr>>(args: &[S], env: &[(S, S)]) -> (i32, String) {
+    let out = Command::new("timeout")
+        .arg("30")
+        .arg(redirector_bin())
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdout(Stdio::null())
+        .output()
+        .expect("running redirector daemon");
+    let code = out.status.code().unwrap_or(-1);
+    let args: Vec<_> = args.iter().map(|a| a.as_ref().to_string_lossy()).collect();
+    assert_ne!(code, 124, "the daemon still runs with {args:?}");
+    (code, String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 /// `flag value` in `args`, in place of the flag's earlier value if it has one.

@@ -366,6 +366,25 @@ impl ChildGuard {
     pub fn try_wait(&mut self) -> Option<ExitStatus> {
         self.child.try_wait().ok().flatten()
     }
+
+    /// Sends it SIGTERM.
+    pub fn sigterm(&self) {
+        // SAFETY: kill(2) on our own child, still unreaped, so its pid cannot be reused.
+        let sent = unsafe { libc::kill(self.pid() as i32, libc::SIGTERM) };
+        assert_eq!(sent, 0, "sending SIGTERM to `{}`", self.label);
+    }
+
+    /// SIGTERM, and its exit status; panics if it has not exited after `timeout`.
+    pub fn terminate(&mut self, timeout: Duration) -> ExitStatus {
+        self.sigterm();
+        let mut status = None;
+        within(timeout, || {
+            status = self.try_wait();
+            status.is_some()
+        });
+        let label = &self.label;
+        status.unwrap_or_else(|| panic!("`{label}` still runs after SIGTERM: {}", self.stderr()))
+    }
 }
 
 impl Drop for ChildGuard {

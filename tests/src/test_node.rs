@@ -51,6 +51,25 @@ impl TestNode {
     pub fn daemon_with(&self, extra: &str) -> Daemon {
         Daemon::start_with(&self.root, &self.node, &self.state, &crate::words(extra))
     }
+
+    /// `redirector daemon` of this node with `extra` flags and `env`, a start it refuses
+    /// ([`crate::daemon::refused`]).
+    pub fn daemon_refused(&self, extra: &[&str], env: &[(&str, &str)]) -> (i32, String) {
+        let socket = self.state.path().join("redirector.sock");
+        let mut args = vec!["daemon".to_owned(), "--repair=off".into()];
+        args.push(format!("--socket={}", socket.display()));
+        args.extend(crate::daemon::node_flags(
+            &self.root,
+            &self.node,
+            &self.state,
+        ));
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let env: Vec<_> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        crate::daemon::refused(&args, &env)
+    }
 }
 
 /// `redirector-cni`: the binary under the name a runtime calls it by.

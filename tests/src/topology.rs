@@ -1,9 +1,10 @@
 //! A pod and a service, each in its own netns, joined by a veth pair.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::probe::connect_from;
+use crate::process::within;
 use crate::{next_id, words, Cgroup, ConnOutcome, NetNs};
 
 /// Name of the veth end in both namespaces (the pod's looks like a real pod's interface, for
@@ -127,20 +128,16 @@ impl Topology {
     /// two), and until then neighbour discovery fails, so the first IPv6 packet between
     /// the two is lost — TCP sends its SYN again, a UDP query is not.
     pub fn wait_ipv6_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(5);
         for (netns, iface) in [(&self.pod, POD_IFACE), (&self.service, SERVICE_IFACE)] {
-            let tentative = || {
-                let args = ["ip", "-6", "addr", "show", "dev", iface, "tentative"];
-                !netns.run(&args).trim().is_empty()
-            };
-            while tentative() {
-                assert!(
-                    Instant::now() < deadline,
-                    "{iface} of {} still has a tentative IPv6 address",
-                    netns.name()
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            let args = ["ip", "-6", "addr", "show", "dev", iface, "tentative"];
+            let ready = within(Duration::from_secs(5), || {
+                netns.run(&args).trim().is_empty()
+            });
+            let name = netns.name();
+            assert!(
+                ready.is_some(),
+                "{iface} of {name} still has a tentative IPv6 address"
+            );
         }
     }
 

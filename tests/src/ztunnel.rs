@@ -17,6 +17,8 @@ use redirector::zds::{
     wire::{Ack, Request, Response, Version, WorkloadRequest, WorkloadResponse, ZdsHello},
 };
 
+use crate::process::within;
+
 /// A request as the stand-in saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Seen {
@@ -163,18 +165,13 @@ impl StandInZtunnel {
 
     /// Waits up to 30 s for what it has seen to satisfy `done`; what it has seen then.
     pub fn wait_for(&self, what: &str, done: impl Fn(&[Seen]) -> bool) -> Vec<Seen> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let seen = self.seen();
-            if done(&seen) {
-                return seen;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{what}: the stand-in saw {seen:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let mut seen = Vec::new();
+        let reached = within(Duration::from_secs(30), || {
+            seen = self.seen();
+            done(&seen)
+        });
+        assert!(reached.is_some(), "{what}: the stand-in saw {seen:?}");
+        seen
     }
 }
 

@@ -7,7 +7,6 @@
 //! redirector's programs, through the same stand-in ztunnel.
 
 use std::net::Ipv6Addr;
-use std::process::Command;
 
 use redirector::mesh::ambient::DNS_CAPTURE;
 use redirector::sys::{
@@ -45,15 +44,12 @@ fn ztunnel_state(daemon: &Daemon) -> String {
 /// since a guest under emulation beside busy neighbours was seen to take longer than 30 s
 /// to reconnect after a restart.
 fn wait_state(daemon: &Daemon, state: &str) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while ztunnel_state(daemon) != state {
-        assert!(
-            Instant::now() < deadline,
-            "ztunnel is {} in /metrics, not {state}",
-            ztunnel_state(daemon)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let reached = within(Duration::from_secs(120), || ztunnel_state(daemon) == state);
+    let now = ztunnel_state(daemon);
+    assert!(
+        reached.is_some(),
+        "ztunnel is {now} in /metrics, not {state}"
+    );
 }
 
 #[test]
@@ -96,23 +92,9 @@ fn a_ztunnel_socket_path_that_is_not_a_socket_fails_the_start_having_pinned_noth
     let taken = StateDir::new("ztunnel-taken");
     let file = taken.path().join("ztunnel.sock");
     std::fs::write(&file, "not a socket").unwrap();
-    let refused = Command::new("timeout")
-        .arg("30")
-        .arg(redirector_bin())
-        .arg("daemon")
-        .arg(format!("--pin-root={}", node.root.path().display()))
-        .arg(format!("--cgroup={}", node.node.path().display()))
-        .arg(format!("--state-dir={}", node.state.path().display()))
-        .arg(format!(
-            "--socket={}",
-            node.state.path().join("api.sock").display()
-        ))
-        .arg(format!("--ztunnel-socket={}", file.display()))
-        .args(["--repair", "off"])
-        .output()
-        .expect("running redirector daemon");
-    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
-    let stderr = String::from_utf8_lossy(&refused.stderr);
+    let zsocket = format!("--ztunnel-socket={}", file.display());
+    let (code, stderr) = node.daemon_refused(&[&zsocket], &[]);
+    assert_eq!(code, 1, "{stderr}");
     assert!(
         stderr.contains("--ztunnel-socket") && stderr.contains("not a socket"),
         "{stderr}"
@@ -286,12 +268,7 @@ fn redirectors_programs_send_a_pods_traffic_through_the_stand_in_ztunnel() {
     wait_state(&daemon, "synced");
 
     // Taken out: ztunnel is told, and the pod's connections go straight again.
-    let out = daemon.pod(&["del", "--netns", &netns]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&daemon.pod(&["del", "--netns", &netns]));
     ztunnel.wait_line("the pod taken out", "deleted amb-rd-uid");
     assert_service_reached(&topology);
 }
@@ -706,15 +683,10 @@ fn a_real_ztunnel_carries_pod_to_pod_through_hbone_under_istio_cnis_rules() {
         Duration::from_secs(10),
     );
     let ztunnel = RealZtunnel::start("amb-real-zt", &socket, &workloads);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !matches!(agent.agent.ztunnel(), zds::agent::Ztunnel::Synced(_)) {
-        assert!(
-            Instant::now() < deadline,
-            "ztunnel: {}",
-            ztunnel.process.stderr()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let synced = within(Duration::from_secs(60), || {
+        matches!(agent.agent.ztunnel(), zds::agent::Ztunnel::Synced(_))
+    });
+    assert!(synced.is_some(), "ztunnel: {}", ztunnel.process.stderr());
 
     let a_cgroup = Cgroup::new("amb-real-a");
     assert_hbone_from_a_to_b(&topology, &a_cgroup, &ztunnel);
@@ -1098,10 +1070,7 @@ fn an_ambient_pods_add_fails_when_ztunnel_never_acks_or_the_daemon_is_down() {
     let conf = ambient_conf(&node, &nowhere, &cri, &pod.path());
     let err = failed(plugin.call_with_args(&args, "ADD", "sb-app", &netns, &conf));
     assert_eq!(err["code"], 11, "{err}");
-    assert!(
-        err["msg"].as_str().unwrap_or("").contains("not reachable"),
-        "{err}"
-    );
+    assert_contains(err["msg"].as_str().unwrap_or(""), "not reachable");
     succeeded(plugin.call_with_args(
         &cni_args("plain", "plain-uid"),
         "ADD",
@@ -1195,11 +1164,8 @@ fn has_metric(daemon: &Daemon, line: &str) -> bool {
 /// Waits up to 60 s for `done` (a few repair rounds, one of them waiting out a silent
 /// ztunnel), failing with `what` and the daemon's log.
 fn wait_repair(daemon: &Daemon, what: &str, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !done() {
-        assert!(Instant::now() < deadline, "{what}\n{}", daemon.log());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let repaired = within(Duration::from_secs(60), done);
+    assert!(repaired.is_some(), "{what}\n{}", daemon.log());
 }
 
 /// The lines the stand-in ztunnel printed since the last read, once it is quiet for a

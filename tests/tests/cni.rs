@@ -176,10 +176,7 @@ fn add_captures_before_the_pod_runs_and_del_is_idempotent() {
 
     // A missing namespace is an error naming it; a bad flag in the network's args too.
     let err = failed(plugin.call("ADD", "c4", "/run/netns/rdt-missing", &conf));
-    assert!(
-        err["msg"].as_str().unwrap().contains("rdt-missing"),
-        "{err}"
-    );
+    assert_contains(err["msg"].as_str().unwrap(), "rdt-missing");
     let mut bad = conf.clone();
     bad["args"] = json!(["-p", "70000"]);
     let err = failed(plugin.call("ADD", "c5", &netns, &bad));
@@ -213,10 +210,7 @@ fn start_with_nothing_pinned(plugin: &CniPlugin, root: &PinRoot, state: &Path, n
     assert!(!ok, "a meshed pod must not start uncaptured: {err}");
     assert_eq!(err["code"], 11, "{err}");
     assert_eq!(err["cniVersion"], "0.3.1", "{err}");
-    assert!(
-        err["msg"].as_str().unwrap().contains("nothing is pinned"),
-        "{err}"
-    );
+    assert_contains(err["msg"].as_str().unwrap(), "nothing is pinned");
 
     // Nothing was installed or recorded for any of them.
     assert_eq!(pins_under(root.path()), Vec::<PathBuf>::new());

@@ -56,10 +56,7 @@ fn a_daemon_in_a_crash_loop_lets_no_connection_escape_and_leaks_nothing() {
     let crash_loop = started.elapsed();
     // A last second of connections to the daemon that is up now, then the counts.
     std::thread::sleep(Duration::from_secs(1));
-    // SAFETY: kill(2) on the pid of our own child.
-    unsafe {
-        libc::kill(app.pid() as i32, libc::SIGTERM);
-    }
+    app.sigterm();
     let report = app.wait_line(
         "the hammer's counts",
         budget + Duration::from_secs(30),

@@ -400,22 +400,13 @@ fn bad_requests_get_clear_errors_and_change_nothing() {
     assert_eq!(answer["ok"], false, "{answer}");
     let answer = ask(r#"{"op":"add","netns":"/run/netns/rdt-no-such-pod","args":["-p","15001"]}"#);
     assert_eq!(answer["ok"], false);
-    assert!(
-        answer["error"]
-            .as_str()
-            .unwrap()
-            .contains("rdt-no-such-pod"),
-        "{answer}"
-    );
+    assert_contains(answer["error"].as_str().unwrap(), "rdt-no-such-pod");
     let answer = ask(r#"{"op":"add","netns":"/proc/self/ns/net","args":["-p","0"]}"#);
     assert_eq!(answer["ok"], false);
     assert!(answer["error"].as_str().unwrap().contains("-p"), "{answer}");
     let answer = ask(r#"{"op":"add","netns":"/proc/self/ns/net","args":["--cleanup-only"]}"#);
     assert_eq!(answer["ok"], false);
-    assert!(
-        answer["error"].as_str().unwrap().contains("--cleanup-only"),
-        "{answer}"
-    );
+    assert_contains(answer["error"].as_str().unwrap(), "--cleanup-only");
     let answer = ask(r#"{"op":"check","name":"nobody/here"}"#);
     assert_eq!(answer["ok"], false, "{answer}");
     // The connection still serves, and nothing was added.

@@ -4,10 +4,7 @@
 //! containers on the node use the sized object; bad values are refused with nothing
 //! pinned.
 
-use std::process::Command;
-
 use redirector_tests::bpftool::pinned_map;
-use redirector_tests::daemon::node_flags;
 use redirector_tests::prelude::*;
 
 /// The capacity of the node object's map `name`.
@@ -74,9 +71,8 @@ fn a_pod_past_the_capacity_is_added_once_the_node_is_sized_for_it() {
     // Smaller than the pods on the node: refused, the node as it was.
     let sized = object_ids(&root);
     let killed = daemon.kill();
-    let out = killed.run_refused("--max-pods", "4");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let (code, err) = killed.run_refused("--max-pods", "4");
+    assert_eq!(code, 1, "{err}");
     assert_contains(&err, "--max-pods 4 is fewer than the 5 pods");
     assert_eq!(object_ids(&root), sized);
 
@@ -93,32 +89,24 @@ fn a_pod_past_the_capacity_is_added_once_the_node_is_sized_for_it() {
 #[test]
 fn no_pods_or_absurd_sizes_are_refused_with_nothing_pinned() {
     privileged!();
-    let TestNode { root, node, state } = TestNode::new("maxbad");
-    let daemon = |value: Option<&str>, env: Option<&str>| {
-        let mut cmd = Command::new(redirector_bin());
-        cmd.arg("daemon")
-            .args(node_flags(&root, &node, &state))
-            .arg("--socket")
-            .arg(state.path().join("api.sock"))
-            .args(["--repair", "off"]);
-        if let Some(value) = value {
-            cmd.args(["--max-pods", value]);
-        }
-        if let Some(env) = env {
-            cmd.env("REDIRECTOR_MAX_PODS", env);
-        }
-        cmd.output().expect("running redirector daemon")
-    };
-    for (flag, env) in [
-        (Some("0"), None),
-        (Some("100000000"), None),
-        (Some("lots"), None),
-        (None, Some("0")),
+    let node = TestNode::new("maxbad");
+    // The flags, and REDIRECTOR_MAX_PODS where set.
+    for (flags, env) in [
+        ("--max-pods 0", None),
+        ("--max-pods 100000000", None),
+        ("--max-pods lots", None),
+        ("", Some("0")),
     ] {
-        let out = daemon(flag, env);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{flag:?} {env:?}: {err}");
+        let env: Vec<_> = env
+            .map(|v| ("REDIRECTOR_MAX_PODS", v))
+            .into_iter()
+            .collect();
+        let (code, err) = node.daemon_refused(&words(flags), &env);
+        assert_eq!(code, 1, "{flags:?} {env:?}: {err}");
         assert!(err.contains("--max-pods"), "{err}");
-        assert!(!root.path().exists(), "nothing pinned: {flag:?} {env:?}");
+        assert!(
+            !node.root.path().exists(),
+            "nothing pinned: {flags:?} {env:?}"
+        );
     }
 }

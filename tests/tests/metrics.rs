@@ -9,7 +9,6 @@
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
 
-use redirector_tests::daemon::node_flags;
 use redirector_tests::prelude::*;
 use redirector_tests::scrapes::{adds_under_scrapes, MAX_AGE, SCRAPERS};
 
@@ -214,33 +213,12 @@ fn probes_are_served_apart_from_the_metrics() {
     assert_eq!(samples(&body, "redirector_pods "), ["redirector_pods 0"]);
 }
 
-/// `redirector daemon` with a test's paths and `extra`, expected to exit: its exit code
-/// and stderr. Stopped by `timeout` if it is still running after 20 s.
-fn daemon_exits(node: &TestNode, extra: &[&str]) -> (i32, String) {
-    let TestNode { root, node, state } = node;
-    let out = Command::new("timeout")
-        .arg("20")
-        .arg(redirector_bin())
-        .arg("daemon")
-        .args(node_flags(root, node, state))
-        .arg("--socket")
-        .arg(state.path().join("redirector.sock"))
-        .args(["--repair", "off"])
-        .args(extra)
-        .stdout(Stdio::null())
-        .output()
-        .expect("running redirector daemon");
-    let code = out.status.code().unwrap_or(-1);
-    assert_ne!(code, 124, "the daemon still runs with {extra:?}");
-    (code, String::from_utf8_lossy(&out.stderr).into_owned())
-}
-
 #[test]
 fn a_bad_metrics_or_health_address_fails_the_start_naming_its_flag() {
     privileged!();
     let node = TestNode::new("maddr");
     for flag in ["--metrics-addr", "--health-addr"] {
-        let (code, err) = daemon_exits(&node, &[flag, "localhost"]);
+        let (code, err) = node.daemon_refused(&[flag, "localhost"], &[]);
         assert_eq!(code, 1, "{err}");
         assert!(err.contains(flag) && err.contains("localhost"), "{err}");
     }
@@ -248,7 +226,7 @@ fn a_bad_metrics_or_health_address_fails_the_start_naming_its_flag() {
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
     for flag in ["--metrics-addr", "--health-addr"] {
-        let (code, err) = daemon_exits(&node, &[flag, &addr]);
+        let (code, err) = node.daemon_refused(&[flag, &addr], &[]);
         assert_eq!(code, 1, "{err}");
         assert!(
             err.contains(&format!("binding {flag} {addr}")),

@@ -167,20 +167,10 @@ fn assert_stays_up(child: &mut ChildGuard) {
 
 /// SIGTERM, and an exit by it: clean, or the signal's own.
 fn stop(mut child: ChildGuard) {
-    // SAFETY: kill(2) on the pid of our own unreaped child.
-    unsafe { libc::kill(child.pid() as i32, libc::SIGTERM) };
-    let mut status = None;
-    within(Duration::from_secs(30), || {
-        status = child.try_wait();
-        status.is_some()
-    });
-    let status = status.expect("no exit on SIGTERM");
     use std::os::unix::process::ExitStatusExt as _;
-    assert!(
-        status.success() || status.signal() == Some(libc::SIGTERM),
-        "{status}: {}",
-        child.stderr()
-    );
+    let status = child.terminate(Duration::from_secs(30));
+    let by_sigterm = status.success() || status.signal() == Some(libc::SIGTERM);
+    assert!(by_sigterm, "{status}: {}", child.stderr());
 }
 
 #[test]
@@ -249,11 +239,7 @@ fn chained_conf_dir(conf: &Path, bin: &Path) {
         .arg(format!("--conf-dir={}", conf.display()))
         .arg(format!("--bin-dir={}", bin.display()))
         .output();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     assert!(chained(conf), "install-cni chained nothing");
 }
 
@@ -361,10 +347,7 @@ fn the_plugin_answers_a_gone_node_cgroup_as_a_node_not_served_yet() {
     let (ok, answer) = plugin("ADD", root.path(), state.path(), &pod.path());
     assert!(!ok);
     assert_eq!(answer["code"], 11, "try again later: {answer}");
-    assert!(
-        answer["msg"].as_str().unwrap().contains("is gone"),
-        "{answer}"
-    );
+    assert_contains(answer["msg"].as_str().unwrap(), "is gone");
     let (ok, answer) = plugin("STATUS", root.path(), state.path(), &pod.path());
     assert!(!ok);
     assert_eq!(answer["code"], 50, "{answer}");

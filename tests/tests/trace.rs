@@ -137,10 +137,8 @@ fn trace_shows_each_decision_and_switches_off_on_exit() {
     assert_contains(&err, format!("(pid {}) is tracing", tracer.pid()));
 
     // SIGTERM: the tracer switches tracing off and exits 0.
-    // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
-    assert_eq!(unsafe { libc::kill(tracer.pid() as i32, libc::SIGTERM) }, 0);
-    wait_until("the tracer exits", || tracer.try_wait().is_some());
-    assert!(tracer.try_wait().unwrap().success(), "{}", tracer.stderr());
+    let status = tracer.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", tracer.stderr());
     assert!(!trace_switch_on(&root), "tracing is off after exit");
     assert!(!root.path().join("tracers").exists());
 
