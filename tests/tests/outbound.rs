@@ -196,47 +196,40 @@ fn invalid_values_exit_1_naming_the_flag_and_attach_nothing() {
     privileged!();
     let pod = ProxiedPod::new("invalid");
     let root = PinRoot::new("invalid");
-    let cases: [(&[&str], &str, &str); 5] = [
+    let cases = [
         (
-            &["-i", "*", "-x", "10.0.0.0/33"],
+            "-i * -x 10.0.0.0/33",
             "istio-service-exclude-cidr",
             "10.0.0.0/33",
         ),
-        (&["-i", "*", "-x", "*"], "istio-service-exclude-cidr", "*"),
-        (&["-p", "70000", "-i", "*"], "envoy-port", "70000"),
+        ("-i * -x *", "istio-service-exclude-cidr", "*"),
+        ("-p 70000 -i *", "envoy-port", "70000"),
+        ("-i 10.0.0.300/8", "istio-service-cidr", "10.0.0.300/8"),
         (
-            &["-i", "10.0.0.300/8"],
-            "istio-service-cidr",
-            "10.0.0.300/8",
-        ),
-        (
-            &["-i", "*", "-o", "80,70000"],
+            "-i * -o 80,70000",
             "istio-local-outbound-ports-exclude",
             "70000",
         ),
     ];
     for (args, flag, value) in cases {
-        let out = istio_iptables(&pod.topo.pod, &pod.topo.pod_cgroup, &root, args);
+        let out = pod.istio_iptables(&root, &words(args));
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(
             out.status.code(),
             Some(1),
-            "{args:?}: exit code; stderr:\n{stderr}"
+            "{args}: exit code; stderr:\n{stderr}"
         );
         assert!(
             stderr.contains(flag),
-            "{args:?}: message should name {flag}:\n{stderr}"
+            "{args}: message should name {flag}:\n{stderr}"
         );
         assert!(
             stderr.contains(value),
-            "{args:?}: message should name {value}:\n{stderr}"
+            "{args}: message should name {value}:\n{stderr}"
         );
-        assert!(!root.path().exists(), "{args:?}: something was pinned");
-        assert_eq!(
-            cgroup_attachments(pod.topo.pod_cgroup.path()),
-            vec![],
-            "{args:?}: attached"
-        );
+        assert!(!root.path().exists(), "{args}: something was pinned");
+        let attached = cgroup_attachments(pod.topo.pod_cgroup.path());
+        assert_eq!(attached, vec![], "{args}: attached");
     }
     pod.assert_app_direct(false);
 }
@@ -267,12 +260,8 @@ fn peer_seen_by_app(pod: &ProxiedPod, dst: SocketAddr) -> String {
         .cgroup(&pod.topo.pod_cgroup)
         .user(APP_UID, APP_UID)
         .output();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
     let out = String::from_utf8_lossy(&out.stdout);
+    assert!(out.starts_with("peer "), "{out}");
     out.trim().trim_start_matches("peer ").to_owned()
 }
 
@@ -367,12 +356,8 @@ fn a_failed_apply_leaves_the_pod_as_it_was() {
     let staging = object.join("staging").join(&connect4);
     std::fs::create_dir(&staging).unwrap();
     let out = pod.istio_iptables(&root, &["-i", "*", "-o", "9999"]);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
     std::fs::remove_dir(&staging).unwrap();
 
     // Same pins, same links, same decisions: nothing of the new config took effect.
