@@ -25,12 +25,14 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Args, CommandFactory, Parser};
+use hickory_proto::op::{Message, MessageType};
+use hickory_proto::rr::RecordType;
 use redirector_tests::dns::net::{bind_udp, read_frame, write_frame, Frame};
 use redirector_tests::dns::protocol::{
     self as protocol, client_exit, dns_error_kind, emit, error_kind, io_error_line, millis,
     server_name, usage_exit,
 };
-use redirector_tests::dns::wire::{self as wire, TYPE_A, TYPE_AAAA};
+use redirector_tests::dns::wire;
 use redirector_tests::sockaddr;
 
 const DEFAULT_TIMEOUT_MS: &str = "2000";
@@ -172,13 +174,16 @@ impl Responder for Authority {
         local: SocketAddr,
         query: &[u8],
     ) -> Option<Vec<u8>> {
-        let parsed = wire::parse(query).ok()?;
-        let reply = wire::answer(query, self.answers.v4, self.answers.v6).ok()?;
-        let q = &parsed.question;
+        let query = Message::from_vec(query).ok()?;
+        let reply = wire::answer(&query, self.answers.v4, self.answers.v6)?;
         emit(&protocol::answered_line(
-            &self.name, proto, local, peer, &q.name, q.qtype,
+            &self.name,
+            proto,
+            local,
+            peer,
+            wire::question(&query)?,
         ));
-        Some(reply)
+        reply.to_vec().ok()
     }
 }
 
@@ -190,18 +195,20 @@ struct Relay {
 }
 
 impl Relay {
-    /// The upstream's reply to `query` over UDP, or an error line.
-    fn ask_udp(&self, query: &[u8], id: u16) -> Result<Vec<u8>, String> {
-        let (reply, _) = exchange_udp(self.upstream, None, true, self.timeout, query)?;
-        check_reply(&reply, id)
-    }
-
-    /// The upstream's reply to `query` over TCP, or an error line.
-    fn ask_tcp(&self, query: &[u8], id: u16) -> Result<Vec<u8>, String> {
-        match exchange_tcp(self.upstream, None, self.timeout, query)? {
-            Frame::Message(reply) => check_reply(&reply, id),
-            Frame::Short(_) => Err(protocol::error_line(error_kind::EMPTY, "upstream closed")),
-        }
+    /// The upstream's reply to `query` (`raw` as the client sent it) over `proto`, or an
+    /// error line.
+    fn ask(&self, proto: &str, raw: &[u8], query: &Message) -> Result<Message, String> {
+        let reply = if proto == "tcp" {
+            match exchange_tcp(self.upstream, None, self.timeout, raw)? {
+                Frame::Message(reply) => reply,
+                Frame::Short(_) => {
+                    return Err(protocol::error_line(error_kind::EMPTY, "upstream closed"))
+                }
+            }
+        } else {
+            exchange_udp(self.upstream, None, true, self.timeout, raw)?.0
+        };
+        check_reply(&reply, query)
     }
 }
 
@@ -213,35 +220,24 @@ impl Responder for Relay {
         _local: SocketAddr,
         query: &[u8],
     ) -> Option<Vec<u8>> {
-        let parsed = wire::parse(query).ok()?;
-        let upstream = if proto == "tcp" {
-            self.ask_tcp(query, parsed.id)
-        } else {
-            self.ask_udp(query, parsed.id)
-        };
-        let (reply, result) = match upstream {
+        let parsed = Message::from_vec(query).ok()?;
+        let question = wire::question(&parsed)?;
+        let (reply, result) = match self.ask(proto, query, &parsed) {
             Ok(mut reply) => {
-                match wire::rewrite_addrs(&mut reply, self.answers.v4, self.answers.v6) {
-                    Ok(_) => (reply, "ok".to_owned()),
-                    Err(e) => (
-                        wire::servfail(query).ok()?,
-                        format!("{}:{e}", dns_error_kind::MALFORMED),
-                    ),
-                }
+                wire::rewrite_addrs(&mut reply, self.answers.v4, self.answers.v6);
+                (reply, "ok".to_owned())
             }
-            Err(line) => (wire::servfail(query).ok()?, kind_of(&line)),
+            Err(line) => (wire::servfail(&parsed), kind_of(&line)),
         };
-        let q = &parsed.question;
         emit(&protocol::forwarded_line(
             &self.name,
             proto,
             peer,
-            &q.name,
-            q.qtype,
+            question,
             self.upstream,
             &result,
         ));
-        Some(reply)
+        reply.to_vec().ok()
     }
 }
 
@@ -340,22 +336,25 @@ fn tcp_conn(mut stream: TcpStream, responder: &'static dyn Responder) {
 // ---------------------------------------------------------------------------------------
 // Clients
 
-/// `reply` as the answer to query `id`, or an error line.
-fn check_reply(reply: &[u8], id: u16) -> Result<Vec<u8>, String> {
-    match wire::parse(reply) {
-        Ok(parsed) if parsed.is_response && parsed.id == id => Ok(reply.to_vec()),
-        Ok(parsed) => Err(protocol::error_line(
-            dns_error_kind::MALFORMED,
-            &format!(
-                "reply id {} response={} for query id {id}",
-                parsed.id, parsed.is_response
-            ),
-        )),
-        Err(e) => Err(protocol::error_line(
-            dns_error_kind::MALFORMED,
-            &e.to_string(),
-        )),
+/// The error line for a message that is not the DNS reply expected.
+fn malformed(detail: impl std::fmt::Display) -> String {
+    protocol::error_line(dns_error_kind::MALFORMED, &detail.to_string())
+}
+
+/// `reply` decoded if it answers `query` (its ID and question), else an error line.
+fn check_reply(reply: &[u8], query: &Message) -> Result<Message, String> {
+    let reply = Message::from_vec(reply).map_err(malformed)?;
+    let (got, sent) = (&reply.metadata, &query.metadata);
+    if got.message_type != MessageType::Response
+        || got.id != sent.id
+        || reply.queries != query.queries
+    {
+        return Err(malformed(format_args!(
+            "{:?} id {} for {:?} to query id {} for {:?}",
+            got.message_type, got.id, reply.queries, sent.id, query.queries
+        )));
     }
+    Ok(reply)
 }
 
 fn query_id() -> u16 {
@@ -415,10 +414,13 @@ fn query(args: &QueryArgs) -> Result<String, String> {
         bind,
         timeout,
     } = args;
-    let qtype = &if *aaaa { TYPE_AAAA } else { TYPE_A };
-    let id = query_id();
-    let msg = wire::query(id, name, *qtype)
-        .map_err(|e| protocol::error_line(dns_error_kind::MALFORMED, &e.to_string()))?;
+    let qtype = if *aaaa {
+        RecordType::AAAA
+    } else {
+        RecordType::A
+    };
+    let query = wire::query(query_id(), name, qtype).map_err(malformed)?;
+    let msg = query.to_vec().map_err(malformed)?;
     let (reply, from) = if *tcp {
         match exchange_tcp(*server, *bind, *timeout, &msg)? {
             Frame::Message(reply) => (reply, None),
@@ -436,20 +438,9 @@ fn query(args: &QueryArgs) -> Result<String, String> {
         let (reply, from) = exchange_udp(*server, *bind, *connect, *timeout, &msg)?;
         (reply, Some(from))
     };
-    let reply = check_reply(&reply, id)?;
-    let parsed = wire::parse(&reply).expect("checked");
-    if parsed.question.qtype != *qtype
-        || !parsed
-            .question
-            .name
-            .eq_ignore_ascii_case(name.trim_end_matches('.'))
-    {
-        return Err(protocol::error_line(
-            dns_error_kind::MALFORMED,
-            &format!("reply for {:?}, asked {name:?}", parsed.question),
-        ));
-    }
-    Ok(protocol::reply_line(parsed.rcode, &parsed.addrs, from))
+    let reply = check_reply(&reply, &query)?;
+    let rcode = reply.metadata.response_code.into();
+    Ok(protocol::reply_line(rcode, &wire::addrs(&reply), from))
 }
 
 /// The nameservers and whether `options use-vc` is set, from /etc/resolv.conf.
@@ -622,12 +613,15 @@ mod tests {
 
     #[test]
     fn replies_must_answer_our_query() {
-        let q = wire::query(42, "a.test", TYPE_A).unwrap();
+        let q = wire::query(42, "a.test", RecordType::A).unwrap();
         let reply = wire::answer(&q, Ipv4Addr::new(192, 0, 2, 1), None).unwrap();
-        assert!(check_reply(&reply, 42).is_ok());
-        assert!(check_reply(&reply, 43)
+        let reply = reply.to_vec().unwrap();
+        assert!(check_reply(&reply, &q).is_ok());
+        let other = wire::query(43, "a.test", RecordType::A).unwrap();
+        assert!(check_reply(&reply, &other)
             .unwrap_err()
             .starts_with("error malformed"));
-        assert!(check_reply(&q, 42).is_err(), "a query is no reply");
+        let q_bytes = q.to_vec().unwrap();
+        assert!(check_reply(&q_bytes, &q).is_err(), "a query is no reply");
     }
 }

@@ -32,6 +32,7 @@ use std::{
     time::Duration,
 };
 
+use hickory_proto::op::Message;
 use redirector::zds::wire::Request;
 use redirector_tests::{
     dns::{
@@ -294,7 +295,10 @@ fn dns_socket(addr: SocketAddr, kind: Type) -> io::Result<Socket> {
 
 /// The proxy's own answer to `query`, or `None` for what is not a DNS query.
 fn dns_answer(query: &[u8]) -> Option<Vec<u8>> {
-    wire::answer(query, PROXY_ANSWER_V4, Some(PROXY_ANSWER_V6)).ok()
+    let query = Message::from_vec(query).ok()?;
+    wire::answer(&query, PROXY_ANSWER_V4, Some(PROXY_ANSWER_V6))?
+        .to_vec()
+        .ok()
 }
 
 async fn answer_udp(socket: UdpSocket) {

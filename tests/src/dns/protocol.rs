@@ -6,6 +6,8 @@
 //! - `forwarded name=N proto=P peer=C qname=Q qtype=T upstream=U result=ok|<error kind>` —
 //!   `dnsprobe proxy` relayed a query to its upstream.
 //!
+//! (`Q` is the question's name with its trailing dot, `T` its type, e.g. `AAAA`.)
+//!
 //! Clients print one line:
 //! - `reply rcode=R addrs=A,B from=S` — `dnsprobe query` got a DNS reply; `S` is the source
 //!   `recvfrom` returned (UDP) or `none` (TCP, where the kernel gives no per-message source);
@@ -17,6 +19,8 @@
 //! - `error <kind> <detail>`.
 
 use std::net::{IpAddr, SocketAddr};
+
+use hickory_proto::op::Query;
 
 pub use crate::probe::protocol::error_kind;
 use crate::probe::protocol::{first_line, Fields};
@@ -50,11 +54,12 @@ pub fn answered_line(
     proto: &str,
     local: SocketAddr,
     peer: SocketAddr,
-    qname: &str,
-    qtype: u16,
+    question: &Query,
 ) -> String {
     format!(
-        "answered name={name} proto={proto} local={local} peer={peer} qname={qname} qtype={qtype}"
+        "answered name={name} proto={proto} local={local} peer={peer} qname={} qtype={}",
+        question.name(),
+        question.query_type()
     )
 }
 
@@ -62,14 +67,15 @@ pub fn forwarded_line(
     name: &str,
     proto: &str,
     peer: SocketAddr,
-    qname: &str,
-    qtype: u16,
+    question: &Query,
     upstream: SocketAddr,
     result: &str,
 ) -> String {
     format!(
-        "forwarded name={name} proto={proto} peer={peer} qname={qname} qtype={qtype} \
-         upstream={upstream} result={result}"
+        "forwarded name={name} proto={proto} peer={peer} qname={} qtype={} \
+         upstream={upstream} result={result}",
+        question.name(),
+        question.query_type()
     )
 }
 
