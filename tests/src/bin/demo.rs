@@ -11,7 +11,7 @@ use std::process::{Command, ExitCode};
 
 use redirector_tests::daemon::{Daemon, StateDir};
 use redirector_tests::redirector::{redirector_bin, PinRoot, STANDARD_INJECTION};
-use redirector_tests::{Cgroup, ConnOutcome, ProbeServer, Topology, APP_UID, PROXY_UID};
+use redirector_tests::{words, Cgroup, ConnOutcome, ProbeServer, Topology, APP_UID, PROXY_UID};
 
 /// One line of the demo's narration, `format!`'s arguments.
 macro_rules! say {
@@ -153,24 +153,11 @@ fn main() -> ExitCode {
     say!("proxy (uid {PROXY_UID}) -> {v4}: {}", describe(&own));
     let netns = topo.pod.path();
     let netns = netns.to_string_lossy();
-    show(&[
-        "explain",
-        "--netns",
-        &netns,
-        "--uid",
-        "1000",
-        "--dst",
-        &v4.to_string(),
-    ]);
-    show(&[
-        "explain",
-        "--netns",
-        &netns,
-        "--uid",
-        "1337",
-        "--dst",
-        &v4.to_string(),
-    ]);
+    for uid in [APP_UID, PROXY_UID] {
+        show(&words(&format!(
+            "explain --netns {netns} --uid {uid} --dst {v4}"
+        )));
+    }
     show(&["status", "--netns", &netns]);
     ok &= redirector(
         &topo.pod.path(),
@@ -233,15 +220,8 @@ fn daemon_demo() -> ExitCode {
         pod.topo.pod.name()
     );
     let netns = pod.topo.pod.path().display().to_string();
-    let mut add = vec![
-        "add",
-        "--netns",
-        netns.as_str(),
-        "--name",
-        "default/demo",
-        "--",
-    ];
-    add.extend_from_slice(&STANDARD_INJECTION);
+    let add = format!("add --netns {netns} --name default/demo -- ");
+    let add = [words(&add), STANDARD_INJECTION.to_vec()].concat();
     say!(
         "$ redirector pod {}",
         add.join(" ")
