@@ -214,7 +214,7 @@ impl DaemonSet {
         let sandbox = self.sandbox(cri, node, pod_name);
         for init in &self.pod.init_containers {
             let id = cri.create_and_start(&sandbox, self.config(init, node, image, None));
-            let code = wait_exit(cri, &id, Duration::from_secs(30));
+            let code = cri.wait_exit(&id, Duration::from_secs(30));
             assert_eq!(
                 code,
                 0,
@@ -250,7 +250,7 @@ impl DaemonSet {
         let pod = self.run(cri, node, pod_name, image);
         let mut worst = 0;
         for id in pod.containers.values() {
-            let code = wait_exit(cri, id, Duration::from_secs(30));
+            let code = cri.wait_exit(id, Duration::from_secs(30));
             if worst == 0 {
                 worst = code;
             }
@@ -285,7 +285,7 @@ impl DaemonSet {
             });
         }
         let id = cri.create_and_start(&sandbox, self.config(&spec, node, image, Some(container)));
-        let code = wait_exit(cri, &id, Duration::from_secs(30));
+        let code = cri.wait_exit(&id, Duration::from_secs(30));
         let log = cri.container_log(&id);
         cri.remove_sandbox(&sandbox.0);
         (code, log)
@@ -460,14 +460,4 @@ impl DaemonSet {
             ..Default::default()
         }
     }
-}
-
-/// Waits for `container` to exit: its exit code; panics with its log after `timeout`.
-fn wait_exit(cri: &mut Containerd, container: &str, timeout: Duration) -> i32 {
-    let mut code = None;
-    crate::process::within(timeout, || {
-        code = cri.exit_code(container);
-        code.is_some()
-    });
-    code.unwrap_or_else(|| panic!("{container} still runs: {}", cri.container_log(container)))
 }

@@ -20,6 +20,10 @@
 //! - [`twin_pods`]: the differential harness of both conformance suites.
 //! - [`ztunnel`]: a stand-in for istio ambient's ztunnel on a node agent's ZDS socket.
 //! - [`fake_cri`]: a CRI socket answering PodSandboxStatus with the labels a test gives.
+//! - [`cri`]: containerd driven through the CRI as kubelet drives it, with a CNI network
+//!   of the test's own, and its pods; [`kubelet`]: a DaemonSet's manifest run on it;
+//!   [`rootfs`]: the root filesystems of its images, made from host files;
+//!   [`host_net`]: the host's forwarding switches and network state its CNI plugins touch.
 //! - [`remove_stale_leftovers`]: what killed test processes could not clean up.
 
 pub mod bpftool;
@@ -30,6 +34,7 @@ pub mod cri;
 pub mod daemon;
 pub mod dns;
 pub mod fake_cri;
+pub mod host_net;
 pub mod iptables;
 pub mod istio_cni;
 pub mod kubelet;
@@ -37,11 +42,11 @@ pub mod linkerd;
 pub mod netns;
 pub mod oci;
 pub mod paths;
-pub mod podman;
 pub mod probe;
 pub mod process;
 pub mod proxied_pod;
 pub mod redirector;
+pub mod rootfs;
 pub mod scenario;
 pub mod scrapes;
 pub mod sockaddr;
@@ -170,7 +175,7 @@ pub fn require_root() -> bool {
 }
 
 /// Call first in a test that runs an outside tool (podman, containerd):
-/// `if !require_tools("podman pod", &["podman"]) { return; }`.
+/// `if !require_tools("containerd pod", &["containerd", "runc"]) { return; }`.
 ///
 /// A missing tool skips the test with a `note: skipping …` naming it (the VM guests carry
 /// only the tools most suites need, and `cargo xtask vm` lists these notes), except where

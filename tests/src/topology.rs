@@ -223,8 +223,6 @@ pub struct PairAddresses {
 impl PairAddresses {
     /// The kit's [`Topology`].
     pub const TOPOLOGY: PairAddresses = PairAddresses { net: 200 };
-    /// The podman pod's network.
-    pub const PODMAN: PairAddresses = PairAddresses { net: 202 };
 
     pub fn pod_ip4(self, subnet: u8) -> Ipv4Addr {
         Ipv4Addr::new(10, self.net, subnet, 1)

@@ -11,8 +11,8 @@ use redirector_tests::cri::pods::{
     linkerd_sidecar, meshed_web, primary_network, serve, sidecar, LeftAlone, STATUS,
 };
 use redirector_tests::cri::Containerd;
+use redirector_tests::host_net::ForwardingGuard;
 use redirector_tests::linkerd::meshed::{A_PROXY_VERSION, INJECTOR_FLAGS, PROXY_VERSION};
-use redirector_tests::podman::host::ForwardingGuard;
 use redirector_tests::prelude::*;
 
 /// [`primary_network`], then `redirector-cni` with the default pod selection.

@@ -17,9 +17,9 @@ use redirector_tests::cri::pods::{
 };
 use redirector_tests::cri::{Containerd, Sandbox};
 use redirector_tests::daemon::{http_get, tcp_listeners};
+use redirector_tests::host_net::ForwardingGuard;
 use redirector_tests::kubelet::{DaemonSet, Node};
 use redirector_tests::oci;
-use redirector_tests::podman::host::ForwardingGuard;
 use redirector_tests::prelude::*;
 use redirector_tests::redirector::built_object;
 

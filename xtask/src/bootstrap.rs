@@ -16,18 +16,18 @@ const PACKAGES: [(&str, &str); 18] = [
     ("iptables", "iptables-restore"),
     ("iproute2", "ip"),
     ("util-linux", "nsenter"),
-    // The real-pod test (tests/tests/real_pod.rs, docs/real-pod.md): podman with runc (crun
-    // refuses the hybrid cgroup layout), conmon, catatonit for the pod's infra container
-    // (only a Recommends of podman, like the CNI plugins of its CNI backend, which live
-    // outside PATH), and a static busybox for the containers' root filesystem.
+    // podman for the image test (tests/tests/image.rs), with the conmon and catatonit it
+    // runs containers with. The containerd tests (tests/tests/cri.rs, tests/tests/node.rs,
+    // tests/tests/real_pod.rs, docs/real-pod.md): runc, the CNI plugins (outside PATH), and a
+    // static busybox for the root filesystems of their images.
     ("podman", "podman"),
     ("runc", "runc"),
     ("conmon", "conmon"),
     ("catatonit", "catatonit"),
     ("containernetworking-plugins", "/usr/lib/cni/host-local"),
     ("busybox-static", "busybox"),
-    // The CRI test (tests/tests/cri.rs): containerd with its CRI plugin (and ctr to import
-    // the locally built image); protoc builds the CRI API client (k8s-cri).
+    // The containerd tests: containerd with its CRI plugin (and ctr to import the locally
+    // built images); protoc builds the CRI API client (k8s-cri).
     ("containerd", "containerd"),
     ("protobuf-compiler", "protoc"),
     // `cargo xtask image` links the release binary statically against glibc (libc.a); the

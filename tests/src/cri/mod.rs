@@ -1,8 +1,9 @@
 //! A real Kubernetes container runtime for the tests: containerd (Debian's, with its CRI
 //! plugin) in a directory of the test's own, driven through the CRI API as kubelet drives
-//! it, with a CNI network of the test's own. No image is pulled: the one image (busybox,
-//! the probe binary, `sleep` as its command, also the sandbox image) is built from host
-//! files as an OCI archive and imported.
+//! it, with a CNI network of the test's own. No image is pulled: images are built from host
+//! files as OCI archives and imported — [`IMAGE`] (busybox, the probe binary, `sleep` as its
+//! command, also the sandbox image) at the start, others a test adds
+//! ([`Containerd::import_busybox_image`]).
 
 pub mod pods;
 
@@ -15,32 +16,21 @@ use k8s_cri::v1::{
     runtime_service_client::RuntimeServiceClient, ContainerConfig, ContainerMetadata,
     ContainerState, ContainerStatus, ContainerStatusRequest, CreateContainerRequest,
     ExecSyncRequest, ImageSpec, Int64Value, LinuxContainerConfig, LinuxContainerSecurityContext,
-    LinuxPodSandboxConfig, LinuxSandboxSecurityContext, ListPodSandboxRequest, NamespaceOption,
-    PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest, RemovePodSandboxRequest,
+    LinuxPodSandboxConfig, LinuxSandboxSecurityContext, ListContainersRequest,
+    ListPodSandboxRequest, NamespaceOption, PodSandboxConfig, PodSandboxMetadata,
+    PodSandboxStatusRequest, PodSandboxStatusResponse, RemovePodSandboxRequest,
     RunPodSandboxRequest, StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
 };
 use tonic::transport::Channel;
 
 use crate::daemon::StateDir;
 use crate::oci;
-use crate::podman::rootfs::Rootfs;
-use crate::podman::{mounts_under, processes_mentioning};
 use crate::process::within;
 use crate::redirector::run_ok;
+use crate::rootfs::Rootfs;
 use crate::{probe_bin, ChildGuard, Spawn};
 
 pub const IMAGE: &str = "localhost/rdt-probe:1";
-
-/// `ctr images import` of `archive` into the CRI's namespace.
-fn import(socket: &Path, archive: &Path) {
-    run_ok(
-        Command::new("ctr")
-            .arg("--address")
-            .arg(socket)
-            .args(["-n", "k8s.io", "images", "import"])
-            .arg(archive),
-    );
-}
 
 /// A pod sandbox: its id and the config it was run with.
 pub type Sandbox = (String, PodSandboxConfig);
@@ -112,16 +102,6 @@ state = "{state}"
             "containerd did not start: {}",
             child.stderr()
         );
-        let rootfs_dir = d.join("rootfs");
-        let rootfs = Rootfs::busybox(&rootfs_dir);
-        rootfs.add_binary(&probe_bin(), "/usr/local/bin/probe");
-        let archive = oci::archive(
-            d,
-            rootfs.path(),
-            IMAGE,
-            serde_json::json!({"Cmd": ["/bin/sleep", "100000"]}),
-        );
-        import(&socket, &archive);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -130,12 +110,33 @@ state = "{state}"
             .block_on(redirector::cri::channel(&socket))
             .map(RuntimeServiceClient::new)
             .expect("connecting to containerd's CRI");
-        Containerd {
+        let cri = Containerd {
             dir,
             child,
             runtime,
             client,
+        };
+        let probe = [(probe_bin(), "/usr/local/bin/probe")];
+        let sleep = serde_json::json!({"Cmd": ["/bin/sleep", "100000"]});
+        cri.import_busybox_image(IMAGE, &probe, sleep);
+        cri
+    }
+
+    /// The image `reference`: busybox, `binaries` (host path, absolute path inside) with the
+    /// libraries they need, and `config` as its run config; built under this containerd's
+    /// directory and imported.
+    pub fn import_busybox_image(
+        &self,
+        reference: &str,
+        binaries: &[(PathBuf, &str)],
+        config: serde_json::Value,
+    ) {
+        let work = self.dir.path().join(reference.replace(['/', ':'], "_"));
+        let rootfs = Rootfs::busybox(&work.join("rootfs"));
+        for (host, inside) in binaries {
+            rootfs.add_binary(host, inside);
         }
+        self.import(&oci::archive(&work, rootfs.path(), reference, config));
     }
 
     pub fn log(&self) -> String {
@@ -242,7 +243,7 @@ state = "{state}"
 
     /// `ctr images import` of `archive`.
     pub fn import(&self, archive: &Path) {
-        import(&self.dir.path().join("containerd.sock"), archive);
+        self.ctr(&["images", "import", &archive.display().to_string()]);
     }
 
     /// `ctr -n k8s.io <args>` against this containerd: its stdout (it must succeed).
@@ -267,23 +268,56 @@ state = "{state}"
         self.dir.path().join("cni-bin")
     }
 
-    /// The sandbox's IP address, from PodSandboxStatus.
-    pub fn sandbox_ip(&mut self, id: &str) -> std::net::IpAddr {
-        let status = self
-            .runtime
+    fn sandbox_status(&mut self, id: &str, verbose: bool) -> PodSandboxStatusResponse {
+        self.runtime
             .block_on(self.client.pod_sandbox_status(PodSandboxStatusRequest {
                 pod_sandbox_id: id.into(),
-                verbose: false,
+                verbose,
             }))
-            .unwrap_or_else(|e| panic!("PodSandboxStatus: {e}"))
-            .into_inner();
-        let ip = status
+            .unwrap_or_else(|e| panic!("PodSandboxStatus {id}: {e}"))
+            .into_inner()
+    }
+
+    /// The sandbox's IP address, from PodSandboxStatus.
+    pub fn sandbox_ip(&mut self, id: &str) -> std::net::IpAddr {
+        self.sandbox_ips(id)[0]
+    }
+
+    /// The sandbox's IP addresses, from PodSandboxStatus: the primary one first (IPv4 on a
+    /// dual-stack network), then the others.
+    pub fn sandbox_ips(&mut self, id: &str) -> Vec<std::net::IpAddr> {
+        let network = self
+            .sandbox_status(id, false)
             .status
-            .and_then(|s| s.network)
-            .map(|n| n.ip)
+            .and_then(|s| s.network);
+        let (ip, more) = network
+            .map(|n| (n.ip, n.additional_ips))
             .unwrap_or_default();
-        ip.parse()
-            .unwrap_or_else(|_| panic!("sandbox {id} has no IP ({ip:?})"))
+        std::iter::once(ip)
+            .chain(more.into_iter().map(|a| a.ip))
+            .map(|ip| {
+                ip.parse()
+                    .unwrap_or_else(|_| panic!("sandbox {id} has no IP ({ip:?})"))
+            })
+            .collect()
+    }
+
+    /// The path of the sandbox's network namespace, as CNI plugins got it: from the
+    /// runtime spec in PodSandboxStatus's verbose info.
+    pub fn sandbox_netns(&mut self, id: &str) -> PathBuf {
+        let info = self.sandbox_status(id, true).info;
+        let info: serde_json::Value = info
+            .get("info")
+            .and_then(|text| serde_json::from_str(text).ok())
+            .unwrap_or_else(|| panic!("sandbox {id}: no verbose info: {info:?}"));
+        let namespaces = info["runtimeSpec"]["linux"]["namespaces"].as_array();
+        namespaces
+            .into_iter()
+            .flatten()
+            .find(|ns| ns["type"] == "network")
+            .and_then(|ns| ns["path"].as_str())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| panic!("sandbox {id}: no network namespace in {info}"))
     }
 
     /// The directory of this containerd, for files tests add (IPAM state).
@@ -299,27 +333,7 @@ state = "{state}"
         command: &[&str],
         uid: i64,
     ) -> String {
-        let config = ContainerConfig {
-            metadata: Some(ContainerMetadata {
-                name: name.into(),
-                attempt: 0,
-            }),
-            image: Some(ImageSpec {
-                image: IMAGE.into(),
-                ..Default::default()
-            }),
-            command: command.iter().map(|s| s.to_string()).collect(),
-            log_path: format!("{name}.log"),
-            linux: Some(LinuxContainerConfig {
-                security_context: Some(LinuxContainerSecurityContext {
-                    run_as_user: Some(Int64Value { value: uid }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        self.create_and_start(sandbox, config)
+        self.create_and_start(sandbox, container_config(name, IMAGE, command, uid))
     }
 
     /// CreateContainer + StartContainer with `config` in `sandbox`: the container's id.
@@ -377,6 +391,16 @@ state = "{state}"
         (status.state == ContainerState::ContainerExited as i32).then_some(status.exit_code)
     }
 
+    /// Waits for `container` to exit: its exit code; panics with its log after `timeout`.
+    pub fn wait_exit(&mut self, container: &str, timeout: Duration) -> i32 {
+        let mut code = None;
+        within(timeout, || {
+            code = self.exit_code(container);
+            code.is_some()
+        });
+        code.unwrap_or_else(|| panic!("{container} still runs: {}", self.container_log(container)))
+    }
+
     /// What the container wrote (stdout and stderr, in the CRI log format's order).
     pub fn container_log(&mut self, container: &str) -> String {
         let status = self.container_status(container);
@@ -418,6 +442,107 @@ state = "{state}"
             }))
             .unwrap_or_else(|e| panic!("RemovePodSandbox: {e}"));
     }
+
+    /// Once every sandbox was removed through the CRI: containerd lists no sandbox or
+    /// container, and no shim or runtime process (its command line names this containerd's
+    /// directory) nor mount under the directory is left; then containerd is stopped, and
+    /// neither it nor its directory is left.
+    pub fn stop_leaving_nothing(mut self) {
+        let sandboxes = self
+            .runtime
+            .block_on(
+                self.client
+                    .list_pod_sandbox(ListPodSandboxRequest { filter: None }),
+            )
+            .expect("ListPodSandbox")
+            .into_inner()
+            .items;
+        let containers = self
+            .runtime
+            .block_on(
+                self.client
+                    .list_containers(ListContainersRequest { filter: None }),
+            )
+            .expect("ListContainers")
+            .into_inner()
+            .containers;
+        assert!(sandboxes.is_empty(), "sandboxes left: {sandboxes:?}");
+        assert!(containers.is_empty(), "containers left: {containers:?}");
+        let dir = self.dir.path().to_path_buf();
+        let containerd = format!("{}: ", self.child.pid());
+        let others = || -> Vec<String> {
+            let mut left = processes_mentioning(&dir);
+            left.retain(|p| !p.starts_with(&containerd));
+            left
+        };
+        // A shim exits shortly after its last task was deleted.
+        within(Duration::from_secs(10), || others().is_empty());
+        assert_eq!(others(), Vec::<String>::new(), "runtime processes left");
+        assert_eq!(mounts_under(&dir), Vec::<PathBuf>::new(), "mounts left");
+        drop(self);
+        assert!(!dir.exists(), "{} left", dir.display());
+        assert_eq!(processes_mentioning(&dir), Vec::<String>::new());
+    }
+}
+
+/// The config of a container `name` running `command` from `image` as `uid`, its log in
+/// the sandbox's log directory: what [`Containerd::start_container`] starts, for a test to
+/// add to (a privileged security context, mounts).
+pub fn container_config(name: &str, image: &str, command: &[&str], uid: i64) -> ContainerConfig {
+    ContainerConfig {
+        metadata: Some(ContainerMetadata {
+            name: name.into(),
+            attempt: 0,
+        }),
+        image: Some(ImageSpec {
+            image: image.into(),
+            ..Default::default()
+        }),
+        command: command.iter().map(|s| s.to_string()).collect(),
+        log_path: format!("{name}.log"),
+        linux: Some(LinuxContainerConfig {
+            security_context: Some(LinuxContainerSecurityContext {
+                run_as_user: Some(Int64Value { value: uid }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Mount points at or below `dir` (from /proc/self/mountinfo), sorted.
+fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut mounts: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4).map(PathBuf::from))
+        .filter(|mount| mount.starts_with(dir))
+        .collect();
+    mounts.sort();
+    mounts.dedup();
+    mounts
+}
+
+/// `pid: cmdline` of every other process whose command line contains `needle`.
+fn processes_mentioning(needle: &Path) -> Vec<String> {
+    let needle = needle.to_string_lossy().into_owned();
+    let me = std::process::id().to_string();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let pid = entry.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) || pid == me {
+            continue;
+        }
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
+        if cmdline.contains(&needle) {
+            found.push(format!("{pid}: {}", cmdline.trim()));
+        }
+    }
+    found
 }
 
 impl Drop for Containerd {
@@ -452,8 +577,7 @@ impl Drop for Containerd {
                 unsafe { libc::kill(pid, libc::SIGKILL) };
             }
         }
-        let mut mounts = mounts_under(self.dir.path());
-        mounts.sort();
+        let mounts = mounts_under(self.dir.path());
         for mount in mounts.iter().rev() {
             let _ = Command::new("umount").arg("-l").arg(mount).status();
         }

@@ -17,26 +17,61 @@ use crate::{words, ConnOutcome, APP_UID, PROXY_UID};
 /// The annotation istio's injector sets on every pod it injected a sidecar into.
 pub const STATUS: &str = "sidecar.istio.io/status";
 
+/// The second field of the node's pod networks: one per test process, very likely.
+fn network_field() -> u32 {
+    200 + (std::process::id() % 50)
+}
+
 /// The node's own network at `cni_version`: ptp with host-local addresses in
 /// 10.x.`third_octet`.0/24.
 pub fn primary_network(cni_version: &str, third_octet: u8, ipam: &StateDir) -> serde_json::Value {
-    let subnet = 200 + (std::process::id() % 50);
+    let subnet = format!("10.{}.{third_octet}.0/24", network_field());
     json!({
         "cniVersion": cni_version,
         "name": "rdtcri",
         "plugins": [
-            {"type": "ptp", "ipam": {"type": "host-local", "subnet": format!("10.{subnet}.{third_octet}.0/24"), "dataDir": ipam.path()}},
+            {"type": "ptp", "ipam": {"type": "host-local", "subnet": subnet, "dataDir": ipam.path()}},
         ]
     })
+}
+
+/// [`primary_network`] at CNI 1.0.0 with IPv6 too: host-local's ranges 10.x.`third_octet`.0/24
+/// and fd00:x:`third_octet`::/64 (ptp turns on the host's IPv6 forwarding as well).
+pub fn dual_stack_network(third_octet: u8, ipam: &StateDir) -> serde_json::Value {
+    let mut network = primary_network("1.0.0", third_octet, ipam);
+    let ipam = network["plugins"][0]["ipam"].as_object_mut().unwrap();
+    let v4 = ipam.remove("subnet").unwrap();
+    let v6 = format!("fd00:{}:{third_octet}::/64", network_field());
+    ipam.insert("ranges".into(), json!([[{"subnet": v4}], [{"subnet": v6}]]));
+    network
 }
 
 /// The service: `probe serve` on 8080 in `sandbox`, once it listens; the container and
 /// its address.
 pub fn serve(cri: &mut Containerd, sandbox: &Sandbox) -> (String, SocketAddr) {
-    let serve = words("probe serve --listen 0.0.0.0:8080 --name svc");
-    let server = cri.start_container(sandbox, "svc", &serve, 0);
-    wait_listening(cri, &server, 1);
+    let server = probe_container(
+        cri,
+        sandbox,
+        "svc",
+        "serve --listen 0.0.0.0:8080 --name svc",
+        0,
+    );
     (server, SocketAddr::new(cri.sandbox_ip(&sandbox.0), 8080))
+}
+
+/// A container `name` in `sandbox` running `probe <args>` as `uid`, once it listens on
+/// each of its `--listen` addresses: a started container is not yet a listening one.
+pub fn probe_container(
+    cri: &mut Containerd,
+    sandbox: &Sandbox,
+    name: &str,
+    args: &str,
+    uid: u32,
+) -> String {
+    let command = format!("probe {args}");
+    let id = cri.start_container(sandbox, name, &words(&command), i64::from(uid));
+    wait_listening(cri, &id, args.matches("--listen").count());
+    id
 }
 
 /// A pod `namespace/name` with `annotations` under the cgroup `parent`, with an app
@@ -102,14 +137,11 @@ fn proxy_container(
     [outbound, inbound]: [&str; 2],
     uid: u32,
 ) -> String {
-    let args = format!("probe proxy --listen {outbound} --listen {inbound} --name proxy");
-    let proxy = cri.start_container(sandbox, name, &words(&args), i64::from(uid));
-    wait_listening(cri, &proxy, 2);
-    proxy
+    let args = format!("proxy --listen {outbound} --listen {inbound} --name proxy");
+    probe_container(cri, sandbox, name, &args, uid)
 }
 
-/// Waits until the probe in `container` logged `listeners` `listening` lines: a started
-/// container is not yet a listening one.
+/// Waits until the probe in `container` logged `listeners` `listening` lines.
 fn wait_listening(cri: &mut Containerd, container: &str, listeners: usize) {
     // A process start: milliseconds here, 30 s is room for a loaded machine.
     let ready = within(Duration::from_secs(30), || {
@@ -148,10 +180,16 @@ pub fn assert_lands_on_proxy(cri: &mut Containerd, app: &str, dst: SocketAddr) {
 /// `app` connects to `dst`: it reaches the service directly.
 #[track_caller]
 pub fn assert_reaches_service(cri: &mut Containerd, app: &str, dst: SocketAddr) {
-    let outcome = connect(cri, app, dst);
+    assert_served_by(cri, app, dst, "svc");
+}
+
+/// `client` connects to `dst`: the server named `server` answers it, no proxy between.
+#[track_caller]
+pub fn assert_served_by(cri: &mut Containerd, client: &str, dst: SocketAddr, server: &str) {
+    let outcome = connect(cri, client, dst);
     assert!(
-        matches!(outcome, ConnOutcome::Served { ref name, .. } if name == "svc"),
-        "{app} -> {dst}: expected the service directly, got {outcome:?}"
+        matches!(outcome, ConnOutcome::Served { ref name, .. } if name == server),
+        "{client} -> {dst}: expected {server} directly, got {outcome:?}"
     );
 }
 

@@ -1,12 +1,13 @@
 //! A container root filesystem made from host files, since no image can be pulled here:
-//! busybox-static with its applet links, plus the workspace's binaries.
+//! busybox-static with its applet links, plus the workspace's binaries. The tests'
+//! containerd imports it as an image ([`crate::cri`]).
 //!
 //! The workspace binaries are dynamically linked. Their shared libraries (the `ldd` closure:
 //! the ELF interpreter, libc, libgcc_s) are copied to the same paths inside the root, rather
 //! than bind-mounting the host's /lib, /lib64 and /usr/lib: a copied closure is exactly what
 //! the binaries need and nothing else of the host, it does not depend on the host's
 //! merged-/usr symlinks (/lib → usr/lib, which a bind mount would resolve on the host side),
-//! and every container of the pod gets it without extra mounts — as from a real image.
+//! and every container gets it without extra mounts — as from a real image.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -65,7 +66,7 @@ impl Rootfs {
     }
 
     /// The host path of `inside` (an absolute path in the root).
-    pub fn inside(&self, inside: &str) -> PathBuf {
+    fn inside(&self, inside: &str) -> PathBuf {
         self.path.join(inside.trim_start_matches('/'))
     }
 }
