@@ -8,65 +8,21 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use redirector::sys::cgroup::cgroup2_mount;
+use redirector::sys::mounts::mount_points;
+
 use crate::unique_name;
 
-/// The cgroup2 mount point, from /proc/self/mountinfo (first `cgroup2` entry).
+/// The cgroup2 mount point (the first `cgroup2` mount).
 pub fn cgroup2_root() -> &'static Path {
     static ROOT: OnceLock<PathBuf> = OnceLock::new();
-    ROOT.get_or_init(|| {
-        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
-            .expect("cannot read /proc/self/mountinfo");
-        find_cgroup2_mount(&mountinfo).expect("no cgroup2 filesystem mounted")
-    })
-}
-
-/// mountinfo lines are `id parent maj:min root mountpoint opts [optional…] - fstype source
-/// superopts`; the optional fields vary in number, so the filesystem type is the field after
-/// the lone `-`.
-fn find_cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
-    mountinfo.lines().find_map(|line| {
-        let fields: Vec<&str> = line.split(' ').collect();
-        let dash = fields.iter().position(|f| *f == "-")?;
-        (fields.get(dash + 1) == Some(&"cgroup2")).then(|| PathBuf::from(unescape(fields[4])))
-    })
+    ROOT.get_or_init(|| cgroup2_mount().expect("the cgroup2 mount"))
 }
 
 /// The mount points of cgroup v1 hierarchies (a hybrid layout's `name=systemd` one): runc
 /// makes a container's cgroup in each of them as well as in cgroup2.
 fn cgroup_v1_roots() -> Vec<PathBuf> {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    mountinfo
-        .lines()
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split(' ').collect();
-            let dash = fields.iter().position(|f| *f == "-")?;
-            (fields.get(dash + 1) == Some(&"cgroup")).then(|| PathBuf::from(unescape(fields[4])))
-        })
-        .collect()
-}
-
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape(field: &str) -> String {
-    let mut out = String::new();
-    let mut rest = field;
-    while let Some(i) = rest.find('\\') {
-        out.push_str(&rest[..i]);
-        let code = rest
-            .get(i + 1..i + 4)
-            .and_then(|o| u8::from_str_radix(o, 8).ok());
-        match code {
-            Some(byte) => {
-                out.push(char::from(byte));
-                rest = &rest[i + 4..];
-            }
-            None => {
-                out.push('\\');
-                rest = &rest[i + 1..];
-            }
-        }
-    }
-    out.push_str(rest);
-    out
+    mount_points("cgroup").unwrap_or_default()
 }
 
 /// `<cgroup2>/rdt-<pid>-<n>-<hint>`, removed on drop.
@@ -203,34 +159,5 @@ pub(crate) fn rmdir_tree_with(dir: &Path, before_rmdir: &dyn Fn(&Path)) -> std::
             }
             Err(e) => return Err(e),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn finds_cgroup2_in_hybrid_mountinfo() {
-        let mountinfo = "\
-25 31 0:23 / /sys rw,nosuid shared:7 - sysfs sysfs rw
-36 31 0:31 / /sys/fs/cgroup ro,nosuid shared:9 - tmpfs tmpfs ro,mode=755
-41 36 0:38 / /sys/fs/cgroup/unified rw,relatime shared:10 - cgroup2 cgroup2 rw
-42 36 0:39 / /sys/fs/cgroup/systemd rw,relatime shared:11 - cgroup cgroup rw,name=systemd
-";
-        assert_eq!(
-            find_cgroup2_mount(mountinfo),
-            Some(PathBuf::from("/sys/fs/cgroup/unified"))
-        );
-        assert_eq!(
-            find_cgroup2_mount("1 0 0:1 / / rw - ext4 /dev/sda rw\n"),
-            None
-        );
-    }
-
-    #[test]
-    fn unescapes_mountinfo_octal() {
-        assert_eq!(unescape(r"/mnt/a\040b"), "/mnt/a b");
-        assert_eq!(unescape(r"/plain"), "/plain");
     }
 }

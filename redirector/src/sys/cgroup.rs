@@ -29,14 +29,8 @@ pub enum CgroupError {
 
 /// The cgroup v2 mount point, from /proc/self/mountinfo.
 pub fn cgroup2_mount() -> Result<PathBuf, CgroupError> {
-    let info = fs::read_to_string("/proc/self/mountinfo").map_err(|_| CgroupError::NoCgroup2)?;
-    info.lines()
-        .find_map(|line| {
-            let (left, right) = line.split_once(" - ")?;
-            (right.split_whitespace().next()? == "cgroup2")
-                .then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
-        })
-        .ok_or(CgroupError::NoCgroup2)
+    let points = crate::sys::mounts::mount_points("cgroup2").map_err(|_| CgroupError::NoCgroup2)?;
+    points.into_iter().next().ok_or(CgroupError::NoCgroup2)
 }
 
 /// The pod cgroup: `explicit` if given, else the parent of this process's own cgroup

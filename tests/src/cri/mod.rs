@@ -513,11 +513,11 @@ pub fn container_config(name: &str, image: &str, command: &[&str], uid: i64) -> 
 
 /// Mount points at or below `dir` (from /proc/self/mountinfo), sorted.
 fn mounts_under(dir: &Path) -> Vec<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let mut mounts: Vec<PathBuf> = info
-        .lines()
-        .filter_map(|line| line.split(' ').nth(4).map(PathBuf::from))
-        .filter(|mount| mount.starts_with(dir))
+    let mounts = redirector::sys::mounts::mounts().unwrap_or_default();
+    let mut mounts: Vec<PathBuf> = mounts
+        .into_iter()
+        .map(|m| m.point)
+        .filter(|point| point.starts_with(dir))
         .collect();
     mounts.sort();
     mounts.dedup();
