@@ -192,15 +192,7 @@ fn istio_cnis_rules_send_a_pods_traffic_through_the_stand_in_ztunnel() {
     // The agent, in the test; ztunnel in a namespace and cgroup of its own.
     let zds_dir = StateDir::new("amb-ref-zds");
     let socket = zds_dir.path().join("ztunnel.sock");
-    let pod = Workload {
-        uid: "amb-ref-uid".to_owned(),
-        info: WorkloadInfo {
-            name: "app".to_owned(),
-            namespace: "default".to_owned(),
-            service_account: "default".to_owned(),
-        },
-        netns: topology.pod.path(),
-    };
+    let pod = workload("amb-ref", &topology.pod);
     let _agent = TestAgent::start(&socket, vec![pod], Duration::from_secs(5));
     let ztunnel = StandInProcess::start("amb-ref-zt", &socket);
     ztunnel.wait_line("the pod in the snapshot", "added amb-ref-uid");
@@ -289,8 +281,8 @@ fn istio_cnis_rules_send_a_pods_dns_to_the_stand_in_ztunnels_dns_proxy_where_cap
     ];
     let _agent = TestAgent::start(&socket, enrolled, Duration::from_secs(5));
     let ztunnel = StandInProcess::start("amb-refdns-zt", &socket);
-    ztunnel.wait_line("the pod with DNS capture", "added amb-refdns-on");
-    ztunnel.wait_line("the pod without", "added amb-refdns-off");
+    ztunnel.wait_line("the pod with DNS capture", "added amb-refdns-on-uid");
+    ztunnel.wait_line("the pod without", "added amb-refdns-off-uid");
     pods.assert_dns(&ztunnel, AppSeenFrom::PodAddress);
 }
 
@@ -473,12 +465,13 @@ fn ztunnel_saw(line: &str, kind: &str) -> Option<(IpAddr, Option<SocketAddr>)> {
     Some((peer.ip(), original))
 }
 
-/// The pod as the test, playing istio-cni's agent, enrolls it with ztunnel.
-fn workload(uid: &str, netns: &NetNs) -> Workload {
+/// The pod `default/NAME` (uid `NAME-uid`) as the test, playing istio-cni's agent, enrolls
+/// it with ztunnel.
+fn workload(name: &str, netns: &NetNs) -> Workload {
     Workload {
-        uid: uid.to_owned(),
+        uid: format!("{name}-uid"),
         info: WorkloadInfo {
-            name: uid.to_owned(),
+            name: name.to_owned(),
             namespace: "default".to_owned(),
             service_account: "default".to_owned(),
         },
@@ -668,20 +661,8 @@ fn a_real_ztunnel_carries_pod_to_pod_through_hbone_under_istio_cnis_rules() {
         ztunnel_workloads(&[("a", a_ip.into()), ("b", b_ip.into())]),
     )
     .unwrap();
-    let pod = |name: &str, netns: &NetNs| Workload {
-        uid: format!("{name}-uid"),
-        info: WorkloadInfo {
-            name: name.to_owned(),
-            namespace: "default".to_owned(),
-            service_account: "default".to_owned(),
-        },
-        netns: netns.path(),
-    };
-    let agent = TestAgent::start(
-        &socket,
-        vec![pod("a", a), pod("b", b)],
-        Duration::from_secs(10),
-    );
+    let pods = vec![workload("a", a), workload("b", b)];
+    let agent = TestAgent::start(&socket, pods, Duration::from_secs(10));
     let ztunnel = RealZtunnel::start("amb-real-zt", &socket, &workloads);
     let synced = within(Duration::from_secs(60), || {
         matches!(agent.agent.ztunnel(), zds::agent::Ztunnel::Synced(_))
@@ -835,20 +816,12 @@ fn assert_hbone_from_a_to_b(topology: &Topology, a_cgroup: &Cgroup, ztunnel: &Re
         }
         _ => panic!("a → b: {out:?}\nztunnel: {}", ztunnel.process.stderr()),
     }
-    let metrics = ztunnel
-        .netns
-        .run(&["curl", "-s", "http://127.0.0.1:15020/metrics"]);
-    let opened: Vec<_> = metrics
-        .lines()
-        .filter(|l| l.starts_with("istio_tcp_connections_opened_total"))
-        .collect();
+    let opened = connections_opened(ztunnel);
     eprintln!("{}", opened.join("\n"));
-    assert!(
-        opened
-            .iter()
-            .any(|l| l.contains("reporter=\"destination\"")),
-        "{metrics}"
-    );
+    let counted = opened
+        .iter()
+        .any(|l| l.contains("reporter=\"destination\""));
+    assert!(counted, "{opened:?}");
 }
 
 /// istio's own ztunnel (`ZTUNNEL_BIN`, as above) on the daemon's socket: synced, and ready
@@ -865,27 +838,11 @@ fn a_real_ztunnel_is_synced_and_ready_on_the_daemons_socket() {
     let daemon = ztunnels_daemon(&node, &socket);
     let ztunnel = RealZtunnel::start("amb-real-dzt", &socket, &workloads);
     wait_state(&daemon, "synced");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let ready = ztunnel.netns.run(&[
-            "curl",
-            "-s",
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            "http://127.0.0.1:15021/healthz/ready",
-        ]);
-        if ready.trim() == "200" {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not ready ({ready}): {}",
-            ztunnel.process.stderr()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let health = "curl -s -o /dev/null -w %{http_code} http://127.0.0.1:15021/healthz/ready";
+    let ready = within(Duration::from_secs(30), || {
+        ztunnel.netns.run(&words(health)).trim() == "200"
+    });
+    assert!(ready.is_some(), "not ready: {}", ztunnel.process.stderr());
 }
 
 /// ztunnel's daemon on `node` with the stand-in `start` makes at its socket, synced.
