@@ -35,16 +35,6 @@ struct Declared {
 
 type Sandboxes = Arc<Mutex<BTreeMap<String, Declared>>>;
 
-/// A running pod as the runtime lists it.
-pub struct RunningPod<'a> {
-    pub namespace: &'a str,
-    pub name: &'a str,
-    pub uid: &'a str,
-    pub netns: &'a Path,
-    pub labels: &'a [(&'a str, &'a str)],
-    pub annotations: &'a [(&'a str, &'a str)],
-}
-
 fn string_map(pairs: &[(&str, &str)]) -> std::collections::HashMap<String, String> {
     pairs
         .iter()
@@ -120,24 +110,24 @@ impl FakeCri {
             .insert(id.to_owned(), declared);
     }
 
-    /// Sandbox `id` runs `pod` from now on: listed ready, its network namespace in its
-    /// verbose status.
-    pub fn running(&self, id: &str, pod: &RunningPod<'_>) {
+    /// Sandbox `id` runs pod `namespace/name` from now on (its `uid`, `labels`, no
+    /// annotation): listed ready, its network namespace `netns` in its verbose status.
+    pub fn running(&self, id: &str, pod: &str, uid: &str, netns: &Path, labels: &[(&str, &str)]) {
+        let (namespace, name) = pod.split_once('/').expect("a pod as namespace/name");
         let status = PodSandboxStatus {
             id: id.to_owned(),
             metadata: Some(PodSandboxMetadata {
-                name: pod.name.to_owned(),
-                uid: pod.uid.to_owned(),
-                namespace: pod.namespace.to_owned(),
+                name: name.to_owned(),
+                uid: uid.to_owned(),
+                namespace: namespace.to_owned(),
                 attempt: 0,
             }),
             state: k8s_cri::v1::PodSandboxState::SandboxReady.into(),
-            labels: string_map(pod.labels),
-            annotations: string_map(pod.annotations),
+            labels: string_map(labels),
             ..Default::default()
         };
         let info = serde_json::json!({"runtimeSpec": {"linux": {"namespaces": [
-            {"type": "network", "path": pod.netns}
+            {"type": "network", "path": netns}
         ]}}});
         let declared = Declared {
             status,

@@ -1092,25 +1092,15 @@ fn repairing_daemon(
     mode: &str,
     ztunnel: Option<&Path>,
 ) -> Daemon {
-    let (conf_dir, cri) = (conf_dir.display().to_string(), cri.socket().display());
-    let cri = cri.to_string();
-    let mut args = vec![
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--cri-socket",
-        &cri,
-        "--cni-conf-dir",
-        &conf_dir,
-        "--repair",
-        mode,
-        "--repair-interval",
-        "1",
-    ];
-    let ztunnel = ztunnel.map(|path| path.display().to_string());
-    if let Some(socket) = &ztunnel {
-        args.extend(["--ztunnel-socket", socket]);
+    let (conf_dir, cri) = (conf_dir.display(), cri.socket().display());
+    let mut flags = format!(
+        "--metrics-addr 127.0.0.1:0 --cri-socket {cri} --cni-conf-dir {conf_dir} \
+         --repair {mode} --repair-interval 1"
+    );
+    if let Some(socket) = ztunnel {
+        flags.push_str(&format!(" --ztunnel-socket {}", socket.display()));
     }
-    Daemon::start_with(&node.root, &node.node, &node.state, &args)
+    node.daemon_with(&flags)
 }
 
 /// Whether the daemon's `/metrics` has the line `line`.
@@ -1129,24 +1119,6 @@ fn wait_repair(daemon: &Daemon, what: &str, done: impl Fn() -> bool) {
 /// moment.
 fn ztunnel_lines(ztunnel: &StandInProcess) -> Vec<String> {
     std::iter::from_fn(|| ztunnel.process.next_line(Duration::from_millis(300))).collect()
-}
-
-/// A running pod `namespace/name` (uid `NAME-uid`) in `netns`, as the runtime lists it.
-fn running<'a>(
-    namespace: &'a str,
-    name: &'a str,
-    uid: &'a str,
-    netns: &'a Path,
-    labels: &'a [(&'a str, &'a str)],
-) -> redirector_tests::fake_cri::RunningPod<'a> {
-    redirector_tests::fake_cri::RunningPod {
-        namespace,
-        name,
-        uid,
-        netns,
-        labels,
-        annotations: &[],
-    }
 }
 
 /// On containerd the plugin cannot read a sandbox's labels during its own ADD, so a pod
@@ -1181,24 +1153,18 @@ fn a_pod_labelled_ambient_that_its_add_left_alone_is_enrolled_by_the_next_repair
 
     // Running: listed with its labels, beside two sandboxes the rules leave alone.
     let (plain, out) = (NetNs::new("amb-rep-plain"), NetNs::new("amb-rep-out"));
-    let (plain_ns, out_ns) = (plain.path(), out.path());
+    let plain_label = [("app", "plain")];
     cri.running(
         "sb-plain",
-        &running(
-            "default",
-            "plain",
-            "plain-uid",
-            &plain_ns,
-            &[("app", "plain")],
-        ),
+        "default/plain",
+        "plain-uid",
+        &plain.path(),
+        &plain_label,
     );
-    cri.running(
-        "sb-out",
-        &running("shop", "out", "out-uid", &out_ns, &[LABEL_NONE]),
-    );
+    cri.running("sb-out", "shop/out", "out-uid", &out.path(), &[LABEL_NONE]);
     let pod_ns = topology.pod.path();
     let labels = [("app", "web"), LABEL_AMBIENT];
-    cri.running("sb-app", &running("default", "app", &uid, &pod_ns, &labels));
+    cri.running("sb-app", "default/app", &uid, &pod_ns, &labels);
 
     if let Some(why) = ambient_not_served(&node.root) {
         // The enrollment fails as the API's add does, logged and counted, nothing kept.
@@ -1262,7 +1228,10 @@ fn repair_in_report_mode_or_without_ztunnel_enrolls_no_ambient_pod() {
     let pod_ns = pod.path();
     cri.running(
         "sb-app",
-        &running("default", "app", "app-uid", &pod_ns, &[LABEL_AMBIENT]),
+        "default/app",
+        "app-uid",
+        &pod_ns,
+        &[LABEL_AMBIENT],
     );
 
     let zsocket = node.state.path().join("ztunnel.sock");
@@ -1312,10 +1281,7 @@ fn a_failed_repair_enrollment_keeps_nothing_and_is_tried_again_next_round() {
     chain_ambient_network(conf_dir.path(), &node, &cri, &topology.pod.path());
     let uid = uid_of(&topology.pod_cgroup);
     let pod_ns = topology.pod.path();
-    cri.running(
-        "sb-app",
-        &running("default", "app", &uid, &pod_ns, &[LABEL_AMBIENT]),
-    );
+    cri.running("sb-app", "default/app", &uid, &pod_ns, &[LABEL_AMBIENT]);
 
     // ztunnel away: counted, said, not tried.
     let zsocket = node.state.path().join("ztunnel.sock");
