@@ -71,8 +71,8 @@ pub mod prelude {
     pub use crate::daemon::{Daemon, StateDir};
     pub use crate::process::{assert_success, within};
     pub use crate::redirector::{
-        install, istio_iptables, object_ids, pins_under, pod_links, redirector_bin, run_ok,
-        PinRoot, STANDARD_INJECTION,
+        install, istio_iptables, object_ids, pins_under, pod_links, redirector, redirector_bin,
+        run_ok, PinRoot, STANDARD_INJECTION,
     };
     pub use crate::test_node::{failed, succeeded, CniPlugin, TestNode};
     pub use crate::{

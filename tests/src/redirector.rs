@@ -51,6 +51,11 @@ pub fn redirector_bin() -> PathBuf {
     bin_path("redirector")
 }
 
+/// `redirector` with the arguments `line` holds ([`crate::words`]), to run or spawn.
+pub fn redirector(line: &str) -> crate::Spawn {
+    crate::Spawn::new(redirector_bin()).args(crate::words(line))
+}
+
 /// `redirector istio-iptables` for the pod in `netns` with cgroup `cgroup` and pins under
 /// `root`, to add flags to. Runs from the host namespace; the binary enters the pod's.
 pub fn istio_iptables_command(netns: &NetNs, cgroup: &Cgroup, root: &PinRoot) -> Command {

@@ -2,8 +2,6 @@
 //! CRI API as kubelet does, with `redirector-cni` chained after ptp + host-local and a
 //! `redirector daemon` on the node. Pods are captured with no init container.
 
-use std::process::Command;
-
 use serde_json::json;
 
 use redirector_tests::cri::pods::{
@@ -242,20 +240,15 @@ fn pods_started_before_the_plugin_are_repaired_through_the_cri() {
         daemon.log()
     );
     // The DaemonSet's install step chains the plugin into the network's configuration.
-    run_ok(
-        Command::new(redirector_bin())
-            .arg("install-cni")
-            .arg("--conf-dir")
-            .arg(&conf_dir)
-            .arg("--bin-dir")
-            .arg(cri.dir().join("cni-bin"))
-            .arg("--pin-root")
-            .arg(root.path())
-            .arg("--state-dir")
-            .arg(state.path())
-            .arg("--")
-            .args(STANDARD_INJECTION),
+    let (bin_dir, pins, state_dir) = (cri.dir().join("cni-bin"), root.path(), state.path());
+    let install = format!(
+        "install-cni --conf-dir {} --bin-dir {} --pin-root {} --state-dir {} --",
+        conf_dir.display(),
+        bin_dir.display(),
+        pins.display(),
+        state_dir.display()
     );
+    assert_success(&redirector(&install).args(STANDARD_INJECTION).output());
     wait_for(&daemon, "no report of the uncaptured pod", || {
         metric(&daemon, "redirector_pods_uncaptured 1")
     });

@@ -1,18 +1,12 @@
 //! A pod removed without `--cleanup-only` leaves detached links and map entries behind;
 //! `redirector gc` removes them, and leaves live pods alone.
 
-use std::process::Command;
-
 use redirector_tests::prelude::*;
 use redirector_tests::redirector::status;
 
 fn gc(root: &PinRoot) -> String {
-    let out = run_ok(
-        Command::new(redirector_bin())
-            .arg("gc")
-            .arg("--pin-root")
-            .arg(root.path()),
-    );
+    let out = redirector(&format!("gc --pin-root {}", root.path().display())).output();
+    assert_success(&out);
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 

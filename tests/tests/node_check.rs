@@ -210,11 +210,9 @@ fn a_daemon_on_a_node_it_cannot_serve_stays_up_not_ready_and_pins_nothing() {
         );
         assert!(!state.path().join("sock").exists(), "no API socket");
 
-        let status = Spawn::new(redirector_bin())
-            .args(["status", "--state-dir"])
-            .arg(state.path())
-            .arg(format!("--pin-root={}", root.path().display()))
-            .output();
+        let (state_dir, pins) = (state.path().display(), root.path().display());
+        let status =
+            redirector(&format!("status --state-dir {state_dir} --pin-root {pins}")).output();
         let text = String::from_utf8_lossy(&status.stdout);
         assert!(
             text.starts_with(&format!(
@@ -234,12 +232,9 @@ fn chained_conf_dir(conf: &Path, bin: &Path) {
         r#"{"cniVersion":"1.0.0","name":"net","plugins":[{"type":"bridge"}]}"#,
     )
     .unwrap();
-    let out = Spawn::new(redirector_bin())
-        .arg("install-cni")
-        .arg(format!("--conf-dir={}", conf.display()))
-        .arg(format!("--bin-dir={}", bin.display()))
-        .output();
-    assert_success(&out);
+    let (conf_dir, bin_dir) = (conf.display(), bin.display());
+    let install = format!("install-cni --conf-dir={conf_dir} --bin-dir={bin_dir}");
+    assert_success(&redirector(&install).output());
     assert!(chained(conf), "install-cni chained nothing");
 }
 

@@ -6,7 +6,6 @@
 //! again by this release, or its daemon moves the node's object.
 
 use std::os::unix::net::UnixStream;
-use std::process::Command;
 
 use serde_json::{json, Value};
 
@@ -27,14 +26,14 @@ fn wait_until(what: &str, ready: impl FnMut() -> bool) {
 
 /// `redirector trace` of the pod (`--json` or text), once its switch is on.
 fn start_trace(topo: &Topology, root: &PinRoot, json: bool) -> ChildGuard {
-    let tracer = Spawn::new(redirector_bin())
-        .arg("trace")
-        .args(json.then_some("--json"))
-        .arg("--netns")
-        .arg(topo.pod.path())
-        .arg("--pin-root")
-        .arg(root.path())
-        .spawn();
+    let json = if json { "--json" } else { "" };
+    let (netns, root_path) = (topo.pod.path(), root.path());
+    let line = format!(
+        "trace {json} --netns {} --pin-root {}",
+        netns.display(),
+        root_path.display()
+    );
+    let tracer = redirector(&line).spawn();
     wait_for_trace_switch(root, &tracer);
     tracer
 }
@@ -127,11 +126,7 @@ fn trace_shows_each_decision_and_switches_off_on_exit() {
     assert_fields(&d, json!({"protocol": "udp", "dst_port": 53, "to": 15053}));
 
     // A second tracer is refused while this one runs.
-    let out = Command::new(redirector_bin())
-        .args(["trace", "--pin-root"])
-        .arg(root.path())
-        .output()
-        .unwrap();
+    let out = redirector(&format!("trace --pin-root {}", root.path().display())).output();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_contains(&err, format!("(pid {}) is tracing", tracer.pid()));
@@ -155,11 +150,7 @@ fn trace_shows_each_decision_and_switches_off_on_exit() {
         trace_switch_on(&root),
         "a killed tracer leaves the switch on"
     );
-    run_ok(
-        Command::new(redirector_bin())
-            .args(["gc", "--pin-root"])
-            .arg(root.path()),
-    );
+    assert_success(&redirector(&format!("gc --pin-root {}", root.path().display())).output());
     assert!(
         !trace_switch_on(&root),
         "gc clears a killed tracer's switch"
@@ -268,13 +259,9 @@ fn a_pod_on_an_earlier_releases_object_is_named_and_traced_once_set_up_again() {
     let pod = format!("netns:{cookie}");
 
     // One of its pods is refused, the message naming the object, the pod and what to do.
-    let out = Command::new(redirector_bin())
-        .args(["trace", "--netns"])
-        .arg(earlier.topo.pod.path())
-        .arg("--pin-root")
-        .arg(root.path())
-        .output()
-        .unwrap();
+    let netns = earlier.topo.pod.path();
+    let (netns, pins) = (netns.display(), root.path().display());
+    let out = redirector(&format!("trace --netns {netns} --pin-root {pins}")).output();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     for told in [&old, &pod, "earlier release", "set up again"] {
@@ -287,10 +274,11 @@ fn a_pod_on_an_earlier_releases_object_is_named_and_traced_once_set_up_again() {
     let next = NextObject::new();
     install_with(&current, &root, &next);
     assert_eq!(object_ids(&root).len(), 2);
-    let tracer = Spawn::new(redirector_bin())
-        .args(["trace", "--json", "--pin-root"])
-        .arg(root.path())
-        .spawn();
+    let tracer = redirector(&format!(
+        "trace --json --pin-root {}",
+        root.path().display()
+    ))
+    .spawn();
     let current_cookie = current.topo.pod.cookie();
     wait_until("the current pod's switch is on", || {
         traced(&root, current_cookie)
@@ -315,12 +303,9 @@ fn a_pod_on_an_earlier_releases_object_is_named_and_traced_once_set_up_again() {
     // Set up again by this release, it moves to this release's object and is traced.
     install_with(&earlier, &root, &next);
     assert!(!object_ids(&root).contains(&old), "{:?}", object_ids(&root));
-    let tracer = Spawn::new(redirector_bin())
-        .args(["trace", "--json", "--netns"])
-        .arg(earlier.topo.pod.path())
-        .arg("--pin-root")
-        .arg(root.path())
-        .spawn();
+    let netns = earlier.topo.pod.path();
+    let (netns, pins) = (netns.display(), root.path().display());
+    let tracer = redirector(&format!("trace --json --netns {netns} --pin-root {pins}")).spawn();
     wait_until("the moved pod's switch is on", || traced(&root, cookie));
     assert_proxied(&earlier.connect(APP_UID, APP_UID, dst), dst);
     decision(&tracer, "the moved pod's decision", |v| {
