@@ -2,6 +2,7 @@
 //! privileged tests.
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
 use std::process::Output;
 
 use crate::redirector::{install, PinRoot};
@@ -53,6 +54,20 @@ impl ProxiedPod {
     /// `redirector istio-iptables ARGS` for this pod, whatever its exit.
     pub fn istio_iptables(&self, root: &PinRoot, args: &[&str]) -> Output {
         crate::redirector::istio_iptables(&self.topo.pod, &self.topo.pod_cgroup, root, args)
+    }
+
+    /// `redirector istio-iptables ARGS` for this pod with the eBPF object at `object` (as
+    /// another release would load it), whatever its exit.
+    pub fn istio_iptables_with_object(
+        &self,
+        root: &PinRoot,
+        object: &Path,
+        args: &[&str],
+    ) -> Output {
+        let topo = &self.topo;
+        let mut cmd = crate::redirector::istio_iptables_command(&topo.pod, &topo.pod_cgroup, root);
+        cmd.args(args).env("REDIRECTOR_EBPF_OBJECT", object);
+        cmd.output().expect("running redirector istio-iptables")
     }
 
     /// [`crate::redirector::install_with_interfaces`] for this pod.

@@ -369,14 +369,7 @@ fn assert_service_reached(topology: &Topology) {
 /// The pod's app reaches the service over IPv6 (`v6`) or IPv4; the service's address.
 fn assert_service_reached_over(topology: &Topology, v6: bool) -> SocketAddr {
     let service = topology.service_addr(v6, 80);
-    let out = connect_from(
-        &topology.pod,
-        Some(&topology.pod_cgroup),
-        1000,
-        1000,
-        service,
-        None,
-    );
+    let out = topology.connect(APP_UID, APP_UID, service);
     assert!(
         matches!(&out, ConnOutcome::Served { name, .. } if name == "svc"),
         "outbound to {service}: {out:?}"
@@ -797,14 +790,8 @@ fn real_ztunnel_node(
 /// counts the connection as its destination.
 fn assert_hbone_from_a_to_b(topology: &Topology, a_cgroup: &Cgroup, ztunnel: &RealZtunnel) {
     let (a, a_ip, b_ip) = (&topology.pod, topology.pod_ip4(), topology.service_ip4());
-    let out = connect_from(
-        a,
-        Some(a_cgroup),
-        1000,
-        1000,
-        SocketAddr::new(b_ip.into(), 8080),
-        None,
-    );
+    let b_app = SocketAddr::new(b_ip.into(), 8080);
+    let out = connect_from(a, Some(a_cgroup), APP_UID, APP_UID, b_app, None);
     match &out {
         ConnOutcome::Served { name, peer, .. } => {
             assert_eq!(name, "app", "{out:?}");

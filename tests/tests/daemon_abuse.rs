@@ -28,14 +28,8 @@ fn assert_serving(daemon: &Daemon) {
 fn callers_that_are_not_root_are_refused() {
     privileged!();
     let (daemon, _node) = start("abuseuid");
-    let as_app = || {
-        Spawn::new(redirector_bin())
-            .args(["pod", "--socket"])
-            .arg(daemon.socket())
-            .arg("list")
-            .user(APP_UID, APP_UID)
-            .output()
-    };
+    let list = format!("pod --socket {} list", daemon.socket().display());
+    let as_app = || redirector(&list).user(APP_UID, APP_UID).output();
     // The socket is root's, mode 0600.
     let out = as_app();
     assert_eq!(out.status.code(), Some(1));

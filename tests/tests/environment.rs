@@ -2,23 +2,16 @@
 //! network namespace gone, foreign files under the pin root. Each gives exit 1, a message
 //! naming the cause, and nothing attached or pinned.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 use redirector_tests::prelude::*;
 use redirector_tests::redirector::status;
 
 fn apply_with(netns: &Path, cgroup: &Path, root: &Path) -> Output {
-    Command::new(redirector_bin())
-        .arg("istio-iptables")
-        .arg("--network-namespace")
-        .arg(netns)
-        .arg("--cgroup")
-        .arg(cgroup)
-        .arg("--pin-root")
-        .arg(root)
-        .args(STANDARD_INJECTION)
-        .output()
-        .unwrap()
+    let (netns, cgroup, root) = (netns.display(), cgroup.display(), root.display());
+    let line =
+        format!("istio-iptables --network-namespace {netns} --cgroup {cgroup} --pin-root {root}");
+    redirector(&line).args(STANDARD_INJECTION).output()
 }
 
 #[track_caller]

@@ -124,12 +124,11 @@ fn memlock_soft_limit(pid: u32) -> Option<u64> {
 fn a_forced_fallback_is_shown_and_used() {
     privileged!();
     let root = PinRoot::new("forced");
-    let out = run_ok(
-        std::process::Command::new(redirector_bin())
-            .args(["status", "--json", "--pin-root"])
-            .arg(root.path())
-            .env(FORCE_FALLBACKS_ENV, "memcg"),
-    );
+    let status_json = format!("status --json --pin-root {}", root.path().display());
+    let out = redirector(&status_json)
+        .env(FORCE_FALLBACKS_ENV, "memcg")
+        .output();
+    assert_success(&out);
     let forced: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let unforced = status(&root);
     for (f, u) in forced["kernel"]["features"]
@@ -209,13 +208,12 @@ fn a_netns_cookie_stamped_by_the_fallback_is_the_kernels() {
     let root = PinRoot::new("cookie");
     // The cookie a dry-run cleanup of the namespace names, run in `cgroup`.
     let cookie_read = |forced: Option<&str>| {
-        let mut run = Spawn::new(redirector_bin())
-            .args(["istio-iptables", "--cleanup-only", "--dry-run"])
-            .arg("--network-namespace")
-            .arg(netns.path())
-            .arg("--pin-root")
-            .arg(root.path())
-            .cgroup(&cgroup);
+        let (netns, pins) = (netns.path(), root.path());
+        let (netns, pins) = (netns.display(), pins.display());
+        let dry_run = format!(
+            "istio-iptables --cleanup-only --dry-run --network-namespace {netns} --pin-root {pins}"
+        );
+        let mut run = redirector(&dry_run).cgroup(&cgroup);
         if let Some(keys) = forced {
             run = run.env(FORCE_FALLBACKS_ENV, keys);
         }

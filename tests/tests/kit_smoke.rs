@@ -42,14 +42,8 @@ fn pod_reaches_service_over_ipv4_and_ipv6() {
         ConnOutcome::Refused
     );
     // A bound source address is honoured.
-    let bound = connect_from(
-        &topo,
-        None,
-        0,
-        0,
-        topo.service_addr(false, 80),
-        Some(topo.pod_ip4().into()),
-    );
+    let (svc, pod) = (topo.service_addr(false, 80), topo.pod_ip4());
+    let bound = connect_from(&topo, None, 0, 0, svc, Some(pod.into()));
     assert!(
         matches!(bound, ConnOutcome::Served { peer, .. } if peer.ip() == topo.pod_ip4()),
         "{bound:?}"
@@ -210,34 +204,24 @@ fn guards_clean_up_even_on_panic() {
     assert!(result.is_err());
     assert_eq!(names.len(), 3);
 
-    let listed = String::from_utf8(
-        std::process::Command::new("ip")
-            .args(["netns", "list"])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
+    let listed = run_ok(std::process::Command::new("ip").args(["netns", "list"])).stdout;
+    let listed = String::from_utf8_lossy(&listed);
     for name in &names {
         assert!(
             !Path::new("/run/netns").join(name).exists(),
             "{name} still exists"
         );
-        assert!(
-            !listed
-                .lines()
-                .any(|l| l.split_whitespace().next() == Some(name)),
-            "{name} listed:\n{listed}"
-        );
+        let is_listed = listed
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some(name));
+        assert!(!is_listed, "{name} listed:\n{listed}");
     }
     for cgroup in &cgroups {
         assert!(!cgroup.exists(), "{} still exists", cgroup.display());
     }
     for pid in &pids {
-        assert!(
-            !Path::new(&format!("/proc/{pid}")).exists(),
-            "probe {pid} still running"
-        );
+        let running = Path::new(&format!("/proc/{pid}")).exists();
+        assert!(!running, "probe {pid} still running");
     }
 }
 
@@ -249,21 +233,18 @@ fn client_errors_are_distinguishable() {
     privileged!();
     let topo = Topology::new("errs");
     // A SYN dropped at the service is never answered.
-    topo.service.run(&[
-        "iptables", "-A", "INPUT", "-p", "tcp", "--dport", "83", "-j", "DROP",
-    ]);
+    topo.service
+        .run(&words("iptables -A INPUT -p tcp --dport 83 -j DROP"));
 
     let landing = |port| {
         topo.connect(APP_UID, APP_UID, topo.service_addr(false, port))
             .landing()
     };
     assert_eq!(landing(81), Landing::Refused);
-    assert_eq!(
-        landing(83),
-        Landing::Error {
-            kind: "timeout".into()
-        }
-    );
+    let timeout = Landing::Error {
+        kind: "timeout".into(),
+    };
+    assert_eq!(landing(83), timeout);
 }
 
 /// The standard injection rule set derived from the goldens is accepted by both tools.

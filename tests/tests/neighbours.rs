@@ -99,13 +99,11 @@ fn compose_with_a_socket_lb(
             upstream: Some(upstream),
             ..
         } if name == "proxy" => {
-            assert_eq!(
-                orig,
-                Some(cluster_ip.into()),
-                "the ClusterIP is the original destination"
-            );
+            let what = "the ClusterIP is the original destination";
+            assert_eq!(orig, Some(cluster_ip.into()), "{what}");
+            let balanced = served_by_backend(&upstream);
             assert!(
-                served_by_backend(&upstream),
+                balanced,
                 "the proxy's own connection is load-balanced: {upstream:?}"
             );
         }
@@ -116,13 +114,13 @@ fn compose_with_a_socket_lb(
     let pin_root = root.path().display().to_string();
     let dst = SocketAddr::from(cluster_ip).to_string();
     let explain = format!("explain --netns {netns} --pin-root {pin_root} --dst {dst}");
-    let out = run_ok(Command::new(redirector_bin()).args(words(&explain)));
+    let out = run_ok(&mut redirector(&explain).command());
     let explain = String::from_utf8_lossy(&out.stdout);
     let listed = format!("{}: connect4 socket_lb", ancestor.path().display());
     assert!(explain.contains(&listed), "{listed:?} not in:\n{explain}");
     assert!(explain.contains("multi)"), "{explain}");
     // And `status`, for the cgroup paths the object's links are attached on.
-    let out = run_ok(Command::new(redirector_bin()).args(["status", "--pin-root", &pin_root]));
+    let out = run_ok(&mut redirector(&format!("status --pin-root {pin_root}")).command());
     let status = String::from_utf8_lossy(&out.stdout);
     assert!(status.contains(&listed), "{listed:?} not in:\n{status}");
 }

@@ -6,6 +6,7 @@
 
 use redirector_tests::prelude::*;
 use redirector_tests::proxied_pod::SERVICE_PORT;
+use redirector_tests::redirector::NextObject;
 
 #[test]
 fn app_connection_redirected_with_original_destination_v4_and_v6() {
@@ -281,23 +282,6 @@ fn a_redirected_socket_reports_its_original_peer() {
     }
 }
 
-/// `redirector istio-iptables ARGS` for the pod with a rebuilt kernel side: the same
-/// programs, different bytes, so a different object.
-fn install_with_a_new_object(
-    pod: &ProxiedPod,
-    root: &PinRoot,
-    args: &[&str],
-) -> std::process::Output {
-    let next = redirector_tests::redirector::NextObject::new();
-    let mut cmd = redirector_tests::redirector::istio_iptables_command(
-        &pod.topo.pod,
-        &pod.topo.pod_cgroup,
-        root,
-    );
-    cmd.args(args).env("REDIRECTOR_EBPF_OBJECT", &next.path);
-    cmd.output().unwrap()
-}
-
 #[test]
 fn a_new_object_takes_over_the_pod_without_doubling() {
     privileged!();
@@ -309,8 +293,9 @@ fn a_new_object_takes_over_the_pod_without_doubling() {
     let before = object_ids(&root);
     assert_eq!(before.len(), 1);
 
-    // A rebuilt kernel side takes the pod over.
-    let out = install_with_a_new_object(&pod, &root, &STANDARD_INJECTION);
+    // A rebuilt kernel side (the same programs, different bytes) takes the pod over.
+    let next = NextObject::new();
+    let out = pod.istio_iptables_with_object(&root, &next.path, &STANDARD_INJECTION);
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{log}");
     assert_contains(&log, format!("moved from objects [\"{}\"]", before[0]));
@@ -422,7 +407,8 @@ fn a_pod_pinned_by_an_earlier_release_is_kept_updated_and_moved_on_upgrade() {
     assert_proxied(&pod.connect(APP_UID, APP_UID, dst), dst);
 
     // A new object takes the pod over and pins its links the current way.
-    let out = install_with_a_new_object(&pod, &root, &changed);
+    let next = NextObject::new();
+    let out = pod.istio_iptables_with_object(&root, &next.path, &changed);
     assert_success(&out);
     let pins = pins_under(root.path());
     assert_eq!(in_pod_dir(&root), 0, "{pins:?}");

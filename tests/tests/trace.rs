@@ -11,9 +11,7 @@ use serde_json::{json, Value};
 
 use redirector_tests::dns::{use_dnsprobe_bin, DnsClient, DnsMode, ResolvConf, DNS_PORT};
 use redirector_tests::prelude::*;
-use redirector_tests::redirector::{
-    istio_iptables_command, status, trace_switch_on, wait_for_trace_switch, NextObject,
-};
+use redirector_tests::redirector::{status, trace_switch_on, wait_for_trace_switch, NextObject};
 use redirector_tests::twin_pods::{start_app, start_peer, start_proxy};
 
 /// Each wait here is for a step of milliseconds: 10 s is room for a loaded machine.
@@ -181,12 +179,8 @@ fn ask(
 /// Unpins `object`'s trace ring: what a release before the ring pinned (its programs
 /// logged through aya-log).
 fn as_pinned_by_an_earlier_release(root: &PinRoot, object: &str) {
-    let ring = root
-        .path()
-        .join("objects")
-        .join(object)
-        .join("maps")
-        .join(redirector_common::names::TRACE);
+    let maps = root.path().join("objects").join(object).join("maps");
+    let ring = maps.join(redirector_common::names::TRACE);
     std::fs::remove_file(&ring).unwrap();
 }
 
@@ -239,14 +233,6 @@ fn traced(root: &PinRoot, cookie: u64) -> bool {
     flags & u64::from(redirector_common::pod_flags::TRACE) != 0
 }
 
-/// `pod` set up with the object at `next` (as a newer release would load it).
-fn install_with(pod: &ProxiedPod, root: &PinRoot, next: &NextObject) {
-    let mut cmd = istio_iptables_command(&pod.topo.pod, &pod.topo.pod_cgroup, root);
-    cmd.args(STANDARD_INJECTION)
-        .env("REDIRECTOR_EBPF_OBJECT", &next.path);
-    run_ok(&mut cmd);
-}
-
 #[test]
 fn a_pod_on_an_earlier_releases_object_is_named_and_traced_once_set_up_again() {
     privileged!();
@@ -272,7 +258,7 @@ fn a_pod_on_an_earlier_releases_object_is_named_and_traced_once_set_up_again() {
     // Beside a pod on this release's object, tracing every pod traces that one and names
     // the other in its log, whose switch stays off.
     let next = NextObject::new();
-    install_with(&current, &root, &next);
+    assert_success(&current.istio_iptables_with_object(&root, &next.path, &STANDARD_INJECTION));
     assert_eq!(object_ids(&root).len(), 2);
     let tracer = redirector(&format!(
         "trace --json --pin-root {}",
@@ -301,7 +287,7 @@ fn a_pod_on_an_earlier_releases_object_is_named_and_traced_once_set_up_again() {
     drop(tracer);
 
     // Set up again by this release, it moves to this release's object and is traced.
-    install_with(&earlier, &root, &next);
+    assert_success(&earlier.istio_iptables_with_object(&root, &next.path, &STANDARD_INJECTION));
     assert!(!object_ids(&root).contains(&old), "{:?}", object_ids(&root));
     let netns = earlier.topo.pod.path();
     let (netns, pins) = (netns.display(), root.path().display());
