@@ -502,22 +502,20 @@ pub fn ask(stream: &mut UnixStream, request: &str) -> serde_json::Value {
 
 /// `GET path` from the HTTP server at `addr` (loopback): its status and body.
 pub fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    http_response(addr, path).map(|(status, _, body)| (status, body))
+}
+
+/// `GET path` from the HTTP server at `addr` (loopback): its status, head and body.
+pub fn http_response(addr: &str, path: &str) -> std::io::Result<(u16, String, String)> {
     let mut stream = std::net::TcpStream::connect(addr)?;
     // One write: a request in one segment, as a real client sends it.
     let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes())?;
     let mut response = String::new();
     stream.read_to_string(&mut response)?;
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b)
-        .unwrap_or("");
-    Ok((status, body.to_owned()))
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok());
+    Ok((status.unwrap_or(0), head.to_owned(), body.to_owned()))
 }
 
 #[cfg(test)]

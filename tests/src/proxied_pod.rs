@@ -7,7 +7,7 @@ use std::process::Output;
 
 use crate::redirector::{install, PinRoot};
 use crate::twin_pods::start_proxy;
-use crate::{Cgroup, ChildGuard, ConnOutcome, ProbeServer, Topology, APP_UID, PROXY_UID};
+use crate::{Cgroup, ChildGuard, ConnOutcome, Landing, ProbeServer, Topology, APP_UID, PROXY_UID};
 
 pub const SERVICE_PORT: u16 = 80;
 
@@ -109,6 +109,29 @@ impl ProxiedPod {
 #[track_caller]
 pub fn assert_proxied(outcome: &ConnOutcome, orig: SocketAddr) {
     assert_on_proxy(outcome, "proxy", orig);
+}
+
+/// The connection reached proxy `proxy`, which read `orig` as its original destination,
+/// and the proxy's own connection on to it reached `service` listening at `local`.
+#[track_caller]
+pub fn assert_forwarded(
+    outcome: &ConnOutcome,
+    proxy: &str,
+    orig: SocketAddr,
+    service: &str,
+    local: SocketAddr,
+) {
+    let upstream = Landing::Service {
+        name: service.into(),
+        local,
+    };
+    let upstream = Some(Box::new(upstream));
+    let expected = Landing::Proxy {
+        name: proxy.into(),
+        orig: Some(orig),
+        upstream,
+    };
+    assert_eq!(outcome.landing(), expected, "{outcome:?}");
 }
 
 /// The connection reached the service at `dst` directly.

@@ -44,22 +44,16 @@ fn conf_for(root: &Path, state: &Path, annotations: Value) -> Value {
 }
 
 /// A CNI 0.3.1 network configuration, as flannel, Calico and kindnet write them, for a pod
-/// with exactly `annotations`, with a 0.3.1-shaped prevResult (`ips[].version`).
+/// with exactly `annotations`, with a 0.3.1-shaped prevResult (`ips[].version`), and no
+/// daemon socket.
 fn conf_031(root: &Path, state: &Path, annotations: Value) -> Value {
-    json!({
-        "cniVersion": "0.3.1",
-        "name": "k8s-pod-network",
-        "type": "redirector-cni",
-        "pinRoot": root,
-        "stateDir": state,
-        "args": STANDARD_INJECTION,
-        "runtimeConfig": { "io.kubernetes.cri.pod-annotations": annotations },
-        "prevResult": {
-            "cniVersion": "0.3.1",
-            "interfaces": [{"name": "eth0", "sandbox": "/var/run/netns/x"}],
-            "ips": [{"version": "4", "address": "10.1.2.3/24", "interface": 0}]
-        }
-    })
+    let mut conf = conf_for(root, state, annotations);
+    conf.as_object_mut().unwrap().remove("socket");
+    conf["name"] = json!("k8s-pod-network");
+    conf["cniVersion"] = json!("0.3.1");
+    conf["prevResult"]["cniVersion"] = json!("0.3.1");
+    conf["prevResult"]["ips"][0]["version"] = json!("4");
+    conf
 }
 
 /// A CNI 1.1 GC call's configuration for which the runtime knows no container.

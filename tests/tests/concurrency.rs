@@ -12,23 +12,18 @@ use redirector_tests::redirector::{istio_iptables_command, status};
 const CGROUP_LINKS: usize = 6;
 
 fn spawn_apply(pod: &ProxiedPod, root: &PinRoot, extra: &[&str]) -> Child {
-    istio_iptables_command(&pod.topo.pod, &pod.topo.pod_cgroup, root)
-        .args(STANDARD_INJECTION)
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting redirector")
+    let mut cmd = istio_iptables_command(&pod.topo.pod, &pod.topo.pod_cgroup, root);
+    spawn(cmd.args(STANDARD_INJECTION).args(extra))
 }
 
 fn spawn_gc(root: &PinRoot) -> Child {
-    Command::new(redirector_bin())
-        .args(["gc", "--pin-root"])
-        .arg(root.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting redirector gc")
+    spawn(&mut redirector(&format!("gc --pin-root {}", root.path().display())).command())
+}
+
+/// `cmd` started, its stderr kept for [`wait_ok`].
+fn spawn(cmd: &mut Command) -> Child {
+    let cmd = cmd.stdout(Stdio::null()).stderr(Stdio::piped());
+    cmd.spawn().expect("starting redirector")
 }
 
 #[track_caller]

@@ -67,12 +67,8 @@ fn inbound_port_list_captures_only_listed_ports() {
     let _app = start_app(&topo);
     let _proxy = start_inbound_proxy(&topo);
     let root = PinRoot::new("inlist");
-    install(
-        &topo.pod,
-        &topo.pod_cgroup,
-        &root,
-        &["-b", &EXCLUDED_PORT.to_string()],
-    );
+    let listed_ports = format!("-b {EXCLUDED_PORT}");
+    install(&topo.pod, &topo.pod_cgroup, &root, &words(&listed_ports));
     let listed = topo.pod_addr(false, EXCLUDED_PORT);
     assert_inbound_proxy(&from_outside(&topo, listed), listed);
     let other = topo.pod_addr(false, APP_PORT);

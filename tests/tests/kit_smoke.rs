@@ -5,6 +5,7 @@
 
 use redirector_tests::iptables::{append_rules, apply_golden, golden};
 use redirector_tests::prelude::*;
+use redirector_tests::proxied_pod::{assert_forwarded, assert_served};
 use redirector_tests::{iptables, wait_tcp_listening, Landing};
 
 fn start_service(topo: &Topology, port: u16) -> ChildGuard {
@@ -122,15 +123,7 @@ fn iptables_capture_reaches_proxy_with_original_dst_v4() {
         "{app:?}\n{}",
         iptables::saved_rules(&topo.pod, false, "nat")
     );
-    let proxy_own = topo.connect(PROXY_UID, PROXY_UID, dst);
-    assert_eq!(
-        proxy_own.landing(),
-        Landing::Service {
-            name: "svc".into(),
-            local: dst
-        },
-        "{proxy_own:?}"
-    );
+    assert_served(&topo.connect(PROXY_UID, PROXY_UID, dst), "svc", dst);
 }
 
 /// The same over IPv6 through ip6tables, with a forwarding proxy: the proxy reads the IPv6
@@ -160,15 +153,7 @@ fn ip6tables_capture_and_forwarding_proxy_v6() {
     for v6 in [true, false] {
         let dst = topo.service_addr(v6, 80);
         let outcome = topo.connect(APP_UID, APP_UID, dst);
-        let expected = Landing::Proxy {
-            name: "outbound".into(),
-            orig: Some(dst),
-            upstream: Some(Box::new(Landing::Service {
-                name: "svc".into(),
-                local: dst,
-            })),
-        };
-        assert_eq!(outcome.landing(), expected, "{outcome:?}");
+        assert_forwarded(&outcome, "outbound", dst, "svc", dst);
     }
     // A captured connection to a closed port: the proxy's upstream is refused, the app's
     // connection itself succeeded (to the proxy).

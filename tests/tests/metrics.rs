@@ -9,6 +9,7 @@
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
 
+use redirector_tests::daemon::http_response;
 use redirector_tests::prelude::*;
 use redirector_tests::scrapes::{adds_under_scrapes, MAX_AGE, SCRAPERS};
 
@@ -138,23 +139,17 @@ const PROMETHEUS_CLIENT: &str =
 
 /// GET `/metrics` from `addr`: the response's Content-Type and body.
 fn scrape_with_type(addr: &str) -> (String, String) {
-    use std::io::{Read as _, Write as _};
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").expect("a head and a body");
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    let content_type = head
-        .lines()
-        .find_map(|l| {
-            l.split_once(':')
-                .filter(|(k, _)| k.eq_ignore_ascii_case("content-type"))
-        })
-        .map(|(_, v)| v.trim().to_owned())
-        .unwrap_or_else(|| panic!("no content type: {head}"));
-    (content_type, body.to_owned())
+    let (status, head, body) = http_response(addr, "/metrics").unwrap();
+    assert_eq!(status, 200, "{head}");
+    let content_type = head.lines().find_map(|l| {
+        let (key, value) = l.split_once(':')?;
+        key.eq_ignore_ascii_case("content-type")
+            .then(|| value.trim().to_owned())
+    });
+    (
+        content_type.unwrap_or_else(|| panic!("no content type: {head}")),
+        body,
+    )
 }
 
 #[test]

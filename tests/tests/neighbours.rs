@@ -10,6 +10,7 @@ use std::net::SocketAddrV4;
 use std::process::Command;
 
 use redirector_tests::prelude::*;
+use redirector_tests::proxied_pod::assert_forwarded;
 use redirector_tests::socket_lb::SocketLb;
 
 /// `bpftool cgroup <verb> <cgroup> connect4 pinned <program> <flags…>`.
@@ -92,23 +93,15 @@ fn compose_with_a_socket_lb(
     assert!(served_by_backend(&direct), "the LB alone: {direct:?}");
 
     capture(&topo);
-    match topo.connect(APP_UID, APP_UID, cluster_ip.into()) {
-        ConnOutcome::Proxied {
-            name,
-            orig,
-            upstream: Some(upstream),
-            ..
-        } if name == "proxy" => {
-            let what = "the ClusterIP is the original destination";
-            assert_eq!(orig, Some(cluster_ip.into()), "{what}");
-            let balanced = served_by_backend(&upstream);
-            assert!(
-                balanced,
-                "the proxy's own connection is load-balanced: {upstream:?}"
-            );
-        }
-        other => panic!("expected the proxy, then the backend upstream, got {other:?}"),
-    }
+    // The ClusterIP is the original destination; the proxy's own connection is balanced.
+    let outcome = topo.connect(APP_UID, APP_UID, cluster_ip.into());
+    assert_forwarded(
+        &outcome,
+        "proxy",
+        cluster_ip.into(),
+        "backend",
+        backend.into(),
+    );
     // `explain` lists the load-balancer among the programs on the pod's cgroup path.
     let netns = topo.pod.path().display().to_string();
     let pin_root = root.path().display().to_string();

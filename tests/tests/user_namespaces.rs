@@ -5,6 +5,7 @@
 
 use redirector_tests::connect_in_user_ns;
 use redirector_tests::prelude::*;
+use redirector_tests::proxied_pod::assert_forwarded;
 use redirector_tests::user_ns::{UserNs, HOST_ID_BASE};
 
 #[test]
@@ -51,21 +52,6 @@ fn a_user_namespaced_pods_proxy_is_passed_and_its_app_redirected() {
         APP_UID,
         dst,
     );
-    match &outcome {
-        ConnOutcome::Proxied {
-            name,
-            orig,
-            upstream: Some(upstream),
-            ..
-        } if name == "proxy" => {
-            assert_eq!(*orig, Some(dst));
-            assert!(
-                matches!(**upstream, ConnOutcome::Served { ref name, .. } if name == "svc"),
-                "the proxy's own connection must reach the service, not itself: {upstream:?}"
-            );
-        }
-        other => {
-            panic!("expected the proxy with orig {dst} and the service upstream, got {other:?}")
-        }
-    }
+    // The proxy's own connection must reach the service, not itself.
+    assert_forwarded(&outcome, "proxy", dst, "svc", dst);
 }
