@@ -191,6 +191,18 @@ impl Daemon {
         http_get(&self.metrics_addr(), path).expect("asking the metrics server")
     }
 
+    /// Whether its `/metrics` has the line `line`.
+    pub fn has_metric(&self, line: &str) -> bool {
+        self.http_get("/metrics").1.lines().any(|l| l == line)
+    }
+
+    /// Waits up to 60 s (room for a loaded machine, a repair round a second and a scrape a
+    /// second old) for `done`; panics with `what` and its log.
+    pub fn wait_until(&self, what: &str, done: impl FnMut() -> bool) {
+        let reached = within(Duration::from_secs(60), done);
+        assert!(reached.is_some(), "{what}\n{}", self.log());
+    }
+
     /// GET `path` from the health server on loopback (started with `--health-addr`).
     pub fn health_get(&self, path: &str) -> (u16, String) {
         http_get(&self.served_addr("health"), path).expect("asking the health server")

@@ -1090,18 +1090,6 @@ fn repairing_daemon(
     node.daemon_with(&flags)
 }
 
-/// Whether the daemon's `/metrics` has the line `line`.
-fn has_metric(daemon: &Daemon, line: &str) -> bool {
-    daemon.http_get("/metrics").1.lines().any(|l| l == line)
-}
-
-/// Waits up to 60 s for `done` (a few repair rounds, one of them waiting out a silent
-/// ztunnel), failing with `what` and the daemon's log.
-fn wait_repair(daemon: &Daemon, what: &str, done: impl Fn() -> bool) {
-    let repaired = within(Duration::from_secs(60), done);
-    assert!(repaired.is_some(), "{what}\n{}", daemon.log());
-}
-
 /// The lines the stand-in ztunnel printed since the last read, once it is quiet for a
 /// moment.
 fn ztunnel_lines(ztunnel: &StandInProcess) -> Vec<String> {
@@ -1155,8 +1143,8 @@ fn a_pod_labelled_ambient_that_its_add_left_alone_is_enrolled_by_the_next_repair
 
     if let Some(why) = ambient_not_served(&node.root) {
         // The enrollment fails as the API's add does, logged and counted, nothing kept.
-        wait_repair(&daemon, "the failed enrollment is not counted", || {
-            has_metric(&daemon, "redirector_pods_uncaptured 1")
+        daemon.wait_until("the failed enrollment is not counted", || {
+            daemon.has_metric("redirector_pods_uncaptured 1")
         });
         let log = daemon.log();
         assert_contains(&log, "repairing pod default/app (sandbox sb-app)");
@@ -1171,9 +1159,9 @@ fn a_pod_labelled_ambient_that_its_add_left_alone_is_enrolled_by_the_next_repair
         "the pod enrolled by a repair round",
         &format!("added {uid}"),
     );
-    wait_repair(&daemon, "the repair is not counted", || {
-        has_metric(&daemon, "redirector_pods_repaired_total 1")
-            && has_metric(&daemon, "redirector_pods_uncaptured 0")
+    daemon.wait_until("the repair is not counted", || {
+        daemon.has_metric("redirector_pods_repaired_total 1")
+            && daemon.has_metric("redirector_pods_uncaptured 0")
     });
     assert_eq!(daemon.pod_names(), ["default/app"]);
     assert!(
@@ -1192,7 +1180,7 @@ fn a_pod_labelled_ambient_that_its_add_left_alone_is_enrolled_by_the_next_repair
         .collect();
     assert!(sent.is_empty(), "{sent:?}");
     assert_eq!(daemon.pod_names(), ["default/app"]);
-    assert!(has_metric(&daemon, "redirector_pods_repaired_total 1"));
+    assert!(daemon.has_metric("redirector_pods_repaired_total 1"));
 
     // The plugin's pod like any other: the runtime's teardown DELs it, ztunnel told.
     cri.remove("sb-app");
@@ -1225,15 +1213,15 @@ fn repair_in_report_mode_or_without_ztunnel_enrolls_no_ambient_pod() {
     let daemon = repairing_daemon(&node, conf_dir.path(), &cri, "report", Some(&zsocket));
     let ztunnel = StandInProcess::start("amb-rpt-zt", &zsocket);
     wait_state(&daemon, "synced");
-    wait_repair(&daemon, "the labelled pod is not reported", || {
-        has_metric(&daemon, "redirector_pods_uncaptured 1")
+    daemon.wait_until("the labelled pod is not reported", || {
+        daemon.has_metric("redirector_pods_uncaptured 1")
     });
     let reported =
         "pod default/app (sandbox sb-app) should be captured and is not (--repair report)";
     assert!(daemon.log().contains(reported), "{}", daemon.log());
     std::thread::sleep(Duration::from_millis(2500));
     assert!(daemon.pod_names().is_empty(), "{:?}", daemon.pod_names());
-    assert!(has_metric(&daemon, "redirector_pods_repaired_total 0"));
+    assert!(daemon.has_metric("redirector_pods_repaired_total 0"));
     let sent: Vec<String> = ztunnel_lines(&ztunnel)
         .into_iter()
         .filter(|l| l.starts_with("added"))
@@ -1245,9 +1233,7 @@ fn repair_in_report_mode_or_without_ztunnel_enrolls_no_ambient_pod() {
     // Not ztunnel's agent: the rounds pass the ambient network by, saying so once.
     let daemon = repairing_daemon(&node, conf_dir.path(), &cri, "capture", None);
     let why = "without --ztunnel-socket they are not repaired";
-    wait_repair(&daemon, "the daemon does not say why", || {
-        daemon.log().contains(why)
-    });
+    daemon.wait_until("the daemon does not say why", || daemon.log().contains(why));
     std::thread::sleep(Duration::from_millis(2500));
     assert!(daemon.pod_names().is_empty(), "{:?}", daemon.pod_names());
     assert_eq!(daemon.log().matches(why).count(), 1, "{}", daemon.log());
@@ -1273,25 +1259,21 @@ fn a_failed_repair_enrollment_keeps_nothing_and_is_tried_again_next_round() {
     // ztunnel away: counted, said, not tried.
     let zsocket = node.state.path().join("ztunnel.sock");
     let daemon = repairing_daemon(&node, conf_dir.path(), &cri, "capture", Some(&zsocket));
-    wait_repair(
-        &daemon,
-        "the pod waiting for ztunnel is not counted",
-        || {
-            has_metric(&daemon, "redirector_pods_uncaptured 1")
-                && daemon.log().contains("ztunnel is not connected")
-        },
-    );
+    daemon.wait_until("the pod waiting for ztunnel is not counted", || {
+        daemon.has_metric("redirector_pods_uncaptured 1")
+            && daemon.log().contains("ztunnel is not connected")
+    });
     assert_nothing_kept(&daemon, &topology);
 
     // A ztunnel that never acks: the add is tried and undone, and tried again.
     let silent = StandInProcess::start_silent("amb-rpf-zt", &zsocket);
     if let Some(why) = ambient_not_served(&node.root) {
-        wait_repair(&daemon, "the refused enrollment is not logged", || {
+        daemon.wait_until("the refused enrollment is not logged", || {
             daemon
                 .log()
                 .contains("ambient pods need ztunnel's programs")
         });
-        assert!(has_metric(&daemon, "redirector_pods_uncaptured 1"), "{why}");
+        assert!(daemon.has_metric("redirector_pods_uncaptured 1"), "{why}");
         assert_nothing_kept(&daemon, &topology);
         return;
     }
@@ -1304,33 +1286,29 @@ fn a_failed_repair_enrollment_keeps_nothing_and_is_tried_again_next_round() {
         };
         log.lines().filter(failed).count()
     };
-    wait_repair(&daemon, "the failed enrollment is not logged", || {
-        failures() >= 1
-    });
-    assert!(has_metric(&daemon, "redirector_pods_uncaptured 1"));
-    assert!(has_metric(&daemon, "redirector_pods_repaired_total 0"));
+    daemon.wait_until("the failed enrollment is not logged", || failures() >= 1);
+    assert!(daemon.has_metric("redirector_pods_uncaptured 1"));
+    assert!(daemon.has_metric("redirector_pods_repaired_total 0"));
     // Tried again at a later round, and failed again. (The stand-in's own lines cannot
     // tell: ztunnel's reconnection after the unanswered add is sent a snapshot too.)
-    wait_repair(&daemon, "the enrollment is not tried again", || {
-        failures() >= 2
-    });
+    daemon.wait_until("the enrollment is not tried again", || failures() >= 2);
     // ztunnel gone, maybe while a third add waits: that one fails, and the rounds after it
     // try none, so what the failed adds left can be looked at with no add under way.
     let away = "ztunnel is not connected";
     let said_away = daemon.log().matches(away).count();
     drop(silent);
-    wait_repair(&daemon, "no round after the failed add", || {
+    daemon.wait_until("no round after the failed add", || {
         daemon.log().matches(away).count() > said_away
     });
-    assert!(has_metric(&daemon, "redirector_pods_uncaptured 1"));
+    assert!(daemon.has_metric("redirector_pods_uncaptured 1"));
     assert_nothing_kept(&daemon, &topology);
 
     // A ztunnel that acks: enrolled at a following round.
     let ztunnel = StandInProcess::start("amb-rpf-zt2", &zsocket);
     ztunnel.wait_line("the pod enrolled", &format!("added {uid}"));
-    wait_repair(&daemon, "the repair is not counted", || {
-        has_metric(&daemon, "redirector_pods_repaired_total 1")
-            && has_metric(&daemon, "redirector_pods_uncaptured 0")
+    daemon.wait_until("the repair is not counted", || {
+        daemon.has_metric("redirector_pods_repaired_total 1")
+            && daemon.has_metric("redirector_pods_uncaptured 0")
     });
     assert_eq!(daemon.pod_names(), ["default/app"]);
     assert_traffic_through(&topology, &ztunnel, AppSeenFrom::Loopback);

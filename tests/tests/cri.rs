@@ -177,16 +177,6 @@ fn a_rebooted_node_starts_pods_it_leaves_alone_and_holds_injected_ones_until_pin
     remove_leaving_no_pod(&mut cri, &daemon, &root, &[&web.0, &svc.0], &cookies);
 }
 
-/// Waits until `done` holds; panics with `what` and the daemon's log. A repair round runs
-/// every second here and a scrape may be a second old: 30 s is room for a loaded machine.
-fn wait_for(daemon: &Daemon, what: &str, done: impl FnMut() -> bool) {
-    assert!(
-        within(Duration::from_secs(30), done).is_some(),
-        "{what}\n{}",
-        daemon.log()
-    );
-}
-
 /// Pods running before the plugin was chained (the DaemonSet came up after them): the
 /// daemon finds them through the CRI and, by the plugin's own rules, reports them
 /// (`--repair report`) or captures them (`--repair capture`, the default); new
@@ -224,8 +214,6 @@ fn pods_started_before_the_plugin_are_repaired_through_the_cri() {
         .map(str::to_owned)
         .to_vec()
     };
-    let metric =
-        |daemon: &Daemon, line: &str| daemon.http_get("/metrics").1.lines().any(|l| l == line);
 
     // Report: while the configuration has no entry of the plugin's, there are no rules
     // to repair by, and nothing is reported; then counted and logged, nothing captured.
@@ -235,7 +223,7 @@ fn pods_started_before_the_plugin_are_repaired_through_the_cri() {
     // A few rounds. The gauge starts at 0: on a slower machine this proves less, never fails.
     std::thread::sleep(Duration::from_millis(2500));
     assert!(
-        metric(&daemon, "redirector_pods_uncaptured 0"),
+        daemon.has_metric("redirector_pods_uncaptured 0"),
         "{}",
         daemon.log()
     );
@@ -249,8 +237,8 @@ fn pods_started_before_the_plugin_are_repaired_through_the_cri() {
         state_dir.display()
     );
     assert_success(&redirector(&install).args(STANDARD_INJECTION).output());
-    wait_for(&daemon, "no report of the uncaptured pod", || {
-        metric(&daemon, "redirector_pods_uncaptured 1")
+    daemon.wait_until("no report of the uncaptured pod", || {
+        daemon.has_metric("redirector_pods_uncaptured 1")
     });
     daemon.assert_logged("pod default/web");
     assert!(daemon.pod_names().is_empty());
@@ -262,7 +250,7 @@ fn pods_started_before_the_plugin_are_repaired_through_the_cri() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let started = Instant::now();
     let daemon = Daemon::start_with(&root, &node, &state, &args);
-    wait_for(&daemon, "the pod is not repaired", || {
+    daemon.wait_until("the pod is not repaired", || {
         daemon.pod_names() == ["default/web"]
     });
     eprintln!(
@@ -271,9 +259,9 @@ fn pods_started_before_the_plugin_are_repaired_through_the_cri() {
     );
     assert_lands_on_proxy(&mut cri, &app, svc_addr);
     left_alone.assert_direct(&mut cri, svc_addr);
-    wait_for(&daemon, "the repair is not counted", || {
-        metric(&daemon, "redirector_pods_repaired_total 1")
-            && metric(&daemon, "redirector_pods_uncaptured 0")
+    daemon.wait_until("the repair is not counted", || {
+        daemon.has_metric("redirector_pods_repaired_total 1")
+            && daemon.has_metric("redirector_pods_uncaptured 0")
     });
 
     // The repaired pod is the plugin's like any other: CNI DEL removes it.

@@ -11,6 +11,8 @@
 //! conflist rewritten by the network plugin, a reboot, an upgrade under traffic, the
 //! uninstall.
 
+use std::process::Command;
+
 use redirector_tests::cri::pods::{
     app_pod, assert_lands_on_proxy, assert_reaches_service, connect, on_proxy, primary_network,
     serve, sidecar, LeftAlone, STATUS,
@@ -21,7 +23,7 @@ use redirector_tests::host_net::ForwardingGuard;
 use redirector_tests::kubelet::{DaemonSet, Node};
 use redirector_tests::oci;
 use redirector_tests::prelude::*;
-use redirector_tests::redirector::built_object;
+use redirector_tests::redirector::NextObject;
 
 /// Where the DaemonSet's daemon pins and keeps its records: the defaults.
 const PIN_ROOT: &str = redirector::store::pins::DEFAULT_ROOT;
@@ -68,18 +70,11 @@ struct SharedMount(Option<PathBuf>);
 
 impl SharedMount {
     fn new(path: &str) -> Self {
-        let out = std::process::Command::new("findmnt")
-            .args(["-no", "PROPAGATION", path])
-            .output()
-            .expect("running findmnt");
+        let out = run_ok(Command::new("findmnt").args(["-no", "PROPAGATION", path]));
         if String::from_utf8_lossy(&out.stdout).trim() == "shared" {
             return SharedMount(None);
         }
-        let ok = std::process::Command::new("mount")
-            .args(["--make-shared", path])
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "mount --make-shared {path}");
+        run_ok(Command::new("mount").args(["--make-shared", path]));
         SharedMount(Some(PathBuf::from(path)))
     }
 }
@@ -87,7 +82,7 @@ impl SharedMount {
 impl Drop for SharedMount {
     fn drop(&mut self) {
         if let Some(path) = &self.0 {
-            let _ = std::process::Command::new("mount")
+            let _ = Command::new("mount")
                 .arg("--make-private")
                 .arg(path)
                 .status();
@@ -101,11 +96,9 @@ fn next_image(base: &Path, work: &Path) -> (PathBuf, String) {
     let rootfs = work.join("next-rootfs");
     let (reference, mut config) = oci::unpack(base, &rootfs);
     let object = "/usr/local/lib/redirector/next.o";
-    let mut bytes = std::fs::read(built_object()).unwrap();
-    bytes.push(0);
     let path = rootfs.join(object.trim_start_matches('/'));
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(&path, bytes).unwrap();
+    std::fs::copy(&NextObject::new().path, &path).unwrap();
     config["Env"]
         .as_array_mut()
         .expect("the image sets its environment")
@@ -486,10 +479,7 @@ fn a_node_the_daemonset_cannot_serve_keeps_starting_pods_and_fails_meshed_ones_c
         }
         let series = format!("redirector_node_unservable{{reason=\"{reason}\"}} 1");
         assert!(metric_within(20, &series), "{reason}: no metric");
-        let status = std::process::Command::new(redirector_bin())
-            .args(["status", "--state-dir", STATE_DIR])
-            .output()
-            .unwrap();
+        let status = redirector(&format!("status --state-dir {STATE_DIR}")).output();
         let status = String::from_utf8_lossy(&status.stdout);
         assert!(
             status.starts_with(&format!("node: this node {verdict}")),
