@@ -422,6 +422,12 @@ impl Killed {
         refused(&args, &self.env)
     }
 
+    /// A new daemon with the same flags, loading the eBPF object at `object` (as another
+    /// release's daemon would).
+    pub fn restart_with_object(self, object: &Path) -> Daemon {
+        self.restart_with_env("REDIRECTOR_EBPF_OBJECT", &object.display().to_string())
+    }
+
     /// A new daemon with the same flags and env var `key` set to `value`.
     pub fn restart_with_env(mut self, key: &str, value: &str) -> Daemon {
         self.env.retain(|(k, _)| k != key);

@@ -1,6 +1,7 @@
 //! A pod with a service to call and a stand-in sidecar proxy: the setting of most
 //! privileged tests.
 
+use std::ffi::OsStr;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::process::Output;
@@ -64,9 +65,20 @@ impl ProxiedPod {
         object: &Path,
         args: &[&str],
     ) -> Output {
+        self.istio_iptables_with_env(root, args, ("REDIRECTOR_EBPF_OBJECT", object.as_os_str()))
+    }
+
+    /// `redirector istio-iptables ARGS` for this pod with env var `key` set to `value`,
+    /// whatever its exit.
+    pub fn istio_iptables_with_env(
+        &self,
+        root: &PinRoot,
+        args: &[&str],
+        (key, value): (&str, &OsStr),
+    ) -> Output {
         let topo = &self.topo;
         let mut cmd = crate::redirector::istio_iptables_command(&topo.pod, &topo.pod_cgroup, root);
-        cmd.args(args).env("REDIRECTOR_EBPF_OBJECT", object);
+        cmd.args(args).env(key, value);
         cmd.output().expect("running redirector istio-iptables")
     }
 

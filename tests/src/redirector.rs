@@ -122,6 +122,14 @@ pub fn status(root: &PinRoot) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("status --json prints JSON")
 }
 
+/// The pod of netns cookie `cookie` as `status --json` shows it, of whichever object.
+pub fn status_pod(root: &PinRoot, cookie: u64) -> Option<serde_json::Value> {
+    let status = status(root);
+    let objects = status["objects"].as_array().into_iter().flatten();
+    let mut pods = objects.flat_map(|o| o["pods"].as_array().into_iter().flatten());
+    pods.find(|p| p["netns_cookie"] == cookie).cloned()
+}
+
 /// Whether tracing is switched on (`pod_flags::TRACE`) for the one pod under `root`, as
 /// `status --json` reports its configuration.
 pub fn trace_switch_on(root: &PinRoot) -> bool {

@@ -6,7 +6,7 @@
 use std::process::{Child, Command, Stdio};
 
 use redirector_tests::prelude::*;
-use redirector_tests::redirector::{istio_iptables_command, status};
+use redirector_tests::redirector::{istio_iptables_command, status, status_pod};
 
 /// Links the standard injection attaches to the pod's cgroup.
 const CGROUP_LINKS: usize = 6;
@@ -54,12 +54,7 @@ fn assert_captured_once(pod: &ProxiedPod, root: &PinRoot) {
 fn assert_whole(pod: &ProxiedPod, root: &PinRoot) -> bool {
     let attached = cgroup_attachments(pod.topo.pod_cgroup.path()).len();
     let cookie = pod.topo.pod.cookie();
-    let in_status = status(root)["objects"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|o| o["pods"].as_array().cloned().unwrap_or_default())
-        .any(|p| p["netns_cookie"] == cookie);
+    let in_status = status_pod(root, cookie).is_some();
     let dst = pod.service(false);
     let outcome = pod.connect(APP_UID, APP_UID, dst);
     if attached == 0 {

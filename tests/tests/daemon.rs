@@ -9,7 +9,7 @@ use redirector_tests::bpftool::{pinned_map, wait_link_detached, wait_pods_detach
 use redirector_tests::daemon::uninstall;
 use redirector_tests::prelude::*;
 use redirector_tests::process::StopOnDrop;
-use redirector_tests::redirector::{MapChange, NextObject};
+use redirector_tests::redirector::{status_pod, MapChange, NextObject};
 
 /// The app in `topo` connecting to `dst` again and again until `stop`, counting in `made`:
 /// what each connection landed on.
@@ -73,13 +73,7 @@ fn daemon_captures_a_pod_by_its_namespace_and_releases_it() {
     assert_eq!(pods.len(), 1, "{pods:?}");
     assert_eq!(pods[0]["name"], "default/app");
     assert_eq!(pods[0]["netns_cookie"].as_u64(), Some(cookie));
-    let redirected = pods[0]["counters"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c[0] == "redirected")
-        .and_then(|c| c[1].as_u64());
-    assert_eq!(redirected, Some(2), "{pods:?}");
+    assert_eq!(counted(&daemon, "redirected"), 2, "{pods:?}");
     assert!(daemon
         .pod(&["check", "--name", "default/app"])
         .status
@@ -216,16 +210,8 @@ fn init_container_pods_and_daemon_pods_share_the_node() {
     };
     check_all("all three set up");
     // Each counts its own connections once: no program runs twice on a socket.
-    let counters = |pod: &ProxiedPod| {
-        let status = redirector_tests::redirector::status(&root);
-        status["objects"][0]["pods"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["netns_cookie"].as_u64() == Some(pod.topo.pod.cookie()))
-            .map(|p| p["counters"].clone())
-            .unwrap()
-    };
+    let counters =
+        |pod: &ProxiedPod| status_pod(&root, pod.topo.pod.cookie()).unwrap()["counters"].clone();
     for pod in [&by_daemon, &outside, &inside] {
         let expected = serde_json::json!({
             "redirected": 1,
@@ -264,9 +250,7 @@ fn a_new_object_replaces_the_node_programs_with_no_gap() {
         let client = scope.spawn(|| keep_connecting(topo, dst, &stop, &made));
         wait_connections(&made, 5);
         // A daemon with a rebuilt kernel side takes the node over.
-        let daemon = daemon
-            .kill()
-            .restart_with_env("REDIRECTOR_EBPF_OBJECT", &next.path.display().to_string());
+        let daemon = daemon.kill().restart_with_object(&next.path);
         wait_connections(&made, made.load(Ordering::SeqCst) + 5);
         stop.store(true, Ordering::SeqCst);
         (client.join().unwrap(), daemon)
@@ -380,16 +364,10 @@ fn a_runtime_that_cannot_be_reached_leaves_the_daemon_serving() {
 #[test]
 fn bad_requests_get_clear_errors_and_change_nothing() {
     privileged!();
-    use std::io::{BufRead, BufReader, Write};
     let TestNode { root, node, state } = TestNode::new("badreq");
     let daemon = Daemon::start(&root, &node, &state);
-    let mut stream =
-        std::os::unix::net::UnixStream::connect(state.path().join("redirector.sock")).unwrap();
-    let mut answers = BufReader::new(stream.try_clone().unwrap()).lines();
-    let mut ask = |line: &str| -> serde_json::Value {
-        writeln!(stream, "{line}").unwrap();
-        serde_json::from_str(&answers.next().unwrap().unwrap()).unwrap()
-    };
+    let mut stream = daemon.connect();
+    let mut ask = |line: &str| redirector_tests::daemon::ask(&mut stream, line);
     let answer = ask("{not json");
     assert_eq!(answer["ok"], false);
     assert!(
@@ -501,9 +479,7 @@ fn an_upgrade_that_copies_maps_and_its_rollback_lose_no_connection() {
             ConnOutcome::parse(&line)
         };
         assert_proxied(&replied("the first reply"), dst);
-        let upgraded = daemon
-            .kill()
-            .restart_with_env("REDIRECTOR_EBPF_OBJECT", &next.path.display().to_string());
+        let upgraded = daemon.kill().restart_with_object(&next.path);
         more(3);
         let after_upgrade = counted(&upgraded, "redirected");
         let log = upgraded.log();
@@ -519,9 +495,7 @@ fn an_upgrade_that_copies_maps_and_its_rollback_lose_no_connection() {
             "the connections' map is the running one, its capacity unchanged"
         );
         let object = redirector_tests::redirector::built_object();
-        let rolled_back = upgraded
-            .kill()
-            .restart_with_env("REDIRECTOR_EBPF_OBJECT", &object.display().to_string());
+        let rolled_back = upgraded.kill().restart_with_object(&object);
         more(3);
         stop.store(true, Ordering::SeqCst);
         let outcomes: Vec<Vec<ConnOutcome>> =

@@ -20,7 +20,7 @@ use redirector_tests::dns::{
     DNS_PROXY_PORT, PROXY_ANSWER_V4, PROXY_ANSWER_V6,
 };
 use redirector_tests::prelude::*;
-use redirector_tests::proxied_pod::start_outbound_proxy;
+use redirector_tests::proxied_pod::{assert_on_proxy, start_outbound_proxy};
 
 /// What the real server (resolv.conf's, on the service's own addresses) answers.
 const REAL_V4: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
@@ -286,12 +286,7 @@ fn assert_outbound_proxy(outcome: &DnsOutcome, orig: SocketAddr) {
     let DnsOutcome::NotDns(line) = outcome else {
         panic!("expected the outbound TCP proxy with orig {orig}, got {outcome:?}");
     };
-    match ConnOutcome::from_server_line(line) {
-        ConnOutcome::Proxied {
-            name, orig: got, ..
-        } if name == "outbound" => assert_eq!(got, Some(orig)),
-        other => panic!("expected the outbound TCP proxy with orig {orig}, got {other:?}"),
-    }
+    assert_on_proxy(&ConnOutcome::from_server_line(line), "outbound", orig);
 }
 
 #[test]

@@ -23,7 +23,6 @@ use redirector::{
 };
 use redirector_common::{PortKey, PortSet};
 use redirector_tests::prelude::*;
-use redirector_tests::{require_root, use_probe_bin};
 
 /// The network namespace inode of every thread of this process. A thread just joined may
 /// still be listed while it exits, with its namespaces already released (ENOENT): it has
@@ -44,19 +43,16 @@ fn thread_namespaces() -> Vec<u64> {
     inodes
 }
 
-/// A pod as the library is given it.
-trait AsTarget {
-    fn target(&self) -> Target;
-}
-
-impl AsTarget for ProxiedPod {
-    fn target(&self) -> Target {
-        Target {
-            netns: self.topo.pod.path(),
-            cgroup: self.topo.pod_cgroup.path().to_path_buf(),
-            cookie: self.topo.pod.cookie(),
-            ip: self.topo.pod_ip4(),
-        }
+/// The pod as the library is given it.
+fn target(pod: &ProxiedPod) -> Target {
+    let topo = &pod.topo;
+    let (netns, cgroup) = (topo.pod.path(), topo.pod_cgroup.path().to_path_buf());
+    let (cookie, ip) = (topo.pod.cookie(), topo.pod_ip4());
+    Target {
+        netns,
+        cgroup,
+        cookie,
+        ip,
     }
 }
 
@@ -102,28 +98,26 @@ impl Target {
     }
 }
 
-/// A pin root of the test's own and the embedded object; `None` without root.
-fn engine(name: &str) -> Option<(PinRoot, store::PinRoot, EbpfObject)> {
-    if !require_root() {
-        return None;
-    }
-    use_probe_bin(env!("CARGO_BIN_EXE_probe"));
+/// A pin root of the test's own and the embedded object.
+fn engine(name: &str) -> (PinRoot, store::PinRoot, EbpfObject) {
     let pins = PinRoot::new(name);
     let root = store::PinRoot::new(pins.path());
-    let object = EbpfObject::configured().expect("the embedded object");
-    Some((pins, root, object))
+    (
+        pins,
+        root,
+        EbpfObject::configured().expect("the embedded object"),
+    )
 }
 
 #[test]
 fn one_process_sets_up_two_pods_at_once_without_changing_its_namespace() {
-    let Some((pins, root, object)) = engine("engine") else {
-        return;
-    };
+    privileged!();
+    let (pins, root, object) = engine("engine");
     let pods = [ProxiedPod::new("enga"), ProxiedPod::new("engb")];
     let before = thread_namespaces();
     let maps = Mutex::default();
 
-    let targets: Vec<Target> = pods.iter().map(AsTarget::target).collect();
+    let targets: Vec<Target> = pods.iter().map(target).collect();
     let outcomes: Vec<Outcome> = std::thread::scope(|scope| {
         let running: Vec<_> = targets
             .iter()
@@ -142,7 +136,7 @@ fn one_process_sets_up_two_pods_at_once_without_changing_its_namespace() {
         pod.assert_app_proxied(false);
         // The same plan again is no change.
         assert!(matches!(
-            pod.target().set_up(&root, &object, &maps),
+            target(pod).set_up(&root, &object, &maps),
             Outcome::Unchanged
         ));
     }
@@ -194,26 +188,25 @@ fn cookie_of(pod: &ProxiedPod) -> redirector_common::NetnsCookie {
 
 #[test]
 fn maps_kept_open_follow_the_object_when_it_is_loaded_again() {
-    let Some((pins, root, object)) = engine("engine-reload") else {
-        return;
-    };
+    privileged!();
+    let (pins, root, object) = engine("engine-reload");
     let [first, second, third] = ["engr1", "engr2", "engr3"].map(ProxiedPod::new);
     let kept = Mutex::default();
     assert!(matches!(
-        first.target().set_up(&root, &object, &kept),
+        target(&first).set_up(&root, &object, &kept),
         Outcome::New(_)
     ));
     // Another process removes the only pod, and with it the object; a third loads the
     // object again at the same path, with new maps.
     teardown(&root, cookie_of(&first), &mut OpenMaps::default(), None).expect("removing the pod");
     assert!(!pins.path().exists(), "the object went with its last pod");
-    second.target().set_up(&root, &object, &Mutex::default());
+    target(&second).set_up(&root, &object, &Mutex::default());
     assert_eq!(object_ids(&pins).len(), 1);
 
     // The maps kept since the first pod are the removed object's: the pod set up with them
     // is configured in the object its links run.
     assert!(matches!(
-        third.target().set_up(&root, &object, &kept),
+        target(&third).set_up(&root, &object, &kept),
         Outcome::New(_)
     ));
     for pod in [&second, &third] {
@@ -242,18 +235,17 @@ fn entries(root: &store::PinRoot, pod: &ProxiedPod, lookup: Lookup) -> Installat
 
 #[test]
 fn a_pod_found_by_its_keys_is_observed_and_removed_without_the_other_pods_entries() {
-    let Some((pins, root, object)) = engine("engine-keys") else {
-        return;
-    };
+    privileged!();
+    let (pins, root, object) = engine("engine-keys");
     let [one, other] = ["engk1", "engk2"].map(ProxiedPod::new);
     let maps = Mutex::default();
     for pod in [&one, &other] {
         assert!(matches!(
-            pod.target().set_up(&root, &object, &maps),
+            target(pod).set_up(&root, &object, &maps),
             Outcome::New(_)
         ));
     }
-    let keys = PodKeys::of(&one.target().plan().1);
+    let keys = PodKeys::of(&target(&one).plan().1);
     let other_before = entries(&root, &other, Lookup::ReadThrough);
 
     // An entry of the pod that its keys do not name, as a run killed with other flags

@@ -1,14 +1,13 @@
 //! `redirector explain` checked against real connections, and `redirector status` counters
 //! checked against the connections made.
 
-use std::process::Command;
-
 use redirector_tests::prelude::*;
 use redirector_tests::scenario::Family;
 use redirector_tests::twin_pods::{start_app, start_peer, start_proxy, wildcard};
 
-fn redirector(args: &[&str]) -> String {
-    let out = run_ok(Command::new(redirector_bin()).args(args));
+/// What `redirector LINE` prints, once it succeeded.
+fn output_of(line: &str) -> String {
+    let out = run_ok(&mut redirector(line).command());
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -66,15 +65,14 @@ fn explain_matches_real_connections_and_status_counts_them() {
         (APP_UID, topo.service_addr(false, 8080)),
     ];
     // `redirector explain` for this pod, plus `args`.
-    let explain = |args: &[&str]| {
-        let mut all = vec!["explain", "--netns", netns, "--pin-root", pin_root];
-        all.extend_from_slice(args);
-        redirector(&all)
+    let explain = |args: &str| {
+        output_of(&format!(
+            "explain --netns {netns} --pin-root {pin_root} {args}"
+        ))
     };
     let mut redirected = 0;
     for (uid, dst) in outbound {
-        let (uid_s, dst_s) = (uid.to_string(), dst.to_string());
-        let explain = explain(&["--uid", &uid_s, "--dst", &dst_s]);
+        let explain = explain(&format!("--uid {uid} --dst {dst}"));
         let real = real_landing(&topo.connect(uid, uid, dst));
         assert_eq!(
             explained_landing(&explain),
@@ -85,7 +83,7 @@ fn explain_matches_real_connections_and_status_counts_them() {
     }
     for port in [8080u16, 15021] {
         let dst = topo.pod_addr(false, port);
-        let explain = explain(&["--inbound", "--dst", &dst.to_string()]);
+        let explain = explain(&format!("--inbound --dst {dst}"));
         let from_peer = connect_from(&topo.service, None, APP_UID, APP_UID, dst, None);
         let real = real_landing(&from_peer);
         assert_eq!(
@@ -99,7 +97,7 @@ fn explain_matches_real_connections_and_status_counts_them() {
         "two of the outbound connections are captured"
     );
 
-    let status = redirector(&["status", "--netns", netns, "--pin-root", pin_root]);
+    let status = output_of(&format!("status --netns {netns} --pin-root {pin_root}"));
     assert_contains(
         &status,
         "links: connect4 connect6 getpeername4 getpeername6 getsockopt sk_lookup sock_ops",

@@ -41,22 +41,18 @@ impl CniDirs {
         self.conf_dir().join("10-flannel.conflist")
     }
 
-    fn dirs_args(&self) -> Vec<String> {
-        vec![
-            "--conf-dir".into(),
-            self.conf_dir().display().to_string(),
-            "--bin-dir".into(),
-            self.bin_dir().display().to_string(),
-        ]
+    /// `redirector install-cni` on these directories, to add flags to.
+    fn install_cni(&self) -> Spawn {
+        let (conf, bin) = (self.conf_dir(), self.bin_dir());
+        redirector(&format!(
+            "install-cni --conf-dir {} --bin-dir {}",
+            conf.display(),
+            bin.display()
+        ))
     }
 
     fn install(&self, extra: &[&str]) -> Output {
-        Command::new(redirector_bin())
-            .arg("install-cni")
-            .args(self.dirs_args())
-            .args(extra)
-            .output()
-            .unwrap()
+        self.install_cni().args(extra).output()
     }
 
     fn entries(&self, file: &Path) -> Vec<Value> {
@@ -201,15 +197,8 @@ struct ReadOnly(PathBuf);
 
 impl ReadOnly {
     fn new(dir: &Path) -> Self {
-        for args in [&["--bind"][..], &["-o", "remount,ro,bind"][..]] {
-            let ok = Command::new("mount")
-                .args(args)
-                .arg(dir)
-                .arg(dir)
-                .status()
-                .unwrap()
-                .success();
-            assert!(ok, "mount {args:?} {}", dir.display());
+        for args in ["--bind", "-o remount,ro,bind"] {
+            run_ok(Command::new("mount").args(words(args)).arg(dir).arg(dir));
         }
         ReadOnly(dir.to_path_buf())
     }
@@ -241,11 +230,7 @@ fn a_read_only_configuration_directory_is_an_error_naming_it() {
 fn the_watch_puts_the_entry_back_and_uninstall_restores_the_file() {
     privileged!();
     let dirs = CniDirs::new();
-    let watcher = Spawn::new(redirector_bin())
-        .arg("install-cni")
-        .args(dirs.dirs_args())
-        .arg("--watch")
-        .spawn();
+    let watcher = dirs.install_cni().arg("--watch").spawn();
     // The network's file appears after the watch started.
     std::thread::sleep(Duration::from_millis(200));
     std::fs::write(dirs.conflist(), FLANNEL).unwrap();

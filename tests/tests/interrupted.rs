@@ -8,7 +8,7 @@ use std::process::Output;
 
 use redirector::sys::fault::KILL_AT_STEP_ENV;
 use redirector_tests::prelude::*;
-use redirector_tests::redirector::{istio_iptables_command, status};
+use redirector_tests::redirector::status;
 
 const EXCLUDED: u16 = 8080;
 
@@ -27,22 +27,13 @@ fn with_exclusion() -> Vec<&'static str> {
 
 /// The run killed at `step`; `None` when it finished before reaching it.
 fn killed_at(pod: &ProxiedPod, root: &PinRoot, args: &[&str], step: u32) -> Option<Output> {
-    let out = istio_iptables_command(&pod.topo.pod, &pod.topo.pod_cgroup, root)
-        .args(args)
-        .env(KILL_AT_STEP_ENV, step.to_string())
-        .output()
-        .unwrap();
-    match out.status.signal() {
-        Some(9) => Some(out),
-        _ => {
-            assert!(
-                out.status.success(),
-                "step {step}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            None
-        }
+    let step = step.to_string();
+    let out = pod.istio_iptables_with_env(root, args, (KILL_AT_STEP_ENV, step.as_ref()));
+    if out.status.signal() == Some(9) {
+        return Some(out);
     }
+    assert_success(&out);
+    None
 }
 
 fn staged_pins(root: &PinRoot) -> Vec<PathBuf> {

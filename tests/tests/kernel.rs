@@ -250,15 +250,10 @@ fn a_netns_cookie_stamped_by_the_fallback_is_the_kernels() {
 #[test]
 fn with_every_fallback_forced_the_variants_capture_and_a_pod_needs_its_own_cgroup() {
     privileged!();
-    use redirector_tests::redirector::{istio_iptables_command, run_ok};
-    use redirector_tests::ProxiedPod;
     let pod = ProxiedPod::new("allfb");
     let root = PinRoot::new("allfb");
-    run_ok(
-        istio_iptables_command(&pod.topo.pod, &pod.topo.pod_cgroup, &root)
-            .args(STANDARD_INJECTION)
-            .env(FORCE_FALLBACKS_ENV, "all"),
-    );
+    let all = (FORCE_FALLBACKS_ENV, "all".as_ref());
+    assert_success(&pod.istio_iptables_with_env(&root, &STANDARD_INJECTION, all));
     assert_eq!(
         status(&root)["objects"][0]["variants"],
         serde_json::json!([

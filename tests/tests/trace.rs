@@ -11,7 +11,9 @@ use serde_json::{json, Value};
 
 use redirector_tests::dns::{use_dnsprobe_bin, DnsClient, DnsMode, ResolvConf, DNS_PORT};
 use redirector_tests::prelude::*;
-use redirector_tests::redirector::{status, trace_switch_on, wait_for_trace_switch, NextObject};
+use redirector_tests::redirector::{
+    status_pod, trace_switch_on, wait_for_trace_switch, NextObject,
+};
 use redirector_tests::twin_pods::{start_app, start_peer, start_proxy};
 
 /// Each wait here is for a step of milliseconds: 10 s is room for a loaded machine.
@@ -221,14 +223,7 @@ fn the_daemon_streams_a_pods_decisions_until_the_client_hangs_up() {
 
 /// Whether the pod's configuration under `root` has its trace switch on.
 fn traced(root: &PinRoot, cookie: u64) -> bool {
-    let status = status(root);
-    let pod = status["objects"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|o| o["pods"].as_array().unwrap().clone())
-        .find(|p| p["netns_cookie"] == cookie)
-        .unwrap_or_else(|| panic!("pod {cookie} in {status}"));
+    let pod = status_pod(root, cookie).unwrap_or_else(|| panic!("no pod {cookie} in status"));
     let flags = pod["config"]["flags"].as_u64().unwrap();
     flags & u64::from(redirector_common::pod_flags::TRACE) != 0
 }
@@ -333,9 +328,7 @@ fn the_daemon_names_an_earlier_releases_object_and_traces_its_pods_once_it_moves
 
     // A daemon of this release moves the node to its object at start: the pod is traced.
     let next = NextObject::new();
-    let daemon = daemon
-        .kill()
-        .restart_with_env("REDIRECTOR_EBPF_OBJECT", &next.path.display().to_string());
+    let daemon = daemon.kill().restart_with_object(&next.path);
     assert!(!object_ids(&root).contains(&old));
     let (_stream, mut lines, answer) = ask(&daemon, r#"{"op":"trace","name":"default/early"}"#);
     assert_eq!(answer["ok"], true, "{answer}");

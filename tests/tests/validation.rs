@@ -6,19 +6,14 @@ use redirector_tests::prelude::*;
 /// `redirector istio-iptables --run-validation --skip-rule-apply` as uid/gid 1337 in the
 /// pod's netns and cgroup; returns the exit code and the log.
 fn validate(topo: &Topology, extra: &[&str]) -> (Option<i32>, String) {
-    let out = Spawn::new(redirector_bin())
-        .args(words(
-            "istio-iptables --run-validation --skip-rule-apply --probe-timeout 2s",
-        ))
+    let out = redirector("istio-iptables --run-validation --skip-rule-apply --probe-timeout 2s")
         .args(extra)
         .netns(&topo.pod)
         .cgroup(&topo.pod_cgroup)
         .user(PROXY_UID, PROXY_UID)
         .output();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out.status.code(), log)
 }
 
 #[test]
