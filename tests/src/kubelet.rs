@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use k8s_cri::v1::{
-    ContainerConfig, ContainerMetadata, ImageSpec, KeyValue, LinuxContainerConfig,
-    LinuxContainerSecurityContext, Mount, MountPropagation, NamespaceMode, NamespaceOption,
+    ContainerConfig, KeyValue, LinuxContainerSecurityContext, Mount, MountPropagation,
+    NamespaceMode, NamespaceOption,
 };
 use serde::Deserialize;
 
@@ -391,37 +391,31 @@ impl DaemonSet {
             .chain(node.node_env.iter().cloned())
             .map(|(key, value)| KeyValue { key, value })
             .collect();
-        ContainerConfig {
-            metadata: Some(ContainerMetadata {
-                name: name.unwrap_or(&container.name).to_owned(),
-                attempt: 0,
-            }),
-            image: Some(ImageSpec {
-                image: image.into(),
-                ..Default::default()
-            }),
-            command: container.command.clone(),
-            args: container.args.clone(),
-            envs,
-            mounts: container
-                .volume_mounts
-                .iter()
-                .map(|m| self.mount(m, node))
-                .collect(),
-            log_path: format!("{}.log", name.unwrap_or(&container.name)),
-            linux: Some(LinuxContainerConfig {
-                security_context: Some(LinuxContainerSecurityContext {
-                    privileged: container
-                        .security_context
-                        .as_ref()
-                        .is_some_and(|s| s.privileged),
-                    namespace_options: Some(self.namespaces()),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
+        let name = name.unwrap_or(&container.name);
+        let command: Vec<&str> = container.command.iter().map(String::as_str).collect();
+        let mut config = crate::cri::container_config(name, image, &command, 0);
+        config.args = container.args.clone();
+        config.envs = envs;
+        config.mounts = container
+            .volume_mounts
+            .iter()
+            .map(|m| self.mount(m, node))
+            .collect();
+        // The image's user (no runAsUser in the manifest), privileged as the manifest says.
+        let privileged = container
+            .security_context
+            .as_ref()
+            .is_some_and(|s| s.privileged);
+        config
+            .linux
+            .as_mut()
+            .expect("a Linux config")
+            .security_context = Some(LinuxContainerSecurityContext {
+            privileged,
+            namespace_options: Some(self.namespaces()),
             ..Default::default()
-        }
+        });
+        config
     }
 
     /// A volume mount as kubelet makes it: the hostPath volume's path (made first when
