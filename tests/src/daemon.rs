@@ -214,11 +214,15 @@ impl Daemon {
     }
 
     /// The address of the `server` (`metrics` or `health`) from the daemon's log line
-    /// `<server> on http://ADDR/…`.
+    /// `<server> on http://ADDR/…`, waited for: the daemon writes it before it serves the
+    /// API, but its stderr reaches the test through a reader thread, which a loaded machine
+    /// may run later.
     fn served_addr(&self, server: &str) -> String {
+        let needle = format!("{server} on http://");
+        within(Duration::from_secs(30), || self.log().contains(&needle));
         let log = self.log();
         let addr = log
-            .split(&format!("{server} on http://"))
+            .split(&needle)
             .nth(1)
             .and_then(|rest| rest.split('/').next())
             .unwrap_or_else(|| panic!("no {server} address in the log:\n{log}"));

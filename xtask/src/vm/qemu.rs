@@ -13,7 +13,7 @@ use anyhow::{Context as _, Result};
 use super::kernels::Kernel;
 use crate::arch::Arch;
 
-/// Overall time limit of one kernel's test run: CI's 6.1 job, with 18 suites, took
+/// Overall time limit of one kernel's test run: CI's 6.1 job, with 18 suites then, took
 /// 38 minutes under TCG beside another guest and the host's own test run.
 pub(crate) const RUN_TIMEOUT: Duration = Duration::from_secs(70 * 60);
 /// Time limit of one test binary in the guest: the longest, istio's conformance on 5.10,
