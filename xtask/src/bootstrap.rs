@@ -16,8 +16,8 @@ const PACKAGES: [(&str, &str); 18] = [
     ("iptables", "iptables-restore"),
     ("iproute2", "ip"),
     ("util-linux", "nsenter"),
-    // podman for the image test (tests/tests/image.rs), with the conmon and catatonit it
-    // runs containers with. The containerd tests (tests/tests/cri.rs, tests/tests/node.rs,
+    // podman for the image test (tests/tests/image.rs), which loads the node image with it,
+    // and the conmon and catatonit podman's own containers need. The containerd tests (tests/tests/cri.rs, tests/tests/node.rs,
     // tests/tests/real_pod.rs, docs/real-pod.md): runc, the CNI plugins (outside PATH), and a
     // static busybox for the root filesystems of their images.
     ("podman", "podman"),
