@@ -270,8 +270,11 @@ fn guest_name(index: usize, label: &str, forced: Option<&str>) -> String {
 }
 
 /// Each failed test's output as the test harness prints it (`---- name stdout ----` up to
-/// the next such block or the `failures:` list), at most 40 lines each.
+/// the next such block or the `failures:` list). A long one keeps its first lines (the
+/// assertion) and its last (where a log shows what went wrong), with a count between.
 fn failure_output(log: &str) -> Vec<String> {
+    const HEAD: usize = 15;
+    const TAIL: usize = 45;
     let mut blocks: Vec<Vec<&str>> = Vec::new();
     let mut open = false;
     for line in log.lines() {
@@ -283,13 +286,24 @@ fn failure_output(log: &str) -> Vec<String> {
             open = false;
         } else if open {
             if let Some(block) = blocks.last_mut() {
-                if block.len() < 40 {
-                    block.push(line);
-                }
+                block.push(line);
             }
         }
     }
-    blocks.into_iter().map(|b| b.join("\n")).collect()
+    blocks
+        .into_iter()
+        .map(|b| {
+            if b.len() <= HEAD + TAIL {
+                return b.join("\n");
+            }
+            let elided = format!("[… {} lines …]", b.len() - HEAD - TAIL);
+            let kept = b[..HEAD].iter().copied();
+            let kept = kept
+                .chain([elided.as_str()])
+                .chain(b[b.len() - TAIL..].iter().copied());
+            kept.collect::<Vec<_>>().join("\n")
+        })
+        .collect()
 }
 
 /// The last 60 lines of each test binary that ended without libtest's result line (hung
@@ -335,6 +349,18 @@ mod tests {
             vec!["---- b stdout ----\nthread 'b' panicked at x.rs:1:2:\nwhy\n".to_string()]
         );
         assert!(failure_output("test a ... ok\n").is_empty());
+    }
+
+    #[test]
+    fn a_long_failure_keeps_its_first_and_last_lines() {
+        let body: String = (0..100).map(|i| format!("line {i}\n")).collect();
+        let log = format!("---- b stdout ----\n{body}failures:\n    b\n");
+        let shown = failure_output(&log).remove(0);
+        let lines: Vec<&str> = shown.lines().collect();
+        assert_eq!(lines.len(), 15 + 1 + 45);
+        assert_eq!(lines[..2], ["---- b stdout ----", "line 0"]);
+        assert_eq!(lines[14..17], ["line 13", "[… 41 lines …]", "line 55"]);
+        assert_eq!(lines[60], "line 99");
     }
 
     #[test]
