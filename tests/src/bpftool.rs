@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::process::within;
+use crate::process::{within, EVENTUALLY};
 
 fn bpftool_json(args: &[&str]) -> Value {
     let out = Command::new("bpftool")
@@ -161,13 +161,13 @@ pub fn wait_gone(kind: &str, ids: &[u64], timeout: Duration) -> Vec<u64> {
 }
 
 /// Waits until every link pinned under `root` of the pods of `cookies` is detached (their
-/// namespaces and cgroups are gone); panics naming one that is not after 10 s.
+/// namespaces and cgroups are gone); panics naming one that is not after [`EVENTUALLY`].
 #[track_caller]
 pub fn wait_pods_detached(root: &crate::redirector::PinRoot, cookies: &[u64]) {
     for link in crate::redirector::pins_under(root.path()) {
         let name = link.file_name().unwrap().to_string_lossy().into_owned();
         if cookies.iter().any(|c| name.starts_with(&format!("{c}_"))) {
-            assert!(wait_link_detached(&link, Duration::from_secs(10)), "{name}");
+            assert!(wait_link_detached(&link, EVENTUALLY), "{name}");
         }
     }
 }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use redirector::sys::cgroup::cgroup2_mount;
 use redirector::sys::mounts::mount_points;
 
+use crate::process::EVENTUALLY;
 use crate::unique_name;
 
 /// The cgroup2 mount point (the first `cgroup2` mount).
@@ -136,7 +137,8 @@ pub(crate) fn remove_tree(dir: &Path) -> std::io::Result<()> {
 
 /// Removes the cgroup directory `dir` and every cgroup below it, children first; a missing
 /// one is no error. `before_rmdir` runs before each attempt on a directory, which is retried
-/// for up to 5 s while the kernel reports it busy (EBUSY: killed tasks still leaving it).
+/// for up to [`EVENTUALLY`] while the kernel reports it busy (EBUSY: killed tasks still
+/// leaving it, which a starved emulated guest can take seconds to finish).
 pub(crate) fn rmdir_tree_with(dir: &Path, before_rmdir: &dyn Fn(&Path)) -> std::io::Result<()> {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
@@ -148,7 +150,7 @@ pub(crate) fn rmdir_tree_with(dir: &Path, before_rmdir: &dyn Fn(&Path)) -> std::
             rmdir_tree_with(&entry.path(), before_rmdir)?;
         }
     }
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + EVENTUALLY;
     loop {
         before_rmdir(dir);
         match std::fs::remove_dir(dir) {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use procfs::net::TcpState;
 
-use crate::process::within;
+use crate::process::{within, EVENTUALLY};
 use crate::redirector::{redirector_bin, PinRoot};
 use crate::{unique_name, Cgroup, ChildGuard, NetNs, Spawn};
 
@@ -166,7 +166,7 @@ impl Daemon {
 
     /// Stop it with SIGTERM; its exit status and log.
     pub fn terminate(mut self) -> (std::process::ExitStatus, String) {
-        let status = self.child.terminate(Duration::from_secs(10));
+        let status = self.child.terminate(EVENTUALLY);
         (status, self.child.stderr())
     }
 
@@ -177,7 +177,7 @@ impl Daemon {
     /// Waits until the daemon's log holds `text` (it is read as the daemon writes it, so a
     /// line can come after what the daemon did), or panics with the log.
     pub fn assert_logged(&self, text: &str) {
-        let found = within(Duration::from_secs(10), || self.log().contains(text));
+        let found = within(EVENTUALLY, || self.log().contains(text));
         assert!(
             found.is_some(),
             "{text:?} not in the daemon's log:\n{}",

@@ -69,7 +69,7 @@ pub mod prelude {
 
     pub use crate::bpftool::{cgroup_attachments, loaded_ids, pinned_id, wait_gone};
     pub use crate::daemon::{Daemon, StateDir};
-    pub use crate::process::{assert_success, within};
+    pub use crate::process::{assert_success, within, EVENTUALLY};
     pub use crate::redirector::{
         install, istio_iptables, object_ids, pins_under, pod_links, redirector, redirector_bin,
         run_ok, PinRoot, STANDARD_INJECTION,
@@ -87,7 +87,7 @@ pub use netns::NetNs;
 pub use paths::{bin_path, golden_dir, target_dir, workspace_root};
 pub use probe::protocol::{ConnOutcome, Landing};
 pub use probe::{connect_from, connect_in_user_ns, probe_bin, use_probe_bin, InNetNs, ProbeServer};
-pub use process::{wait_tcp_listening, ChildGuard, Spawn};
+pub use process::{wait_tcp_listening, ChildGuard, Spawn, EVENTUALLY};
 pub use proxied_pod::{assert_all_proxied, assert_direct, assert_proxied, ProxiedPod};
 pub use stale::remove_stale_leftovers;
 pub use topology::Topology;

@@ -14,6 +14,11 @@ use std::time::{Duration, Instant};
 
 use crate::{Cgroup, NetNs};
 
+/// How long a wait for something that should happen allows. Such a wait returns as soon as
+/// it does, so this bounds only a failure; it is long because CI runs the suites in emulated
+/// guests that a busy host can starve for seconds at a time.
+pub const EVENTUALLY: Duration = Duration::from_secs(60);
+
 /// Builder for a process that runs inside a netns, optionally in a cgroup and as a uid/gid.
 ///
 /// Everything happens in the forked child before `exec` (`pre_exec`), in this order, so the

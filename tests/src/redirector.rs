@@ -3,7 +3,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::Duration;
 
 use crate::{bin_path, unique_name, Cgroup, ChildGuard, NetNs};
 
@@ -140,10 +139,11 @@ pub fn trace_switch_on(root: &PinRoot) -> bool {
     flags & u64::from(redirector_common::pod_flags::TRACE) != 0
 }
 
-/// Wait (up to 10 s) until `tracer`, a `redirector trace` just started, has switched the
-/// trace on under `root`; panics with the tracer's stderr otherwise.
+/// Wait (up to [`EVENTUALLY`](crate::EVENTUALLY)) until `tracer`, a `redirector trace` just
+/// started, has switched the trace on under `root`; panics with the tracer's stderr
+/// otherwise.
 pub fn wait_for_trace_switch(root: &PinRoot, tracer: &ChildGuard) {
-    let on = crate::process::within(Duration::from_secs(10), || trace_switch_on(root));
+    let on = crate::process::within(crate::EVENTUALLY, || trace_switch_on(root));
     assert!(
         on.is_some(),
         "the trace switch did not come on: {}",

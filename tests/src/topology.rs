@@ -1,10 +1,9 @@
 //! A pod and a service, each in its own netns, joined by a veth pair.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::time::Duration;
 
 use crate::probe::connect_from;
-use crate::process::within;
+use crate::process::{within, EVENTUALLY};
 use crate::{next_id, words, Cgroup, ConnOutcome, NetNs};
 
 /// Name of the veth end in both namespaces (the pod's looks like a real pod's interface, for
@@ -123,16 +122,14 @@ impl Topology {
         add_host_addr(&self.service, SERVICE_IFACE, ip);
     }
 
-    /// Waits up to 5 s until neither end of the veth pair has a tentative IPv6 address:
-    /// their link-local addresses go through duplicate address detection (a second or
-    /// two), and until then neighbour discovery fails, so the first IPv6 packet between
+    /// Waits (up to [`EVENTUALLY`]) until neither end of the veth pair has a tentative IPv6
+    /// address: their link-local addresses go through duplicate address detection (a second
+    /// or two), and until then neighbour discovery fails, so the first IPv6 packet between
     /// the two is lost — TCP sends its SYN again, a UDP query is not.
     pub fn wait_ipv6_ready(&self) {
         for (netns, iface) in [(&self.pod, POD_IFACE), (&self.service, SERVICE_IFACE)] {
             let args = ["ip", "-6", "addr", "show", "dev", iface, "tentative"];
-            let ready = within(Duration::from_secs(5), || {
-                netns.run(&args).trim().is_empty()
-            });
+            let ready = within(EVENTUALLY, || netns.run(&args).trim().is_empty());
             let name = netns.name();
             assert!(
                 ready.is_some(),

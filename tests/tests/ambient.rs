@@ -115,8 +115,14 @@ struct Accepted {
 
 /// In the calling thread's namespace: the app listening at `app`, and a ztunnel-like
 /// socket — `IP_TRANSPARENT`, bound to `client` (not an address of the namespace), marked
-/// `mark` — connecting to it. The app's side, or the connect's error (its SYN-ACK lost).
-fn transparent_connect(app: SocketAddr, client: IpAddr, mark: u32) -> std::io::Result<Accepted> {
+/// `mark` — connecting to it within `timeout`. The app's side, or the connect's error (its
+/// SYN-ACK lost).
+fn transparent_connect(
+    app: SocketAddr,
+    client: IpAddr,
+    mark: u32,
+    timeout: Duration,
+) -> std::io::Result<Accepted> {
     let domain = Domain::for_address(app);
     let listener = Socket::new(domain, Type::STREAM, None)?;
     listener.set_reuse_address(true)?;
@@ -130,7 +136,7 @@ fn transparent_connect(app: SocketAddr, client: IpAddr, mark: u32) -> std::io::R
     }
     socket.set_mark(mark)?;
     socket.bind(&SocketAddr::new(client, 0).into())?;
-    socket.connect_timeout(&app.into(), Duration::from_secs(2))?;
+    socket.connect_timeout(&app.into(), timeout)?;
     let (accepted, peer) = listener.accept()?;
     Ok(Accepted {
         peer: peer.as_socket().expect("an inet peer").ip(),
@@ -153,13 +159,16 @@ fn the_reply_route_brings_the_apps_replies_back_to_a_transparent_socket() {
             IpAddr::from([0xfd00, 0x251, 0, 0, 0, 0, 0, 9]),
         ),
     ];
-    let connect = |app, client, mark| {
-        pod.run(move || transparent_connect(app, client, mark))
+    let connect = |app, client, mark, timeout| {
+        pod.run(move || transparent_connect(app, client, mark, timeout))
             .expect("entering the pod's namespace")
     };
+    // A connection that is to be lost is given up after LOST; one that is to succeed may
+    // take a starved emulated guest far longer.
+    const LOST: Duration = Duration::from_secs(2);
     for (app, client) in clients {
         // Without the route back, the app's SYN-ACK leaves by the default route.
-        let lost = connect(app, client, REPLY_MARK);
+        let lost = connect(app, client, REPLY_MARK, LOST);
         assert!(lost.is_err(), "{app} from {client}: {lost:?}");
     }
     for _ in 0..2 {
@@ -169,14 +178,14 @@ fn the_reply_route_brings_the_apps_replies_back_to_a_transparent_socket() {
             .expect("the route back");
     }
     for (app, client) in clients {
-        let accepted = connect(app, client, REPLY_MARK).expect("connected");
+        let accepted = connect(app, client, REPLY_MARK, EVENTUALLY).expect("connected");
         assert_eq!(accepted.peer, client, "the app sees the client's address");
         assert_eq!(
             accepted.mark, REPLY_MARK,
             "the app's socket carries the mark"
         );
         // ztunnel's other sockets keep 1337: not routed back.
-        let other = connect(app, client, 1337);
+        let other = connect(app, client, 1337, LOST);
         assert!(other.is_err(), "{app} from {client} marked 1337: {other:?}");
     }
     let rules = topology.pod.run(&["ip", "rule", "show"]);
@@ -196,7 +205,7 @@ fn istio_cnis_rules_send_a_pods_traffic_through_the_stand_in_ztunnel() {
     let zds_dir = StateDir::new("amb-ref-zds");
     let socket = zds_dir.path().join("ztunnel.sock");
     let pod = workload("amb-ref", &topology.pod);
-    let _agent = TestAgent::start(&socket, vec![pod], Duration::from_secs(5));
+    let _agent = TestAgent::start(&socket, vec![pod], EVENTUALLY);
     let ztunnel = StandInProcess::start("amb-ref-zt", &socket);
     ztunnel.wait_line("the pod in the snapshot", "added amb-ref-uid");
     assert_traffic_through(&topology, &ztunnel, AppSeenFrom::PodAddress);
@@ -282,7 +291,7 @@ fn istio_cnis_rules_send_a_pods_dns_to_the_stand_in_ztunnels_dns_proxy_where_cap
         workload("amb-refdns-on", &pods.on.pod),
         workload("amb-refdns-off", &pods.off.pod),
     ];
-    let _agent = TestAgent::start(&socket, enrolled, Duration::from_secs(5));
+    let _agent = TestAgent::start(&socket, enrolled, EVENTUALLY);
     let ztunnel = StandInProcess::start("amb-refdns-zt", &socket);
     ztunnel.wait_line("the pod with DNS capture", "added amb-refdns-on-uid");
     ztunnel.wait_line("the pod without", "added amb-refdns-off-uid");
@@ -412,7 +421,7 @@ fn assert_traffic_through(topology: &Topology, ztunnel: &StandInProcess, seen_fr
         let from = app_seen_from(topology, seen_from, service);
         ztunnel
             .process
-            .wait_line("the outbound connection", Duration::from_secs(10), |line| {
+            .wait_line("the outbound connection", EVENTUALLY, |line| {
                 proxied(line, "outbound") == Some((from, service))
             });
 
@@ -427,7 +436,7 @@ fn assert_traffic_through(topology: &Topology, ztunnel: &StandInProcess, seen_fr
         }
         ztunnel
             .process
-            .wait_line("the inbound connection", Duration::from_secs(10), |line| {
+            .wait_line("the inbound connection", EVENTUALLY, |line| {
                 let seen = proxied(line, "inbound");
                 assert_ne!(
                     seen.map(|(from, _)| from),
@@ -594,11 +603,9 @@ fn assert_dns_through(
             };
             // A UDP query's original destination shows only at the app (the reply's source).
             let original = (kind != "dns-udp").then_some(resolver);
-            ztunnel
-                .process
-                .wait_line(&what, Duration::from_secs(10), |line| {
-                    ztunnel_saw(line, kind) == Some((from, original))
-                });
+            ztunnel.process.wait_line(&what, EVENTUALLY, |line| {
+                ztunnel_saw(line, kind) == Some((from, original))
+            });
         }
     }
 }
@@ -658,7 +665,7 @@ fn a_real_ztunnel_carries_pod_to_pod_through_hbone_under_istio_cnis_rules() {
     )
     .unwrap();
     let pods = vec![workload("a", a), workload("b", b)];
-    let agent = TestAgent::start(&socket, pods, Duration::from_secs(10));
+    let agent = TestAgent::start(&socket, pods, EVENTUALLY);
     let ztunnel = RealZtunnel::start("amb-real-zt", &socket, &workloads);
     let synced = within(Duration::from_secs(60), || {
         matches!(agent.agent.ztunnel(), zds::agent::Ztunnel::Synced(_))

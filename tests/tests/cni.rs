@@ -812,11 +812,11 @@ fn the_network_validator_passes_in_a_pod_a_linkerd_network_captured() {
         .netns(&topo.pod)
         .cgroup(&topo.pod_cgroup)
         .spawn();
-    validator::run(&topo, Addrs::ipv4()).assert_failed();
+    validator::assert_fails(&topo, Addrs::ipv4());
     succeeded(plugin.call("ADD", "validated", &netns, &injected));
-    validator::run(&topo, Addrs::ipv4()).assert_passed();
+    validator::assert_passes(&topo, Addrs::ipv4());
     succeeded(plugin.call("DEL", "validated", &netns, &injected));
-    validator::run(&topo, Addrs::ipv4()).assert_failed();
+    validator::assert_fails(&topo, Addrs::ipv4());
 }
 
 /// Not a test: Linkerd's network validator's process (the test binary re-executed with

@@ -147,7 +147,7 @@ fn killed_daemon_leaves_pods_captured_and_a_new_one_rebuilds_its_view() {
                 // The second pod goes away while no daemon runs.
                 drop(doomed.take());
                 assert!(
-                    wait_link_detached(&doomed_link, Duration::from_secs(10)),
+                    wait_link_detached(&doomed_link, EVENTUALLY),
                     "the removed pod's namespace is torn down"
                 );
             }
@@ -287,9 +287,7 @@ fn a_pod_whose_namespace_goes_is_removed_while_the_daemon_runs() {
     let gone_cookie = gone.topo.pod.cookie();
     // Deleted without `pod del` (a missed CNI DEL).
     drop(gone);
-    let removed = within(Duration::from_secs(15), || {
-        daemon.pod_names() == ["default/kept"]
-    });
+    let removed = within(EVENTUALLY, || daemon.pod_names() == ["default/kept"]);
     let (names, log) = (daemon.pod_names(), daemon.log());
     assert!(
         removed.is_some(),
@@ -349,7 +347,7 @@ fn a_runtime_that_cannot_be_reached_leaves_the_daemon_serving() {
         conf.path().display()
     );
     let daemon = Daemon::start_with(&root, &node, &state, &words(&flags));
-    let asked = within(Duration::from_secs(10), || {
+    let asked = within(EVENTUALLY, || {
         daemon
             .log()
             .contains("repair: connecting to the CRI socket")

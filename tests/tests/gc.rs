@@ -38,13 +38,13 @@ fn gc_removes_pods_that_are_gone_and_keeps_live_ones() {
     // detaches its links a moment after the cgroup is released.
     drop(gone);
     let mut said = String::new();
-    within(Duration::from_secs(10), || {
+    within(EVENTUALLY, || {
         said = gc(&root);
         said.contains("removed 1")
     });
     assert_contains(&said, format!("netns cookies [{gone_cookie}]"));
     assert_eq!(pod_links(&root, gone_cookie), None, "{:#}", status(&root));
-    assert!(wait_gone("link", &gone_links, Duration::from_secs(5)).is_empty());
+    assert!(wait_gone("link", &gone_links, EVENTUALLY).is_empty());
     // The live pod keeps its links and its object.
     let live_links = pod_links(&root, live.pod.cookie()).expect("the live pod");
     assert_eq!(live_links.len(), 7, "{live_links:?}");

@@ -222,7 +222,7 @@ fn the_daemon_adds_an_address_the_pod_gained_after_setup() {
     let mut refused = 0;
     let outcome = loop {
         match from_outside(&topo, dst) {
-            ConnOutcome::Refused if started.elapsed() < Duration::from_secs(5) => {
+            ConnOutcome::Refused if started.elapsed() < EVENTUALLY => {
                 refused += 1;
                 std::thread::sleep(Duration::from_millis(20));
             }

@@ -234,12 +234,9 @@ fn the_watch_puts_the_entry_back_and_uninstall_restores_the_file() {
     // The network's file appears after the watch started.
     std::thread::sleep(Duration::from_millis(200));
     std::fs::write(dirs.conflist(), FLANNEL).unwrap();
-    let wait = |limit: Duration| within(limit, || dirs.chained());
-    assert!(
-        wait(Duration::from_secs(5)).is_some(),
-        "{}",
-        watcher.stderr()
-    );
+    // Each wait ends at the entry (milliseconds here); EVENTUALLY allows a starved guest.
+    let wait = || within(EVENTUALLY, || dirs.chained());
+    assert!(wait().is_some(), "{}", watcher.stderr());
     // flannel restarts: its file rewritten (write + rename), then in place.
     let mut took = Vec::new();
     for round in 0..6 {
@@ -250,9 +247,7 @@ fn the_watch_puts_the_entry_back_and_uninstall_restores_the_file() {
         } else {
             std::fs::write(dirs.conflist(), FLANNEL).unwrap();
         }
-        let back = wait(Duration::from_secs(1));
-        let back = back
-            .unwrap_or_else(|| panic!("the entry was not back within 1 s: {}", watcher.stderr()));
+        let back = wait().unwrap_or_else(|| panic!("the entry was not back: {}", watcher.stderr()));
         took.push(back);
     }
     eprintln!("install-cni --watch: entry back after a rewrite in {took:?}");

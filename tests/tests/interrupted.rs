@@ -50,7 +50,7 @@ fn assert_state(pod: &ProxiedPod, root: &PinRoot, excluded: bool, step: u32) {
     // A killed run's unpinned links detach when the kernel frees them, which it does
     // asynchronously after the process is gone (later on a loaded machine).
     let mut attached = 0;
-    within(Duration::from_secs(5), || {
+    within(EVENTUALLY, || {
         attached = cgroup_attachments(pod.topo.pod_cgroup.path()).len();
         attached == 6
     });
@@ -133,7 +133,7 @@ fn a_cleanup_killed_at_any_step_is_finished_by_the_next_run() {
             "step {step}"
         );
         assert_eq!(
-            wait_gone("link", &ids, Duration::from_secs(5)),
+            wait_gone("link", &ids, EVENTUALLY),
             Vec::<u64>::new(),
             "step {step}: links left"
         );

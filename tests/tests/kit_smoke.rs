@@ -21,7 +21,7 @@ fn pod_reaches_service_over_ipv4_and_ipv6() {
     let topo = Topology::new("reach");
     let _svc = start_service(&topo, 80);
     // Already ready (start() waited for it), so this only checks the ss-based helper.
-    wait_tcp_listening(&topo.service, 80, Duration::from_secs(5));
+    wait_tcp_listening(&topo.service, 80, EVENTUALLY);
 
     for v6 in [false, true] {
         let dst = topo.service_addr(v6, 80);

@@ -37,25 +37,25 @@ fn the_network_validator_passes_in_a_pod_the_daemon_captured_for_linkerd() {
     let name = "default/validated";
 
     // Not captured: the validator's connection goes nowhere, as in a pod the node missed.
-    validator::run(&topo, Addrs::ipv4()).assert_failed();
+    validator::assert_fails(&topo, Addrs::ipv4());
 
     // The injector's flags: IPv4 captured, IPv6 left alone (--ipv6=false).
     daemon.add_linkerd(&topo.pod, &topo.pod_cgroup, name, &[], &INJECTOR_FLAGS);
     assert_eq!(daemon.pod_names(), [name]);
-    validator::run(&topo, Addrs::ipv4()).assert_passed();
-    validator::run(&topo, Addrs::ipv6()).assert_failed();
+    validator::assert_passes(&topo, Addrs::ipv4());
+    validator::assert_fails(&topo, Addrs::ipv6());
 
     // IPv6 on: both families reach the listener.
     daemon.del(name);
     daemon.add_linkerd(&topo.pod, &topo.pod_cgroup, name, &[], &with_ipv6());
-    validator::run(&topo, Addrs::ipv6()).assert_passed();
-    validator::run(&topo, Addrs::ipv4()).assert_passed();
+    validator::assert_passes(&topo, Addrs::ipv6());
+    validator::assert_passes(&topo, Addrs::ipv4());
 
     // Released: the validator fails again, and no pod state is left.
     let cookie = topo.pod.cookie();
     daemon.del(name);
     assert_eq!(pod_links(&root, cookie), None);
-    validator::run(&topo, Addrs::ipv4()).assert_failed();
+    validator::assert_fails(&topo, Addrs::ipv4());
 }
 
 /// Not a test: Linkerd's network validator's process (the test binary re-executed with

@@ -9,10 +9,11 @@ use std::process::{Command, Output, Stdio};
 
 use redirector_tests::prelude::*;
 
-/// `redirector ARGS` under `timeout 10`: a blocked open shows as exit 124.
+/// `redirector ARGS` under `timeout`, given [`EVENTUALLY`] (room for a starved emulated
+/// guest): a blocked open shows as exit 124.
 fn redirector(argv0: &Path, args: &[&str], env: &[(&str, &str)], stdin: &str) -> Output {
     let mut child = Command::new("timeout")
-        .arg("10")
+        .arg(EVENTUALLY.as_secs().to_string())
         .arg(argv0)
         .args(args)
         .envs(env.iter().copied())

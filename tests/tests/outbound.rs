@@ -180,7 +180,7 @@ fn cleanup_only_leaves_no_program_link_map_or_pin() {
     );
     assert_eq!(cgroup_attachments(pod.topo.pod_cgroup.path()), vec![]);
     for (kind, ids) in [("link", &links), ("prog", &progs), ("map", &maps)] {
-        let left = wait_gone(kind, ids, Duration::from_secs(5));
+        let left = wait_gone(kind, ids, EVENTUALLY);
         assert!(
             left.is_empty(),
             "{kind}s still loaded after cleanup: {left:?}"

@@ -291,7 +291,7 @@ fn cleanup_only_in_pod_netns_removes_everything(
         ("prog", &installed.progs),
         ("map", &installed.maps),
     ] {
-        let left = wait_gone(kind, ids, Duration::from_secs(5));
+        let left = wait_gone(kind, ids, EVENTUALLY);
         assert!(
             left.is_empty(),
             "{kind}s still loaded after cleanup: {left:?}"

@@ -18,6 +18,8 @@
 //! `peername` connects and prints `peer IP PORT`: what getpeername() says while the
 //! connection is open.
 //! `connect` exits 2 when the connection fails (`error <kind> …`), 64 on a usage error.
+//! `--timeout-ms` bounds a connect (a dropped SYN is an `error timeout` after it); a reply,
+//! and a proxy's wait for a held connection's next request, get `REPLY_TIMEOUT`.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -29,6 +31,7 @@ use redirector_tests::probe::protocol::{
     self as protocol, client_exit, describe_io_error, emit, error_kind, io_error_line, millis,
     server_name, usage_exit,
 };
+use redirector_tests::probe::REPLY_TIMEOUT;
 use redirector_tests::sockaddr;
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(3000);
@@ -93,11 +96,12 @@ struct Server {
     timeout: Duration,
 }
 
-/// Connects, reads the whole reply, and returns the `reply …` or `error …` line.
+/// Connects within `timeout`, reads the whole reply, and returns the `reply …` or `error …`
+/// line.
 fn connect(dst: SocketAddr, bind: Option<IpAddr>, timeout: Duration) -> Result<String, String> {
     let stream = sockaddr::connect_tcp(dst, bind, timeout).map_err(|e| io_error_line(&e))?;
     stream
-        .set_read_timeout(Some(timeout))
+        .set_read_timeout(Some(REPLY_TIMEOUT))
         .map_err(|e| io_error_line(&e))?;
     read_reply(&mut BufReader::new(stream))
 }
@@ -125,7 +129,7 @@ fn hold(dst: SocketAddr, duration: Duration) -> Result<String, String> {
     let stream =
         sockaddr::connect_tcp(dst, None, DEFAULT_TIMEOUT).map_err(|e| io_error_line(&e))?;
     stream
-        .set_read_timeout(Some(DEFAULT_TIMEOUT))
+        .set_read_timeout(Some(REPLY_TIMEOUT))
         .map_err(|e| io_error_line(&e))?;
     let mut writer = stream.try_clone().map_err(|e| io_error_line(&e))?;
     let mut reader = BufReader::new(stream);
@@ -220,7 +224,7 @@ fn handle(stream: TcpStream, role: Role, name: &str, timeout: Duration) {
     // A proxy answers again on the same connection for as long as the client asks
     // (`hold`). Anything else ends it: a client that has its reply closes, and one that
     // sends its own request (a DNS query) and reads to the end gets the end.
-    let _ = stream.set_read_timeout(Some(timeout));
+    let _ = stream.set_read_timeout(Some(REPLY_TIMEOUT));
     let mut request = [0u8; AGAIN.len()];
     while matches!(stream.read(&mut request), Ok(n) if request[..n] == *AGAIN) {
         let line = answer(&stream);

@@ -25,7 +25,7 @@ use tonic::transport::Channel;
 
 use crate::daemon::StateDir;
 use crate::oci;
-use crate::process::within;
+use crate::process::{within, EVENTUALLY};
 use crate::redirector::run_ok;
 use crate::rootfs::Rootfs;
 use crate::{probe_bin, ChildGuard, Spawn};
@@ -96,7 +96,7 @@ state = "{state}"
         let child = Spawn::new("containerd")
             .args(["--config", &d.join("config.toml").display().to_string()])
             .spawn();
-        let started = within(Duration::from_secs(20), || socket.exists());
+        let started = within(EVENTUALLY, || socket.exists());
         assert!(
             started.is_some(),
             "containerd did not start: {}",
@@ -419,7 +419,7 @@ state = "{state}"
             .block_on(self.client.exec_sync(ExecSyncRequest {
                 container_id: container.into(),
                 cmd: command.iter().map(|s| s.to_string()).collect(),
-                timeout: 10,
+                timeout: EVENTUALLY.as_secs() as i64,
             }))
             .unwrap_or_else(|e| panic!("ExecSync {command:?}: {e}"))
             .into_inner();
@@ -476,7 +476,7 @@ state = "{state}"
             left
         };
         // A shim exits shortly after its last task was deleted.
-        within(Duration::from_secs(10), || others().is_empty());
+        within(EVENTUALLY, || others().is_empty());
         assert_eq!(others(), Vec::<String>::new(), "runtime processes left");
         assert_eq!(mounts_under(&dir), Vec::<PathBuf>::new(), "mounts left");
         drop(self);

@@ -12,11 +12,10 @@
 
 use std::io::Write;
 use std::net::{Ipv6Addr, Shutdown, SocketAddr, TcpStream};
-use std::time::Duration;
 
 use crate::probe::protocol::{emit, listening_line, parse_listening, proxied_line};
 use crate::sockaddr::listen_dual_stack;
-use crate::{Cgroup, ChildGuard, NetNs, Spawn};
+use crate::{Cgroup, ChildGuard, NetNs, Spawn, EVENTUALLY};
 
 /// The test (in every test binary that starts this listener) whose body is
 /// [`serve_if_asked`]: `#[test] #[ignore = "…"] fn dual_stack_inbound_listener_process()`.
@@ -41,7 +40,7 @@ pub fn start(
         .spawn();
     child.wait_line(
         "the dual-stack listener's `listening` line",
-        Duration::from_secs(10),
+        EVENTUALLY,
         |l| parse_listening(l).is_some(),
     );
     child

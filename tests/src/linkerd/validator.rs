@@ -2,7 +2,9 @@
 //! CNI-mode pod before the proxy starts: one process, uid 65534, in the pod, that listens on the
 //! outbound proxy port, connects to an address nothing in the pod owns, and passes only if that
 //! connection brings back the random token its own listener writes to every client. Exit 0 when it
-//! does, 95 otherwise (also after 10 s), like `linkerd-network-validator`.
+//! does, 95 otherwise (also after its timeout), like `linkerd-network-validator`. A run that is
+//! to fail has the injector's 10 s ([`assert_fails`]), one that is to pass far longer
+//! ([`assert_passes`]): it ends at the token, and a starved emulated guest can be slow to it.
 //!
 //! As [`super::dual_stack`]'s listener, it runs in the test binary itself, re-executed with
 //! only its [`HELPER_TEST`] selected and [`VALIDATE_ENV`] set, in the pod's netns and
@@ -19,16 +21,16 @@ use std::time::{Duration, Instant};
 use crate::linkerd::cases::NOBODY;
 use crate::linkerd::meshed::OUTGOING_PROXY_PORT;
 use crate::probe::protocol::emit;
-use crate::{Spawn, Topology};
+use crate::{Spawn, Topology, EVENTUALLY};
 
 /// The test (in every test binary that runs the validator) whose body is
 /// [`validate_if_asked`]: `#[test] #[ignore = "…"] fn network_validator_process()`.
 pub const HELPER_TEST: &str = "network_validator_process";
-/// `<listen addr> <connect addr>`: set only in the helper process.
+/// `<listen addr> <connect addr> <timeout ms>`: set only in the helper process.
 pub const VALIDATE_ENV: &str = "REDIRECTOR_TESTS_NETWORK_VALIDATOR";
 /// The validator's exit code on failure or timeout (errno 95, "operation not supported").
 pub const UNSUCCESSFUL_EXIT_CODE: i32 = 95;
-/// The injector's `--timeout 10s`.
+/// The injector's `--timeout 10s`: what a run that is to fail waits out.
 pub const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The validator's `--listen-addr` and `--connect-addr`.
@@ -96,12 +98,26 @@ impl Validation {
     }
 }
 
-/// Runs the validator in `topo`'s pod (its netns and cgroup) as uid/gid 65534, to the end.
-/// Panics first unless the pod's namespace is sealed (see the module doc).
-pub fn run(topo: &Topology, addrs: Addrs) -> Validation {
+/// Runs the validator where its connection should come back, and asserts it passed.
+#[track_caller]
+pub fn assert_passes(topo: &Topology, addrs: Addrs) {
+    run(topo, addrs, EVENTUALLY).assert_passed();
+}
+
+/// Runs the validator where its connection should go nowhere, and asserts it failed: after
+/// the injector's [`TIMEOUT`].
+#[track_caller]
+pub fn assert_fails(topo: &Topology, addrs: Addrs) {
+    run(topo, addrs, TIMEOUT).assert_failed();
+}
+
+/// Runs the validator in `topo`'s pod (its netns and cgroup) as uid/gid 65534, to the end or
+/// `timeout`. Panics first unless the pod's namespace is sealed (see the module doc).
+pub fn run(topo: &Topology, addrs: Addrs, timeout: Duration) -> Validation {
     topo.assert_no_route_out(&[addrs.connect.ip()]);
+    let spec = format!("{} {} {}", addrs.listen, addrs.connect, timeout.as_millis());
     let out = Spawn::helper(HELPER_TEST)
-        .env(VALIDATE_ENV, format!("{} {}", addrs.listen, addrs.connect))
+        .env(VALIDATE_ENV, spec)
         .netns(&topo.pod)
         .cgroup(&topo.pod_cgroup)
         .user(NOBODY, NOBODY)
@@ -132,15 +148,12 @@ pub fn validate_if_asked() {
     let Ok(spec) = std::env::var(VALIDATE_ENV) else {
         return;
     };
-    let parsed = spec
-        .split_once(' ')
-        .and_then(|(listen, connect)| Some((listen.parse().ok()?, connect.parse().ok()?)));
-    let Some((listen, connect)) = parsed else {
-        panic!("{VALIDATE_ENV}={spec:?}: expected `<listen addr> <connect addr>`");
+    let Some((listen, connect, timeout)) = parse_spec(&spec) else {
+        panic!("{VALIDATE_ENV}={spec:?}: expected `<listen addr> <connect addr> <timeout ms>`");
     };
     // libtest has written `test <name> ... ` without a newline: end that line first.
     emit("");
-    match validate(listen, connect) {
+    match validate(listen, connect, timeout) {
         Ok(line) => {
             emit(&format!("validated: {line}"));
             std::process::exit(0);
@@ -152,10 +165,17 @@ pub fn validate_if_asked() {
     }
 }
 
+/// [`VALIDATE_ENV`]'s `<listen addr> <connect addr> <timeout ms>`.
+fn parse_spec(spec: &str) -> Option<(SocketAddr, SocketAddr, Duration)> {
+    let [listen, connect, ms] = <[&str; 3]>::try_from(spec.split(' ').collect::<Vec<_>>()).ok()?;
+    let timeout = Duration::from_millis(ms.parse().ok()?);
+    Some((listen.parse().ok()?, connect.parse().ok()?, timeout))
+}
+
 /// Listens on `listen`, serves the token to every client, connects to `connect` and reads
-/// the token back; the connection's two ends on success.
-fn validate(listen: SocketAddr, connect: SocketAddr) -> Result<String, String> {
-    let deadline = Instant::now() + TIMEOUT;
+/// the token back within `timeout`; the connection's two ends on success.
+fn validate(listen: SocketAddr, connect: SocketAddr, timeout: Duration) -> Result<String, String> {
+    let deadline = Instant::now() + timeout;
     let listener = TcpListener::bind(listen).map_err(|e| format!("listening on {listen}: {e}"))?;
     let token = random_token()?;
     let served = token.clone();
@@ -164,7 +184,7 @@ fn validate(listen: SocketAddr, connect: SocketAddr) -> Result<String, String> {
             let _ = (&stream).write_all(&served);
         }
     });
-    let mut stream = TcpStream::connect_timeout(&connect, TIMEOUT)
+    let mut stream = TcpStream::connect_timeout(&connect, timeout)
         .map_err(|e| format!("connecting to {connect}: {e}"))?;
     let ends = format!(
         "connected to {connect} from {}",
@@ -219,7 +239,7 @@ mod tests {
             .unwrap()
             .port();
         let own: SocketAddr = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port);
-        let line = validate(own, own).unwrap();
+        let line = validate(own, own, EVENTUALLY).unwrap();
         assert!(line.contains(&own.to_string()), "{line}");
         let elsewhere = TcpListener::bind("127.0.0.1:0").unwrap();
         let other = elsewhere.local_addr().unwrap();
@@ -233,7 +253,7 @@ mod tests {
                 let _ = (&stream).write_all(&[b'x'; 64]);
             }
         });
-        let err = validate(unused, other).unwrap_err();
+        let err = validate(unused, other, EVENTUALLY).unwrap_err();
         assert!(err.contains("expected the token"), "{err}");
     }
 

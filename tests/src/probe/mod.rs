@@ -8,13 +8,19 @@ use std::time::Duration;
 
 use crate::paths::BinChoice;
 use crate::probe::protocol::{parse_listening, ConnOutcome};
-use crate::{Cgroup, ChildGuard, NetNs, Spawn, Topology};
+use crate::{Cgroup, ChildGuard, NetNs, Spawn, Topology, EVENTUALLY};
 
 /// How long a server may take to report all its listeners.
-const READY_TIMEOUT: Duration = Duration::from_secs(10);
+const READY_TIMEOUT: Duration = EVENTUALLY;
 
-/// The client's connect and read timeout. A dropped SYN shows up as `error timeout` after it.
+/// The client's connect timeout: a dropped SYN shows up as `error timeout` after it. The
+/// handshake itself is the kernel's, with no server process to be scheduled for it.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How long a client, once connected, waits for the listener's reply line, and a proxy for
+/// a held connection's next request (`probe hold`). Both need a process scheduled, which a
+/// starved emulated guest can delay for seconds; no test expects either to time out.
+pub const REPLY_TIMEOUT: Duration = EVENTUALLY;
 
 /// Anything a client can run in: a [`NetNs`], or a [`Topology`] (its pod namespace).
 pub trait InNetNs {
