@@ -65,25 +65,28 @@ pub async fn connect(socket: &Path) -> Conn {
     connect_within(socket, Duration::from_secs(30)).await
 }
 
-/// [`connect`], waiting up to `wait` for the agent to listen.
+/// [`connect`], waiting up to `wait` for the agent to listen. A connection reset before
+/// the hello is sent is tried again, as ztunnel does: an agent that is being killed can
+/// take a connection into its backlog and then close its socket.
 pub async fn connect_within(socket: &Path, wait: Duration) -> Conn {
     let deadline = Instant::now() + wait;
-    let conn = loop {
-        match Conn::connect(socket) {
-            Ok(conn) => break conn,
+    let hello = ZdsHello {
+        version: Version::V1 as i32,
+    }
+    .encode_to_vec();
+    loop {
+        let said_hello = match Conn::connect(socket) {
+            Ok(conn) => conn.send(&hello, None).await.map(|()| conn),
+            Err(err) => Err(err),
+        };
+        match said_hello {
+            Ok(conn) => return conn,
             Err(err) if Instant::now() > deadline => {
-                panic!("connecting to {}: {err}", socket.display())
+                panic!("connecting to {} and saying hello: {err}", socket.display())
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
-    };
-    let hello = ZdsHello {
-        version: Version::V1 as i32,
-    };
-    conn.send(&hello.encode_to_vec(), None)
-        .await
-        .expect("hello");
-    conn
+    }
 }
 
 /// Handles the agent's requests until it hangs up, each answered as `handle` says.

@@ -28,13 +28,9 @@ pub const DNS_PORT: u16 = 53;
 pub const DNS_PROXY_PORT: u16 = 15053;
 /// The name every test asks for (any name gets the server's answer).
 pub const QUERY_NAME: &str = "svc.rdt.test";
-/// A client's reply timeout, and glibc's (`options timeout:30 attempts:1`, glibc's most):
-/// a reply needs the servers' processes scheduled, which a starved emulated guest can delay
-/// for seconds. A query that is to go unanswered waits [`NO_REPLY_TIMEOUT`] instead.
-pub const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
-/// A client's reply timeout for a query that is to go unanswered
-/// ([`DnsClient::expecting_no_reply`]): such a query costs this much.
-pub const NO_REPLY_TIMEOUT: Duration = Duration::from_secs(1);
+/// A client's reply timeout, and glibc's (`options timeout:1 attempts:1`): a query nobody
+/// answers costs this much.
+pub const QUERY_TIMEOUT: Duration = Duration::from_secs(1);
 const READY_TIMEOUT: Duration = EVENTUALLY;
 
 /// The stand-in proxy's answers: a client that gets these went through the proxy.
@@ -161,9 +157,6 @@ pub struct DnsClient<'a> {
     pub cgroup: Option<&'a Cgroup>,
     pub uid: u32,
     pub gid: u32,
-    /// How long [`query`](Self::query) and [`resolve_c_ares`](Self::resolve_c_ares) wait
-    /// for a reply ([`resolve`](Self::resolve): as its resolv.conf says).
-    timeout: Duration,
 }
 
 impl<'a> DnsClient<'a> {
@@ -173,16 +166,6 @@ impl<'a> DnsClient<'a> {
             cgroup,
             uid,
             gid,
-            timeout: QUERY_TIMEOUT,
-        }
-    }
-
-    /// The same client for a query that is to go unanswered (a reply c-ares drops, a port
-    /// nobody serves): it gives up after [`NO_REPLY_TIMEOUT`] instead of [`QUERY_TIMEOUT`].
-    pub fn expecting_no_reply(self) -> Self {
-        DnsClient {
-            timeout: NO_REPLY_TIMEOUT,
-            ..self
         }
     }
 
@@ -204,7 +187,7 @@ impl<'a> DnsClient<'a> {
 
     /// One hand-built A query for [`QUERY_NAME`] to `server`.
     pub fn query(&self, server: SocketAddr, mode: DnsMode) -> DnsOutcome {
-        let timeout = self.timeout.as_millis().to_string();
+        let timeout = QUERY_TIMEOUT.as_millis().to_string();
         let server = server.to_string();
         let mut args = vec!["query", &server, QUERY_NAME, "--timeout-ms", &timeout];
         match mode {
@@ -269,7 +252,7 @@ pub fn require_node() -> Option<PathBuf> {
 impl DnsClient<'_> {
     /// c-ares's `resolve4(QUERY_NAME)` with `resolv_conf` bind-mounted over /etc/resolv.conf.
     pub fn resolve_c_ares(&self, node: &Path, resolv_conf: &ResolvConf) -> DnsOutcome {
-        let timeout = self.timeout.as_millis().to_string();
+        let timeout = QUERY_TIMEOUT.as_millis().to_string();
         let spawn = (self.spawn_of(node, &["-e", NODE_RESOLVE, QUERY_NAME, &timeout]))
             .bind_file(&resolv_conf.path, "/etc/resolv.conf");
         run(&spawn)
@@ -282,7 +265,7 @@ fn run(spawn: &Spawn) -> DnsOutcome {
 }
 
 /// A resolv.conf for a test's clients (and redirector's `--resolv-conf`), in the temp dir,
-/// removed on drop. glibc gives up on a server after [`QUERY_TIMEOUT`] and one attempt.
+/// removed on drop. glibc gives up on a server after one second and one attempt.
 #[derive(Debug)]
 pub struct ResolvConf {
     path: PathBuf,
@@ -297,9 +280,11 @@ impl ResolvConf {
         for server in servers {
             text.push_str(&format!("nameserver {server}\n"));
         }
-        let vc = if use_vc { " use-vc" } else { "" };
-        let timeout = QUERY_TIMEOUT.as_secs();
-        text.push_str(&format!("options timeout:{timeout} attempts:1{vc}\n"));
+        text.push_str(if use_vc {
+            "options timeout:1 attempts:1 use-vc\n"
+        } else {
+            "options timeout:1 attempts:1\n"
+        });
         std::fs::write(&path, text).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
         ResolvConf {
             path,
