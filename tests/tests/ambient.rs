@@ -40,9 +40,8 @@ fn ztunnel_state(daemon: &Daemon) -> String {
         .unwrap_or_else(|| panic!("no redirector_ztunnel in:\n{metrics}"))
 }
 
-/// Waits for ztunnel's `state` in the daemon's metrics: up to 120 s, as for a daemon's start,
-/// since a guest under emulation beside busy neighbours was seen to take longer than 30 s
-/// to reconnect after a restart.
+/// Waits for ztunnel's `state` in the daemon's metrics: up to 120 s, as for a daemon's start
+/// (a restarted daemon's start and ztunnel's reconnection, in a guest under emulation).
 fn wait_state(daemon: &Daemon, state: &str) {
     let deadline = Instant::now() + Duration::from_secs(120);
     while ztunnel_state(daemon) != state {
