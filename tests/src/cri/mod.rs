@@ -96,7 +96,10 @@ state = "{state}"
         let child = Spawn::new("containerd")
             .args(["--config", &d.join("config.toml").display().to_string()])
             .spawn();
-        let started = within(EVENTUALLY, || socket.exists());
+        // The socket file comes at bind, a moment before containerd listens on it.
+        let started = within(EVENTUALLY, || {
+            std::os::unix::net::UnixStream::connect(&socket).is_ok()
+        });
         assert!(
             started.is_some(),
             "containerd did not start: {}",
