@@ -308,7 +308,7 @@ fn node_lifecycle(cni_version: &str, third_octet: u8) {
     sidecar(&mut cri, &late);
     assert_lands_on_proxy(&mut cri, &late_app, svc_addr);
     // At the next repair round (every 30 s), with room for a slow one.
-    let none_uncaptured = metric_within(Duration::from_secs(60), "redirector_pods_uncaptured 0");
+    let none_uncaptured = metric_within(EVENTUALLY, "redirector_pods_uncaptured 0");
     assert!(none_uncaptured, "pods left uncaptured");
 
     // A reboot: every pod gone, bpffs and /run empty, the conflist still chaining the
